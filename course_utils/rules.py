@@ -1,0 +1,193 @@
+"""What a solution may not do, found by reading its source (never by running it).
+
+Used twice: by the self-checks (so a student learns before submitting) and by the grader (so a
+rule broken in a submission costs that exercise its points, with the reason in the report).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Per-exercise restrictions.
+
+    Attributes:
+        forbidden_calls: names that may not be called or referenced as attributes
+            (``softmax`` catches ``torch.softmax``, ``F.softmax``, ``x.softmax`` and ``nn.Softmax``).
+        forbid_matmul_operator: the ``@`` operator is not allowed.
+        require_loop: the solution must contain a ``for``/``while`` loop or a comprehension.
+        why: one sentence for the student.
+    """
+
+    forbidden_calls: tuple[str, ...] = ()
+    forbid_matmul_operator: bool = False
+    require_loop: bool = False
+    why: str = ""
+
+
+#: Always forbidden in a solution cell: importing the answers or the grader, and rewriting the
+#: libraries the tests rely on.
+FORBIDDEN_MODULES = ("course_utils.reference", "course_utils.checks", "grader")
+PROTECTED_ROOTS = ("builtins", "torch", "course_utils", "checks", "np", "numpy", "F", "nn", "__builtins__")
+
+RULES: dict[str, Rule] = {
+    "dot": Rule(
+        forbidden_calls=("dot", "matmul", "mm", "inner", "vdot", "einsum", "tensordot", "mv"),
+        forbid_matmul_operator=True,
+        require_loop=True,
+        why="`dot` is about the arithmetic itself: multiply and add in a loop, no library dot product.",
+    ),
+    "softmax_naive": Rule(
+        forbidden_calls=("softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin"),
+        why="write softmax from exp and sum; a library softmax skips the point of the exercise.",
+    ),
+    "softmax_stable": Rule(
+        forbidden_calls=("softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin"),
+        why="write the max-subtraction yourself; a library softmax skips the point of the exercise.",
+    ),
+    "scaled_dot_product_attention": Rule(
+        forbidden_calls=("scaled_dot_product_attention", "MultiheadAttention", "multi_head_attention_forward"),
+        why="build attention from matrix products and softmax; the library kernel comes in notebook 06.",
+    ),
+}
+
+
+@dataclass
+class Violation:
+    """One broken rule, located in the source."""
+
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f" (line {self.line})" if self.line else ""
+        return f"{self.message}{where}"
+
+
+@dataclass
+class _Finder(ast.NodeVisitor):
+    rule: Rule
+    found: list[Violation] = field(default_factory=list)
+    has_loop: bool = False
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(alias.name, node.lineno)
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        self._check_module(module, node.lineno)
+        for alias in node.names:
+            self._check_module(f"{module}.{alias.name}", node.lineno)
+        self.generic_visit(node)
+
+    def _check_module(self, name: str, line: int) -> None:
+        for bad in FORBIDDEN_MODULES:
+            if name == bad or name.startswith(bad + "."):
+                self.found.append(Violation(f"imports `{name}`: solutions may not use the answers or the grader", line))
+                return
+
+    def _check_target(self, target: ast.AST, line: int) -> None:
+        if isinstance(target, ast.Attribute):
+            root = target
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in PROTECTED_ROOTS:
+                self.found.append(
+                    Violation(f"assigns to `{ast.unparse(target)}`: changing library functions is not allowed", line)
+                )
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self._check_target(element, line)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._check_target(target, node.lineno)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_target(node.target, node.lineno)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Name) and first.id in PROTECTED_ROOTS:
+                self.found.append(
+                    Violation(f"calls `{func.id}` on `{first.id}`: changing library functions is not allowed", node.lineno)
+                )
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in self.rule.forbidden_calls:
+            self.found.append(Violation(f"uses `{ast.unparse(node)}`, which this exercise does not allow", node.lineno))
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in self.rule.forbidden_calls and isinstance(node.ctx, ast.Load):
+            self.found.append(Violation(f"uses `{node.id}`, which this exercise does not allow", node.lineno))
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if self.rule.forbid_matmul_operator and isinstance(node.op, ast.MatMult):
+            self.found.append(Violation("uses the `@` operator, which this exercise does not allow", node.lineno))
+        self.generic_visit(node)
+
+    def _loop(self, node: ast.AST) -> None:
+        self.has_loop = True
+        self.generic_visit(node)
+
+    visit_For = visit_While = visit_ListComp = visit_GeneratorExp = visit_SetComp = visit_DictComp = _loop
+
+
+def find_violations(source: str, exercise: str | None = None) -> list[Violation]:
+    """Every rule that ``source`` (a cell or a function's code) breaks.
+
+    The general rules (no importing the answers, no rewriting ``torch`` or ``builtins``) always
+    apply; ``exercise`` adds that exercise's own rules from :data:`RULES`.
+    """
+    rule = RULES.get(exercise or "", Rule())
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError as exc:
+        return [Violation(f"the code does not parse: {exc.msg}", exc.lineno)]
+    finder = _Finder(rule)
+    finder.visit(tree)
+    if rule.require_loop and not finder.has_loop:
+        finder.found.append(Violation("no loop found: this exercise asks for an explicit `for` loop"))
+    return finder.found
+
+
+def source_of(obj: object) -> str | None:
+    """Best-effort source of a function or class, including one defined in a notebook cell.
+
+    For a class, the source of each method is joined: ``inspect.getsource`` of a class defined in
+    a notebook fails on Python < 3.13, but its methods' code objects still point at the cell.
+    """
+    try:
+        return inspect.getsource(obj)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        pass
+    if isinstance(obj, type):
+        parts = []
+        for value in vars(obj).values():
+            func = getattr(value, "__func__", value)
+            if inspect.isfunction(func):
+                try:
+                    parts.append(textwrap.dedent(inspect.getsource(func)))
+                except (OSError, TypeError):
+                    continue
+        return "\n".join(parts) if parts else None
+    return None
+
+
+def violations_of(obj: object, exercise: str) -> list[Violation]:
+    """:func:`find_violations` on the source of a student's function or class (empty if unknown)."""
+    source = source_of(obj)
+    return find_violations(source, exercise) if source else []

@@ -1,0 +1,7 @@
+"""``python -m grader``: see :mod:`grader.cli`."""
+
+import sys
+
+from grader.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Command line: ``python -m grader {build,release,check-release,autograde,feedback}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grader import course
+
+
+def _names(args: argparse.Namespace) -> list[str] | None:
+    if not args.notebooks:
+        return None
+    names = []
+    for raw in args.notebooks:
+        stem = Path(raw).stem
+        matches = [n for n in course.NOTEBOOKS if n == stem or n.startswith(stem + "_")]
+        if len(matches) != 1:
+            raise SystemExit(f"unknown notebook {raw!r}; the course has: {', '.join(course.NOTEBOOKS)}")
+        names.append(matches[0])
+    return names
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from grader.build import build
+
+    for path in build(_names(args), run=not args.no_execute):
+        print(f"built {path.relative_to(course.repo_root())}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from grader.release import release
+
+    for path in release(_names(args)):
+        print(f"released {path.relative_to(course.repo_root())}")
+    return 0
+
+
+def cmd_check_release(args: argparse.Namespace) -> int:
+    from grader.release import stale_notebooks
+
+    stale = stale_notebooks(_names(args))
+    if stale:
+        for name in stale:
+            print(f"notebooks/{name}.ipynb differs from a fresh release of solutions/{name}.ipynb")
+        print("run `python -m grader release` (or `make release`) and commit the result")
+        return 1
+    print("notebooks/ is in sync with solutions/")
+    return 0
+
+
+def cmd_autograde(args: argparse.Namespace) -> int:
+    from grader.autograde import autograde
+
+    return autograde(Path(args.submissions), Path(args.out), workers=args.workers,
+                     allow_unsandboxed=args.allow_unsandboxed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="solutions/src/*.py -> solutions/*.ipynb, executed top to bottom")
+    p.add_argument("notebooks", nargs="*", help="notebook names (default: all)")
+    p.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("release", help="solutions/ -> notebooks/ (student versions, via nbgrader)")
+    p.add_argument("notebooks", nargs="*")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("check-release", help="exit 1 and name the file if notebooks/ is stale")
+    p.add_argument("notebooks", nargs="*")
+    p.set_defaults(func=cmd_check_release)
+
+    p = sub.add_parser("autograde", help="grade SUBMISSIONS/<student>/<notebook>.ipynb into DIR")
+    p.add_argument("submissions", help="folder with one sub-folder per student")
+    p.add_argument("--out", required=True, help="output folder: grades.csv, cells.csv, reports")
+    p.add_argument("--workers", type=int, default=1, help="students graded in parallel")
+    p.add_argument("--allow-unsandboxed", action="store_true",
+                   help="grade without the bubblewrap sandbox where it cannot run (student code gets your rights)")
+    p.set_defaults(func=cmd_autograde)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Where things are: the repository's folders and the course's notebooks, in order."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+#: The course's notebooks (file stems), as fixed by COURSE_DESIGN.md. Each is one nbgrader assignment.
+NOTEBOOKS: tuple[str, ...] = (
+    "01_dot_products",
+    "02_softmax_and_context",
+    "03_trainable_self_attention",
+    "04_causal_attention",
+    "05_multi_head_attention",
+    "06_efficient_attention_gpu",
+)
+
+
+def repo_root() -> Path:
+    """The repository root: ``$COURSE_ROOT`` if set, else the folder above this package."""
+    env = os.environ.get("COURSE_ROOT")
+    return Path(env).resolve() if env else Path(__file__).resolve().parent.parent
+
+
+def solutions_dir() -> Path:
+    return repo_root() / "solutions"
+
+
+def sources_dir() -> Path:
+    """Text sources of the solution notebooks (jupytext percent format), one ``.py`` per notebook."""
+    return solutions_dir() / "src"
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def available_notebooks() -> list[str]:
+    """The course notebooks that have a source in ``solutions/src``, in course order."""
+    return [name for name in NOTEBOOKS if (sources_dir() / f"{name}.py").exists()]
+
+
+def repository_url() -> str:
+    """The course repository's address, read from ``[project.urls] Repository`` in pyproject.toml."""
+    text = (repo_root() / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'^Repository\s*=\s*"([^"]+)"', text, flags=re.M)
+    if not match:
+        raise RuntimeError("pyproject.toml has no [project.urls] Repository entry")
+    return match.group(1)
