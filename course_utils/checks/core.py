@@ -166,7 +166,7 @@ def compare_function(
         if problem:
             fail(exercise, f"{problem}. Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
     if not quiet:
-        passed(exercise, f"{len(cases)} cases agree with the reference ({', '.join(c.name for c in cases)})")
+        passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
 
 
 def _difference(expected: Any, got: Any, atol: float, rtol: float) -> str | None:

@@ -1,0 +1,70 @@
+"""Run a solution notebook's code in this process, so hidden tests can be tried on many answers fast.
+
+nbgrader runs the same cells in a kernel; here we exec them in a dict namespace. Cell sources are
+registered in ``linecache`` so that ``inspect.getsource`` (used by the rule checks) works as it
+does in Jupyter.
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+from pathlib import Path
+
+import nbformat
+
+from grader import course
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def test_ids_for(exercise: str, grade_ids) -> list[str]:
+    """The test-cell grade ids of an exercise: ``test_<exercise>`` and ``test_<exercise>_*``."""
+    return [g for g in grade_ids if g == f"test_{exercise}" or g.startswith(f"test_{exercise}_")]
+
+
+def solution_notebook(notebook: str) -> nbformat.NotebookNode:
+    return nbformat.read(course.solutions_dir() / f"{notebook}.ipynb", as_version=4)
+
+
+def run_source(source: str, namespace: dict, label: str) -> None:
+    """Exec ``source`` in ``namespace`` under a file name that ``inspect`` can read back."""
+    filename = f"<cell {label}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the course's own cells
+
+
+@functools.lru_cache(maxsize=None)
+def _executed(notebook: str) -> tuple[dict, dict]:
+    nb = solution_notebook(notebook)
+    namespace: dict = {"__name__": "__main__"}
+    cells: dict = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        gid = grade_id(cell) or f"{index}"
+        cells[gid] = cell.source
+        run_source(cell.source, namespace, f"{notebook}:{gid}")
+    return namespace, cells
+
+
+def exercises(notebook: str) -> list[str]:
+    """Answer-cell grade ids of a notebook, in order."""
+    nb = solution_notebook(notebook)
+    return [grade_id(c) for c in nb.cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution") and grade_id(c)]
+
+
+def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> None:
+    """Exec ``answer_source`` in place of the exercise's answer, then its test cells (hidden tests
+    included). Raises whatever the first failing test cell raises."""
+    base, cells = _executed(notebook)
+    namespace = dict(base)
+    run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
+    tests = test_ids_for(exercise, cells)
+    if not tests:
+        raise LookupError(f"{notebook}: no test cells for exercise {exercise!r}")
+    for gid in tests:
+        run_source(cells[gid], namespace, f"{notebook}:{gid}")

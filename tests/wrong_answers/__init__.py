@@ -1,0 +1,30 @@
+"""Known-wrong and known-right student answers, one module per notebook (``nb01.py`` ...).
+
+Each module defines two dicts keyed by exercise name (the answer cell's grade_id):
+
+    WRONG[exercise][label] = source   # a plausible mistake; the hidden tests must take points for it
+    RIGHT[exercise][label] = source   # a correct alternative; it must get full marks
+
+``source`` replaces the whole answer cell. The tests in ``tests/test_hidden_tests.py`` run each
+one against that exercise's test cells in-process (fast), and ``tests/test_autograde.py`` sends
+them through the real nbgrader pipeline.
+"""
+
+import importlib
+
+NOTEBOOK_MODULES = {
+    "01_dot_products": "nb01",
+    "02_softmax_and_context": "nb02",
+    "03_trainable_self_attention": "nb03",
+    "04_causal_attention": "nb04",
+    "05_multi_head_attention": "nb05",
+    "06_efficient_attention_gpu": "nb06",
+}
+
+
+def load(notebook: str):
+    """The answers module of a notebook, or ``None`` if it has none yet."""
+    try:
+        return importlib.import_module(f"tests.wrong_answers.{NOTEBOOK_MODULES[notebook]}")
+    except ModuleNotFoundError:
+        return None
