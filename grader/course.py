@@ -48,3 +48,17 @@ def repository_url() -> str:
     if not match:
         raise RuntimeError("pyproject.toml has no [project.urls] Repository entry")
     return match.group(1)
+
+
+#: Graded exercises of each notebook (COURSE_DESIGN.md): answer cells have these grade ids, test
+#: cells ``test_<name>``, and ``course_utils.reference`` defines each name.
+EXERCISES: dict[str, tuple[str, ...]] = {
+    "01_dot_products": ("dot", "attention_scores_for_query", "attention_scores"),
+    "02_softmax_and_context": ("softmax_naive", "softmax_stable", "context_vectors"),
+    "03_trainable_self_attention": (
+        "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1"),
+    "04_causal_attention": ("causal_mask", "causal_attention_weights", "CausalAttention"),
+    "05_multi_head_attention": (
+        "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters"),
+    "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops"),
+}

@@ -1,0 +1,72 @@
+# One command to set up and run the course, one to set up and pass the tests.
+#   make lab        set up .venv on first use, then start JupyterLab in notebooks/
+#   make test       set up .venv on first use, then every check CI runs
+# Instructors:
+#   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel
+#   make release    solutions/ -> notebooks/ (student versions, hidden tests removed)
+#   make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]
+#   make feedback  [OUT=grading]
+# Maintainers:
+#   make bench      attention benchmark on whatever device is present (bench-results/)
+#   make lock       re-resolve constraints.txt (exact versions) from pyproject.toml
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+OUT ?= grading
+WORKERS ?= 2
+
+.PHONY: setup lab test build release check-release autograde feedback bench lock sandbox clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+# bubblewrap sandboxes student code during autograding; install it where it is missing and we can.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (sandbox for student code)"; \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
+	  else \
+	    echo "bubblewrap (bwrap) is not installed and cannot be installed here: install it with your package manager"; \
+	  fi; }
+
+test: setup sandbox
+	$(BIN)/python -m grader check-release
+	$(BIN)/python -m pytest
+
+build: setup
+	$(BIN)/python -m grader build $(NOTEBOOKS)
+
+release: setup
+	$(BIN)/python -m grader release $(NOTEBOOKS)
+
+check-release: setup
+	$(BIN)/python -m grader check-release
+
+autograde: setup sandbox
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]"; exit 2; }
+	$(BIN)/python -m grader autograde "$(SUBMISSIONS)" --out "$(OUT)" --workers $(WORKERS)
+
+feedback: setup
+	$(BIN)/python -m grader feedback "$(OUT)"
+
+bench: setup
+	$(BIN)/python -m course_utils.bench --out bench-results
+
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet torch==2.13.0 -e ".[dev]"
+	{ sed -n '1,3p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.new
+	mv constraints.new constraints.txt && rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) grading bench-results .pytest_cache

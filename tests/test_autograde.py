@@ -1,0 +1,121 @@
+"""End to end through real nbgrader: a class of submissions built from the course's own notebooks.
+
+For every notebook: the solution submitted as a student gets full marks; the untouched student
+notebook gets 0 on every test cell and still gets its rows; each set of known-wrong answers
+(tests/wrong_answers) loses points on the exercises it breaks; correct alternatives get full marks.
+All submissions are graded in one ``autograde`` call, as an instructor would.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import course
+from grader.autograde import autograde
+from tests import harness
+from tests.wrong_answers import load
+
+NOTEBOOKS = course.available_notebooks()
+
+
+def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released student notebook with answer cells filled in: ``answers[grade_id]`` if given,
+    else the solution's code (without the solution markers, as a student would have it)."""
+    student = nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4)
+    solution = nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4)
+    solved = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
+    for cell in student.cells:
+        gid = harness.grade_id(cell)
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and gid:
+            source = answers.get(gid, solved[gid])
+            cell.source = "\n".join(line for line in source.splitlines() if "### " not in line)
+    return student
+
+
+def _variants(kind: str, name: str) -> list[dict[str, str]]:
+    """Submission k takes the k-th answer of ``kind`` for every exercise that has one."""
+    module = load(name)
+    if module is None:
+        return []
+    per_exercise = {ex: list(answers.values()) for ex, answers in getattr(module, kind).items()}
+    depth = max((len(v) for v in per_exercise.values()), default=0)
+    return [{ex: v[k] for ex, v in per_exercise.items() if k < len(v)} for k in range(depth)]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("submissions")
+    out = tmp_path_factory.mktemp("grading")
+    plan: dict[tuple[str, str], dict] = {}
+    for name in NOTEBOOKS:
+        def put(student: str, nb, expect: dict) -> None:
+            folder = subs / student
+            folder.mkdir(exist_ok=True)
+            nbformat.write(nb, folder / f"{name}.ipynb")
+            plan[(student, name)] = expect
+
+        put("solution", nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4), {"full": True})
+        put("blank", nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4), {"zero": True})
+        for k, answers in enumerate(_variants("WRONG", name)):
+            put(f"wrong_{k}", _student_version_with(name, answers), {"wrong": set(answers)})
+        for k, answers in enumerate(_variants("RIGHT", name)):
+            put(f"right_{k}", _student_version_with(name, answers), {"full": True})
+    originals = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
+    code = autograde(subs, out, workers=2)
+    with open(out / "grades.csv", newline="") as f:
+        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
+    cells = defaultdict(dict)
+    with open(out / "cells.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = (float(r["score"]), float(r["max_score"]))
+    return {"code": code, "plan": plan, "grades": grades, "cells": cells, "originals": originals}
+
+
+def test_every_submission_gets_a_row_and_exit_0(graded):
+    assert graded["code"] == 0
+    assert set(graded["grades"]) == set(graded["plan"])
+
+
+def test_originals_are_untouched(graded):
+    for path, content in graded["originals"].items():
+        assert path.read_bytes() == content, f"{path} was modified by the grader"
+
+
+def _plan_items(graded, key):
+    return [(s, n, e) for (s, n), e in graded["plan"].items() if key in e]
+
+
+def test_full_marks(graded):
+    for student, name, _ in _plan_items(graded, "full"):
+        row = graded["grades"][(student, name)]
+        assert float(row["max_score"]) > 0
+        assert float(row["score"]) == float(row["max_score"]), (
+            f"{student}/{name}: {row['score']} of {row['max_score']} ({row['status']}); "
+            f"cells: {graded['cells'][(student, name)]}")
+
+
+def test_untouched_notebook_scores_zero_on_every_test_cell(graded):
+    for student, name, _ in _plan_items(graded, "zero"):
+        cells = graded["cells"][(student, name)]
+        solution_cells = graded["cells"][("solution", name)]
+        assert set(cells) == set(solution_cells), f"{name}: the blank submission is missing rows"
+        assert all(score == 0 for score, _ in cells.values()), f"{name}: blank got points: {cells}"
+
+
+def test_each_wrong_answer_loses_points(graded):
+    checked = 0
+    for student, name, expect in _plan_items(graded, "wrong"):
+        cells = graded["cells"][(student, name)]
+        for exercise in expect["wrong"]:
+            ids = harness.test_ids_for(exercise, cells)
+            assert ids, f"{name}: no graded cells for {exercise}"
+            score = sum(cells[i][0] for i in ids)
+            max_score = sum(cells[i][1] for i in ids)
+            assert score < max_score, f"{student}/{name}: the wrong {exercise} kept all {max_score} points"
+            checked += 1
+    assert checked >= 9, "notebook 01 alone has at least three wrong answers for each of three exercises"
