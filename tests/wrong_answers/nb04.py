@@ -1,0 +1,321 @@
+"""Answers for notebook 04 (causal attention). See the package docstring for the format."""
+
+_CA_INIT = '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+'''
+
+
+def _ca(forward: str, init: str = _CA_INIT) -> str:
+    """A CausalAttention with the book's __init__ and the given forward body."""
+    return init + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in forward.strip("\n").splitlines()) + "\n"
+
+
+_BOOK_FORWARD = '''
+b, num_tokens, d_in = x.shape
+keys = self.W_key(x)
+queries = self.W_query(x)
+values = self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores.masked_fill_(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
+attn_weights = self.dropout(attn_weights)
+return attn_weights @ values
+'''
+
+WRONG = {
+    "causal_mask": {
+        "diagonal masked too (triu, diagonal=0)": '''
+def causal_mask(num_tokens):
+    return torch.triu(torch.ones(num_tokens, num_tokens), diagonal=0).bool()
+''',
+        "inverted meaning: tril marks the allowed positions": '''
+def causal_mask(num_tokens):
+    return torch.tril(torch.ones(num_tokens, num_tokens)).bool()
+''',
+        "float mask instead of bool": '''
+def causal_mask(num_tokens):
+    return torch.triu(torch.ones(num_tokens, num_tokens), diagonal=1)
+''',
+        "off by one: diagonal=2 lets each token see the next one": '''
+def causal_mask(num_tokens):
+    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=2)
+''',
+        "hard-coded for six tokens": '''
+def causal_mask(num_tokens):
+    return torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
+''',
+    },
+    "causal_attention_weights": {
+        "mask after softmax without renormalising": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    w = torch.softmax(queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5, dim=-1)
+    return w * torch.tril(torch.ones(T, T))
+''',
+        "masked_fill with 0 instead of -inf": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), 0.0)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+''',
+        "no scaling": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores, dim=-1)
+''',
+        "scaled by d_k instead of sqrt(d_k)": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1], dim=-1)
+''',
+        "tril: masks the past instead of the future": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.tril(torch.ones(T, T, dtype=torch.bool), -1), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+''',
+        "diagonal masked": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool)), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+''',
+        "softmax over the queries (dim=-2)": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-2)
+''',
+        "keys.T breaks batch dimensions": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.T
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+''',
+        "modifies the caller's tensor in place": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    queries /= keys.shape[-1] ** 0.5
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores, dim=-1)
+''',
+    },
+    "CausalAttention": {
+        "mask not truncated to num_tokens": _ca('''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool(), -torch.inf)
+attn_weights = self.dropout(torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1))
+return attn_weights @ values
+'''),
+        "mask as a plain attribute instead of a buffer": _ca(_BOOK_FORWARD, init='''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)
+'''),
+        "mask buffer not persistent (missing from state_dict)": _ca(_BOOK_FORWARD, init='''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1),
+                             persistent=False)
+'''),
+        "mask rebuilt on the CPU in every forward, no buffer": '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        s = (q @ k.transpose(1, 2)).masked_fill(torch.triu(torch.ones(T, T), 1).bool(), -torch.inf)
+        return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
+''',
+        "dropout before softmax": _ca('''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+attn_scores = self.dropout(attn_scores)
+attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
+return attn_weights @ values
+'''),
+        "dropout on the context vectors": _ca('''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
+return self.dropout(attn_weights @ values)
+'''),
+        "dropout active in eval mode (F.dropout with training=True)": _ca('''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
+attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p, training=True)
+return attn_weights @ values
+'''),
+        "no scaling": _ca('''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+return self.dropout(torch.softmax(attn_scores, dim=-1)) @ values
+'''),
+        "mask includes the diagonal": '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=0))
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        s = (q @ k.transpose(1, 2)).masked_fill(self.mask.bool()[:T, :T], -1e9)
+        return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
+''',
+        "no mask at all": _ca('''
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_weights = torch.softmax(queries @ keys.transpose(1, 2) / keys.shape[-1]**0.5, dim=-1)
+return self.dropout(attn_weights) @ values
+'''),
+        "layers created in a different order (keys first)": '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _BOOK_FORWARD.strip("\n").splitlines()) + "\n",
+    },
+}
+
+RIGHT = {
+    "causal_mask": {
+        "ones(...).triu(1).bool()": '''
+def causal_mask(num_tokens):
+    return torch.ones(num_tokens, num_tokens).triu(1).bool()
+''',
+        "comparison of index grids": '''
+def causal_mask(num_tokens):
+    i = torch.arange(num_tokens)
+    return i[None, :] > i[:, None]
+''',
+        "logical not of tril": '''
+def causal_mask(num_tokens):
+    return ~torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool))
+''',
+    },
+    "causal_attention_weights": {
+        "einsum and a large negative number": '''
+def causal_attention_weights(queries, keys):
+    T, d_k = queries.shape[-2], keys.shape[-1]
+    scores = torch.einsum("...qd,...kd->...qk", queries, keys) / d_k ** 0.5
+    mask = torch.ones(T, T).triu(1).bool()
+    return torch.softmax(scores.masked_fill(mask, -1e9), dim=-1)
+''',
+        "renormalised tril after softmax": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    w = torch.softmax(queries @ keys.transpose(-2, -1) / math.sqrt(keys.shape[-1]), dim=-1)
+    w = w * torch.tril(torch.ones(T, T, dtype=w.dtype))
+    return w / w.sum(dim=-1, keepdim=True)
+''',
+        "finfo min, mask applied after scaling": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.mT / math.sqrt(keys.shape[-1])
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1)
+''',
+        "torch.where with -inf": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * keys.shape[-1] ** -0.5
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    return torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)
+''',
+    },
+    "CausalAttention": {
+        "the book's listing (float mask, in-place masked_fill_)": _ca(_BOOK_FORWARD),
+        "F.dropout with self.training, einsum, -1e9": '''
+import torch.nn.functional as F
+
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.p = dropout
+        self.register_buffer("mask", torch.ones(context_length, context_length).triu(1).bool())
+
+    def forward(self, x):
+        T = x.shape[1]
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = torch.einsum("bqd,bkd->bqk", q, k) / math.sqrt(k.shape[-1])
+        scores = scores.masked_fill(self.mask[:T, :T], -1e9)
+        w = F.dropout(torch.softmax(scores, dim=-1), self.p, self.training)
+        return torch.einsum("bqk,bkd->bqd", w, v)
+''',
+        "uses the student's causal_mask and a length check": '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.context_length = context_length
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", causal_mask(context_length))
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        if T > self.context_length:
+            raise ValueError(f"input has {T} tokens, at most {self.context_length} allowed")
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        w = causal_attention_weights(q, k)
+        return self.dropout(w) @ v
+''',
+    },
+}
