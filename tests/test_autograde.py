@@ -119,3 +119,23 @@ def test_each_wrong_answer_loses_points(graded):
             assert score < max_score, f"{student}/{name}: the wrong {exercise} kept all {max_score} points"
             checked += 1
     assert checked >= 9, "notebook 01 alone has at least three wrong answers for each of three exercises"
+
+
+def test_stderr_in_a_passing_test_cell_keeps_its_points():
+    from nbformat.v4 import new_code_cell, new_output
+    from nbgrader.utils import determine_grade
+
+    from grader.preprocessors import StderrIsNotFailure
+
+    cell = new_code_cell("checks.check_dot(dot)", metadata={"nbgrader": {
+        "grade": True, "solution": False, "locked": True, "grade_id": "test_dot", "points": 2, "schema_version": 3}})
+    cell.outputs = [new_output("stream", name="stderr", text="UserWarning: To copy construct from a tensor ...\n"),
+                    new_output("stream", name="stdout", text="✅ dot: 3 cases agree\n")]
+    assert determine_grade(cell)[0] == 0, "nbgrader alone scores any stderr as a failure"
+    cell, _ = StderrIsNotFailure().preprocess_cell(cell, {}, 0)
+    assert determine_grade(cell)[0] == 2
+    assert "copy construct" in cell.outputs[0]["text"], "the warning text is kept for feedback"
+    failing = new_code_cell("x", metadata=cell.metadata)
+    failing.outputs = [new_output("error", ename="AssertionError", evalue="❌ dot", traceback=[])]
+    failing, _ = StderrIsNotFailure().preprocess_cell(failing, {}, 0)
+    assert determine_grade(failing)[0] == 0, "a raised error still fails"

@@ -115,5 +115,10 @@ def attention_scores(inputs):
 def attention_scores(inputs):
     return torch.matmul(inputs, inputs.swapaxes(-1, -2))
 ''',
+        "correct, but torch prints a UserWarning (stderr must not cost points)": '''
+def attention_scores(inputs):
+    x = torch.tensor(inputs)  # torch warns "To copy construct from a tensor, use clone()"
+    return x @ x.transpose(-2, -1)
+''',
     },
 }
