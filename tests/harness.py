@@ -47,6 +47,9 @@ def _executed(notebook: str) -> tuple[dict, dict]:
         gid = grade_id(cell) or f"{index}"
         cells[gid] = cell.source
         run_source(cell.source, namespace, f"{notebook}:{gid}")
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
     return namespace, cells
 
 
