@@ -401,29 +401,13 @@ def count_parameters(module: nn.Module) -> int:
 # --------------------------------------------------------------------------------------------
 # Notebook 06: efficient attention
 # --------------------------------------------------------------------------------------------
-class MultiHeadAttentionEinsum(nn.Module):
+class MultiHeadAttentionEinsum(MultiHeadAttention):
     """Same computation as :class:`MultiHeadAttention`, written with ``torch.einsum``.
 
-    Input ``(b, T, d_in)``, output ``(b, T, d_out)``. Parameters are created in the same order and
-    with the same shapes as :class:`MultiHeadAttention`, so its ``state_dict`` loads directly.
+    Input ``(b, T, d_in)``, output ``(b, T, d_out)``. It inherits the constructor, so parameters
+    are created in the same order with the same shapes and a ``state_dict`` loads either way;
+    only ``forward`` differs: the einsum strings name every axis instead of ``view``/``transpose``.
     """
-
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
-    ):
-        super().__init__()
-        check_heads_divide(d_out, num_heads)
-        self.d_in = d_in
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.context_length = context_length
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", causal_mask(context_length))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = check_input_3d(x, self.d_in, self.context_length)
