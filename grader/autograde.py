@@ -1,38 +1,83 @@
-"""``python -m grader autograde SUBMISSIONS --out DIR``: grade a class with nbgrader.
+"""``python -m grader autograde SUBMISSIONS --out DIR [--workers N]``: grade a class with nbgrader.
 
-Layout in:  ``SUBMISSIONS/<student_id>/<notebook>.ipynb`` (any subset of the course's notebooks).
-Layout out: ``DIR/grades.csv`` (one row per submitted file), ``DIR/cells.csv`` (one row per graded
-test cell), and ``DIR/nbgrader/``, the nbgrader course folder (gradebook, autograded copies).
+Layout in:  ``SUBMISSIONS/<student_id>/<notebook>.ipynb`` (any subset of the course's notebooks;
+nested folders and names such as ``Copy of 01_dot_products (1).ipynb`` are fine).
 
-Submissions are never modified: nbgrader grades copies. A student's failure is a row with a
-status, never a crash of the batch.
+Layout out:
+  ``DIR/grades.csv``   one row per submitted file (per notebook and student), with a ``status``
+  ``DIR/cells.csv``    one row per graded test cell
+  ``DIR/results.json`` everything above plus each test's message (used by ``grader feedback``)
+  ``DIR/reports/<student>.md``  what was graded, repaired, flagged, per test
+  ``DIR/nbgrader/``    one nbgrader course folder: ``gradebook.db`` (every student), ``submitted/``
+                       (the repaired copies) and ``autograded/``, usable with nbgrader's formgrader
+
+How (see also :mod:`grader.intake`, :mod:`grader.sandbox`, :mod:`grader.execute`):
+
+1. Intake, in this process: every file is read defensively and matched to a course notebook by
+   name, else by content; a copy is repaired (nbgrader metadata rebuilt, tests restored) and its
+   answer cells are checked against :mod:`course_utils.rules`. The originals are never written.
+2. Grading, in ``workers`` processes, one student at a time per process: a private nbgrader
+   course folder per student (so no two processes write one SQLite file), nbgrader's own
+   ``autograde`` with the kernel sandboxed and time- and memory-limited.
+3. Merge, in this process: each student's grades are written into ``DIR/nbgrader/gradebook.db``
+   and the CSVs. A rule broken in an answer sets that exercise's tests to 0 through nbgrader's
+   manual-score override, with the reason as the grader's comment.
+
+Every run rebuilds ``DIR`` from the submissions as they are now, so re-running gives the same
+grades and a newer file from a student replaces the earlier grade.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
+import json
+import multiprocessing
+import os
 import shutil
-from dataclasses import dataclass, field
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from traitlets.config import Config
 
-from grader import course
+from course_utils import rules
+from grader import course, intake
 from grader.config import make_api
+from grader.intake import IntakeError, Submission
 
 GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file"]
-CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score"]
+CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score", "passed", "message"]
+COURSE_ID = "attention-course"
 
+#: Defaults for the limits; the CLI exposes them.
+CELL_TIMEOUT = 60
+NOTEBOOK_TIMEOUT = 600
+MEMORY = 4 * 1024**3
 
-@dataclass
-class Submission:
-    """One file found in the submissions folder."""
+SANDBOX_REFUSAL = """
+==============================================================================
+ REFUSING TO GRADE: the bubblewrap sandbox cannot run here.
+ {why}
+ Student notebooks are untrusted code. Without the sandbox they run with YOUR
+ rights: they can read solutions/, the gradebook and other students' files,
+ use the network, and change files. Install bubblewrap (Debian/Ubuntu:
+ `sudo apt-get install -y bubblewrap`, or `make sandbox`), or, only if you
+ accept the risk, pass --allow-unsandboxed.
+==============================================================================
+"""
 
-    student_id: str
-    path: Path
-    notebook: str | None  # the course notebook it is, or None if unrecognised
-    status: str = "ok"
+UNSANDBOXED_WARNING = """
+==============================================================================
+ WARNING: GRADING WITHOUT A SANDBOX (--allow-unsandboxed).
+ {why}
+ Student code runs with your rights. Time and memory limits still apply.
+==============================================================================
+"""
 
 
 @dataclass
@@ -40,6 +85,14 @@ class CellResult:
     grade_id: str
     score: float
     max_score: float
+    auto_score: float | None = None
+    manual_score: float | None = None
+    message: str = ""
+    comment: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.max_score > 0 and self.score >= self.max_score
 
 
 @dataclass
@@ -51,51 +104,70 @@ class Result:
     status: str
     file: str
     cells: list[CellResult] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    tests_shown: dict[str, str] = field(default_factory=dict)  # grade_id -> visible test text
+    answers: dict[str, str] = field(default_factory=dict)  # exercise -> the student's answer cell
 
 
-def match_notebook(filename: str) -> str | None:
-    """The course notebook a submitted file name stands for, or ``None``."""
-    stem = Path(filename).stem
-    for name in course.NOTEBOOKS:
-        if stem == name:
-            return name
-    return None
+@dataclass
+class Job:
+    """One recognised, repaired notebook to grade."""
+
+    sub_index: int
+    student_id: str
+    notebook: str
+    file: str
+    repaired: str  # the repaired notebook, JSON text
+    notes: list[str]
+    repairs: list[str]
+    zero: dict[str, str]  # test grade_id -> reason it scores 0 (a broken rule)
+    violations: list[str]
+    answers: dict[str, str]
 
 
-def discover(submissions: Path) -> list[Submission]:
-    """Every file under ``submissions/<student_id>/``, with the notebook it is recognised as."""
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"submissions folder {submissions} does not exist")
-    found = []
-    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for path in sorted(p for p in student_dir.rglob("*") if p.is_file()):
-            if any(part.startswith(".") for part in path.relative_to(student_dir).parts):
-                continue  # .ipynb_checkpoints, .DS_Store
-            notebook = match_notebook(path.name)
-            status = "ok" if notebook else "unknown file: not one of the course's notebooks"
-            found.append(Submission(student_dir.name, path, notebook, status))
-    return found
+@dataclass
+class Settings:
+    sandbox: bool = True
+    cell_timeout: int = CELL_TIMEOUT
+    notebook_timeout: int = NOTEBOOK_TIMEOUT
+    memory: int = MEMORY
 
 
-def autograde_config() -> Config:
-    """Course additions to nbgrader's autograde pipeline."""
+# ---------------------------------------------------------------------------------------------
+# nbgrader set-up
+
+
+def autograde_config(settings: Settings | None = None) -> Config:
+    """Course additions to nbgrader's autograde pipeline: restore imports, robust sandboxed Execute,
+    stderr is not a failure."""
     from nbgrader.converters.autograde import Autograde
 
-    from grader.preprocessors import StderrIsNotFailure
+    from grader.preprocessors import RestoreImports, StderrIsNotFailure
 
+    settings = settings or Settings()
     config = Config()
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     execute_index = next(i for i, step in enumerate(steps) if step.__name__ == "Execute")
-    steps.insert(execute_index + 1, StderrIsNotFailure)
+    from grader.execute import RobustExecute
+
+    steps[execute_index:execute_index + 1] = [RestoreImports, RobustExecute, StderrIsNotFailure]
     config.Autograde.autograde_preprocessors = steps
+    config.OverwriteCells.add_missing_cells = False  # intake already restored missing tests
+    config.RobustExecute.kernel_manager_class = "grader.sandbox.SandboxedKernelManager"
+    config.RobustExecute.timeout = settings.cell_timeout
+    config.RobustExecute.notebook_timeout = settings.notebook_timeout
+    config.RobustExecute.startup_timeout = 120
+    config.SandboxedKernelManager.sandbox = settings.sandbox
+    config.SandboxedKernelManager.memory_limit = settings.memory
     return config
 
 
-def prepare_course(root: Path, notebooks: list[str]):
+def prepare_course(root: Path, notebooks: list[str], settings: Settings | None = None):
     """A fresh nbgrader course folder at ``root`` with each notebook registered as an assignment."""
     if root.exists():
         shutil.rmtree(root)
-    api = make_api(root, autograde_config())
+    api = make_api(root, autograde_config(settings))
     for name in notebooks:
         src = course.solutions_dir() / f"{name}.ipynb"
         (root / "source" / name).mkdir(parents=True)
@@ -103,44 +175,321 @@ def prepare_course(root: Path, notebooks: list[str]):
         result = api.generate_assignment(name, force=True, create=True)
         if not result["success"]:
             raise RuntimeError(f"nbgrader could not register {name}:\n{result.get('error') or result.get('log')}")
+    shutil.rmtree(root / "release", ignore_errors=True)
     return api
 
 
-def grade_one(api, root: Path, sub: Submission) -> Result:
-    """Autograde one recognised submission; failures become a status, not an exception."""
-    assert sub.notebook is not None
-    target = root / "submitted" / sub.student_id / sub.notebook / f"{sub.notebook}.ipynb"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(sub.path, target)
-    result = api.autograde(sub.notebook, sub.student_id, force=True, create=True)
-    status = sub.status if result["success"] else "grading failed: " + _last_error_line(result)
-    return collect(root, sub, status)
+# ---------------------------------------------------------------------------------------------
+# 1. Intake
 
 
-def collect(root: Path, sub: Submission, status: str) -> Result:
-    """Read one submission's scores back from the gradebook."""
-    max_score = _max_score(root, sub.notebook)
-    row = Result(sub.student_id, sub.notebook, 0.0, max_score, status, str(sub.path))
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "attention-course") as gb:
+def _allowed_imports(src: intake.SourceNotebook) -> set[str]:
+    return set(src.imports.splitlines())
+
+
+def _strip_allowed_imports(source: str, allowed: set[str]) -> str:
+    """``source`` without top-level import statements that the course notebook itself has."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    body = [n for n in tree.body if not (isinstance(n, (ast.Import, ast.ImportFrom)) and ast.unparse(n) in allowed)]
+    if len(body) == len(tree.body):
+        return source
+    tree.body = body
+    return ast.unparse(tree)
+
+
+def _def_source(source: str, name: str) -> tuple[str, str]:
+    """(the last top-level definition of ``name`` in ``source``, the rest of the cell)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source, ""
+    lines = source.splitlines()
+    target = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            target = node
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            target = node
+    if target is None:
+        return source, ""
+    start = min([target.lineno] + [d.lineno for d in getattr(target, "decorator_list", [])]) - 1
+    end = target.end_lineno or target.lineno
+    own = "\n".join(lines[start:end])
+    rest = "\n".join(lines[:start] + lines[end:])
+    return own, rest
+
+
+def _unanswered(code: str) -> bool:
+    """Whether every function in ``code`` still only raises ``NotImplementedError`` (the stub)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not funcs:
+        return False
+    for f in funcs:
+        body = [n for n in f.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        if not body or not all(isinstance(n, (ast.Raise, ast.Pass)) for n in body):
+            return False
+    return True
+
+
+def _course_cells(src_name: str) -> set[str]:
+    """Normalised text of the solution notebook's ungraded code cells (the course's own cells)."""
+    nb = nbformat.read(course.solutions_dir() / f"{src_name}.ipynb", as_version=4)
+    return {intake.normalise(c.source) for c in nb.cells
+            if c.cell_type == "code" and not c.get("metadata", {}).get("nbgrader")}
+
+
+def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[dict[str, str], list[str]]:
+    """Test grade_id -> reason for each test that a broken rule sets to 0, and the list of findings.
+
+    An answer cell is checked with :func:`course_utils.rules.find_violations` for its exercise
+    (the same call as the student's self-check, so the same reason); any other code cell a
+    student added or changed is checked with the general rules (no reference, no patching of
+    torch, builtins or the test helpers), and a finding there zeroes every test below it.
+    """
+    allowed = _allowed_imports(src)
+    course_cells = _course_cells(src.name)
+    zero: dict[str, str] = {}
+    findings: list[str] = []
+    test_positions = {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        if meta.get("grade") and not meta.get("solution"):
+            test_positions[meta["grade_id"]] = i
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        gid = meta.get("grade_id")
+        if meta.get("grade") and not meta.get("solution"):
+            continue  # the course's own test cell
+        if meta.get("solution") and gid in src.answers:
+            own, rest = _def_source(cell.source, gid)
+            found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid)]
+            found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] if rest.strip() else []
+            # Other exercises defined in the same cell get their own rules.
+            for other in intake.defined_names(rest):
+                if other in src.answers and other != gid:
+                    found += [str(v) for v in rules.find_violations(_def_source(rest, other)[0], other)]
+            if found:
+                why = rules.RULES.get(gid, rules.Rule()).why
+                reason = f"{gid}: " + "; ".join(dict.fromkeys(found)) + (f". {why}" if why else "")
+                findings.append(reason)
+                for test_id, test in src.tests.items():
+                    if test.exercise == gid:
+                        zero.setdefault(test_id, "rule broken in the answer: " + reason)
+            continue
+        if intake.normalise(cell.source) in course_cells:
+            continue  # the course's own cell, unchanged
+        found = [str(v) for v in rules.find_violations(_strip_allowed_imports(cell.source, allowed))]
+        if found:
+            reason = f"cell {i + 1}: " + "; ".join(dict.fromkeys(found))
+            findings.append(reason + " (a cell outside the answers; every test below it scores 0)")
+            for test_id, pos in test_positions.items():
+                if pos > i:
+                    zero.setdefault(test_id, "test machinery tampered with above this test: " + reason)
+    return zero, findings
+
+
+def _visible_tests(src: intake.SourceNotebook) -> dict[str, str]:
+    return {gid: intake.strip_hidden(t.source).rstrip() for gid, t in src.tests.items()}
+
+
+def take_in(sub: Submission, index: int, submissions: Path, names: list[str]) -> Job | Result:
+    """Read, recognise and repair one submission: a :class:`Job` to grade, or a final row."""
+    file = str(sub.path.relative_to(submissions))
+    notes = list(sub.notes)
+
+    def row(status: str, notebook: str | None = None) -> Result:
+        nb_name = notebook or sub.notebook
+        max_score = intake.load_source(nb_name).max_score if nb_name in names else 0.0
+        return Result(sub.student_id, nb_name or sub.path.name, 0.0, max_score,
+                      "; ".join([status] + notes), file)
+
+    if not sub.student_id:
+        return row(sub.status)
+    try:
+        nb = intake.read_notebook(sub.path)
+    except IntakeError as exc:
+        return row(str(exc) if sub.notebook or sub.path.suffix.lower() != ".ipynb"
+                   else f"{exc}; unknown file name")
+    if not intake.has_code(nb):
+        return row("empty notebook: no code in it")
+    notebook = sub.notebook
+    if notebook is not None and notebook not in names:
+        return row(f"{notebook} is not part of the course yet (no solutions/{notebook}.ipynb)")
+    if notebook is None:
+        guess, score = intake.recognise_any(nb, names)
+        if guess is None or score < 2:
+            ids = sorted({(c.get("metadata", {}).get("nbgrader") or {}).get("grade_id") for c in nb.cells} - {None})
+            if ids:
+                return row("another course's notebook: unknown file name and nbgrader ids "
+                           + ", ".join(ids[:5]))
+            return row("unknown file name: not one of the course's notebooks ("
+                       + ", ".join(names) + ")")
+        notebook = guess
+        notes.insert(0, f"recognised by content as {guess}")
+    src = intake.load_source(notebook)
+    rec = intake.recognise(nb, src)
+    if rec.score == 0:
+        what = ("nbgrader ids " + ", ".join(sorted(rec.foreign_ids)[:5])) if rec.foreign_ids else "no exercise or test of it"
+        return row(f"another course's notebook: named {notebook} but has {what}", notebook)
+    repaired, repairs = intake.repair(nb, src)
+    zero, violations = check_rules(repaired, src)
+    answers = {gid: repaired.cells[i].source for gid, i in intake.answer_cells(repaired).items()}
+    return Job(index, sub.student_id, notebook, file, nbformat.writes(repaired), notes, repairs,
+               zero, violations, answers)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Grading (runs in worker processes)
+
+
+def _messages(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """Test grade_id -> what its check said (error name and message, or its printed lines)."""
+    out = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        if not (meta.get("grade") and meta.get("grade_id")):
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            e = errors[-1]
+            out[meta["grade_id"]] = f"{e.get('ename', 'Error')}: {e.get('evalue', '')}".strip()
+        else:
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+            out[meta["grade_id"]] = text.strip()[-2000:]
+    return out
+
+
+def _read_grades(root: Path, notebook: str, student: str) -> list[CellResult] | None:
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
         try:
-            nb = gb.find_submission_notebook(sub.notebook, sub.notebook, sub.student_id)
+            nb = gb.find_submission_notebook(notebook, notebook, student)
         except MissingEntry:
-            return row
+            return None
+        cells = []
         for grade in sorted(nb.grades, key=lambda g: g.name):
             if grade.max_score:
-                row.cells.append(CellResult(grade.name, float(grade.score or 0.0), float(grade.max_score)))
-        row.score = float(sum(c.score for c in row.cells))
-    return row
+                cells.append(CellResult(grade.name, float(grade.score or 0.0), float(grade.max_score),
+                                        grade.auto_score, grade.manual_score))
+        return cells
 
 
-def _max_score(root: Path, notebook: str) -> float:
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "attention-course") as gb:
-        return float(gb.find_notebook(notebook, notebook).max_score)
+def _apply_zero(root: Path, notebook: str, student: str, zero: dict[str, str]) -> None:
+    """nbgrader's manual override: 0 for each test in ``zero``, the reason as a comment."""
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        nb = gb.find_submission_notebook(notebook, notebook, student)
+        for grade in nb.grades:
+            if grade.name in zero:
+                grade.manual_score = 0.0
+                grade.needs_manual_grade = False
+        for comment in nb.comments:
+            reasons = [r for t, r in zero.items() if intake.load_source(notebook).tests.get(t)
+                       and intake.load_source(notebook).tests[t].exercise == comment.name]
+            if reasons:
+                comment.manual_comment = reasons[0]
+        gb.db.commit()
+
+
+def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -> list[Result]:
+    """Autograde one student's notebooks in a private nbgrader course folder ``work``."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*not in session.*")  # nbgrader's own SQLAlchemy noise
+    master_root, root = Path(master), Path(work)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    shutil.copy2(master_root / "gradebook.template.db", root / "gradebook.db")
+    api = make_api(root, autograde_config(settings))
+    results = []
+    for job in jobs:
+        src = intake.load_source(job.notebook)
+        shutil.copytree(master_root / "source" / job.notebook, root / "source" / job.notebook, dirs_exist_ok=True)
+        status_parts = []
+        target = root / "submitted" / job.student_id / job.notebook / f"{job.notebook}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(job.repaired, encoding="utf-8")
+        try:
+            outcome = api.autograde(job.notebook, job.student_id, force=True, create=True)
+            ok = outcome["success"]
+            error = "" if ok else _last_error_line(outcome)
+        except Exception as exc:  # noqa: BLE001 - one broken notebook never stops the batch
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        cells = _read_grades(root, job.notebook, job.student_id) if ok else None
+        if not ok or cells is None:
+            status_parts.append("grading failed: " + (error or "no grades recorded"))
+            cells = [CellResult(t.grade_id, 0.0, t.points, message="not graded") for t in src.tests.values()]
+        else:
+            if job.zero:
+                _apply_zero(root, job.notebook, job.student_id, job.zero)
+                cells = _read_grades(root, job.notebook, job.student_id) or cells
+            graded = root / "autograded" / job.student_id / job.notebook / f"{job.notebook}.ipynb"
+            messages = _messages(nbformat.read(graded, as_version=4)) if graded.exists() else {}
+            for c in cells:
+                c.message = messages.get(c.grade_id, "")
+                if c.grade_id in job.zero:
+                    c.comment = job.zero[c.grade_id]
+            status_parts.append("ok")
+        if job.repairs:
+            status_parts.append("repaired: " + ", ".join(job.repairs))
+        if job.violations:
+            status_parts.append("rule broken: " + " | ".join(job.violations))
+        kernel_notes = sorted({c.message.split(":")[0] for c in cells
+                               if c.message.startswith(("KernelDied", "CellTimeoutError", "NotebookTimeLimit"))})
+        if kernel_notes:
+            status_parts.append("limits hit: " + ", ".join(kernel_notes))
+        status_parts += job.notes
+        score = float(sum(c.score for c in cells))
+        results.append(Result(job.student_id, job.notebook, score, src.max_score, "; ".join(status_parts),
+                              job.file, cells, job.repairs, job.violations, _visible_tests(src), job.answers))
+    return results
 
 
 def _last_error_line(result: dict) -> str:
     text = (result.get("error") or result.get("log") or "").strip().splitlines()
     return text[-1] if text else "unknown error"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Merge and write
+
+
+def merge_into_gradebook(root: Path, work_root: Path, results: list[Result]) -> None:
+    """Write each graded notebook's scores into the course gradebook and copy its files in."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*not in session.*")  # nbgrader's own SQLAlchemy noise
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for r in results:
+            if not r.cells or r.status.startswith("grading failed"):
+                continue
+            gb.update_or_create_student(r.student_id)
+            gb.update_or_create_submission(r.notebook, r.student_id)
+            nb = gb.find_submission_notebook(r.notebook, r.notebook, r.student_id)
+            by_id = {c.grade_id: c for c in r.cells}
+            for grade in nb.grades:
+                c = by_id.get(grade.name)
+                if c is not None:
+                    grade.auto_score = c.auto_score
+                    grade.manual_score = c.manual_score
+                    grade.needs_manual_grade = False
+            for comment in nb.comments:
+                reasons = [c.comment for c in r.cells if c.comment and c.grade_id.startswith(f"test_{comment.name}")]
+                if reasons:
+                    comment.manual_comment = reasons[0]
+            gb.db.commit()
+            for part in ("submitted", "autograded"):
+                src = work_root / r.student_id / part / r.student_id / r.notebook
+                if src.exists():
+                    shutil.copytree(src, root / part / r.student_id / r.notebook, dirs_exist_ok=True)
 
 
 def write_csvs(out: Path, results: list[Result]) -> None:
@@ -155,27 +504,149 @@ def write_csvs(out: Path, results: list[Result]) -> None:
         writer.writerow(CELLS_COLUMNS)
         for r in results:
             for c in r.cells:
-                writer.writerow([r.student_id, r.notebook, c.grade_id, f"{c.score:g}", f"{c.max_score:g}"])
+                message = c.comment or c.message
+                writer.writerow([r.student_id, r.notebook, c.grade_id, f"{c.score:g}", f"{c.max_score:g}",
+                                 "yes" if c.passed else "no", message.splitlines()[0] if message else ""])
 
 
-def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False) -> int:
-    """Grade every submission; write the CSVs. Returns 0 when every submission got a row."""
-    subs = discover(submissions)
+def write_results(out: Path, results: list[Result]) -> None:
+    data = []
+    for r in results:
+        d = asdict(r)
+        for c, cd in zip(r.cells, d["cells"]):
+            cd["passed"] = c.passed
+        data.append(d)
+    (out / "results.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def write_reports(out: Path, results: list[Result]) -> None:
+    """``DIR/reports/<student>.md``: per notebook, the file, status, repairs, findings, each test."""
+    folder = out / "reports"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    by_student: dict[str, list[Result]] = {}
+    for r in results:
+        by_student.setdefault(r.student_id or "_no_student_folder", []).append(r)
+    for student, rows in by_student.items():
+        lines = [f"# Grading report: {student}", ""]
+        for r in rows:
+            lines += [f"## {r.notebook}: {r.score:g} / {r.max_score:g}", "",
+                      f"- file: `{r.file}`", f"- status: {r.status}"]
+            lines += [f"- repaired: {x}" for x in r.repairs]
+            lines += [f"- **rule broken** (0 for the exercise): {x}" for x in r.violations]
+            if r.cells:
+                lines += ["", "| test | score | result | message |", "|---|---|---|---|"]
+                for c in r.cells:
+                    msg = (c.comment or c.message or "").replace("|", "\\|").replace("\n", " ")[:300]
+                    lines.append(f"| {c.grade_id} | {c.score:g} / {c.max_score:g} | "
+                                 f"{'pass' if c.passed else 'FAIL'} | {msg} |")
+            lines.append("")
+        (folder / f"{_safe(student)}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def sandbox_settings(allow_unsandboxed: bool) -> tuple[bool, str]:
+    """(use the sandbox, message); raises SystemExit-worthy ``RuntimeError`` when refused."""
+    from grader.sandbox import check_bwrap
+
+    ok, why = check_bwrap()
+    if ok:
+        return True, why
+    if not allow_unsandboxed:
+        raise PermissionError(SANDBOX_REFUSAL.format(why=why))
+    return False, UNSANDBOXED_WARNING.format(why=why)
+
+
+def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
+              cell_timeout: int = CELL_TIMEOUT, notebook_timeout: int = NOTEBOOK_TIMEOUT,
+              memory: int = MEMORY, progress: bool = True) -> int:
+    """Grade every submission; write the CSVs, reports and gradebook. Returns the exit code:
+    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise."""
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    try:
+        sandbox, message = sandbox_settings(allow_unsandboxed)
+    except PermissionError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not sandbox:
+        print(message, file=sys.stderr)
+    if out == submissions or submissions in out.parents:
+        print("--out must not be inside the submissions folder", file=sys.stderr)
+        return 2
+    settings = Settings(sandbox, cell_timeout, notebook_timeout, memory)
+    names = course.available_notebooks()
+    names = [n for n in names if (course.solutions_dir() / f"{n}.ipynb").exists()]
+
+    subs = intake.discover(submissions)
+    taken = [take_in(sub, i, submissions, names) for i, sub in enumerate(subs)]
+    # A notebook recognised by content for a student who also sent it under its own name: keep one.
+    seen: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(taken):
+        if isinstance(t, Job):
+            key = (t.student_id, t.notebook)
+            if key in seen:
+                older = seen[key]
+                drop, keep = sorted([older, i], key=lambda k: subs[k].path.stat().st_mtime)
+                d = taken[drop]
+                taken[drop] = Result(d.student_id, subs[drop].path.name, 0.0, 0.0,
+                                     f"not graded: a newer file of this student for {d.notebook} was graded",
+                                     d.file)
+                seen[key] = keep
+            else:
+                seen[key] = i
+    jobs = [t for t in taken if isinstance(t, Job)]
+
     out.mkdir(parents=True, exist_ok=True)
-    root = (out / "nbgrader").resolve()
-    notebooks = sorted({s.notebook for s in subs if s.notebook})
-    api = prepare_course(root, notebooks)
-    results = []
-    for sub in subs:
-        if sub.notebook is None:
-            results.append(Result(sub.student_id, Path(sub.path).stem, 0.0, 0.0, sub.status, str(sub.path)))
-            continue
-        try:
-            results.append(grade_one(api, root, sub))
-        except Exception as exc:  # noqa: BLE001 - one broken submission never stops the batch
-            results.append(Result(sub.student_id, sub.notebook, 0.0, _max_score(root, sub.notebook),
-                                  f"grading failed: {type(exc).__name__}: {exc}", str(sub.path)))
+    root = out / "nbgrader"
+    notebooks = sorted({j.notebook for j in jobs})
+    prepare_course(root, notebooks, settings)
+    shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
+    work_root = out / "work"
+    shutil.rmtree(work_root, ignore_errors=True)
+
+    per_student: dict[str, list[Job]] = {}
+    for job in jobs:
+        per_student.setdefault(job.student_id, []).append(job)
+    graded: dict[int, Result] = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), unit="notebook", desc="autograding", file=sys.stderr)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+        futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): js
+                   for sid, js in per_student.items()}
+        for future in as_completed(futures):
+            js = futures[future]
+            try:
+                rows = future.result()
+            except Exception as exc:  # noqa: BLE001 - a crashed worker costs its student only
+                rows = [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
+                               f"grading failed: {type(exc).__name__}: {exc}", j.file) for j in js]
+            for j, r in zip(js, rows):
+                graded[j.sub_index] = r
+            if bar is not None:
+                bar.update(len(js))
+    if bar is not None:
+        bar.close()
+
+    results = [graded.get(i) or t for i, t in enumerate(taken) if isinstance(t, Result) or i in graded]
+    results.sort(key=lambda r: (r.student_id, r.notebook, r.file))
+    merge_into_gradebook(root, work_root, results)
+    (root / "gradebook.template.db").unlink(missing_ok=True)
+    shutil.rmtree(work_root, ignore_errors=True)
     write_csvs(out, results)
-    graded = sum(1 for r in results if r.status == "ok")
-    print(f"graded {graded} of {len(results)} submitted files; see {out / 'grades.csv'}")
+    write_results(out, results)
+    write_reports(out, results)
+    ok = sum(1 for r in results if r.status.startswith("ok"))
+    print(f"graded {ok} of {len(results)} submitted files ({'sandboxed' if sandbox else 'UNSANDBOXED'}); "
+          f"see {out / 'grades.csv'} and {out / 'reports'}", file=sys.stderr)
     return 0 if len(results) == len(subs) else 1

@@ -55,7 +55,16 @@ def cmd_autograde(args: argparse.Namespace) -> int:
     from grader.autograde import autograde
 
     return autograde(Path(args.submissions), Path(args.out), workers=args.workers,
-                     allow_unsandboxed=args.allow_unsandboxed)
+                     allow_unsandboxed=args.allow_unsandboxed, cell_timeout=args.cell_timeout,
+                     notebook_timeout=args.notebook_timeout, memory=int(args.memory_gb * 1024**3))
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    from grader.feedback import feedback
+
+    written = feedback(Path(args.out))
+    print(f"wrote {len(written)} feedback pages under {Path(args.out) / 'feedback'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,10 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("autograde", help="grade SUBMISSIONS/<student>/<notebook>.ipynb into DIR")
     p.add_argument("submissions", help="folder with one sub-folder per student")
     p.add_argument("--out", required=True, help="output folder: grades.csv, cells.csv, reports")
-    p.add_argument("--workers", type=int, default=1, help="students graded in parallel")
+    p.add_argument("--workers", type=int, default=1, help="students graded in parallel (processes)")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="grade without the bubblewrap sandbox where it cannot run (student code gets your rights)")
+    p.add_argument("--cell-timeout", type=int, default=60, help="seconds per cell before it is interrupted")
+    p.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook in all")
+    p.add_argument("--memory-gb", type=float, default=4.0, help="memory (address space) per student kernel, GiB")
     p.set_defaults(func=cmd_autograde)
+
+    p = sub.add_parser("feedback", help="DIR/feedback/<student>/<notebook>.html from an autograde run "
+                                        "(per test: pass/fail and the check's message; hidden tests' code is never shown)")
+    p.add_argument("out", help="the --out folder of `autograde`")
+    p.set_defaults(func=cmd_feedback)
     return parser
 
 

@@ -1,0 +1,162 @@
+"""Run a student's kernel inside a bubblewrap sandbox, with time and memory limits.
+
+The kernel sees a minimal, read-only file system built from a whitelist: the system's ``/usr``,
+the Python installation and virtual environment, and the ``course_utils`` package (the test
+cells need it). It does *not* see ``solutions/``, the rest of the repository (``.git`` holds
+the solutions too), the grading folder with the gradebook, the submissions of anyone, or the
+instructor's home. It has no network (``--unshare-all``), a private in-memory ``/tmp`` as its
+working directory, an empty environment, and a memory cap (``prlimit --as``). Every process it
+starts lives in its own PID namespace and dies with the kernel.
+
+The kernel talks to the grader over Unix sockets (ZeroMQ ``ipc`` transport) in a private folder
+bound into the sandbox: TCP on localhost would need the host's network.
+
+Where bubblewrap cannot run (macOS, containers without user namespaces), :func:`check_bwrap`
+says why; the grader then refuses to grade unless the instructor passes ``--allow-unsandboxed``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Bool, Integer, List, Unicode
+
+#: Memory per kernel (address space), bytes. torch needs ~1 GiB of address space to import.
+DEFAULT_MEMORY = 4 * 1024**3
+#: Size of the sandbox's private /tmp (in memory).
+TMP_SIZE = 256 * 1024**2
+#: Largest file the kernel may write, bytes.
+MAX_FILE = 64 * 1024**2
+
+_SYSTEM_RO = ["/usr", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd",
+              "/etc/group", "/etc/nsswitch.conf", "/etc/localtime", "/etc/fonts", "/etc/alternatives"]
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap executable (``$GRADER_BWRAP`` overrides, for tests), or ``None``."""
+    override = os.environ.get("GRADER_BWRAP")
+    if override is not None:
+        return override if Path(override).is_file() else None
+    return shutil.which("bwrap")
+
+
+def check_bwrap() -> tuple[bool, str]:
+    """Whether a bubblewrap sandbox with every namespace can start here, and if not, why."""
+    exe = bwrap_path()
+    if exe is None:
+        return False, ("bubblewrap (`bwrap`) is not installed. On Debian/Ubuntu: "
+                       "`sudo apt-get install -y bubblewrap` (or `make sandbox`).")
+    cmd = [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
+           "--proc", "/proc", "--tmpfs", "/tmp", "true"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bubblewrap could not start: {exc}"
+    if proc.returncode != 0:
+        return False, ("bubblewrap is installed but cannot create a sandbox here (user namespaces "
+                       f"disabled? inside a container?): {proc.stderr.strip() or proc.returncode}")
+    return True, f"bubblewrap sandbox available ({exe})"
+
+
+def readable_paths() -> list[str]:
+    """Host paths the kernel needs to read: Python, the venv, and the course_utils package only."""
+    import course_utils
+
+    paths = [sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parent.parent),
+             str(Path(course_utils.__file__).resolve().parent)]
+    # Packages installed elsewhere on sys.path (site-packages of the venv are already in).
+    seen: list[str] = []
+    for p in paths:
+        p = str(Path(p).resolve())
+        if p not in seen and Path(p).exists():
+            seen.append(p)
+    return seen
+
+
+def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str) -> list[str]:
+    """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``."""
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv"]
+    for src in _SYSTEM_RO:
+        if os.path.lexists(src):
+            cmd += ["--ro-bind", src, src]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = Path("/") / link
+        if target.is_symlink():
+            cmd += ["--symlink", os.readlink(target), str(target)]
+        elif target.is_dir():
+            cmd += ["--ro-bind", str(target), str(target)]
+    for path in readable_paths():
+        cmd += ["--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev",
+            "--size", str(TMP_SIZE), "--tmpfs", "/tmp",
+            "--dir", "/tmp/work", "--dir", "/tmp/home",
+            "--bind", socket_dir, socket_dir,
+            "--chdir", "/tmp/work"]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+           "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1"}
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    return cmd + ["--", *limits_prefix(memory), *inner]
+
+
+def limits_prefix(memory: int) -> list[str]:
+    """``prlimit`` arguments for the memory and file-size caps (empty where prlimit is missing)."""
+    exe = shutil.which("prlimit")
+    if exe is None or memory <= 0:
+        return []
+    return [exe, f"--as={memory}", f"--fsize={MAX_FILE}", "--core=0", "--"]
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs in bubblewrap (or, if ``sandbox`` is off, only under limits).
+
+    nbclient creates one per notebook (``Execute.kernel_manager_class``); the traits below are
+    set through the nbgrader config.
+    """
+
+    sandbox = Bool(True, help="run the kernel in bubblewrap").tag(config=True)
+    memory_limit = Integer(DEFAULT_MEMORY, help="address-space cap for the kernel, bytes (0: none)").tag(config=True)
+    bwrap = Unicode("", help="bubblewrap executable (default: found on PATH)").tag(config=True)
+    extra_env = List(Unicode(), help="VAR=VALUE pairs for the kernel's environment").tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Unix sockets in a private folder, bound into the sandbox at the same path.
+        self._socket_dir = tempfile.mkdtemp(prefix="grader-kernel-")
+        os.chmod(self._socket_dir, 0o700)
+        self.transport = "ipc"
+        self.ip = os.path.join(self._socket_dir, "k")
+        self.connection_file = os.path.join(self._socket_dir, "kernel.json")
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        inner = super().format_kernel_cmd(extra_arguments)
+        if not self.sandbox:
+            return [*limits_prefix(self.memory_limit), *inner]
+        exe = self.bwrap or bwrap_path()
+        if not exe:
+            raise RuntimeError("bubblewrap is not available; refusing to run student code unsandboxed")
+        cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe)
+        return cmd
+
+    async def _async_start_kernel(self, **kw):
+        # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        return await super()._async_start_kernel(**kw)
+
+    start_kernel = _async_start_kernel  # type: ignore[assignment]
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources  # type: ignore[assignment]
