@@ -34,6 +34,14 @@ class Rule:
 #: libraries the tests rely on.
 FORBIDDEN_MODULES = ("course_utils.reference", "course_utils.checks", "grader")
 PROTECTED_ROOTS = ("builtins", "torch", "course_utils", "checks", "np", "numpy", "F", "nn", "__builtins__")
+#: Names the test cells rely on: a solution may import them, never rebind them to something else.
+PROTECTED_NAMES = {"checks": "course_utils", "torch": "torch", "course_utils": "course_utils", "builtins": "builtins"}
+#: Ways to reach into the kernel or import by name, which no exercise needs.
+FORBIDDEN_NAMES = {
+    "get_ipython": "reaching into the notebook kernel is not allowed",
+    "__import__": "importing by name is not allowed in a solution",
+    "importlib": "importing by name is not allowed in a solution",
+}
 
 RULES: dict[str, Rule] = {
     "dot": Rule(
@@ -78,6 +86,7 @@ class _Finder(ast.NodeVisitor):
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._check_module(alias.name, node.lineno)
+            self._check_binding(alias.asname or alias.name.split(".")[0], node.lineno, alias.name)
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -85,6 +94,7 @@ class _Finder(ast.NodeVisitor):
         self._check_module(module, node.lineno)
         for alias in node.names:
             self._check_module(f"{module}.{alias.name}", node.lineno)
+            self._check_binding(alias.asname or alias.name, node.lineno, module)
         self.generic_visit(node)
 
     def _check_module(self, name: str, line: int) -> None:
@@ -92,8 +102,25 @@ class _Finder(ast.NodeVisitor):
             if name == bad or name.startswith(bad + "."):
                 self.found.append(Violation(f"imports `{name}`: solutions may not use the answers or the grader", line))
                 return
+        if name == "importlib" or name.startswith("importlib."):
+            self.found.append(Violation(f"imports `{name}`: {FORBIDDEN_NAMES['importlib']}", line))
+
+    def _check_binding(self, name: str | None, line: int, module: str | None = None) -> None:
+        """Rebinding a name the tests use (``checks = ...``, ``def checks``, ``import x as torch``)."""
+        if name in PROTECTED_NAMES and (module is None or module.split(".")[0] != PROTECTED_NAMES[name]):
+            self.found.append(Violation(f"rebinds `{name}`, which the tests rely on", line))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._check_binding(node.name, node.lineno)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef  # type: ignore[assignment]
 
     def _check_target(self, target: ast.AST, line: int) -> None:
+        if isinstance(target, ast.Name):
+            self._check_binding(target.id, line)
+        elif isinstance(target, ast.Subscript) and ast.unparse(target.value) == "sys.modules":
+            self.found.append(Violation("changes `sys.modules`: replacing modules is not allowed", line))
         if isinstance(target, ast.Attribute):
             root = target
             while isinstance(root, ast.Attribute):
@@ -115,8 +142,16 @@ class _Finder(ast.NodeVisitor):
         self._check_target(node.target, node.lineno)
         self.generic_visit(node)
 
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._check_target(target, node.lineno)
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if (isinstance(func, ast.Attribute) and ast.unparse(func.value) == "sys.modules"
+                and func.attr in ("update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__")):
+            self.found.append(Violation("changes `sys.modules`: replacing modules is not allowed", node.lineno))
         if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args:
             first = node.args[0]
             if isinstance(first, ast.Name) and first.id in PROTECTED_ROOTS:
@@ -126,11 +161,18 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if node.attr == "reference" and isinstance(root, ast.Name) and root.id in ("course_utils", "checks"):
+            self.found.append(Violation(f"uses `{ast.unparse(node)}`: solutions may not use the answers", node.lineno))
         if node.attr in self.rule.forbidden_calls:
             self.found.append(Violation(f"uses `{ast.unparse(node)}`, which this exercise does not allow", node.lineno))
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
+        if node.id in FORBIDDEN_NAMES and isinstance(node.ctx, ast.Load):
+            self.found.append(Violation(f"uses `{node.id}`: {FORBIDDEN_NAMES[node.id]}", node.lineno))
         if node.id in self.rule.forbidden_calls and isinstance(node.ctx, ast.Load):
             self.found.append(Violation(f"uses `{node.id}`, which this exercise does not allow", node.lineno))
 
