@@ -62,6 +62,14 @@ RULES: dict[str, Rule] = {
         forbidden_calls=("scaled_dot_product_attention", "MultiheadAttention", "multi_head_attention_forward"),
         why="build attention from matrix products and softmax; the library kernel comes in notebook 06.",
     ),
+    **{
+        name: Rule(
+            forbidden_calls=("scaled_dot_product_attention", "MultiheadAttention", "multi_head_attention_forward",
+                             "flex_attention"),
+            why="write the mask, softmax and dropout yourself; the fused library kernels come in notebook 06.",
+        )
+        for name in ("causal_attention_weights", "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention")
+    },
 }
 
 

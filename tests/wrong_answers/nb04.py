@@ -319,3 +319,19 @@ class CausalAttention(nn.Module):
 ''',
     },
 }
+
+WRONG["CausalAttention"]["library kernel (F.scaled_dot_product_attention)"] = '''
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        p = self.dropout.p if self.training else 0.0
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+'''
