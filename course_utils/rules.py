@@ -70,6 +70,15 @@ RULES: dict[str, Rule] = {
         )
         for name in ("causal_attention_weights", "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention")
     },
+    "MultiHeadAttentionCombinedQKV": Rule(
+        forbidden_calls=("scaled_dot_product_attention", "MultiheadAttention", "multi_head_attention_forward",
+                         "flex_attention"),
+        why="write the attention core yourself here (mask, softmax, dropout); the library kernel is the next exercise.",
+    ),
+    "MHAPyTorchSDPA": Rule(
+        forbidden_calls=("softmax", "MultiheadAttention", "multi_head_attention_forward", "flex_attention"),
+        why="hand the attention core to F.scaled_dot_product_attention instead of computing the softmax yourself.",
+    ),
 }
 
 

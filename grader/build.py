@@ -68,7 +68,10 @@ def source_to_notebook(path: Path) -> nbformat.NotebookNode:
         if cell.metadata.get("setup"):
             cell.source = setup_cell_source()
         meta = nbgrader_metadata(cell) if cell.cell_type == "code" else None
+        tags = list(cell.metadata.get("tags", []))  # e.g. "nbval-ignore-output" on timing cells
         cell.metadata = {"nbgrader": meta} if meta else {}
+        if tags:
+            cell.metadata["tags"] = tags
         if meta:
             if meta["grade_id"] in seen:
                 raise ValueError(f"{path.name}: grade_id {meta['grade_id']!r} is used twice")

@@ -1,0 +1,302 @@
+"""Answers for notebook 06 (efficient attention). See the package docstring for the format."""
+
+_COMBINED_INIT = '''
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.d_out = d_out
+        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1))
+'''
+
+_SDPA_INIT = '''
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.d_out = d_out
+        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = dropout
+'''
+
+
+def _combined(forward: str, init: str = _COMBINED_INIT) -> str:
+    return "class MultiHeadAttentionCombinedQKV(nn.Module):" + init + forward
+
+
+def _sdpa(forward: str, init: str = _SDPA_INIT) -> str:
+    return "class MHAPyTorchSDPA(nn.Module):" + init + forward
+
+
+WRONG = {
+    "MultiHeadAttentionCombinedQKV": {
+        "view(b, T, H, 3, D): heads first, slices Q, K and V wrongly": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        qkv = self.qkv(x).view(b, T, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
+        q, k, v = qkv.unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "unbinds in the order keys, queries, values": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, q, v = qkv.unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "no causal mask": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        w = self.dropout(torch.softmax(q @ k.transpose(-2, -1) / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "scales by sqrt(d_out) instead of sqrt(head_dim)": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.d_out**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "mask not cut to T (fails for T < context_length)": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask, -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "merges heads without moving T back first": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).reshape(b, T, self.d_out))
+'''),
+        "dropout on the context vectors instead of the weights": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        return self.out_proj(self.dropout((w @ v).transpose(1, 2).reshape(b, T, self.d_out)))
+'''),
+        "ignores qkv_bias": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+''', init=_COMBINED_INIT.replace("bias=qkv_bias", "bias=False")),
+        "uses the library kernel (not allowed in this exercise)": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "mask kept as a plain attribute, not a buffer": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.causal[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+''', init=_COMBINED_INIT.replace(
+            'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1))',
+            "self.causal = torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1)")),
+    },
+    "MHAPyTorchSDPA": {
+        "is_causal missing": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "dropout_p applied in eval() mode too": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "dropout never applied": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "mask passed with the wrong convention (True = blocked)": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=blocked,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(torch.nan_to_num(out).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "heads not moved before SDPA: attends over heads, not tokens": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 1, 3, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.out_proj(out.reshape(b, T, self.d_out))
+'''),
+        "view(b, T, H, 3, D) layout": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "hand-written softmax instead of SDPA": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        w = torch.softmax((q @ k.transpose(-2, -1) / self.head_dim**0.5).masked_fill(blocked, -torch.inf), dim=-1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "no out_proj": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return out.transpose(1, 2).reshape(b, T, self.d_out)
+''', init=_SDPA_INIT.replace("        self.out_proj = nn.Linear(d_out, d_out)\n", "")),
+    },
+    "attention_flops": {
+        "not halved when causal": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    return 4 * batch * num_heads * seq_len**2 * head_dim
+''',
+        "halved twice when causal": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 4 * batch * num_heads * seq_len**2 * head_dim // 2
+    return flops // 2 if causal else flops
+''',
+        "T instead of T^2": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 4 * batch * num_heads * seq_len * head_dim
+    return flops // 2 if causal else flops
+''',
+        "forgets 2 FLOPs per multiply-add": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 2 * batch * num_heads * seq_len**2 * head_dim
+    return flops // 2 if causal else flops
+''',
+        "default causal=False": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=False):
+    flops = 4 * batch * num_heads * seq_len**2 * head_dim
+    return flops // 2 if causal else flops
+''',
+        "condition inverted": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 4 * batch * num_heads * seq_len**2 * head_dim
+    return flops if causal else flops // 2
+''',
+        "counts only one of the two matrix products": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 2 * batch * num_heads * seq_len * seq_len * head_dim
+    return flops if not causal else flops // 2
+''',
+        "causal counts the lower triangle with the diagonal, T(T+1)/2": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    pairs = seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
+    return 4 * batch * num_heads * pairs * head_dim
+''',
+    },
+}
+
+RIGHT = {
+    "MultiHeadAttentionCombinedQKV": {
+        "chunk(3) on the last dim, then split heads with view/transpose": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(2, 3)
+        scores.masked_fill_(self.mask.bool()[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / k.shape[-1] ** 0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).contiguous().view(b, T, self.d_out))
+'''),
+        "reshape and indexing instead of view and unbind": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        qkv = self.qkv(x).reshape(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = torch.where(self.mask[:T, :T], float("-inf"), q @ k.mT / math.sqrt(self.head_dim))
+        w = self.dropout(F.softmax(scores, dim=-1))
+        return self.out_proj((w @ v).permute(0, 2, 1, 3).reshape(b, T, -1))
+'''),
+        "einsum with a float mask buffer": _combined('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).unbind(2)  # each (b, T, H, D)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        scores = scores.masked_fill(self.mask[:T, :T].bool(), float("-inf"))
+        w = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        return self.out_proj(torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, T, self.d_out))
+''', init=_COMBINED_INIT.replace("dtype=torch.bool", "dtype=torch.float32")),
+    },
+    "MHAPyTorchSDPA": {
+        "explicit boolean mask (True = allowed) instead of is_causal": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''),
+        "chunk and transpose, keyword names, contiguous().view": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        use_dropout = 0.0 if not self.training else self.dropout
+        context = nn.functional.scaled_dot_product_attention(
+            query=q, key=k, value=v, attn_mask=None, dropout_p=use_dropout, is_causal=True)
+        return self.out_proj(context.transpose(1, 2).contiguous().view(b, T, self.d_out))
+'''),
+        "dropout stored as nn.Dropout, its p passed to SDPA": _sdpa('''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        p = self.drop.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+''', init=_SDPA_INIT.replace("self.dropout = dropout", "self.drop = nn.Dropout(dropout)")),
+    },
+    "attention_flops": {
+        "2 products x 2 FLOPs, integer division written differently": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    per_product = 2 * batch * num_heads * seq_len * seq_len * head_dim
+    total = 2 * per_product
+    if causal:
+        total = total // 2
+    return total
+''',
+        "float factor converted back to int": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    return int(4 * batch * num_heads * seq_len ** 2 * head_dim * (0.5 if causal else 1.0))
+''',
+        "math.prod": '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    return math.prod([2, 2 if not causal else 1, batch, num_heads, seq_len, seq_len, head_dim])
+''',
+    },
+}
