@@ -21,6 +21,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 from nbclient import NotebookClient
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 from grader import course
 
@@ -98,6 +99,9 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
             record_timing=False,
         )
         client.execute()
+        # Printed text arrives in as many chunks as the kernel happened to flush; merge them so a
+        # rebuild with the same outputs writes the same bytes.
+        CoalesceStreamsPreprocessor().preprocess(nb, {})
     finally:
         for key, value in env_backup.items():
             if value is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import linecache
-from pathlib import Path
 
 import nbformat
 

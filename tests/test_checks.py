@@ -66,3 +66,11 @@ def test_causality_leak_names_the_position():
         return x.mean(dim=1, keepdim=True).expand_as(x)
     with pytest.raises(AssertionError, match=r"future leaks: output at position 0"):
         checks.check_causal("leaky", leaky, torch.randn(1, 4, 3))
+
+
+def test_checks_leave_the_random_state_alone():
+    torch.manual_seed(42)
+    expected = torch.rand(3)
+    torch.manual_seed(42)
+    checks.check_CausalAttention(reference.CausalAttention)  # seeds the generator internally
+    assert torch.equal(torch.rand(3), expected)

@@ -286,3 +286,60 @@ def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: t
                            f"Position {pos} must only see tokens 0..{pos}: is the mask applied, and above the diagonal?")
     if not quiet:
         passed(exercise, f"no position sees the future ({T} positions checked)")
+
+
+Diagnose = Callable[[Case, object], "str | None"]
+
+
+def compare_with_hints(
+    exercise: str,
+    student: Callable,
+    reference_fn: Callable,
+    cases: Sequence[Case],
+    diagnose: Diagnose,
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
+    """:func:`~course_utils.checks.core.compare_function`, one case at a time, adding a hint on failure.
+
+    ``diagnose(case, got)`` looks at the student's output on the failing case (or the exception
+    their code raised) and returns one sentence naming the likely mistake, or ``None``. A diagnosis that itself crashes is ignored:
+    the plain message is always there.
+    """
+    for index, case in enumerate(cases):
+        try:
+            compare_function(exercise, student, reference_fn, [case], atol=atol, rtol=rtol,
+                             rules_apply=index == 0, quiet=True)
+        except CheckFailed as exc:
+            hint = None
+            try:
+                try:
+                    got = student(*[a.clone() if isinstance(a, torch.Tensor) else a for a in case.args], **case.kwargs)
+                except Exception as error:  # noqa: BLE001 - the diagnosis may explain the error
+                    got = error
+                hint = diagnose(case, got)
+            except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
+                hint = None
+            if hint:
+                raise CheckFailed(f"{exc} Hint: {hint}") from None
+            raise
+    passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
+
+
+def preserve_rng(check: Callable) -> Callable:
+    """Run ``check`` without disturbing the caller's random state.
+
+    Checks seed the global generator to build the student's and the reference module alike;
+    without this, running a check cell would change every random number drawn after it in the
+    student's notebook.
+    """
+    import functools
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            return check(*args, **kwargs)
+
+    return wrapper

@@ -8,57 +8,18 @@ negative "weights" from plain sum-normalisation) and say so in the failure messa
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from course_utils import reference
-from course_utils.checks.core import Case, CheckFailed, call_student, compare_function, passed, rand, tensor_difference
+from course_utils.checks.core import Case, compare_with_hints, rand, tensor_difference
 from course_utils.data import book_inputs
 
 __all__ = ["check_softmax_naive", "check_softmax_stable", "check_context_vectors"]
 
 #: ``exp`` of anything above this is ``inf`` in float32.
 _EXP_OVERFLOW = 88.0
-
-Diagnose = Callable[[Case, object], "str | None"]
-
-
-def compare_with_hints(
-    exercise: str,
-    student: Callable,
-    reference_fn: Callable,
-    cases: Sequence[Case],
-    diagnose: Diagnose,
-    *,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-) -> None:
-    """:func:`~course_utils.checks.core.compare_function`, one case at a time, adding a hint on failure.
-
-    ``diagnose(case, got)`` looks at the student's output on the failing case (or the exception
-    their code raised) and returns one sentence naming the likely mistake, or ``None``. A diagnosis that itself crashes is ignored:
-    the plain message is always there.
-    """
-    for index, case in enumerate(cases):
-        try:
-            compare_function(exercise, student, reference_fn, [case], atol=atol, rtol=rtol,
-                             rules_apply=index == 0, quiet=True)
-        except CheckFailed as exc:
-            hint = None
-            try:
-                try:
-                    got = student(*[a.clone() if isinstance(a, torch.Tensor) else a for a in case.args], **case.kwargs)
-                except Exception as error:  # noqa: BLE001 - the diagnosis may explain the error
-                    got = error
-                hint = diagnose(case, got)
-            except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
-                hint = None
-            if hint:
-                raise CheckFailed(f"{exc} Hint: {hint}") from None
-            raise
-    passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
-
 
 def _close(a: torch.Tensor, b: object) -> bool:
     return isinstance(b, torch.Tensor) and tensor_difference(a, b) is None

@@ -17,9 +17,9 @@ from course_utils import reference
 from course_utils.checks.core import (
     Case,
     CheckFailed,
-    build_pair,
     check_rules,
     compare_module,
+    compare_with_hints,
     describe_shape,
     fail,
     passed,
@@ -27,7 +27,6 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
-from course_utils.checks.nb02 import compare_with_hints
 from course_utils.data import book_batch, book_inputs
 
 __all__ = [
