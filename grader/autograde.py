@@ -421,6 +421,8 @@ def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -
             outcome = api.autograde(job.notebook, job.student_id, force=True, create=True)
             ok = outcome["success"]
             error = "" if ok else _last_error_line(outcome)
+            if not ok and os.environ.get("GRADER_DEBUG"):
+                print(outcome.get("log"), outcome.get("error"), file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - one broken notebook never stops the batch
             ok, error = False, f"{type(exc).__name__}: {exc}"
         cells = _read_grades(root, job.notebook, job.student_id) if ok else None
@@ -564,6 +566,32 @@ def sandbox_settings(allow_unsandboxed: bool) -> tuple[bool, str]:
     return False, UNSANDBOXED_WARNING.format(why=why)
 
 
+def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_root: Path,
+              settings: Settings, record) -> list[str]:
+    """Grade students in a process pool, calling ``record(jobs, results)`` for each; return the
+    students whose worker process died."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    broken = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+        futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): sid
+                   for sid, js in per_student.items()}
+        for future in as_completed(futures):
+            sid = futures[future]
+            js = per_student[sid]
+            try:
+                rows = future.result()
+            except BrokenProcessPool:
+                broken.append(sid)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a failure costs its student only
+                rows = [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
+                               f"grading failed: {type(exc).__name__}: {exc}", j.file) for j in js]
+            record(js, rows)
+    return sorted(broken)
+
+
 def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
               cell_timeout: int = CELL_TIMEOUT, notebook_timeout: int = NOTEBOOK_TIMEOUT,
               memory: int = MEMORY, progress: bool = True) -> int:
@@ -620,21 +648,22 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         from tqdm import tqdm
 
         bar = tqdm(total=len(jobs), unit="notebook", desc="autograding", file=sys.stderr)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): js
-                   for sid, js in per_student.items()}
-        for future in as_completed(futures):
-            js = futures[future]
-            try:
-                rows = future.result()
-            except Exception as exc:  # noqa: BLE001 - a crashed worker costs its student only
-                rows = [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
-                               f"grading failed: {type(exc).__name__}: {exc}", j.file) for j in js]
-            for j, r in zip(js, rows):
-                graded[j.sub_index] = r
-            if bar is not None:
-                bar.update(len(js))
+
+    def record(js: list[Job], rows: list[Result]) -> None:
+        for j, r in zip(js, rows):
+            graded[j.sub_index] = r
+        if bar is not None:
+            bar.update(len(js))
+
+    # A worker that dies (it should not: student code runs in the kernel, not in the worker) breaks
+    # the whole pool; its students are then graded again one at a time, each in a fresh pool.
+    retry = _run_pool(per_student, workers, root, work_root, settings, record)
+    for sid in retry:
+        again = _run_pool({sid: per_student[sid]}, 1, root, work_root, settings, record)
+        for sid2 in again:
+            js = per_student[sid2]
+            record(js, [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
+                               "grading failed: the grading process crashed twice", j.file) for j in js])
     if bar is not None:
         bar.close()
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
-from jupyter_core.utils import ensure_async
-from nbclient.exceptions import DeadKernelError
+from jupyter_core.utils import ensure_async, run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
@@ -62,6 +62,14 @@ class RobustExecute(Execute):
             return cell
         try:
             cell = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        except CellTimeoutError:
+            # The reply came (or was faked after the interrupt) but the output stream never went idle.
+            cell.outputs = list(cell.get("outputs", [])) + [_error(
+                CELL_TIMEOUT, f"this cell ran longer than the time limit ({self._get_timeout(cell)} s) and "
+                              "did not stop when interrupted; the grader restarted the kernel")]
+            if not await self._responsive():
+                await self._recover(cell_index)
+            return cell
         except DeadKernelError:
             cell.outputs = list(cell.get("outputs", [])) + [_error(
                 KERNEL_DIED, "the kernel stopped while running this cell (os._exit, a crash, or the "
@@ -75,6 +83,9 @@ class RobustExecute(Execute):
             if not await self._responsive():
                 await self._recover(cell_index)
         return cell
+
+    # nbconvert's ExecutePreprocessor calls the sync wrapper, bound to the base class's coroutine.
+    execute_cell = run_sync(async_execute_cell)
 
     async def _responsive(self, wait: float = 5.0) -> bool:
         """Whether the kernel answers a ``kernel_info`` request within ``wait`` seconds."""
@@ -116,7 +127,7 @@ class RobustExecute(Execute):
             msg_id = await ensure_async(self.kc.execute(cell.source, store_history=False, stop_on_error=False))
             try:
                 reply = await self.async_wait_for_reply(msg_id, cell)
-            except DeadKernelError:
+            except (DeadKernelError, CellTimeoutError):
                 reply = None
             if reply is None:  # this earlier cell cannot be replayed: stop replaying
                 if not await self._responsive():

@@ -19,7 +19,6 @@ c.ClearSolutions.enforce_metadata = True
 c.ExecutePreprocessor.timeout = 120
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
-c.Execute.allow_errors = True
 
 # Outputs in graded notebooks are capped so a print loop cannot bloat the gradebook.
 c.LimitOutput.max_lines = 200

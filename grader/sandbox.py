@@ -138,6 +138,9 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         inner = super().format_kernel_cmd(extra_arguments)
+        # Interrupt over the control channel: a SIGINT to the process group would hit bubblewrap
+        # itself (which then ends the sandbox) rather than only the kernel.
+        self.kernel_spec.interrupt_mode = "message"
         if not self.sandbox:
             return [*limits_prefix(self.memory_limit), *inner]
         exe = self.bwrap or bwrap_path()
