@@ -57,13 +57,17 @@ ON_GPU = device.type == "cuda"
 if ON_GPU:
     DTYPE = torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
     BATCH, D_MODEL, NUM_HEADS = 8, 768, 12
-    SEQ_LENS = [256, 512, 1024, 2048, 4096]
+    big_gpu = torch.cuda.get_device_properties(device).total_memory > 40e9  # a 16 GB T4 stops at 2048
+    SEQ_LENS = [256, 512, 1024, 2048] + ([4096] if big_gpu else [])
     WARMUP, REPEATS = 5, 20
 else:
     DTYPE = torch.float32
     BATCH, D_MODEL, NUM_HEADS = 2, 128, 4
     SEQ_LENS = [64, 128, 256]
     WARMUP, REPEATS = 2, 5
+    # One thread: on a shared or busy CPU, several threads of one matrix product wait for the slowest
+    # one, and single runs can take ten times longer. One thread is slower but steady.
+    torch.set_num_threads(1)
 HEAD_DIM = D_MODEL // NUM_HEADS
 CONTEXT_LENGTH = max(SEQ_LENS)
 print("device:", describe_device(device), "| torch", torch.__version__)
@@ -547,8 +551,12 @@ plt.show()
 T_mem = SEQ_LENS[-1]
 x_mem = torch.randn(BATCH, T_mem, D_MODEL, device=device, dtype=DTYPE)
 for name in ("notebook 05", "SDPA is_causal"):
-    with torch.no_grad():
-        report = bench.peak_memory(lambda: correct[name](x_mem), device)
+    try:
+        with torch.no_grad():
+            report = bench.peak_memory(lambda: correct[name](x_mem), device)
+    except torch.cuda.OutOfMemoryError:
+        report = "out of memory"
+        torch.cuda.empty_cache()
     one_matrix = bench.score_matrix_bytes(BATCH, NUM_HEADS, T_mem, DTYPE)
     print(f"{name:16s} T={T_mem}: {report}; one score tensor would be {one_matrix / 2**20:.1f} MiB")
 
@@ -656,34 +664,37 @@ def time_training(model: nn.Module, x: torch.Tensor) -> bench.Timing:
 
 peak = bench.peak_tflops(device, DTYPE)
 print(f"peak for {DTYPE}: {peak if peak is not None else 'unknown (not a GPU in the table)'}")
-results = {}  # (mode, name, T) -> Timing
+results = {}  # (mode, name, T) -> Timing, or None when it could not run
+skipped = set()
 for T in SEQ_LENS:
     x_T = torch.randn(BATCH, T, D_MODEL, device=device, dtype=DTYPE)
     fwd = attention_flops(BATCH, NUM_HEADS, T, HEAD_DIM)
     for name, model in correct.items():
-        results["inference", name, T] = time_inference(model, x_T)
-        try:
-            results["training", name, T] = time_training(model, x_T)
-        except (RuntimeError, NotImplementedError) as exc:  # eager FlexAttention has no backward
-            results["training", name, T] = None
-            if T == SEQ_LENS[0]:
-                print(f"{name}: training not timed ({type(exc).__name__}: {str(exc).splitlines()[0][:70]})")
+        for mode, timer in (("inference", time_inference), ("training", time_training)):
+            try:
+                results[mode, name, T] = timer(model, x_T)
+            except (RuntimeError, NotImplementedError) as exc:  # out of memory; eager Flex has no backward
+                results[mode, name, T] = None
+                if ON_GPU:
+                    torch.cuda.empty_cache()
+                if (name, mode) not in skipped:
+                    print(f"{name}, {mode}, from T={T}: not timed ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})")
+                skipped.add((name, mode))
 
 for mode, flops_of in (("inference", lambda f: f), ("training", bench.training_flops)):
     T_max = SEQ_LENS[-1]
-    base = results[mode, "SDPA is_causal", T_max]
+    base = results[mode, "SDPA is_causal", T_max]  # SDPA never stores T x T: it fits where the others fit
     print(f"\n{mode}: median ms per T, and at T={T_max}: TFLOP/s, % of peak, time / SDPA")
     print(f"{'':22s}" + "".join(f"{'T=' + str(T):>10s}" for T in SEQ_LENS) + f"{'TFLOP/s':>9s}{'% peak':>8s}{'/SDPA':>7s}")
     for name in correct:
         row = [results[mode, name, T] for T in SEQ_LENS]
-        if row[-1] is None:
-            print(f"{name:22s}" + "".join(f"{'-':>10s}" for _ in SEQ_LENS))
-            continue
-        achieved = bench.tflops_per_s(flops_of(attention_flops(BATCH, NUM_HEADS, T_max, HEAD_DIM)), row[-1].median_s)
-        pct = bench.percent_of_peak(achieved, peak)
-        print(f"{name:22s}" + "".join(f"{t.median_ms:10.3f}" for t in row)
-              + f"{achieved:9.3f}{(f'{pct:.1f}' if pct is not None else 'n/a'):>8s}"
-              + f"{row[-1].median_s / base.median_s:7.2f}")
+        line = f"{name:22s}" + "".join(f"{t.median_ms:10.3f}" if t else f"{'-':>10s}" for t in row)
+        if row[-1] is not None:
+            achieved = bench.tflops_per_s(flops_of(attention_flops(BATCH, NUM_HEADS, T_max, HEAD_DIM)), row[-1].median_s)
+            pct = bench.percent_of_peak(achieved, peak)
+            line += f"{achieved:9.3f}{(f'{pct:.1f}' if pct is not None else 'n/a'):>8s}"
+            line += f"{row[-1].median_s / base.median_s:7.2f}" if base else ""
+        print(line)
 
 # %% [markdown]
 # The same numbers as a figure. On a GPU the naive versions grow like `T^2` in time *and* memory,
@@ -744,6 +755,10 @@ else:
 # ```
 # python -m course_utils.bench --out bench-results      # add --help for the options
 # ```
+#
+# On a busy shared CPU, `--threads 1` gives steadier numbers: when more threads want to run than
+# there are free cores, a parallel matrix product waits for its slowest thread, and single runs
+# can take ten times longer than usual.
 #
 # On a Colab GPU, run it in a cell with `!python -m course_utils.bench` and look at
 # `bench-results/attention_bench.png`.
