@@ -7,7 +7,8 @@ Used by notebook 06 and by the benchmark command::
 which times every implementation over a sweep of sequence lengths on the best device present,
 after checking each one against the reference (a wrong implementation is reported, never timed),
 and writes ``attention_bench.json`` and ``attention_bench.png`` into the output folder.
-``python -m course_utils.bench --help`` lists the options.
+``python -m course_utils.bench --help`` lists the options (``--threads 1`` gives steadier numbers on
+a busy CPU; ``--broken-demo`` adds a deliberately wrong implementation to show the gate).
 
 Timing rules this module follows (notebook 06 explains why):
     1. warm up first (the first calls pay for allocation, kernel selection and compilation);
@@ -713,7 +714,7 @@ class BenchRow:
     impl: str
     mode: str
     seq_len: int
-    status: str  # "ok", "wrong" (failed the correctness gate), "error", "skipped"
+    status: str  # "ok", "wrong" (failed the correctness gate), "error" (raised), "skipped" (not supported here)
     median_ms: float | None = None
     min_ms: float | None = None  # the fastest repeat: a hint of how noisy the machine was
     flops: int | None = None
@@ -853,6 +854,8 @@ def _measure(name, module, x, mode, fwd_flops, device, dtype, config) -> BenchRo
     try:
         timing = time_fn(step, device=device, warmup=config.warmup, repeats=config.repeats)
         memory = peak_memory(step, device)
+    except NotImplementedError as exc:  # e.g. FlexAttention has no backward on a CPU
+        return BenchRow(name, mode, x.shape[1], "skipped", message=f"not supported here: {exc}"[:200])
     except Exception as exc:  # noqa: BLE001 - out of memory included: reported, not fatal
         _free_memory(device)
         return BenchRow(name, mode, x.shape[1], "error", message=f"{type(exc).__name__}: {exc}"[:200])
@@ -975,7 +978,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(format_table(result, mode))
     print()
-    for status, what in (("wrong", "not timed, output differs from the reference"), ("error", "not timed, raised an error")):
+    for status, what in (("wrong", "not timed, output differs from the reference"), ("error", "not timed, raised an error"),
+                         ("skipped", "not timed, not supported on this device")):
         names = sorted({r.impl for r in result.rows if r.status == status})
         if names:
             print(f"{what}: {', '.join(names)}")

@@ -133,7 +133,9 @@ print("wrong: queries of head 0 and 1:", wrong[0, 0, :, 0].tolist(), "keys:", wr
 # - `self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)`,
 # - `self.out_proj = nn.Linear(d_out, d_out)`,
 # - `self.dropout = nn.Dropout(dropout)`,
-# - the causal mask as a buffer (`self.register_buffer("mask", ...)`, True above the diagonal).
+# - the causal mask as a buffer (`self.register_buffer("mask", ...)`, True above the diagonal). A
+#   buffer moves with `model.to(device)` (essential on a GPU) and is saved in `state_dict`, but is
+#   not a trainable parameter: notebook 04 showed what breaks without it.
 #
 # `forward(x)`: `x` is `(b, T, d_in)` with `T <= context_length`; return `(b, T, d_out)`. Compute
 # attention exactly as in notebook 05 (scale by `sqrt(D)`, mask the future with `-inf`, softmax,
@@ -237,7 +239,7 @@ print("is_causal=True equals our masked attention:", torch.allclose(fused, by_ha
 # **Mind the mask convention.** A boolean `attn_mask` for SDPA says where attention is
 # **allowed** (True = may attend). Our `causal_mask` says the opposite (True = the future,
 # blocked). So pass `~causal_mask(T)`. Passing `causal_mask(T)` itself lets every token see only
-# the future, and the first token... nothing:
+# the tokens after it, and leaves the last token nothing to see at all:
 
 # %%
 allowed = ~causal_mask(6)  # (T, T), True on and below the diagonal
