@@ -7,7 +7,7 @@
 #   make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]
 #   make feedback  [OUT=grading]
 # Maintainers:
-#   make bench      attention benchmark on whatever device is present (bench-results/)
+#   make bench      attention benchmark on whatever device is present (bench-results/) [BENCH_ARGS=...]
 #   make lock       re-resolve constraints.txt (exact versions) from pyproject.toml
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -59,8 +59,9 @@ autograde: setup sandbox
 feedback: setup
 	$(BIN)/python -m grader feedback "$(OUT)"
 
+# BENCH_ARGS, e.g. "--threads 1" (steadier CPU timings on a shared machine) or "--seq-lens 512 1024 2048".
 bench: setup
-	$(BIN)/python -m course_utils.bench --out bench-results
+	$(BIN)/python -m course_utils.bench --out bench-results $(BENCH_ARGS)
 
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
