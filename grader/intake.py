@@ -24,6 +24,7 @@ import ast
 import copy
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -237,7 +238,9 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     if not isinstance(obj, dict) or "cells" not in obj and "worksheets" not in obj:
         raise IntakeError("invalid notebook: JSON without notebook cells")
     try:
-        nb = nbformat.reads(text, as_version=4, capture_validation_error={})
+        with warnings.catch_warnings():  # duplicate or missing cell ids are repaired later
+            warnings.simplefilter("ignore")
+            nb = nbformat.reads(text, as_version=4, capture_validation_error={})
     except Exception as exc:  # noqa: BLE001 - any nbformat complaint is a status
         raise IntakeError(f"invalid notebook: {type(exc).__name__}: {exc}") from None
     for cell in nb.cells:

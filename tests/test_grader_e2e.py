@@ -1,0 +1,192 @@
+"""End to end: a class of messy and adversarial submissions (tests/submissions) graded in one run.
+
+One ``autograde`` call with two workers grades every case; the tests below check each row's
+score and status, that nothing outside the sandbox was read, deleted or left running, that the
+gradebook agrees with the CSVs, that the feedback pages hide the hidden tests, and that a re-run
+gives the same grades and a re-submission replaces the earlier one.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import course
+from grader.autograde import autograde
+from grader.feedback import feedback
+from tests import submissions as cases
+
+pytestmark = pytest.mark.skipif("01_dot_products" not in course.available_notebooks(),
+                                reason="notebook 01 is not built")
+
+LIMITS = dict(cell_timeout=10, notebook_timeout=120, memory=2 * 1024**3, progress=False)
+
+
+def _read(out: Path):
+    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
+    cells = defaultdict(dict)
+    with open(out / "cells.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = r
+    return grades, cells
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("class")
+    subs, out, decoy = base / "submissions", base / "grading", base / "instructor_files"
+    decoy.mkdir()
+    (decoy / "secret.txt").write_text("the instructor's own file")
+    secrets = {"solution": str(course.solutions_dir() / "01_dot_products.ipynb"),
+               "other_student": str(subs / "good" / "01_dot_products.ipynb"),
+               "gradebook_dir": str(out / "nbgrader"), "decoy": str(decoy),
+               "submissions": str(subs), "out": str(out)}
+    plan = cases.build(subs, secrets)
+    before = _digest(subs)
+    code = autograde(subs, out, workers=2, **LIMITS)
+    grades, cells = _read(out)
+    return {"code": code, "plan": plan, "grades": grades, "cells": cells, "subs": subs, "out": out,
+            "decoy": decoy, "before": before}
+
+
+def test_every_file_gets_one_row_and_exit_0(graded):
+    assert graded["code"] == 0
+    assert set(graded["grades"]) == set(graded["plan"]), set(graded["grades"]) ^ set(graded["plan"])
+
+
+def test_case_outcomes(graded):
+    """Every case's score, per-test scores and status words (the list is in tests/submissions)."""
+    problems = []
+    for key, expect in sorted(graded["plan"].items()):
+        row = graded["grades"][key]
+        where = f"{key[0]}/{key[1]} ({expect.what})"
+        if expect.score is not None and float(row["score"]) != expect.score:
+            problems.append(f"{where}: score {row['score']}, expected {expect.score:g}; status: {row['status']}")
+        for word in expect.status:
+            if word not in row["status"]:
+                problems.append(f"{where}: status {row['status']!r} lacks {word!r}")
+        for grade_id, score in expect.cells.items():
+            got = graded["cells"][key].get(grade_id)
+            if got is None or float(got["score"]) != score:
+                problems.append(f"{where}: {grade_id} scored {got and got['score']}, expected {score:g}")
+    assert not problems, "\n".join(problems)
+
+
+def test_ungradable_files_have_no_test_rows(graded):
+    for key, expect in graded["plan"].items():
+        if not expect.cells:
+            assert key not in graded["cells"], key
+
+
+def test_originals_are_untouched(graded):
+    assert _digest(graded["subs"]) == graded["before"]
+
+
+def test_sandbox_hid_everything_and_deleted_nothing(graded):
+    out = graded["out"]
+    snoop = (out / "nbgrader/autograded/snoop/01_dot_products/01_dot_products.ipynb").read_text()
+    assert "SNOOP-RESULT NOTHING []" in snoop, "the snooping cell could read files or reach the network"
+    assert (graded["decoy"] / "secret.txt").exists()
+    assert (course.solutions_dir() / "01_dot_products.ipynb").exists()
+    deleter = (out / "nbgrader/autograded/deleter/01_dot_products/01_dot_products.ipynb").read_text()
+    assert "still there for me: True" not in deleter  # the guessed paths did not even exist in there
+
+
+def test_no_background_process_survives(graded):
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if cases.BACKGROUND_MARKER in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                alive.append(proc.name)
+        except OSError:
+            continue
+    assert not alive, f"processes left running by a submission: {alive}"
+
+
+def test_rule_reasons_match_the_self_check(graded):
+    """The grader's reason is the one the student's own self-check gives for the same code."""
+    from course_utils.checks.core import CheckFailed, check_rules
+
+    from tests.harness import run_source
+
+    namespace: dict = {}
+    run_source("import torch\n" + cases.DOT_LIBRARY, namespace, "library_call")
+    with pytest.raises(CheckFailed) as info:
+        check_rules("dot", namespace["dot"])
+    assert "uses `torch.dot`, which this exercise does not allow" in str(info.value)
+    assert "uses `torch.dot`, which this exercise does not allow" in graded["grades"][("library_call", cases.NB)]["status"]
+    report = (graded["out"] / "reports" / "library_call.md").read_text()
+    assert "rule broken" in report and "torch.dot" in report
+
+
+def test_gradebook_agrees_with_the_csv(graded):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{graded['out'] / 'nbgrader' / 'gradebook.db'}", "attention-course") as gb:
+        for (student, notebook), row in graded["grades"].items():
+            if not graded["cells"].get((student, notebook)) or row["status"].startswith("grading failed"):
+                continue
+            nb = gb.find_submission_notebook(notebook, notebook, student)
+            assert float(nb.score) == float(row["score"]), (student, notebook)
+
+
+def test_reports_and_feedback_pages(graded):
+    out = graded["out"]
+    assert (out / "reports" / "colab.md").read_text().count("metadata restored") >= 1
+    pages = feedback(out)
+    page = (out / "feedback" / "edited_test" / "01_dot_products.html").read_text()
+    assert out / "feedback" / "edited_test" / "01_dot_products.html" in pages
+    assert "test_dot: failed" in page and "test_attention_scores: passed" in page
+    assert "CheckFailed" in page  # the check's message is there
+    for page_path in pages:
+        text = page_path.read_text()
+        assert "hidden=True" not in text and "BEGIN HIDDEN" not in text, page_path
+    data = json.loads((out / "results.json").read_text())
+    assert all("hidden=True" not in json.dumps(r.get("tests_shown", {})) for r in data)
+
+
+def test_rerun_is_idempotent_and_resubmission_replaces_the_grade(graded, tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for student in ("good", "blank"):
+        shutil.copytree(graded["subs"] / student, subs / student)
+    assert autograde(subs, out, workers=2, **LIMITS) == 0
+    first = (out / "grades.csv").read_text(), (out / "cells.csv").read_text()
+    assert autograde(subs, out, workers=2, **LIMITS) == 0
+    assert ((out / "grades.csv").read_text(), (out / "cells.csv").read_text()) == first
+    # "blank" re-submits a solved notebook (a newer file): the grade is replaced.
+    newer = subs / "blank" / "01_dot_products (resubmitted).ipynb"
+    nbformat.write(cases.filled(), newer)
+    os.utime(newer, (os.path.getmtime(newer) + 60,) * 2)
+    assert autograde(subs, out, workers=1, **LIMITS) == 0
+    grades, _ = _read(out)
+    assert float(grades[("blank", cases.NB)]["score"]) == cases.FULL
+    assert "newest of 2 files" in grades[("blank", cases.NB)]["status"]
+    assert len([k for k in grades if k[0] == "blank"]) == 1
+
+
+def test_refuses_without_sandbox_unless_allowed(tmp_path, monkeypatch, capsys):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / "alice").mkdir(parents=True)
+    nbformat.write(cases.filled(), subs / "alice" / "01_dot_products.ipynb")
+    monkeypatch.setenv("GRADER_BWRAP", str(tmp_path / "no-bwrap-here"))
+    assert autograde(subs, out, **LIMITS) == 2
+    assert "REFUSING TO GRADE" in capsys.readouterr().err
+    assert not (out / "grades.csv").exists()
+    assert autograde(subs, out, allow_unsandboxed=True, **LIMITS) == 0
+    assert "GRADING WITHOUT A SANDBOX" in capsys.readouterr().err
+    grades, _ = _read(out)
+    assert float(grades[("alice", cases.NB)]["score"]) == cases.FULL
