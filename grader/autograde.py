@@ -446,6 +446,9 @@ def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -
             status_parts.append("rule broken: " + " | ".join(job.violations))
         kernel_notes = sorted({c.message.split(":")[0] for c in cells
                                if c.message.startswith(("KernelDied", "CellTimeoutError", "NotebookTimeLimit"))})
+        if any(("MemoryError" in c.message or "can't allocate memory" in c.message
+                or "DefaultCPUAllocator" in c.message) for c in cells):
+            kernel_notes.append("memory limit")
         if kernel_notes:
             status_parts.append("limits hit: " + ", ".join(kernel_notes))
         status_parts += job.notes

@@ -126,7 +126,10 @@ def load_source(name: str) -> SourceNotebook:
             grade_id=gid, kind=kind, index=index, source=cell.source, metadata=dict(meta),
             exercise=gid if kind == "answer" else _exercise_for_test(gid, exercises),
             points=float(meta.get("points", 0) or 0)))
-    return SourceNotebook(name, cells, _top_level_imports(nb.cells))
+    # Never let the prelude rebind an exercise's own name (e.g. an import from the reference).
+    imports = "\n".join(line for line in _top_level_imports(nb.cells).splitlines()
+                         if not any(re.search(rf"\b{re.escape(e)}\b", line) for e in exercises))
+    return SourceNotebook(name, cells, imports)
 
 
 # ---------------------------------------------------------------------------------------------
