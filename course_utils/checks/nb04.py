@@ -177,6 +177,26 @@ def check_causal_attention_weights(causal_attention_weights: Callable, hidden: b
         if problem:
             fail(exercise, f"{problem}. Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
     compare_function(exercise, causal_attention_weights, reference.causal_attention_weights, cases, rules_apply=False)
+    check_follows_device(exercise, causal_attention_weights)
+
+
+def check_follows_device(exercise: str, fn: Callable) -> None:
+    """Fail unless ``fn(queries, keys)`` works on whatever device its inputs are on.
+
+    PyTorch's ``meta`` device stands in for a GPU: tensors there have shapes but no data, and
+    mixing them with a CPU tensor raises, just as mixing CUDA and CPU tensors does.
+    """
+    q, k = torch.empty(2, 5, 4, device="meta"), torch.empty(2, 5, 4, device="meta")
+    try:
+        out = fn(q, k)
+    except NotImplementedError:
+        return  # an operation with no meta kernel says nothing about devices
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"inputs on another device (here 'meta', standing in for a GPU) raised "
+                       f"{type(exc).__name__}: {exc}. Build the mask on the scores' device: "
+                       f"torch.ones(T, T, device=scores.device) or causal_mask(T, device=scores.device)")
+    if isinstance(out, torch.Tensor) and out.device.type != "meta":
+        fail(exercise, f"inputs on device 'meta' gave an output on {out.device}: keep every tensor on the inputs' device")
 
 
 # ------------------------------------------------------------------------------------------

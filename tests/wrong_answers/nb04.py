@@ -53,6 +53,13 @@ def causal_mask(num_tokens):
 ''',
     },
     "causal_attention_weights": {
+        "mask built on the CPU: breaks as soon as the scores live on a GPU": '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+''',
         "mask after softmax without renormalising": '''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
@@ -250,21 +257,21 @@ def causal_mask(num_tokens):
 def causal_attention_weights(queries, keys):
     T, d_k = queries.shape[-2], keys.shape[-1]
     scores = torch.einsum("...qd,...kd->...qk", queries, keys) / d_k ** 0.5
-    mask = torch.ones(T, T).triu(1).bool()
+    mask = torch.ones(T, T, device=scores.device).triu(1).bool()
     return torch.softmax(scores.masked_fill(mask, -1e9), dim=-1)
 ''',
         "renormalised tril after softmax": '''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     w = torch.softmax(queries @ keys.transpose(-2, -1) / math.sqrt(keys.shape[-1]), dim=-1)
-    w = w * torch.tril(torch.ones(T, T, dtype=w.dtype))
+    w = w * torch.tril(torch.ones(T, T, dtype=w.dtype, device=w.device))
     return w / w.sum(dim=-1, keepdim=True)
 ''',
         "finfo min, mask applied after scaling": '''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     scores = queries @ keys.mT / math.sqrt(keys.shape[-1])
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), diagonal=1)
     scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
     return scores.softmax(dim=-1)
 ''',
@@ -272,7 +279,7 @@ def causal_attention_weights(queries, keys):
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     scores = torch.matmul(queries, keys.transpose(-1, -2)) * keys.shape[-1] ** -0.5
-    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=scores.device))
     return torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)
 ''',
     },
