@@ -81,7 +81,10 @@ def readable_paths() -> list[str]:
 
 def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str) -> list[str]:
     """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``."""
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv"]
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv",
+           # The private /tmp comes first: a later mount on top of it would hide the binds below
+           # whenever the course itself lives under /tmp (a CI checkout, say).
+           "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]
     for src in _SYSTEM_RO:
         if os.path.lexists(src):
             cmd += ["--ro-bind", src, src]
@@ -93,9 +96,7 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
             cmd += ["--ro-bind", str(target), str(target)]
     for path in readable_paths():
         cmd += ["--ro-bind", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev",
-            "--size", str(TMP_SIZE), "--tmpfs", "/tmp",
-            "--dir", "/tmp/work", "--dir", "/tmp/home",
+    cmd += ["--dir", "/tmp/work", "--dir", "/tmp/home",
             "--bind", socket_dir, socket_dir,
             "--chdir", "/tmp/work"]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
