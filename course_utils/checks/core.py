@@ -167,9 +167,14 @@ def compare_function(
                 fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
         problem = _difference(expected, got, atol, rtol)
         if problem:
-            fail(exercise, f"{problem}. Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
+            fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
     if not quiet:
         passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in exactly one full stop (or its own ``?``/``!``)."""
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _difference(expected: Any, got: Any, atol: float, rtol: float) -> str | None:
@@ -258,7 +263,7 @@ def compare_module(
                     hint = ""
                     if mode == "train":
                         hint = " Dropout must act on the attention weights, after softmax, and only in training mode."
-                    fail(exercise, f"{problem}. Input shape {describe_shape(case.args[0])}.{hint}", label)
+                    fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.{hint}", label)
                 count += 1
     if not quiet:
         passed(exercise, f"{count} module outputs agree with the reference")

@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 from course_utils import reference
 from course_utils.checks.core import (
     Case,
+    CheckFailed,
     call_student,
     check_causal,
     check_rules,
@@ -56,8 +57,17 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
     name = "MultiHeadAttentionCombinedQKV"
     cls = MultiHeadAttentionCombinedQKV
     check_rules(name, cls)
-    compare_module(name, cls, reference.MultiHeadAttentionCombinedQKV, _module_configs(hidden), quiet=True)
+    # Causality first: a missing or misplaced mask is named as such, not as "values differ".
     _check_causality(name, cls, (8, 12, 10, 0.0, 3), seed=68)
+    try:
+        compare_module(name, cls, reference.MultiHeadAttentionCombinedQKV, _module_configs(hidden), quiet=True)
+    except CheckFailed as exc:
+        if "values differ" not in str(exc):
+            raise
+        raise CheckFailed(f"{exc} Hint: check the layout of qkv(x), shape (b, T, 3 * d_out): all of Q comes "
+                          f"first, then K, then V, each split into heads. view(b, T, 3, num_heads, head_dim), "
+                          f"permute(2, 0, 3, 1, 4) to (3, b, num_heads, T, head_dim), then unbind(0) gives "
+                          f"queries, keys, values in that order.") from None
     torch.manual_seed(123)
     module = cls(8, 12, 10, 0.0, 3)
     if not any(tuple(b.shape) == (10, 10) for b in module.buffers()):
@@ -121,6 +131,7 @@ def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None
     name = "MHAPyTorchSDPA"
     cls = MHAPyTorchSDPA
     check_rules(name, cls)
+    _check_causality(name, cls, (8, 12, 10, 0.0, 3), seed=74)  # first: names a missing is_causal
     compare_module(name, cls, reference.MHAPyTorchSDPA, _module_configs(hidden), quiet=True)
     torch.manual_seed(123)
     module = cls(8, 12, 10, 0.0, 3).eval()
@@ -130,7 +141,6 @@ def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None
     if spy.count != 1:
         fail(name, f"forward called F.scaled_dot_product_attention {spy.count} times; it should call it once, "
                    f"on queries, keys and values of shape (b, num_heads, T, head_dim)")
-    _check_causality(name, cls, (8, 12, 10, 0.0, 3), seed=74)
     if hidden:
         _check_dropout_sdpa(name, cls)
         _check_causality(name, cls, (6, 8, 5, 0.0, 4, True), seed=75)
