@@ -1,4 +1,94 @@
-"""Answers for notebook 03 (trainable self-attention). See the package docstring for the format."""
+"""Answers for notebook 03 (trainable self-attention). See the package docstring for the format.
+
+Most wrong answers are a correct base answer (``_SDPA``, ``_V1``, ``_V2``, ``_COPY``) with one
+change made by ``_edit``, so each reads as "the correct answer, except this line".
+"""
+
+
+def _edit(src: str, old: str, new: str, count: int = 1) -> str:
+    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
+    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
+    return src.replace(old, new)
+
+
+# A correct scaled_dot_product_attention.
+_SDPA = '''
+def scaled_dot_product_attention(queries, keys, values):
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(keys.shape[-1])
+    return torch.softmax(scores, dim=-1) @ values
+'''
+
+# A correct SelfAttention_v1, in two parts so that a variant can swap the whole forward.
+_V1_INIT = '''
+class SelfAttention_v1(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
+'''
+_V1_FORWARD = '''
+    def forward(self, x):
+        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
+        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
+        return w @ v
+'''
+_V1 = _V1_INIT + _V1_FORWARD
+
+# A correct SelfAttention_v2, likewise.
+_V2_INIT = '''
+class SelfAttention_v2(nn.Module):
+    def __init__(self, d_in, d_out, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+'''
+_V2_FORWARD = '''
+    def forward(self, x):
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
+        return w @ v
+'''
+_V2 = _V2_INIT + _V2_FORWARD
+
+# SelfAttention_v2 projecting with the raw weight matrices, which nn.Linear stores as (d_out, d_in).
+_V2_WEIGHT_NOT_TRANSPOSED = _edit(
+    _V2,
+    "        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)\n",
+    "        q = x @ self.W_query.weight\n"
+    "        k = x @ self.W_key.weight\n"
+    "        v = x @ self.W_value.weight\n",
+)
+
+# The book's SelfAttention_v1 listing with transpose(-2, -1) instead of .T (a RIGHT answer). Its
+# __init__ differs from _V1_INIT only in the book's aligned "=".
+_V1_BOOK = _edit(_V1_INIT, "self.W_key =", "self.W_key   =") + '''
+    def forward(self, x):
+        keys = x @ self.W_key
+        queries = x @ self.W_query
+        values = x @ self.W_value
+        attn_scores = queries @ keys.transpose(-2, -1)
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
+        return attn_weights @ values
+'''
+
+# A correct copy_v2_weights_to_v1: nn.Linear keeps (d_out, d_in), SelfAttention_v1 keeps (d_in, d_out).
+_COPY = '''
+def copy_v2_weights_to_v1(sa_v2, sa_v1):
+    with torch.no_grad():
+        sa_v1.W_query.copy_(sa_v2.W_query.weight.T)
+        sa_v1.W_key.copy_(sa_v2.W_key.weight.T)
+        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
+'''
+
+# The same through .data (a RIGHT answer).
+_COPY_DATA = '''
+def copy_v2_weights_to_v1(sa_v2, sa_v1):
+    sa_v1.W_query.data = sa_v2.W_query.weight.T.clone()
+    sa_v1.W_key.data = sa_v2.W_key.weight.T.clone()
+    sa_v1.W_value.data = sa_v2.W_value.weight.T.clone()
+'''
 
 WRONG = {
     "scaled_dot_product_attention": {
@@ -18,21 +108,9 @@ def scaled_dot_product_attention(queries, keys, values):
     weights = torch.softmax(queries @ keys.T / keys.shape[-1] ** 0.5, dim=-1)
     return weights @ values
 ''',
-        "softmax over dim=-2": '''
-def scaled_dot_product_attention(queries, keys, values):
-    scores = queries @ keys.transpose(-2, -1) / math.sqrt(keys.shape[-1])
-    return torch.softmax(scores, dim=-2) @ values
-''',
-        "scales by the size of the values": '''
-def scaled_dot_product_attention(queries, keys, values):
-    scores = queries @ keys.transpose(-2, -1) / math.sqrt(values.shape[-1])
-    return torch.softmax(scores, dim=-1) @ values
-''',
-        "keys.shape[0] is the number of tokens, not d_k": '''
-def scaled_dot_product_attention(queries, keys, values):
-    scores = queries @ keys.transpose(-2, -1) / keys.shape[0] ** 0.5
-    return torch.softmax(scores, dim=-1) @ values
-''',
+        "softmax over dim=-2": _edit(_SDPA, "dim=-1", "dim=-2"),
+        "scales by the size of the values": _edit(_SDPA, "math.sqrt(keys.shape[-1])", "math.sqrt(values.shape[-1])"),
+        "keys.shape[0] is the number of tokens, not d_k": _edit(_SDPA, "math.sqrt(keys.shape[-1])", "keys.shape[0] ** 0.5"),
         "scales after the softmax": '''
 def scaled_dot_product_attention(queries, keys, values):
     weights = torch.softmax(queries @ keys.transpose(-2, -1), dim=-1) / math.sqrt(keys.shape[-1])
@@ -45,52 +123,21 @@ def scaled_dot_product_attention(queries, keys, values):
 ''',
     },
     "SelfAttention_v1": {
-        "parameters created in the wrong order": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "torch.randn instead of torch.rand": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.randn(d_in, d_out))
-        self.W_key = nn.Parameter(torch.randn(d_in, d_out))
-        self.W_value = nn.Parameter(torch.randn(d_in, d_out))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "no scaling": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
-        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
-''',
-        "keys.T (the book's listing), which breaks batches": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
+        "parameters created in the wrong order": _edit(
+            _V1,
+            "        self.W_query = nn.Parameter(torch.rand(d_in, d_out))\n"
+            "        self.W_key = nn.Parameter(torch.rand(d_in, d_out))\n",
+            "        self.W_key = nn.Parameter(torch.rand(d_in, d_out))\n"
+            "        self.W_query = nn.Parameter(torch.rand(d_in, d_out))\n",
+        ),
+        "torch.randn instead of torch.rand": _edit(_V1, "torch.rand(", "torch.randn(", count=3),
+        "no scaling": _edit(
+            _V1,
+            "        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)\n"
+            "        return w @ v\n",
+            "        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n",
+        ),
+        "keys.T (the book's listing), which breaks batches": _V1_INIT + '''
     def forward(self, x):
         keys = x @ self.W_key
         queries = x @ self.W_query
@@ -99,156 +146,45 @@ class SelfAttention_v1(nn.Module):
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
         return attn_weights @ values
 ''',
-        "scales by sqrt(d_in) instead of sqrt(d_out)": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
-        w = torch.softmax(q @ k.transpose(-2, -1) / x.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "weights stored as (d_out, d_in)": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_out, d_in))
-        self.W_key = nn.Parameter(torch.rand(d_out, d_in))
-        self.W_value = nn.Parameter(torch.rand(d_out, d_in))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query.T, x @ self.W_key.T, x @ self.W_value.T
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "keys @ queries^T: queries and keys swapped": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
-    def forward(self, x):
-        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value
-        w = torch.softmax(k @ q.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
+        "scales by sqrt(d_in) instead of sqrt(d_out)": _edit(_V1, "k.shape[-1] ** 0.5", "x.shape[-1] ** 0.5"),
+        "weights stored as (d_out, d_in)": _edit(
+            _edit(_V1, "torch.rand(d_in, d_out)", "torch.rand(d_out, d_in)", count=3),
+            "x @ self.W_query, x @ self.W_key, x @ self.W_value",
+            "x @ self.W_query.T, x @ self.W_key.T, x @ self.W_value.T",
+        ),
+        "keys @ queries^T: queries and keys swapped": _edit(_V1, "q @ k.transpose(-2, -1)", "k @ q.transpose(-2, -1)"),
     },
     "SelfAttention_v2": {
-        "ignores qkv_bias": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=False)
-        self.W_key = nn.Linear(d_in, d_out, bias=False)
-        self.W_value = nn.Linear(d_in, d_out, bias=False)
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "default bias of nn.Linear (always on)": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out)
-        self.W_key = nn.Linear(d_in, d_out)
-        self.W_value = nn.Linear(d_in, d_out)
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "layers created in the wrong order": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "nn.Linear(d_out, d_in): sizes swapped": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_out, d_in, bias=qkv_bias)
-        self.W_key = nn.Linear(d_out, d_in, bias=qkv_bias)
-        self.W_value = nn.Linear(d_out, d_in, bias=qkv_bias)
-
-    def forward(self, x):
-        q = x @ self.W_query.weight
-        k = x @ self.W_key.weight
-        v = x @ self.W_value.weight
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "keys.T, which breaks batches": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-
+        "ignores qkv_bias": _edit(_V2, "bias=qkv_bias", "bias=False", count=3),
+        "default bias of nn.Linear (always on)": _edit(_V2, ", bias=qkv_bias)", ")", count=3),
+        "layers created in the wrong order": _edit(
+            _V2,
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+            "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+        ),
+        # x @ weight only has the right shape if the layers are built the wrong way round.
+        "nn.Linear(d_out, d_in): sizes swapped": _edit(
+            _V2_WEIGHT_NOT_TRANSPOSED, "nn.Linear(d_in, d_out,", "nn.Linear(d_out, d_in,", count=3),
+        "keys.T, which breaks batches": _V2_INIT + '''
     def forward(self, x):
         keys = self.W_key(x)
         w = torch.softmax(self.W_query(x) @ keys.T / keys.shape[-1] ** 0.5, dim=-1)
         return w @ self.W_value(x)
 ''',
-        "multiplies by the weight without transposing": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-
-    def forward(self, x):
-        q = x @ self.W_query.weight
-        k = x @ self.W_key.weight
-        v = x @ self.W_value.weight
-        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)
-        return w @ v
-''',
-        "no scaling": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-
+        "multiplies by the weight without transposing": _V2_WEIGHT_NOT_TRANSPOSED,
+        "no scaling": _V2_INIT + '''
     def forward(self, x):
         w = torch.softmax(self.W_query(x) @ self.W_key(x).transpose(-2, -1), dim=-1)
         return w @ self.W_value(x)
 ''',
     },
     "copy_v2_weights_to_v1": {
-        "no transpose, with copy_": '''
-def copy_v2_weights_to_v1(sa_v2, sa_v1):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_query.weight)
-        sa_v1.W_key.copy_(sa_v2.W_key.weight)
-        sa_v1.W_value.copy_(sa_v2.W_value.weight)
-''',
-        "no transpose, with .data =": '''
-def copy_v2_weights_to_v1(sa_v2, sa_v1):
-    sa_v1.W_query.data = sa_v2.W_query.weight.data.clone()
-    sa_v1.W_key.data = sa_v2.W_key.weight.data.clone()
-    sa_v1.W_value.data = sa_v2.W_value.weight.data.clone()
-''',
+        "no transpose, with copy_": _edit(_COPY, ".weight.T)", ".weight)", count=3),
+        "no transpose, with .data =": _edit(_COPY_DATA, ".weight.T.clone()", ".weight.data.clone()", count=3),
         "reshape instead of transpose": '''
 def copy_v2_weights_to_v1(sa_v2, sa_v1):
     with torch.no_grad():
@@ -263,19 +199,14 @@ def copy_v2_weights_to_v1(sa_v2, sa_v1):
         sa_v2.W_key.weight.copy_(sa_v1.W_key.T)
         sa_v2.W_value.weight.copy_(sa_v1.W_value.T)
 ''',
-        "forgets W_value": '''
-def copy_v2_weights_to_v1(sa_v2, sa_v1):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_query.weight.T)
-        sa_v1.W_key.copy_(sa_v2.W_key.weight.T)
-''',
-        "query and key swapped": '''
-def copy_v2_weights_to_v1(sa_v2, sa_v1):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_key.weight.T)
-        sa_v1.W_key.copy_(sa_v2.W_query.weight.T)
-        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
-''',
+        "forgets W_value": _edit(_COPY, "        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)\n", ""),
+        "query and key swapped": _edit(
+            _COPY,
+            "        sa_v1.W_query.copy_(sa_v2.W_query.weight.T)\n"
+            "        sa_v1.W_key.copy_(sa_v2.W_key.weight.T)\n",
+            "        sa_v1.W_query.copy_(sa_v2.W_key.weight.T)\n"
+            "        sa_v1.W_key.copy_(sa_v2.W_query.weight.T)\n",
+        ),
         "returns a new module instead of changing sa_v1": '''
 def copy_v2_weights_to_v1(sa_v2, sa_v1):
     new = SelfAttention_v1(sa_v1.W_query.shape[0], sa_v1.W_query.shape[1])
@@ -315,14 +246,7 @@ def scaled_dot_product_attention(queries, keys, values):
 ''',
     },
     "SelfAttention_v1": {
-        "reuses scaled_dot_product_attention": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
+        "reuses scaled_dot_product_attention": _V1_INIT + '''
     def forward(self, x):
         return scaled_dot_product_attention(x @ self.W_query, x @ self.W_key, x @ self.W_value)
 ''',
@@ -340,32 +264,10 @@ class SelfAttention_v1(nn.Module):
         w = torch.softmax(torch.einsum("...qo,...ko->...qk", q, k) / math.sqrt(k.shape[-1]), dim=-1)
         return w @ v
 ''',
-        "book listing with transpose(-2, -1)": '''
-class SelfAttention_v1(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_key   = nn.Parameter(torch.rand(d_in, d_out))
-        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
-
-    def forward(self, x):
-        keys = x @ self.W_key
-        queries = x @ self.W_query
-        values = x @ self.W_value
-        attn_scores = queries @ keys.transpose(-2, -1)
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
-        return attn_weights @ values
-''',
+        "book listing with transpose(-2, -1)": _V1_BOOK,
     },
     "SelfAttention_v2": {
-        "F.linear and the book's forward with transpose(-2, -1)": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-
+        "F.linear and the book's forward with transpose(-2, -1)": _V2_INIT + '''
     def forward(self, x):
         import torch.nn.functional as F
         keys = F.linear(x, self.W_key.weight, self.W_key.bias)
@@ -391,18 +293,12 @@ class SelfAttention_v2(nn.Module):
         v = self._project(self.W_value, x)
         return scaled_dot_product_attention(q, k, v)
 ''',
-        "math.sqrt and mT": '''
-class SelfAttention_v2(nn.Module):
-    def __init__(self, d_in, d_out, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, qkv_bias)
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        return torch.softmax(q @ k.mT / math.sqrt(k.shape[-1]), dim=-1) @ v
-''',
+        "math.sqrt and mT": _edit(
+            _edit(_V2, ", bias=qkv_bias)", ", qkv_bias)", count=3),
+            "        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)\n"
+            "        return w @ v\n",
+            "        return torch.softmax(q @ k.mT / math.sqrt(k.shape[-1]), dim=-1) @ v\n",
+        ),
     },
     "copy_v2_weights_to_v1": {
         "the book's answer: new nn.Parameter from weight.T": '''
@@ -421,11 +317,6 @@ def copy_v2_weights_to_v1(sa_v2, sa_v1):
     for name in ["W_query", "W_key", "W_value"]:
         getattr(sa_v1, name).data.copy_(getattr(sa_v2, name).weight.data.t())
 ''',
-        ".data = weight.T.clone()": '''
-def copy_v2_weights_to_v1(sa_v2, sa_v1):
-    sa_v1.W_query.data = sa_v2.W_query.weight.T.clone()
-    sa_v1.W_key.data = sa_v2.W_key.weight.T.clone()
-    sa_v1.W_value.data = sa_v2.W_value.weight.T.clone()
-''',
+        ".data = weight.T.clone()": _COPY_DATA,
     },
 }

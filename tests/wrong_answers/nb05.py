@@ -1,4 +1,39 @@
-"""Answers for notebook 05 (multi-head attention). See the package docstring for the format."""
+"""Answers for notebook 05 (multi-head attention). See the package docstring for the format.
+
+Most wrong answers are a correct base answer (``_WRAPPER``, ``_SPLIT``, ``_MERGE``,
+``_mha(_book_forward())``) with one change, made by ``_edit`` or by an argument of ``_book_forward``.
+"""
+
+
+def _edit(src: str, old: str, new: str, count: int = 1) -> str:
+    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
+    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
+    return src.replace(old, new)
+
+
+# A correct MultiHeadAttentionWrapper.
+_WRAPPER = '''
+class MultiHeadAttentionWrapper(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
+                                    for _ in range(num_heads)])
+
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads], dim=-1)
+'''
+
+# A correct split_heads and merge_heads (the latter is also a RIGHT answer).
+_SPLIT = '''
+def split_heads(x, num_heads):
+    b, T, d = x.shape
+    return x.view(b, T, num_heads, d // num_heads).transpose(1, 2)
+'''
+_MERGE = '''
+def merge_heads(x):
+    b, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(b, T, H * D)
+'''
 
 _MHA_INIT = '''
 class MultiHeadAttention(nn.Module):
@@ -39,126 +74,51 @@ return {out}
 '''
 
 
+# Some wrong answers were written without the assert; they start from this __init__.
+_MHA_INIT_NO_ASSERT = _edit(_MHA_INIT, "        assert d_out % num_heads == 0\n", "")
+_OUT_PROJ_LINE = "        self.out_proj = nn.Linear(d_out, d_out)\n"
+
+
 WRONG = {
     "MultiHeadAttentionWrapper": {
-        "one head repeated: ModuleList([head] * n)": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        head = CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-        self.heads = nn.ModuleList([head] * num_heads)
-
-    def forward(self, x):
-        return torch.cat([head(x) for head in self.heads], dim=-1)
-''',
-        "heads concatenated on the batch dim": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return torch.cat([head(x) for head in self.heads], dim=0)
-''',
-        "heads concatenated on the token dim": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return torch.cat([head(x) for head in self.heads], dim=1)
-''',
-        "heads stacked instead of concatenated": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return torch.stack([head(x) for head in self.heads], dim=2)
-''',
-        "first head called for every slot": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return torch.cat([self.heads[0](x) for _ in self.heads], dim=-1)
-''',
-        "d_out split between the heads (MultiHeadAttention's meaning)": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out // num_heads, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return torch.cat([head(x) for head in self.heads], dim=-1)
-''',
-        "plain list: heads are not submodules": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]
-
-    def forward(self, x):
-        return torch.cat([head(x) for head in self.heads], dim=-1)
-''',
-        "heads summed instead of concatenated": '''
-class MultiHeadAttentionWrapper(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
-                                    for _ in range(num_heads)])
-
-    def forward(self, x):
-        return sum(head(x) for head in self.heads)
-''',
+        "one head repeated: ModuleList([head] * n)": _edit(
+            _WRAPPER,
+            "        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
+            "                                    for _ in range(num_heads)])\n",
+            "        head = CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
+            "        self.heads = nn.ModuleList([head] * num_heads)\n",
+        ),
+        "heads concatenated on the batch dim": _edit(_WRAPPER, "dim=-1)", "dim=0)"),
+        "heads concatenated on the token dim": _edit(_WRAPPER, "dim=-1)", "dim=1)"),
+        "heads stacked instead of concatenated": _edit(
+            _WRAPPER, "torch.cat([head(x) for head in self.heads], dim=-1)",
+            "torch.stack([head(x) for head in self.heads], dim=2)"),
+        "first head called for every slot": _edit(
+            _WRAPPER, "[head(x) for head in self.heads]", "[self.heads[0](x) for _ in self.heads]"),
+        "d_out split between the heads (MultiHeadAttention's meaning)": _edit(
+            _WRAPPER, "CausalAttention(d_in, d_out,", "CausalAttention(d_in, d_out // num_heads,"),
+        "plain list: heads are not submodules": _edit(
+            _WRAPPER,
+            "nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
+            "                                    for _ in range(num_heads)])",
+            "[CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]",
+        ),
+        "heads summed instead of concatenated": _edit(
+            _WRAPPER, "torch.cat([head(x) for head in self.heads], dim=-1)", "sum(head(x) for head in self.heads)"),
     },
     "split_heads": {
-        "view without transpose": '''
-def split_heads(x, num_heads):
-    b, T, d = x.shape
-    return x.view(b, num_heads, T, d // num_heads)
-''',
-        "transpose forgotten: (b, T, H, D)": '''
-def split_heads(x, num_heads):
-    b, T, d = x.shape
-    return x.view(b, T, num_heads, d // num_heads)
-''',
-        "heads interleaved: view (b, T, D, H)": '''
-def split_heads(x, num_heads):
-    b, T, d = x.shape
-    return x.view(b, T, d // num_heads, num_heads).permute(0, 3, 1, 2)
-''',
-        "transposes the wrong pair of dims": '''
-def split_heads(x, num_heads):
-    b, T, d = x.shape
-    return x.view(b, T, num_heads, d // num_heads).transpose(0, 2)
-''',
+        "view without transpose": _edit(
+            _SPLIT, "x.view(b, T, num_heads, d // num_heads).transpose(1, 2)", "x.view(b, num_heads, T, d // num_heads)"),
+        "transpose forgotten: (b, T, H, D)": _edit(_SPLIT, ".transpose(1, 2)", ""),
+        "heads interleaved: view (b, T, D, H)": _edit(
+            _SPLIT, "view(b, T, num_heads, d // num_heads).transpose(1, 2)",
+            "view(b, T, d // num_heads, num_heads).permute(0, 3, 1, 2)"),
+        "transposes the wrong pair of dims": _edit(_SPLIT, ".transpose(1, 2)", ".transpose(0, 2)"),
     },
     "merge_heads": {
-        "view without contiguous": '''
-def merge_heads(x):
-    b, H, T, D = x.shape
-    return x.transpose(1, 2).view(b, T, H * D)
-''',
-        "reshape without transpose": '''
-def merge_heads(x):
-    b, H, T, D = x.shape
-    return x.reshape(b, T, H * D)
-''',
-        "heads interleaved: permute(0, 2, 3, 1)": '''
-def merge_heads(x):
-    b, H, T, D = x.shape
-    return x.permute(0, 2, 3, 1).reshape(b, T, H * D)
-''',
+        "view without contiguous": _edit(_MERGE, ".reshape(", ".view("),
+        "reshape without transpose": _edit(_MERGE, ".transpose(1, 2)", ""),
+        "heads interleaved: permute(0, 2, 3, 1)": _edit(_MERGE, ".transpose(1, 2)", ".permute(0, 2, 3, 1)"),
         "only the first head kept": '''
 def merge_heads(x):
     b, H, T, D = x.shape
@@ -168,22 +128,11 @@ def merge_heads(x):
     "MultiHeadAttention": {
         "view without transpose when splitting": _mha(_book_forward(split="view(b, self.num_heads, T, self.head_dim)")),
         "merge without transpose": _mha(_book_forward(merge="reshape(b, T, self.d_out)")),
-        "out_proj missing": '''
-class MultiHeadAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _book_forward(out="c").strip("\n").splitlines()) + "\n",
+        "out_proj missing": _mha(_book_forward(out="c"), init=_edit(_MHA_INIT_NO_ASSERT, _OUT_PROJ_LINE, "")),
         "out_proj created but not applied": _mha(_book_forward(out="c")),
         "scaled by sqrt(d_out) instead of sqrt(head_dim)": _mha(_book_forward(scale="self.d_out ** 0.5")),
-        "d_out per head (the wrapper's meaning)": '''
+        # every size in __init__ changes, so it is written out in full
+        "d_out per head (the wrapper's meaning)": _mha(_book_forward(), init='''
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
@@ -196,48 +145,22 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.d_out, self.d_out)
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _book_forward().strip("\n").splitlines()) + "\n",
-        "mask not truncated to num_tokens": _mha(_book_forward(mask="self.mask.bool()")),
-        "dropout before softmax": _mha('''
-b, T, _ = x.shape
-q = self.W_query(x).view(b, T, self.num_heads, self.head_dim).transpose(1, 2)
-k = self.W_key(x).view(b, T, self.num_heads, self.head_dim).transpose(1, 2)
-v = self.W_value(x).view(b, T, self.num_heads, self.head_dim).transpose(1, 2)
-s = (q @ k.transpose(2, 3)).masked_fill(self.mask.bool()[:T, :T], -torch.inf)
-w = torch.softmax(self.dropout(s) / self.head_dim ** 0.5, dim=-1)
-c = (w @ v).transpose(1, 2).contiguous().view(b, T, self.d_out)
-return self.out_proj(c)
 '''),
+        "mask not truncated to num_tokens": _mha(_book_forward(mask="self.mask.bool()")),
+        "dropout before softmax": _mha(_edit(
+            _book_forward(),
+            "w = torch.softmax(s / self.head_dim ** 0.5, dim=-1)\nw = self.dropout(w)\n",
+            "w = torch.softmax(self.dropout(s) / self.head_dim ** 0.5, dim=-1)\n",
+        )),
         "dropout active in eval mode": _mha(_book_forward(
             weights="torch.nn.functional.dropout(w, self.dropout.p, training=True)")),
-        "mask as a plain attribute": '''
-class MultiHeadAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)
-''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _book_forward().strip("\n").splitlines()) + "\n",
-        "out_proj created before the projections": '''
-class MultiHeadAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _book_forward().strip("\n").splitlines()) + "\n",
+        "mask as a plain attribute": _mha(_book_forward(), init=_edit(
+            _MHA_INIT_NO_ASSERT,
+            'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))',
+            "self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)",
+        )),
+        "out_proj created before the projections": _mha(_book_forward(), init=_edit(
+            _edit(_MHA_INIT_NO_ASSERT, _OUT_PROJ_LINE, ""), "        self.W_query", _OUT_PROJ_LINE + "        self.W_query")),
     },
     "count_parameters": {
         "counts buffers too (state_dict)": '''
@@ -309,11 +232,7 @@ def split_heads(x, num_heads):
 ''',
     },
     "merge_heads": {
-        "transpose then reshape": '''
-def merge_heads(x):
-    b, H, T, D = x.shape
-    return x.transpose(1, 2).reshape(b, T, H * D)
-''',
+        "transpose then reshape": _MERGE,
         "cat of the heads": '''
 def merge_heads(x):
     return torch.cat(x.unbind(dim=1), dim=-1)

@@ -1,5 +1,17 @@
-"""Answers for notebook 06 (efficient attention). See the package docstring for the format."""
+"""Answers for notebook 06 (efficient attention). See the package docstring for the format.
 
+Most wrong answers are a correct base answer (``_combined(_COMBINED_FORWARD)``,
+``_sdpa(_SDPA_FORWARD)``, ``_FLOPS``) with one change made by ``_edit``.
+"""
+
+
+def _edit(src: str, old: str, new: str, count: int = 1) -> str:
+    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
+    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
+    return src.replace(old, new)
+
+
+# A correct __init__ for MultiHeadAttentionCombinedQKV.
 _COMBINED_INIT = '''
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
@@ -12,16 +24,11 @@ _COMBINED_INIT = '''
         self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1))
 '''
 
-_SDPA_INIT = '''
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.d_out = d_out
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = dropout
-'''
+_MASK_BUFFER = 'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1))'
+
+# MHAPyTorchSDPA needs no mask buffer, and keeps the dropout probability to pass to SDPA.
+_SDPA_INIT = _edit(
+    _edit(_COMBINED_INIT, "        " + _MASK_BUFFER + "\n", ""), "self.dropout = nn.Dropout(dropout)", "self.dropout = dropout")
 
 
 def _combined(forward: str, init: str = _COMBINED_INIT) -> str:
@@ -32,182 +39,122 @@ def _sdpa(forward: str, init: str = _SDPA_INIT) -> str:
     return "class MHAPyTorchSDPA(nn.Module):" + init + forward
 
 
+# The projection split into (b, H, T, D) queries, keys and values, as both classes do it.
+_QKV_SPLIT = "view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)"
+# The same split for a (b, T, H, 3, D) layout, which the qkv weights are not in.
+_QKV_SPLIT_HEADS_FIRST = "view(b, T, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)"
+
+# A correct forward for MultiHeadAttentionCombinedQKV.
+_COMBINED_FORWARD = '''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
+        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
+'''
+_COMBINED_QKV_LINE = f"        q, k, v = self.qkv(x).{_QKV_SPLIT}.unbind(0)\n"
+_COMBINED_SOFTMAX_LINE = "        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))\n"
+
+# A correct forward for MHAPyTorchSDPA.
+_SDPA_FORWARD = '''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''
+_SDPA_DROPOUT = "dropout_p=self.dropout if self.training else 0.0"
+_SDPA_FORWARD_NO_DROPOUT = _edit(_SDPA_FORWARD, _SDPA_DROPOUT + ", ", "")
+
+# MHAPyTorchSDPA with an explicit boolean mask (True = allowed) instead of is_causal (a RIGHT answer).
+_SDPA_MASK_FORWARD = '''
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
+'''
+
+# A correct attention_flops: two (T x T x D) matrix products of 2 FLOPs per multiply-add, halved when causal.
+_FLOPS = '''
+def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
+    flops = 4 * batch * num_heads * seq_len**2 * head_dim
+    return flops // 2 if causal else flops
+'''
+
 WRONG = {
     "MultiHeadAttentionCombinedQKV": {
-        "view(b, T, H, 3, D): heads first, slices Q, K and V wrongly": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        qkv = self.qkv(x).view(b, T, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
-        q, k, v = qkv.unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "unbinds in the order keys, queries, values": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        k, q, v = qkv.unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "no causal mask": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        w = self.dropout(torch.softmax(q @ k.transpose(-2, -1) / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "scales by sqrt(d_out) instead of sqrt(head_dim)": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.d_out**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "mask not cut to T (fails for T < context_length)": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask, -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "merges heads without moving T back first": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).reshape(b, T, self.d_out))
-'''),
-        "dropout on the context vectors instead of the weights": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = torch.softmax(scores / self.head_dim**0.5, dim=-1)
-        return self.out_proj(self.dropout((w @ v).transpose(1, 2).reshape(b, T, self.d_out)))
-'''),
-        "ignores qkv_bias": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-''', init=_COMBINED_INIT.replace("bias=qkv_bias", "bias=False")),
-        "uses the library kernel (not allowed in this exercise)": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "mask kept as a plain attribute, not a buffer": _combined('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)).masked_fill(self.causal[:T, :T], -torch.inf)
-        w = self.dropout(torch.softmax(scores / self.head_dim**0.5, dim=-1))
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-''', init=_COMBINED_INIT.replace(
-            'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1))',
-            "self.causal = torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1)")),
+        "view(b, T, H, 3, D): heads first, slices Q, K and V wrongly": _combined(_edit(
+            _COMBINED_FORWARD, _COMBINED_QKV_LINE,
+            f"        qkv = self.qkv(x).{_QKV_SPLIT_HEADS_FIRST}\n        q, k, v = qkv.unbind(0)\n")),
+        "unbinds in the order keys, queries, values": _combined(_edit(
+            _COMBINED_FORWARD, _COMBINED_QKV_LINE,
+            f"        qkv = self.qkv(x).{_QKV_SPLIT}\n        k, q, v = qkv.unbind(0)\n")),
+        "no causal mask": _combined(_edit(
+            _COMBINED_FORWARD,
+            "        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)\n"
+            + _COMBINED_SOFTMAX_LINE,
+            "        w = self.dropout(torch.softmax(q @ k.transpose(-2, -1) / self.head_dim**0.5, dim=-1))\n")),
+        "scales by sqrt(d_out) instead of sqrt(head_dim)": _combined(_edit(
+            _COMBINED_FORWARD, "scores / self.head_dim**0.5", "scores / self.d_out**0.5")),
+        "mask not cut to T (fails for T < context_length)": _combined(_edit(
+            _COMBINED_FORWARD, "self.mask[:T, :T]", "self.mask")),
+        "merges heads without moving T back first": _combined(_edit(
+            _COMBINED_FORWARD, "(w @ v).transpose(1, 2).reshape", "(w @ v).reshape")),
+        "dropout on the context vectors instead of the weights": _combined(_edit(
+            _edit(_COMBINED_FORWARD, _COMBINED_SOFTMAX_LINE,
+                  "        w = torch.softmax(scores / self.head_dim**0.5, dim=-1)\n"),
+            "self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))",
+            "self.out_proj(self.dropout((w @ v).transpose(1, 2).reshape(b, T, self.d_out)))")),
+        "ignores qkv_bias": _combined(_COMBINED_FORWARD, init=_edit(_COMBINED_INIT, "bias=qkv_bias", "bias=False")),
+        # the forward of MHAPyTorchSDPA, less its dropout
+        "uses the library kernel (not allowed in this exercise)": _combined(_SDPA_FORWARD_NO_DROPOUT),
+        "mask kept as a plain attribute, not a buffer": _combined(
+            _edit(_COMBINED_FORWARD, "self.mask[:T, :T]", "self.causal[:T, :T]"),
+            init=_edit(
+                _COMBINED_INIT, _MASK_BUFFER,
+                "self.causal = torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1)")),
     },
     "MHAPyTorchSDPA": {
-        "is_causal missing": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "dropout_p applied in eval() mode too": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout, is_causal=True)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "dropout never applied": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "mask passed with the wrong convention (True = blocked)": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=blocked,
-                                             dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(torch.nan_to_num(out).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "heads not moved before SDPA: attends over heads, not tokens": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 1, 3, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.out_proj(out.reshape(b, T, self.d_out))
-'''),
-        "view(b, T, H, 3, D) layout": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "hand-written softmax instead of SDPA": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        w = torch.softmax((q @ k.transpose(-2, -1) / self.head_dim**0.5).masked_fill(blocked, -torch.inf), dim=-1)
-        return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
-'''),
-        "no out_proj": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return out.transpose(1, 2).reshape(b, T, self.d_out)
-''', init=_SDPA_INIT.replace("        self.out_proj = nn.Linear(d_out, d_out)\n", "")),
+        "is_causal missing": _sdpa(_edit(_SDPA_FORWARD, ", is_causal=True)", ")")),
+        "dropout_p applied in eval() mode too": _sdpa(_edit(_SDPA_FORWARD, _SDPA_DROPOUT, "dropout_p=self.dropout")),
+        "dropout never applied": _sdpa(_SDPA_FORWARD_NO_DROPOUT),
+        # SDPA's boolean attn_mask marks the positions that MAY be attended to
+        "mask passed with the wrong convention (True = blocked)": _sdpa(_edit(
+            _edit(
+                _edit(_SDPA_MASK_FORWARD, "attn_mask=allowed", "attn_mask=blocked"),
+                "        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))\n",
+                "        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)\n"),
+            "self.out_proj(out.transpose", "self.out_proj(torch.nan_to_num(out).transpose")),
+        "heads not moved before SDPA: attends over heads, not tokens": _sdpa(_edit(
+            _edit(_SDPA_FORWARD, ".permute(2, 0, 3, 1, 4)", ".permute(2, 0, 1, 3, 4)"),
+            "out.transpose(1, 2).reshape", "out.reshape")),
+        "view(b, T, H, 3, D) layout": _sdpa(_edit(_SDPA_FORWARD, _QKV_SPLIT, _QKV_SPLIT_HEADS_FIRST)),
+        "hand-written softmax instead of SDPA": _sdpa(_edit(
+            _edit(
+                _SDPA_FORWARD,
+                "        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)\n",
+                "        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)\n"
+                "        w = torch.softmax((q @ k.transpose(-2, -1) / self.head_dim**0.5).masked_fill(blocked, -torch.inf), dim=-1)\n"),
+            "self.out_proj(out.transpose", "self.out_proj((w @ v).transpose")),
+        "no out_proj": _sdpa(
+            _edit(_SDPA_FORWARD, "return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))",
+                  "return out.transpose(1, 2).reshape(b, T, self.d_out)"),
+            init=_edit(_SDPA_INIT, "        self.out_proj = nn.Linear(d_out, d_out)\n", "")),
     },
     "attention_flops": {
         "not halved when causal": '''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     return 4 * batch * num_heads * seq_len**2 * head_dim
 ''',
-        "halved twice when causal": '''
-def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
-    flops = 4 * batch * num_heads * seq_len**2 * head_dim // 2
-    return flops // 2 if causal else flops
-''',
-        "T instead of T^2": '''
-def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
-    flops = 4 * batch * num_heads * seq_len * head_dim
-    return flops // 2 if causal else flops
-''',
-        "forgets 2 FLOPs per multiply-add": '''
-def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
-    flops = 2 * batch * num_heads * seq_len**2 * head_dim
-    return flops // 2 if causal else flops
-''',
-        "default causal=False": '''
-def attention_flops(batch, num_heads, seq_len, head_dim, causal=False):
-    flops = 4 * batch * num_heads * seq_len**2 * head_dim
-    return flops // 2 if causal else flops
-''',
-        "condition inverted": '''
-def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
-    flops = 4 * batch * num_heads * seq_len**2 * head_dim
-    return flops if causal else flops // 2
-''',
+        "halved twice when causal": _edit(_FLOPS, "head_dim\n", "head_dim // 2\n"),
+        "T instead of T^2": _edit(_FLOPS, "seq_len**2", "seq_len"),
+        "forgets 2 FLOPs per multiply-add": _edit(_FLOPS, "flops = 4 *", "flops = 2 *"),
+        "default causal=False": _edit(_FLOPS, "causal=True", "causal=False"),
+        "condition inverted": _edit(_FLOPS, "return flops // 2 if causal else flops", "return flops if causal else flops // 2"),
         "counts only one of the two matrix products": '''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     flops = 2 * batch * num_heads * seq_len * seq_len * head_dim
@@ -250,18 +197,10 @@ RIGHT = {
         scores = scores.masked_fill(self.mask[:T, :T].bool(), float("-inf"))
         w = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
         return self.out_proj(torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, T, self.d_out))
-''', init=_COMBINED_INIT.replace("dtype=torch.bool", "dtype=torch.float32")),
+''', init=_edit(_COMBINED_INIT, "dtype=torch.bool", "dtype=torch.float32")),
     },
     "MHAPyTorchSDPA": {
-        "explicit boolean mask (True = allowed) instead of is_causal": _sdpa('''
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                             dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))
-'''),
+        "explicit boolean mask (True = allowed) instead of is_causal": _sdpa(_SDPA_MASK_FORWARD),
         "chunk and transpose, keyword names, contiguous().view": _sdpa('''
     def forward(self, x):
         b, T, _ = x.shape
@@ -279,7 +218,7 @@ RIGHT = {
         p = self.drop.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.out_proj(out.transpose(1, 2).flatten(2))
-''', init=_SDPA_INIT.replace("self.dropout = dropout", "self.drop = nn.Dropout(dropout)")),
+''', init=_edit(_SDPA_INIT, "self.dropout = dropout", "self.drop = nn.Dropout(dropout)")),
     },
     "attention_flops": {
         "2 products x 2 FLOPs, integer division written differently": '''
