@@ -28,3 +28,13 @@ def load(notebook: str):
         return importlib.import_module(f"tests.wrong_answers.{NOTEBOOK_MODULES[notebook]}")
     except ModuleNotFoundError:
         return None
+
+
+def edit(src: str, old: str, new: str, count: int = 1) -> str:
+    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times.
+
+    Wrong answers are written as "the correct answer, except this line": the assertion makes
+    sure a stale replacement can never silently leave the correct answer in place.
+    """
+    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
+    return src.replace(old, new)

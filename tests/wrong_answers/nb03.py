@@ -4,12 +4,7 @@ Most wrong answers are a correct base answer (``_SDPA``, ``_V1``, ``_V2``, ``_CO
 change made by ``_edit``, so each reads as "the correct answer, except this line".
 """
 
-
-def _edit(src: str, old: str, new: str, count: int = 1) -> str:
-    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
-    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
-    return src.replace(old, new)
-
+from tests.wrong_answers import edit as _edit
 
 # A correct scaled_dot_product_attention.
 _SDPA = '''

@@ -4,12 +4,7 @@ Most wrong answers are a correct base answer (``_WRAPPER``, ``_SPLIT``, ``_MERGE
 ``_mha(_book_forward())``) with one change, made by ``_edit`` or by an argument of ``_book_forward``.
 """
 
-
-def _edit(src: str, old: str, new: str, count: int = 1) -> str:
-    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
-    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
-    return src.replace(old, new)
-
+from tests.wrong_answers import edit as _edit
 
 # A correct MultiHeadAttentionWrapper.
 _WRAPPER = '''

@@ -4,12 +4,7 @@ Most wrong answers are a correct base answer (``_combined(_COMBINED_FORWARD)``,
 ``_sdpa(_SDPA_FORWARD)``, ``_FLOPS``) with one change made by ``_edit``.
 """
 
-
-def _edit(src: str, old: str, new: str, count: int = 1) -> str:
-    """``src`` with ``old`` replaced by ``new``; ``old`` must occur exactly ``count`` times."""
-    assert src.count(old) == count, f"expected {count} of {old!r}, found {src.count(old)}"
-    return src.replace(old, new)
-
+from tests.wrong_answers import edit as _edit
 
 # A correct __init__ for MultiHeadAttentionCombinedQKV.
 _COMBINED_INIT = '''
