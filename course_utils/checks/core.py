@@ -37,6 +37,10 @@ class Case:
     kwargs: dict = field(default_factory=dict)
 
 
+#: ``diagnose(case, got) -> hint or None``: names the likely mistake behind a failing case.
+Diagnose = Callable[[Case, object], "str | None"]
+
+
 def fail(exercise: str, message: str, case: Case | None = None) -> None:
     """Raise :class:`CheckFailed` with a message in the course's format."""
     where = f" on case '{case.name}'" if case is not None else ""
@@ -148,28 +152,56 @@ def compare_function(
     rtol: float = 1e-4,
     rules_apply: bool = True,
     quiet: bool = False,
+    diagnose: "Diagnose | None" = None,
 ) -> None:
     """Run ``student`` and ``reference`` on every case; fail on the first difference.
 
     Inputs are cloned for each call so that an in-place change by the student cannot affect the
     reference, and a student function that modifies its input is reported.
+
+    ``diagnose(case, got)``, if given, looks at the student's output on a failing case (or the
+    exception their code raised) and returns one sentence naming the likely mistake, added to the
+    message as a hint; ``None`` or an error inside it leaves the plain message.
     """
     require_callable(exercise, student)
     if rules_apply:
         check_rules(exercise, student)
     for case in cases:
-        ref_case = Case(case.name, _clone(case.args), dict(case.kwargs))
-        stu_case = Case(case.name, _clone(case.args), dict(case.kwargs))
-        expected = reference(*ref_case.args, **ref_case.kwargs)
-        got = call_student(exercise, student, stu_case)
-        for before, after in zip(case.args, stu_case.args):
-            if isinstance(before, torch.Tensor) and not torch.equal(before, after):
-                fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
-        problem = _difference(expected, got, atol, rtol)
-        if problem:
-            fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
+        try:
+            _compare_case(exercise, student, reference, case, atol, rtol)
+        except CheckFailed as exc:
+            hint = _hint(diagnose, student, case) if diagnose else None
+            if hint:
+                raise CheckFailed(f"{exc} Hint: {hint}") from None
+            raise
     if not quiet:
         passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
+
+
+def _hint(diagnose: "Diagnose", student: Callable, case: Case) -> str | None:
+    """The diagnosis of the student's output on ``case``; never raises (a hint is a bonus)."""
+    try:
+        try:
+            got = student(*_clone(case.args), **case.kwargs)
+        except Exception as error:  # noqa: BLE001 - the diagnosis may explain the error
+            got = error
+        return diagnose(case, got)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _compare_case(exercise: str, student: Callable, reference: Callable, case: Case, atol: float, rtol: float) -> None:
+    """Fail if ``student`` differs from ``reference`` on one case (or changes its input)."""
+    ref_case = Case(case.name, _clone(case.args), dict(case.kwargs))
+    stu_case = Case(case.name, _clone(case.args), dict(case.kwargs))
+    expected = reference(*ref_case.args, **ref_case.kwargs)
+    got = call_student(exercise, student, stu_case)
+    for before, after in zip(case.args, stu_case.args):
+        if isinstance(before, torch.Tensor) and not torch.equal(before, after):
+            fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
+    problem = _difference(expected, got, atol, rtol)
+    if problem:
+        fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
 
 
 def _sentence(text: str) -> str:
@@ -237,36 +269,53 @@ def compare_module(
     rtol: float = 1e-4,
     train: bool = False,
     quiet: bool = False,
+    diagnose: "Callable[[tuple, Case], str | None] | None" = None,
 ) -> None:
     """For each ``(constructor_args, cases)``: build both modules with one seed and compare outputs.
 
     Outputs are compared in ``eval()`` mode; with ``train=True`` also in ``train()`` mode with the
     same RNG seed before each forward, which only agrees when dropout is applied to the same
-    tensor, in the same place, as in the reference.
+    tensor, in the same place, as in the reference. ``diagnose(constructor_args, case)``, if given,
+    names the likely mistake behind a failure, added to the message as a hint.
     """
     check_rules(exercise, student_cls)
     count = 0
     for args, cases in configs:
-        student, reference = build_pair(exercise, student_cls, reference_cls, args)
-        modes = ("eval", "train") if train else ("eval",)
-        for mode in modes:
-            getattr(student, mode)()
-            getattr(reference, mode)()
-            for case in cases:
-                label = Case(f"{case.name}, {mode}() mode, built with {args}", case.args, case.kwargs)
-                torch.manual_seed(7)
-                expected = reference(*_clone(case.args), **case.kwargs)
-                torch.manual_seed(7)
-                got = call_student(exercise, student, Case(label.name, _clone(case.args), case.kwargs))
-                problem = _difference(expected, got, atol, rtol)
-                if problem:
-                    hint = ""
-                    if mode == "train":
-                        hint = " Dropout must act on the attention weights, after softmax, and only in training mode."
-                    fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.{hint}", label)
-                count += 1
+        case = cases[0] if cases else Case("construction")
+        try:
+            student, reference = build_pair(exercise, student_cls, reference_cls, args)
+            modes = ("eval", "train") if train else ("eval",)
+            for mode in modes:
+                getattr(student, mode)()
+                getattr(reference, mode)()
+                for case in cases:
+                    _compare_forward(exercise, student, reference, case, f"{mode}() mode, built with {args}", atol, rtol)
+                    count += 1
+        except CheckFailed as exc:
+            try:
+                hint = diagnose(args, case) if diagnose else None
+            except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
+                hint = None
+            if hint:
+                raise CheckFailed(f"{exc} Hint: {hint}") from None
+            raise
     if not quiet:
         passed(exercise, f"{count} module outputs agree with the reference")
+
+
+def _compare_forward(exercise: str, student: Any, reference: Any, case: Case, how: str, atol: float, rtol: float) -> None:
+    """Fail if one forward pass of ``student`` differs from ``reference`` (same seed before each)."""
+    label = Case(f"{case.name}, {how}", case.args, case.kwargs)
+    torch.manual_seed(7)
+    expected = reference(*_clone(case.args), **case.kwargs)
+    torch.manual_seed(7)
+    got = call_student(exercise, student, Case(label.name, _clone(case.args), case.kwargs))
+    problem = _difference(expected, got, atol, rtol)
+    if problem:
+        hint = ""
+        if how.startswith("train"):
+            hint = " Dropout must act on the attention weights, after softmax, and only in training mode."
+        fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.{hint}", label)
 
 
 def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, quiet: bool = True) -> None:
@@ -291,45 +340,6 @@ def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: t
                            f"Position {pos} must only see tokens 0..{pos}: is the mask applied, and above the diagonal?")
     if not quiet:
         passed(exercise, f"no position sees the future ({T} positions checked)")
-
-
-Diagnose = Callable[[Case, object], "str | None"]
-
-
-def compare_with_hints(
-    exercise: str,
-    student: Callable,
-    reference_fn: Callable,
-    cases: Sequence[Case],
-    diagnose: Diagnose,
-    *,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-) -> None:
-    """:func:`~course_utils.checks.core.compare_function`, one case at a time, adding a hint on failure.
-
-    ``diagnose(case, got)`` looks at the student's output on the failing case (or the exception
-    their code raised) and returns one sentence naming the likely mistake, or ``None``. A diagnosis that itself crashes is ignored:
-    the plain message is always there.
-    """
-    for index, case in enumerate(cases):
-        try:
-            compare_function(exercise, student, reference_fn, [case], atol=atol, rtol=rtol,
-                             rules_apply=index == 0, quiet=True)
-        except CheckFailed as exc:
-            hint = None
-            try:
-                try:
-                    got = student(*[a.clone() if isinstance(a, torch.Tensor) else a for a in case.args], **case.kwargs)
-                except Exception as error:  # noqa: BLE001 - the diagnosis may explain the error
-                    got = error
-                hint = diagnose(case, got)
-            except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
-                hint = None
-            if hint:
-                raise CheckFailed(f"{exc} Hint: {hint}") from None
-            raise
-    passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
 
 
 def preserve_rng(check: Callable) -> Callable:

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from course_utils import reference
-from course_utils.checks.core import Case, compare_with_hints, rand, tensor_difference
+from course_utils.checks.core import Case, compare_function, rand, tensor_difference
 from course_utils.data import book_inputs
 
 __all__ = ["check_softmax_naive", "check_softmax_stable", "check_context_vectors"]
@@ -121,8 +121,8 @@ def _softmax_cases(hidden: bool, stable: bool) -> list[Case]:
 
 def check_softmax_naive(softmax_naive: Callable, hidden: bool = False) -> None:
     """Compare ``softmax_naive(x, dim)`` with the reference on moderate inputs (no overflow cases)."""
-    compare_with_hints("softmax_naive", softmax_naive, reference.softmax_naive,
-                       _softmax_cases(hidden, stable=False), _softmax_diagnose)
+    compare_function("softmax_naive", softmax_naive, reference.softmax_naive,
+                     _softmax_cases(hidden, stable=False), diagnose=_softmax_diagnose)
 
 
 def check_softmax_stable(softmax_stable: Callable, hidden: bool = False) -> None:
@@ -130,8 +130,8 @@ def check_softmax_stable(softmax_stable: Callable, hidden: bool = False) -> None
 
     A slice made only of ``-inf`` has no defined softmax and is never tested.
     """
-    compare_with_hints("softmax_stable", softmax_stable, reference.softmax_stable,
-                       _softmax_cases(hidden, stable=True), _softmax_diagnose)
+    compare_function("softmax_stable", softmax_stable, reference.softmax_stable,
+                     _softmax_cases(hidden, stable=True), diagnose=_softmax_diagnose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,4 +186,4 @@ def check_context_vectors(context_vectors: Callable, hidden: bool = False) -> No
             Case("T=7, d=2, negative entries", (rand(7, 2, seed=34, low=-2, high=2),)),
             Case("large entries: scores in the hundreds (5, 4)", (rand(5, 4, seed=35, low=-10, high=10),)),
         ]
-    compare_with_hints("context_vectors", context_vectors, reference.context_vectors, cases, _context_diagnose)
+    compare_function("context_vectors", context_vectors, reference.context_vectors, cases, diagnose=_context_diagnose)

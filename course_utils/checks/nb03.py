@@ -8,7 +8,7 @@ an untransposed ``nn.Linear`` weight) and name the one that matches.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,7 @@ from course_utils.checks.core import (
     CheckFailed,
     check_rules,
     compare_module,
-    compare_with_hints,
+    compare_function,
     describe_shape,
     fail,
     passed,
@@ -121,8 +121,8 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention: Callable, h
             Case("d_k=64 and one query", _qkv(1, 6, 64, 4, seed=66)),
             Case("Tq=6 queries, Tk=2 keys", _qkv(6, 2, 3, 3, seed=69, scale=3.0)),
         ]
-    compare_with_hints("scaled_dot_product_attention", scaled_dot_product_attention,
-                       reference.scaled_dot_product_attention, cases, _sdpa_diagnose)
+    compare_function("scaled_dot_product_attention", scaled_dot_product_attention,
+                     reference.scaled_dot_product_attention, cases, diagnose=_sdpa_diagnose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,32 +155,6 @@ def _order_hint(student: nn.Module, ref: nn.Module, how: str) -> str | None:
                         f"creation decides which random numbers each one gets).")
         return f"your {name} is not initialised like the reference: {how}."
     return None
-
-
-def _compare_module_with_hints(
-    exercise: str,
-    student_cls: Callable,
-    reference_cls: Callable,
-    configs: Sequence[tuple[tuple, Sequence[Case]]],
-    diagnose: Callable[[tuple, Case], "str | None"],
-) -> None:
-    """:func:`~course_utils.checks.core.compare_module`, one input at a time, adding a hint on failure."""
-    require_callable(exercise, student_cls)
-    count = 0
-    for args, cases in configs:
-        for case in cases:
-            try:
-                compare_module(exercise, student_cls, reference_cls, [(args, [case])], quiet=True)
-            except CheckFailed as exc:
-                try:
-                    hint = diagnose(args, case)
-                except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
-                    hint = None
-                if hint:
-                    raise CheckFailed(f"{exc} Hint: {hint}") from None
-                raise
-            count += 1
-    passed(exercise, f"{count} module outputs agree with the reference")
 
 
 def _module_diagnose(student_cls: Callable, reference_cls: Callable, project: Callable, how: str,
@@ -248,8 +222,8 @@ def check_SelfAttention_v1(SelfAttention_v1: Callable, hidden: bool = False) -> 
         "use nn.Parameter(torch.rand(d_in, d_out)) (uniform on [0, 1), shape (d_in, d_out)), not torch.randn",
         "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).",
     )
-    _compare_module_with_hints("SelfAttention_v1", SelfAttention_v1, reference.SelfAttention_v1,
-                               _v1_configs(hidden), diagnose)
+    compare_module("SelfAttention_v1", SelfAttention_v1, reference.SelfAttention_v1,
+                   _v1_configs(hidden), diagnose=diagnose)
 
 
 def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> None:
@@ -275,7 +249,7 @@ def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> 
         "nn.Linear's weight is stored as (d_out, d_in): call the layer, self.W_query(x), which computes "
         "x @ weight.T (+ bias), instead of multiplying by the weight yourself.",
     )
-    _compare_module_with_hints("SelfAttention_v2", SelfAttention_v2, reference.SelfAttention_v2, configs, diagnose)
+    compare_module("SelfAttention_v2", SelfAttention_v2, reference.SelfAttention_v2, configs, diagnose=diagnose)
 
 
 # --------------------------------------------------------------------------------------------

@@ -171,12 +171,8 @@ def check_causal_attention_weights(causal_attention_weights: Callable, hidden: b
         ]
     require_callable(exercise, causal_attention_weights)
     check_rules(exercise, causal_attention_weights)
-    for case in cases:
-        got = call_student(exercise, causal_attention_weights, Case(case.name, tuple(a.clone() for a in case.args)))
-        problem = _weights_diagnosis(*case.args, got)
-        if problem:
-            fail(exercise, f"{problem}. Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
-    compare_function(exercise, causal_attention_weights, reference.causal_attention_weights, cases, rules_apply=False)
+    compare_function(exercise, causal_attention_weights, reference.causal_attention_weights, cases, rules_apply=False,
+                     diagnose=lambda case, got: _weights_diagnosis(*case.args, got))
     check_follows_device(exercise, causal_attention_weights)
 
 

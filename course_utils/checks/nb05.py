@@ -176,12 +176,8 @@ def check_split_heads(split_heads: Callable, hidden: bool = False) -> None:
         ]
     require_callable(exercise, split_heads)
     check_rules(exercise, split_heads)
-    for case in cases:
-        got = call_student(exercise, split_heads, Case(case.name, (case.args[0].clone(), case.args[1])))
-        problem = _split_diagnosis(*case.args, got)
-        if problem:
-            fail(exercise, f"{problem}. Input shape {describe_shape(case.args[0])}", case)
-    compare_function(exercise, split_heads, reference.split_heads, cases, rules_apply=False)
+    compare_function(exercise, split_heads, reference.split_heads, cases, rules_apply=False,
+                     diagnose=lambda case, got: _split_diagnosis(*case.args, got))
 
 
 def _merge_diagnosis(x: torch.Tensor, got: object) -> str | None:
