@@ -1,4 +1,38 @@
-"""Answers for notebook 02 (softmax and context vectors). See the package docstring for the format."""
+"""Answers for notebook 02 (softmax and context vectors). See the package docstring for the format.
+
+Most wrong answers are a correct base answer (``_NAIVE``, ``_STABLE``, ``_CONTEXT``) with one
+change made by ``_edit``, so each reads as "the correct answer, except this line".
+"""
+
+from tests.wrong_answers import edit as _edit
+
+# A correct softmax_naive.
+_NAIVE = '''
+def softmax_naive(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+'''
+
+# A correct softmax_stable.
+_STABLE = '''
+def softmax_stable(x, dim=-1):
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+'''
+
+# The same with the positional dim and x.max(...).values (a RIGHT answer for both exercises).
+_STABLE_MAX_VALUES = _edit(
+    _edit(_STABLE, "x.amax(dim=dim, keepdim=True)", "x.max(dim, keepdim=True).values"),
+    "e.sum(dim=dim, keepdim=True)",
+    "e.sum(dim, keepdim=True)",
+)
+
+# A correct context_vectors.
+_CONTEXT = '''
+def context_vectors(inputs):
+    scores = inputs @ inputs.transpose(-2, -1)
+    return torch.softmax(scores, dim=-1) @ inputs
+'''
 
 WRONG = {
     "softmax_naive": {
@@ -14,117 +48,63 @@ def softmax_naive(x, dim=-1):
 def softmax_naive(x, dim=-1):
     return torch.exp(x) / torch.exp(x).sum(dim=0)
 ''',
-        "forgets keepdim, so the sums broadcast along the wrong axis": '''
-def softmax_naive(x, dim=-1):
-    e = torch.exp(x)
-    return e / e.sum(dim=dim)
-''',
-        "normalises over the whole tensor": '''
-def softmax_naive(x, dim=-1):
-    e = torch.exp(x)
-    return e / e.sum()
-''',
-        "divides by the largest exp instead of the sum": '''
-def softmax_naive(x, dim=-1):
-    e = torch.exp(x)
-    return e / e.amax(dim=dim, keepdim=True)
-''',
+        "forgets keepdim, so the sums broadcast along the wrong axis": _edit(
+            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum(dim=dim)"),
+        "normalises over the whole tensor": _edit(_NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum()"),
+        "divides by the largest exp instead of the sum": _edit(
+            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.amax(dim=dim, keepdim=True)"),
     },
     "softmax_stable": {
-        "no max subtraction (overflows on 1000s)": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x)
-    return e / e.sum(dim=dim, keepdim=True)
-''',
+        "no max subtraction (overflows on 1000s)": _edit(
+            _STABLE, "torch.exp(x - x.amax(dim=dim, keepdim=True))", "torch.exp(x)"),
         "library softmax": '''
 def softmax_stable(x, dim=-1):
     return torch.nn.functional.softmax(x, dim=dim)
 ''',
-        "max without keepdim broadcasts along the wrong axis": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.max(dim=dim).values)
-    return e / e.sum(dim=dim, keepdim=True)
-''',
-        "subtracts the max of the whole tensor (underflows rows far below it)": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.max())
-    return e / e.sum(dim=dim, keepdim=True)
-''',
-        "subtracts the mean instead of the max": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.mean(dim=dim, keepdim=True))
-    return e / e.sum(dim=dim, keepdim=True)
-''',
-        "subtracts the min instead of the max": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.amin(dim=dim, keepdim=True))
-    return e / e.sum(dim=dim, keepdim=True)
-''',
-        "clamps the scores instead of shifting them": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x.clamp(max=80.0))
-    return e / e.sum(dim=dim, keepdim=True)
-''',
-        "always normalises the last dimension": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
-''',
-        "replaces -inf by a large negative number, then forgets the max": '''
-def softmax_stable(x, dim=-1):
-    x = torch.nan_to_num(x, neginf=-1e4)
-    e = torch.exp(x)
-    return e / e.sum(dim=dim, keepdim=True)
-''',
+        "max without keepdim broadcasts along the wrong axis": _edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.max(dim=dim).values"),
+        "subtracts the max of the whole tensor (underflows rows far below it)": _edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.max()"),
+        "subtracts the mean instead of the max": _edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.mean(dim=dim, keepdim=True)"),
+        "subtracts the min instead of the max": _edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.amin(dim=dim, keepdim=True)"),
+        "clamps the scores instead of shifting them": _edit(
+            _STABLE, "torch.exp(x - x.amax(dim=dim, keepdim=True))", "torch.exp(x.clamp(max=80.0))"),
+        "always normalises the last dimension": _edit(_STABLE, "dim=dim", "dim=-1", count=2),
+        "replaces -inf by a large negative number, then forgets the max": _edit(
+            _STABLE,
+            "    e = torch.exp(x - x.amax(dim=dim, keepdim=True))\n",
+            "    x = torch.nan_to_num(x, neginf=-1e4)\n"
+            "    e = torch.exp(x)\n",
+        ),
     },
     "context_vectors": {
-        "softmax over dim=0": '''
-def context_vectors(inputs):
-    scores = inputs @ inputs.transpose(-2, -1)
-    return torch.softmax(scores, dim=0) @ inputs
-''',
+        "softmax over dim=0": _edit(_CONTEXT, "dim=-1", "dim=0"),
         "no softmax: raw scores as weights": '''
 def context_vectors(inputs):
     return (inputs @ inputs.transpose(-2, -1)) @ inputs
 ''',
-        "sum-normalised weights": '''
-def context_vectors(inputs):
-    scores = inputs @ inputs.transpose(-2, -1)
-    return (scores / scores.sum(dim=-1, keepdim=True)) @ inputs
-''',
+        "sum-normalised weights": _edit(
+            _CONTEXT, "torch.softmax(scores, dim=-1)", "(scores / scores.sum(dim=-1, keepdim=True))"),
         "uses .T, which breaks batches": '''
 def context_vectors(inputs):
     return torch.softmax(inputs @ inputs.T, dim=-1) @ inputs
 ''',
-        "uses softmax_naive, which overflows on large inputs": '''
-def context_vectors(inputs):
-    scores = inputs @ inputs.transpose(-2, -1)
-    return softmax_naive(scores, dim=-1) @ inputs
-''',
-        "scales by sqrt(d) (that is notebook 03)": '''
-def context_vectors(inputs):
-    scores = inputs @ inputs.transpose(-2, -1) / inputs.shape[-1] ** 0.5
-    return torch.softmax(scores, dim=-1) @ inputs
-''',
+        "uses softmax_naive, which overflows on large inputs": _edit(_CONTEXT, "torch.softmax(", "softmax_naive("),
+        "scales by sqrt(d) (that is notebook 03)": _edit(
+            _CONTEXT, "inputs.transpose(-2, -1)\n", "inputs.transpose(-2, -1) / inputs.shape[-1] ** 0.5\n"),
         "returns the weights, not the context vectors": '''
 def context_vectors(inputs):
     return torch.softmax(inputs @ inputs.transpose(-2, -1), dim=-1)
 ''',
-        "weights softmaxed over the batch-unaware dim=1": '''
-def context_vectors(inputs):
-    scores = inputs @ inputs.transpose(-2, -1)
-    return torch.softmax(scores, dim=1) @ inputs
-''',
+        "weights softmaxed over the batch-unaware dim=1": _edit(_CONTEXT, "dim=-1", "dim=1"),
     },
 }
 
 RIGHT = {
     "softmax_naive": {
-        "max subtraction is fine here too": '''
-def softmax_naive(x, dim=-1):
-    e = torch.exp(x - x.max(dim, keepdim=True).values)
-    return e / e.sum(dim, keepdim=True)
-''',
+        "max subtraction is fine here too": _edit(_STABLE_MAX_VALUES, "def softmax_stable(", "def softmax_naive("),
         "torch.sum and division by unsqueeze": '''
 def softmax_naive(x, dim=-1):
     e = x.exp()
@@ -140,11 +120,7 @@ def softmax_naive(x, dim=-1):
 ''',
     },
     "softmax_stable": {
-        "x.max(dim, keepdim=True).values": '''
-def softmax_stable(x, dim=-1):
-    e = torch.exp(x - x.max(dim, keepdim=True).values)
-    return e / e.sum(dim, keepdim=True)
-''',
+        "x.max(dim, keepdim=True).values": _STABLE_MAX_VALUES,
         "logsumexp": '''
 def softmax_stable(x, dim=-1):
     return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))

@@ -1,4 +1,11 @@
-"""Answers for notebook 04 (causal attention). See the package docstring for the format."""
+"""Answers for notebook 04 (causal attention). See the package docstring for the format.
+
+Most wrong answers are a base answer (``_CAW_CPU_MASK``, or ``_ca`` of ``_COMPACT_FORWARD`` or
+``_BOOK_FORWARD`` with ``_CA_INIT``) with one change made by ``_edit``, so each reads as "the
+base answer, except this line".
+"""
+
+from tests.wrong_answers import edit as _edit
 
 _CA_INIT = '''
 class CausalAttention(nn.Module):
@@ -10,6 +17,7 @@ class CausalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
 '''
+_MASK_BUFFER = 'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))'
 
 
 def _ca(forward: str, init: str = _CA_INIT) -> str:
@@ -17,6 +25,7 @@ def _ca(forward: str, init: str = _CA_INIT) -> str:
     return init + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in forward.strip("\n").splitlines()) + "\n"
 
 
+# The book's forward (a RIGHT answer with _CA_INIT: float mask, in-place masked_fill_).
 _BOOK_FORWARD = '''
 b, num_tokens, d_in = x.shape
 keys = self.W_key(x)
@@ -28,6 +37,30 @@ attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
 attn_weights = self.dropout(attn_weights)
 return attn_weights @ values
 '''
+
+# A correct, more compact forward: the base of most CausalAttention wrong answers.
+_COMPACT_FORWARD = '''
+b, num_tokens, d_in = x.shape
+keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+attn_scores = queries @ keys.transpose(1, 2)
+attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+attn_weights = self.dropout(torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1))
+return attn_weights @ values
+'''
+_COMPACT_SOFTMAX = "attn_weights = self.dropout(torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1))\n"
+
+# The shared body of most causal_attention_weights wrong answers. Its numbers are right, but it
+# builds the mask on the CPU, so on its own it still fails the device check (see the first wrong
+# answer). Each variant adds one numeric mistake, which the numeric checks catch first, except
+# "keys.T", which the device check in the visible test cell rejects before any batched case runs.
+_CAW_CPU_MASK = '''
+def causal_attention_weights(queries, keys):
+    T = queries.shape[-2]
+    scores = queries @ keys.transpose(-2, -1)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+'''
+_CAW_NO_SCALING = _edit(_CAW_CPU_MASK, "torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)", "torch.softmax(scores, dim=-1)")
 
 WRONG = {
     "causal_mask": {
@@ -66,173 +99,84 @@ def causal_attention_weights(queries, keys):
     w = torch.softmax(queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5, dim=-1)
     return w * torch.tril(torch.ones(T, T))
 ''',
-        "masked_fill with 0 instead of -inf": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), 0.0)
-    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
-''',
-        "no scaling": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
-    return torch.softmax(scores, dim=-1)
-''',
-        "scaled by d_k instead of sqrt(d_k)": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
-    return torch.softmax(scores / keys.shape[-1], dim=-1)
-''',
-        "tril: masks the past instead of the future": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.tril(torch.ones(T, T, dtype=torch.bool), -1), -torch.inf)
-    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
-''',
-        "diagonal masked": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool)), -torch.inf)
-    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
-''',
-        "softmax over the queries (dim=-2)": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
-    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-2)
-''',
-        "keys.T breaks batch dimensions": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.T
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
-    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
-''',
-        "modifies the caller's tensor in place": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    queries /= keys.shape[-1] ** 0.5
-    scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
-    return torch.softmax(scores, dim=-1)
-''',
+        "masked_fill with 0 instead of -inf": _edit(
+            _CAW_CPU_MASK, "dtype=torch.bool), 1), -torch.inf)", "dtype=torch.bool), 1), 0.0)"),
+        "no scaling": _CAW_NO_SCALING,
+        "scaled by d_k instead of sqrt(d_k)": _edit(_CAW_CPU_MASK, "keys.shape[-1] ** 0.5", "keys.shape[-1]"),
+        "tril: masks the past instead of the future": _edit(
+            _CAW_CPU_MASK, "torch.triu(torch.ones(T, T, dtype=torch.bool), 1)",
+            "torch.tril(torch.ones(T, T, dtype=torch.bool), -1)"),
+        "diagonal masked": _edit(
+            _CAW_CPU_MASK, "torch.triu(torch.ones(T, T, dtype=torch.bool), 1)",
+            "torch.triu(torch.ones(T, T, dtype=torch.bool))"),
+        "softmax over the queries (dim=-2)": _edit(_CAW_CPU_MASK, "dim=-1)", "dim=-2)"),
+        "keys.T breaks batch dimensions": _edit(_CAW_CPU_MASK, "keys.transpose(-2, -1)", "keys.T"),
+        "modifies the caller's tensor in place": _edit(
+            _CAW_NO_SCALING,
+            "    scores = queries @ keys.transpose(-2, -1)\n",
+            "    queries /= keys.shape[-1] ** 0.5\n"
+            "    scores = queries @ keys.transpose(-2, -1)\n",
+        ),
     },
     "CausalAttention": {
-        "mask not truncated to num_tokens": _ca('''
-b, num_tokens, d_in = x.shape
-keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-attn_scores = queries @ keys.transpose(1, 2)
-attn_scores = attn_scores.masked_fill(self.mask.bool(), -torch.inf)
-attn_weights = self.dropout(torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1))
-return attn_weights @ values
-'''),
-        "mask as a plain attribute instead of a buffer": _ca(_BOOK_FORWARD, init='''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)
-'''),
-        "mask buffer not persistent (missing from state_dict)": _ca(_BOOK_FORWARD, init='''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1),
-                             persistent=False)
-'''),
-        "mask rebuilt on the CPU in every forward, no buffer": '''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        s = (q @ k.transpose(1, 2)).masked_fill(torch.triu(torch.ones(T, T), 1).bool(), -torch.inf)
-        return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
-''',
-        "dropout before softmax": _ca('''
-b, num_tokens, d_in = x.shape
-keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-attn_scores = queries @ keys.transpose(1, 2)
-attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
-attn_scores = self.dropout(attn_scores)
-attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
-return attn_weights @ values
-'''),
-        "dropout on the context vectors": _ca('''
-b, num_tokens, d_in = x.shape
-keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-attn_scores = queries @ keys.transpose(1, 2)
-attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
-attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
-return self.dropout(attn_weights @ values)
-'''),
-        "dropout active in eval mode (F.dropout with training=True)": _ca('''
-b, num_tokens, d_in = x.shape
-keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-attn_scores = queries @ keys.transpose(1, 2)
-attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
-attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)
-attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p, training=True)
-return attn_weights @ values
-'''),
-        "no scaling": _ca('''
-b, num_tokens, d_in = x.shape
-keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-attn_scores = queries @ keys.transpose(1, 2)
-attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
-return self.dropout(torch.softmax(attn_scores, dim=-1)) @ values
-'''),
-        "mask includes the diagonal": '''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=0))
-
-    def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        s = (q @ k.transpose(1, 2)).masked_fill(self.mask.bool()[:T, :T], -1e9)
-        return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
-''',
+        "mask not truncated to num_tokens": _ca(_edit(
+            _COMPACT_FORWARD, "self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()")),
+        "mask as a plain attribute instead of a buffer": _ca(_BOOK_FORWARD, init=_edit(
+            _CA_INIT, _MASK_BUFFER, "self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)")),
+        "mask buffer not persistent (missing from state_dict)": _ca(_BOOK_FORWARD, init=_edit(
+            _CA_INIT, "diagonal=1))\n", "diagonal=1),\n                             persistent=False)\n")),
+        "mask rebuilt on the CPU in every forward, no buffer": _ca('''
+b, T, _ = x.shape
+q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+s = (q @ k.transpose(1, 2)).masked_fill(torch.triu(torch.ones(T, T), 1).bool(), -torch.inf)
+return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
+''', init=_edit(_CA_INIT, "        " + _MASK_BUFFER + "\n", "")),
+        "dropout before softmax": _ca(_edit(
+            _COMPACT_FORWARD,
+            _COMPACT_SOFTMAX,
+            "attn_scores = self.dropout(attn_scores)\n"
+            "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n",
+        )),
+        "dropout on the context vectors": _ca(_edit(
+            _COMPACT_FORWARD,
+            _COMPACT_SOFTMAX + "return attn_weights @ values\n",
+            "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
+            "return self.dropout(attn_weights @ values)\n",
+        )),
+        "dropout active in eval mode (F.dropout with training=True)": _ca(_edit(
+            _COMPACT_FORWARD,
+            _COMPACT_SOFTMAX,
+            "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
+            "attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p, training=True)\n",
+        )),
+        "no scaling": _ca(_edit(
+            _COMPACT_FORWARD,
+            _COMPACT_SOFTMAX + "return attn_weights @ values\n",
+            "return self.dropout(torch.softmax(attn_scores, dim=-1)) @ values\n",
+        )),
+        "mask includes the diagonal": _ca('''
+b, T, _ = x.shape
+q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+s = (q @ k.transpose(1, 2)).masked_fill(self.mask.bool()[:T, :T], -1e9)
+return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
+''', init=_edit(_CA_INIT, "diagonal=1))", "diagonal=0))")),
         "no mask at all": _ca('''
 keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
 attn_weights = torch.softmax(queries @ keys.transpose(1, 2) / keys.shape[-1]**0.5, dim=-1)
 return self.dropout(attn_weights) @ values
 '''),
-        "layers created in a different order (keys first)": '''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-''' + "\n    def forward(self, x):\n" + "\n".join("        " + line for line in _BOOK_FORWARD.strip("\n").splitlines()) + "\n",
+        "layers created in a different order (keys first)": _ca(_BOOK_FORWARD, init=_edit(
+            _CA_INIT,
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+        )),
+        "library kernel (F.scaled_dot_product_attention)": _ca('''
+q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+p = self.dropout.p if self.training else 0.0
+return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+'''),
     },
 }
 
@@ -285,60 +229,28 @@ def causal_attention_weights(queries, keys):
     },
     "CausalAttention": {
         "the book's listing (float mask, in-place masked_fill_)": _ca(_BOOK_FORWARD),
-        "F.dropout with self.training, einsum, -1e9": '''
-import torch.nn.functional as F
-
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.p = dropout
-        self.register_buffer("mask", torch.ones(context_length, context_length).triu(1).bool())
-
-    def forward(self, x):
-        T = x.shape[1]
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        scores = torch.einsum("bqd,bkd->bqk", q, k) / math.sqrt(k.shape[-1])
-        scores = scores.masked_fill(self.mask[:T, :T], -1e9)
-        w = F.dropout(torch.softmax(scores, dim=-1), self.p, self.training)
-        return torch.einsum("bqk,bkd->bqd", w, v)
-''',
-        "uses the student's causal_mask and a length check": '''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.context_length = context_length
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", causal_mask(context_length))
-
-    def forward(self, x):
-        b, T, _ = x.shape
-        if T > self.context_length:
-            raise ValueError(f"input has {T} tokens, at most {self.context_length} allowed")
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        w = causal_attention_weights(q, k)
-        return self.dropout(w) @ v
-''',
+        "F.dropout with self.training, einsum, -1e9": "\nimport torch.nn.functional as F\n" + _ca('''
+T = x.shape[1]
+q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+scores = torch.einsum("bqd,bkd->bqk", q, k) / math.sqrt(k.shape[-1])
+scores = scores.masked_fill(self.mask[:T, :T], -1e9)
+w = F.dropout(torch.softmax(scores, dim=-1), self.p, self.training)
+return torch.einsum("bqk,bkd->bqd", w, v)
+''', init=_edit(
+            _CA_INIT,
+            "        self.dropout = nn.Dropout(dropout)\n        " + _MASK_BUFFER + "\n",
+            "        self.p = dropout\n"
+            '        self.register_buffer("mask", torch.ones(context_length, context_length).triu(1).bool())\n',
+        )),
+        "uses the student's causal_mask and a length check": _ca('''
+b, T, _ = x.shape
+if T > self.context_length:
+    raise ValueError(f"input has {T} tokens, at most {self.context_length} allowed")
+q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+w = causal_attention_weights(q, k)
+return self.dropout(w) @ v
+''', init=_edit(_edit(
+            _CA_INIT, "super().__init__()\n", "super().__init__()\n        self.context_length = context_length\n"),
+            _MASK_BUFFER, 'self.register_buffer("mask", causal_mask(context_length))')),
     },
 }
-
-WRONG["CausalAttention"]["library kernel (F.scaled_dot_product_attention)"] = '''
-class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        p = self.dropout.p if self.training else 0.0
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-'''
