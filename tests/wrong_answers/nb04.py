@@ -1,6 +1,6 @@
 """Answers for notebook 04 (causal attention). See the package docstring for the format.
 
-Most wrong answers are a base answer (``_CAW_CPU_MASK``, or ``_ca`` of ``_COMPACT_FORWARD`` or
+Most wrong answers are a correct base answer (``_CAW``, or ``_ca`` of ``_COMPACT_FORWARD`` or
 ``_BOOK_FORWARD`` with ``_CA_INIT``) with one change made by ``_edit``, so each reads as "the
 base answer, except this line".
 """
@@ -49,18 +49,17 @@ return attn_weights @ values
 '''
 _COMPACT_SOFTMAX = "attn_weights = self.dropout(torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1))\n"
 
-# The shared body of most causal_attention_weights wrong answers. Its numbers are right, but it
-# builds the mask on the CPU, so on its own it still fails the device check (see the first wrong
-# answer). Each variant adds one numeric mistake, which the numeric checks catch first, except
-# "keys.T", which the device check in the visible test cell rejects before any batched case runs.
-_CAW_CPU_MASK = '''
+# A correct causal_attention_weights, the base of its wrong answers: each variant adds exactly one
+# mistake, so the test that rejects it shows that the hidden tests catch that mistake.
+_CAW = '''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     scores = queries @ keys.transpose(-2, -1)
-    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -torch.inf)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), 1)
+    scores = scores.masked_fill(future, -torch.inf)
     return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
 '''
-_CAW_NO_SCALING = _edit(_CAW_CPU_MASK, "torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)", "torch.softmax(scores, dim=-1)")
+_CAW_NO_SCALING = _edit(_CAW, "torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)", "torch.softmax(scores, dim=-1)")
 
 WRONG = {
     "causal_mask": {
@@ -86,31 +85,22 @@ def causal_mask(num_tokens):
 ''',
     },
     "causal_attention_weights": {
-        "mask built on the CPU: breaks as soon as the scores live on a GPU": '''
-def causal_attention_weights(queries, keys):
-    T = queries.shape[-2]
-    scores = queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-''',
+        "mask built on the CPU: breaks as soon as the scores live on a GPU": _edit(_CAW, ", device=scores.device", ""),
         "mask after softmax without renormalising": '''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     w = torch.softmax(queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5, dim=-1)
-    return w * torch.tril(torch.ones(T, T))
+    return w * torch.tril(torch.ones(T, T, device=w.device))
 ''',
-        "masked_fill with 0 instead of -inf": _edit(
-            _CAW_CPU_MASK, "dtype=torch.bool), 1), -torch.inf)", "dtype=torch.bool), 1), 0.0)"),
+        "masked_fill with 0 instead of -inf": _edit(_CAW, "masked_fill(future, -torch.inf)", "masked_fill(future, 0.0)"),
         "no scaling": _CAW_NO_SCALING,
-        "scaled by d_k instead of sqrt(d_k)": _edit(_CAW_CPU_MASK, "keys.shape[-1] ** 0.5", "keys.shape[-1]"),
+        "scaled by d_k instead of sqrt(d_k)": _edit(_CAW, "keys.shape[-1] ** 0.5", "keys.shape[-1]"),
         "tril: masks the past instead of the future": _edit(
-            _CAW_CPU_MASK, "torch.triu(torch.ones(T, T, dtype=torch.bool), 1)",
-            "torch.tril(torch.ones(T, T, dtype=torch.bool), -1)"),
-        "diagonal masked": _edit(
-            _CAW_CPU_MASK, "torch.triu(torch.ones(T, T, dtype=torch.bool), 1)",
-            "torch.triu(torch.ones(T, T, dtype=torch.bool))"),
-        "softmax over the queries (dim=-2)": _edit(_CAW_CPU_MASK, "dim=-1)", "dim=-2)"),
-        "keys.T breaks batch dimensions": _edit(_CAW_CPU_MASK, "keys.transpose(-2, -1)", "keys.T"),
+            _CAW, "torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), 1)",
+            "torch.tril(torch.ones(T, T, dtype=torch.bool, device=scores.device), -1)"),
+        "diagonal masked": _edit(_CAW, "device=scores.device), 1)", "device=scores.device))"),
+        "softmax over the queries (dim=-2)": _edit(_CAW, "dim=-1)", "dim=-2)"),
+        "keys.T breaks batch dimensions": _edit(_CAW, "keys.transpose(-2, -1)", "keys.T"),
         "modifies the caller's tensor in place": _edit(
             _CAW_NO_SCALING,
             "    scores = queries @ keys.transpose(-2, -1)\n",
@@ -197,6 +187,7 @@ def causal_mask(num_tokens):
 ''',
     },
     "causal_attention_weights": {
+        "the base of the wrong answers above": _CAW,
         "einsum and a large negative number": '''
 def causal_attention_weights(queries, keys):
     T, d_k = queries.shape[-2], keys.shape[-1]
