@@ -1,4 +1,4 @@
-"""Command line: ``python -m grader {build,release,check-release,autograde,feedback}``."""
+"""Command line: ``python -m grader {build,record,release,check-release,autograde,feedback}``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     for path in build(_names(args), run=not args.no_execute):
         print(f"built {path.relative_to(course.repo_root())}")
+    return cmd_record(args)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from grader.record import write
+
+    for path in write(_names(args)):
+        print(f"recorded {path.relative_to(course.repo_root())}")
     return 0
 
 
@@ -41,14 +49,25 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_check_release(args: argparse.Namespace) -> int:
     from grader.release import stale_notebooks
 
+    from grader.record import stale as stale_recordings
+
+    code = 0
     stale = stale_notebooks(_names(args))
     if stale:
         for name in stale:
             print(f"notebooks/{name}.ipynb differs from a fresh release of solutions/{name}.ipynb")
         print("run `python -m grader release` (or `make release`) and commit the result")
-        return 1
-    print("notebooks/ is in sync with solutions/")
-    return 0
+        code = 1
+    else:
+        print("notebooks/ is in sync with solutions/")
+    recordings = stale_recordings(_names(args))
+    for name, problem in recordings.items():
+        print(f"course_utils/expected/{name}.pt is stale ({problem}): rebuild it with "
+              f"`make build NOTEBOOKS={name[:2]}` (or `python -m grader record {name[:2]}`) and commit the result")
+        code = 1
+    if not recordings:
+        print("course_utils/expected/ matches the reference and the checks")
+    return code
 
 
 def cmd_autograde(args: argparse.Namespace) -> int:
@@ -75,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebooks", nargs="*", help="notebook names (default: all)")
     p.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("record", help="record the expected values of the visible checks into course_utils/expected/")
+    p.add_argument("notebooks", nargs="*")
+    p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("release", help="solutions/ -> notebooks/ (student versions, via nbgrader)")
     p.add_argument("notebooks", nargs="*")

@@ -59,6 +59,36 @@ def exercises(notebook: str) -> list[str]:
             if c.get("metadata", {}).get("nbgrader", {}).get("solution") and grade_id(c)]
 
 
+def visible_source(test_source: str) -> str:
+    """A test cell as the student edition has it: nbgrader's own ``ClearHiddenTests`` removes the
+    hidden-test region."""
+    from nbformat.v4 import new_code_cell
+    from nbgrader.preprocessors import ClearHiddenTests
+
+    cell = new_code_cell(test_source)
+    ClearHiddenTests()._remove_hidden_test_region(cell)
+    return cell.source
+
+
+def check_verdict(notebook: str, exercise: str, answer_source: str) -> tuple[bool, str]:
+    """``(passed, message)`` of the exercise's visible test cells on ``answer_source``: what a
+    student's self-check shows. ``message`` is the ✅ lines printed, or the error raised."""
+    import contextlib
+    import io
+
+    base, cells = _executed(notebook)
+    namespace = dict(base)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
+            for gid in test_ids_for(exercise, cells):
+                run_source(visible_source(cells[gid]), namespace, f"{notebook}:{gid}:visible")
+    except Exception as error:  # noqa: BLE001 - the verdict is the result
+        return False, f"{type(error).__name__}: {error}"
+    return True, out.getvalue()
+
+
 def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> None:
     """Exec ``answer_source`` in place of the exercise's answer, then its test cells (hidden tests
     included). Raises whatever the first failing test cell raises."""

@@ -7,7 +7,7 @@ import pytest
 
 from grader import course
 from tests import harness
-from tests.wrong_answers import load
+from tests.wrong_answers import Wrong, load
 
 NOTEBOOKS = course.available_notebooks()
 
@@ -35,9 +35,11 @@ def test_every_exercise_has_wrong_and_right_answers(notebook):
 def test_wrong_answer_is_rejected(notebook, exercise, source, capsys):
     with pytest.raises(Exception) as info:
         harness.run_tests_with_answer(notebook, exercise, source)
-    # A self-check failure must explain itself: it names the exercise.
+    # A self-check failure must explain itself: it names the exercise, and the mistake.
     if isinstance(info.value, AssertionError):
         assert exercise in str(info.value), f"message does not name the exercise: {info.value}"
+    assert isinstance(source, Wrong), "state the hint its message must contain: wrong(source, hint)"
+    assert source.hint in str(info.value), f"the message does not name the mistake ({source.hint!r}): {info.value}"
 
 
 @pytest.mark.parametrize("notebook, exercise, source", list(_cases("RIGHT")))

@@ -5,6 +5,11 @@ A check prints ``✅ ...`` when everything agrees. Otherwise it raises ``Asserti
 message names the exercise, the input case, and what differs (shape, NaNs, the largest error and
 where, a causality leak and at which position). The same call therefore works as a student's
 self-check and inside an nbgrader test cell.
+
+Expected values never come from answer code in this module: they are asked of
+:mod:`course_utils.checks.expected`, which computes them from the reference in the instructor
+edition and reads them from the recording in the student edition. The same holds for the outputs
+of known mistakes, which name a student's mistake when their output matches one exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from course_utils import rules
+from course_utils.checks import expected as _expected
+from course_utils.checks.expected import expect
 
 
 class CheckFailed(AssertionError):
@@ -35,10 +42,20 @@ class Case:
     name: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    #: For a module: the constructor arguments it is built with, and the mode it runs in.
+    build: tuple | None = None
+    mode: str = "eval"
+
+    def key(self) -> str:
+        """The case's name in the recording: its name, and for a module how it was built and run."""
+        return self.name if self.build is None else f"{self.build} {self.mode}() {self.name}"
 
 
-#: ``diagnose(case, got) -> hint or None``: names the likely mistake behind a failing case.
-Diagnose = Callable[[Case, object], "str | None"]
+#: ``diagnose(case, got, expected) -> hint or None``: names the likely mistake behind a failing case.
+#: ``got`` is the student's output, or the exception their code raised.
+Diagnose = Callable[[Case, object, object], "str | None"]
+
+NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell"
 
 
 def fail(exercise: str, message: str, case: Case | None = None) -> None:
@@ -117,18 +134,21 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
     try:
         return fn(*case.args, **case.kwargs)
     except NotImplementedError:
-        fail(exercise, "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell")
+        fail(exercise, NOT_IMPLEMENTED)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
-        fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+        try:
+            fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+        except CheckFailed as error:
+            raise error from exc
 
 
 def check_rules(exercise: str, obj: object) -> None:
     """Fail if the source of ``obj`` breaks a rule of :mod:`course_utils.rules`."""
     source = rules.source_of(obj) or ""
     if "raise NotImplementedError" in source:
-        fail(exercise, "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell")
+        fail(exercise, NOT_IMPLEMENTED)
     found = rules.find_violations(source, exercise) if source else []
     if found:
         why = rules.RULES.get(exercise, rules.Rule()).why
@@ -142,66 +162,146 @@ def require_callable(exercise: str, obj: object) -> None:
         fail(exercise, f"expected a function or class, got {type(obj).__name__}: did you run the cell that defines it?")
 
 
+def hidden_cases(exercise: str) -> Any:
+    """The hidden cases of ``exercise`` (their shape is the check's own business).
+
+    They live in ``course_utils.instructor.hidden``, which only the instructor edition (and so the
+    grading sandbox) has; asking for them in the student edition raises a clear error.
+    """
+    try:
+        return _expected.instructor().hidden(exercise)
+    except _expected.InstructorOnly as exc:
+        raise _expected.InstructorOnly(f"hidden test cases of {exercise} are used only when grading: {exc}") from exc
+
+
+def reference_function(name: str) -> Callable:
+    """The reference ``name`` as a callable that is looked up only when it runs (instructor edition)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _expected.reference(name)(*args, **kwargs)
+    return call
+
+
 def compare_function(
     exercise: str,
     student: Callable,
-    reference: Callable,
     cases: Sequence[Case],
     *,
+    reference: str | None = None,
     atol: float = 1e-5,
     rtol: float = 1e-4,
-    rules_apply: bool = True,
     quiet: bool = False,
     diagnose: "Diagnose | None" = None,
 ) -> None:
-    """Run ``student`` and ``reference`` on every case; fail on the first difference.
+    """Run ``student`` on every case and compare with the reference ``reference`` (default: the
+    exercise's name); fail on the first difference.
 
-    Inputs are cloned for each call so that an in-place change by the student cannot affect the
-    reference, and a student function that modifies its input is reported.
-
-    ``diagnose(case, got)``, if given, looks at the student's output on a failing case (or the
-    exception their code raised) and returns one sentence naming the likely mistake, added to the
-    message as a hint; ``None`` or an error inside it leaves the plain message.
+    The expected outputs come from :func:`expected.expect`: computed live from the reference in the
+    instructor edition, read from the recording in the student edition. Inputs are cloned for each
+    call, and a student function that modifies its input is reported. A failure message ends with a
+    hint when one is found (see :func:`explain`).
     """
     require_callable(exercise, student)
-    if rules_apply:
-        check_rules(exercise, student)
+    check_rules(exercise, student)
+    ref = reference_function(reference or exercise)
     for case in cases:
-        try:
-            _compare_case(exercise, student, reference, case, atol, rtol)
-        except CheckFailed as exc:
-            hint = _hint(diagnose, student, case) if diagnose else None
-            if hint:
-                raise CheckFailed(f"{exc} Hint: {hint}") from None
-            raise
+        want = expect(exercise, case.key(), lambda: ref(*_clone(case.args), **case.kwargs))
+        if _expected.is_recording():
+            mistake_outputs(exercise, case)
+        _compare_case(exercise, student, want, case, atol, rtol, diagnose)
     if not quiet:
         passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
 
 
-def _hint(diagnose: "Diagnose", student: Callable, case: Case) -> str | None:
-    """The diagnosis of the student's output on ``case``; never raises (a hint is a bonus)."""
+def mistake_outputs(exercise: str, case: Case) -> list:
+    """``[[hint, output], ...]``: what each known mistake of ``exercise`` gives on ``case``.
+
+    The mistakes themselves are code in ``course_utils.instructor``; the student edition
+    holds only their recorded outputs on the visible cases.
+    """
+    return expect(exercise, f"mistakes: {case.key()}", lambda: _expected.instructor().outputs(exercise, case))
+
+
+def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose | None" = None) -> str | None:
+    """One sentence naming the likely mistake behind ``got`` (an output or an exception), or ``None``.
+
+    In this order: a known mistake whose output ``got`` matches exactly (NaNs included); the
+    exercise's own ``diagnose``; a transformation of the expected output that explains ``got`` (a
+    constant factor, a transpose). Never raises: a hint is a bonus, the failure stands without it.
+    """
     try:
-        try:
-            got = student(*_clone(case.args), **case.kwargs)
-        except Exception as error:  # noqa: BLE001 - the diagnosis may explain the error
-            got = error
-        return diagnose(case, got)
-    except Exception:  # noqa: BLE001
+        if isinstance(got, (NotImplementedError, CheckFailed)) and NOT_IMPLEMENTED in str(got):
+            return None
+        if not isinstance(got, BaseException):
+            for hint, output in mistake_outputs(exercise, case):
+                if _difference(output, got, 1e-5, 1e-4) is None:
+                    return hint
+        if diagnose is not None:
+            hint = diagnose(case, got, want)
+            if hint:
+                return hint
+        if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
+            return transformation_hint(want, got)
+    except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
+    return None
 
 
-def _compare_case(exercise: str, student: Callable, reference: Callable, case: Case, atol: float, rtol: float) -> None:
-    """Fail if ``student`` differs from ``reference`` on one case (or changes its input)."""
-    ref_case = Case(case.name, _clone(case.args), dict(case.kwargs))
+def transformation_hint(want: torch.Tensor, got: torch.Tensor) -> str | None:
+    """Name a simple transformation that turns the expected output into ``got``, if there is one:
+    the last two dimensions swapped, or every value multiplied by the same factor."""
+    if got.shape != want.shape:
+        if want.dim() >= 2 and got.shape == want.transpose(-2, -1).shape and \
+                tensor_difference(want.transpose(-2, -1), got) is None:
+            return "your output is the expected one with its last two dimensions swapped: a transpose too many or too few?"
+        return None
+    g, w = got.detach().to(torch.float64).cpu(), want.detach().to(torch.float64).cpu()
+    if not (torch.isfinite(g).all() and torch.isfinite(w).all()):
+        return None
+    if w.dim() >= 2 and w.shape[-1] == w.shape[-2] and tensor_difference(w.transpose(-2, -1), g) is None:
+        return "your output is the expected one transposed (rows and columns swapped): check the order of a matmul or a transpose."
+    nonzero = w.abs() > 1e-6
+    if nonzero.sum() < 2 or not torch.equal(nonzero, g.abs() > 1e-6 * max(1.0, float(g.abs().max()))):
+        return None
+    ratio = g[nonzero] / w[nonzero]
+    factor = float(ratio.mean())
+    if abs(factor - 1) < 1e-3 or not torch.allclose(ratio, torch.full_like(ratio, factor), rtol=1e-3, atol=1e-6):
+        return None
+    return f"every value is {factor:.4g} times the expected one{_name_factor(factor)}: a scaling too many, or a wrong one?"
+
+
+def _name_factor(factor: float) -> str:
+    """`` (= 1/sqrt(2))``-style name of a factor, when it is a simple one."""
+    for value, text in ((factor, ""), (1 / factor, "1/")):
+        for n in range(2, 4097):
+            if math.isclose(value, math.sqrt(n), rel_tol=1e-4) and int(math.isqrt(n)) ** 2 != n:
+                return f" (= {text}sqrt({n}))"
+            if math.isclose(value, n, rel_tol=1e-4):
+                return f" (= {text}{n}{f' = {text}sqrt({n * n})' if n * n <= 4096 else ''})"
+    return ""
+
+
+def _hinted(error: CheckFailed, hint: str | None) -> CheckFailed:
+    return CheckFailed(f"{error} Hint: {hint}") if hint else error
+
+
+def _compare_case(exercise: str, student: Callable, want: Any, case: Case, atol: float, rtol: float,
+                  diagnose: "Diagnose | None") -> None:
+    """Fail if ``student`` differs from the expected ``want`` on one case (or changes its input)."""
     stu_case = Case(case.name, _clone(case.args), dict(case.kwargs))
-    expected = reference(*ref_case.args, **ref_case.kwargs)
-    got = call_student(exercise, student, stu_case)
+    try:
+        got = call_student(exercise, student, stu_case)
+    except CheckFailed as error:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
     for before, after in zip(case.args, stu_case.args):
         if isinstance(before, torch.Tensor) and not torch.equal(before, after):
             fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
-    problem = _difference(expected, got, atol, rtol)
+    problem = _difference(want, got, atol, rtol)
     if problem:
-        fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
+        try:
+            fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
+        except CheckFailed as error:
+            raise _hinted(error, explain(exercise, case, got, want, diagnose)) from None
 
 
 def _sentence(text: str) -> str:
@@ -235,87 +335,122 @@ def rand(*shape: int, seed: int, low: float = -1.0, high: float = 1.0, dtype: to
     return low + (high - low) * torch.rand(*shape, generator=g, dtype=dtype)
 
 
-def build_pair(exercise: str, student_cls: Callable, reference_cls: Callable, args: tuple, seed: int = 123):
-    """Construct the student's and the reference module from the same seed and arguments.
+#: Every module in a check is built right after ``torch.manual_seed(BUILD_SEED)`` and run right after
+#: ``torch.manual_seed(FORWARD_SEED)``: equal seeds give the student's and the reference module equal
+#: weights (the course's classes create their parameters in the book's order) and equal dropout.
+BUILD_SEED, FORWARD_SEED = 123, 7
 
-    Because the course's classes create their parameters in the book's order, equal seeds give
-    equal weights, whatever the student names things internally.
+
+def construct(cls: Callable, build: tuple, seed: int = BUILD_SEED) -> Any:
+    """``cls(*build)`` right after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return cls(*build)
+
+
+def module_output(module: Any, case: Case, seed: int = FORWARD_SEED) -> Any:
+    """``module(*case.args)`` in ``case.mode`` (``eval`` or ``train``) right after ``torch.manual_seed(seed)``."""
+    getattr(module, case.mode)()
+    torch.manual_seed(seed)
+    return module(*_clone(case.args), **case.kwargs)
+
+
+def parameter_shapes(module: Any) -> list[tuple[int, ...]]:
+    """The shapes of ``module.parameters()``, in creation order."""
+    return [tuple(p.shape) for p in module.parameters()]
+
+
+def build_student(exercise: str, student_cls: Callable, build: tuple, *, reference: str | None = None,
+                  seed: int = BUILD_SEED) -> Any:
+    """Build the student's module with the constructor arguments ``build`` under ``seed``.
+
+    Fails unless it is an ``nn.Module`` whose parameters have the reference's shapes, in the
+    reference's order: because the course's classes create their parameters in the book's order,
+    equal seeds then give equal weights, whatever the student names things internally.
     """
     require_callable(exercise, student_cls)
-    torch.manual_seed(seed)
-    reference = reference_cls(*args)
-    torch.manual_seed(seed)
+    ref_name = reference or exercise
+    want = expect(exercise, f"parameter shapes {build}",
+                  lambda: parameter_shapes(construct(_expected.reference(ref_name), build, seed)))
     try:
-        student = student_cls(*args)
+        student = construct(student_cls, build, seed)
     except NotImplementedError:
-        fail(exercise, "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell")
+        fail(exercise, NOT_IMPLEMENTED)
     except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"constructing {getattr(student_cls, '__name__', 'it')}{args} raised {type(exc).__name__}: {exc}")
-    ref_params = [tuple(p.shape) for p in reference.parameters()]
-    stu_params = [tuple(p.shape) for p in student.parameters()]
-    if ref_params != stu_params:
-        fail(exercise, f"constructor arguments {args}: expected parameters of shapes {ref_params} (in this order), "
-                       f"got {stu_params}. Create the layers in the order the exercise gives, with the same sizes.")
-    return student, reference
+        fail(exercise, f"constructing {getattr(student_cls, '__name__', 'it')}{build} raised {type(exc).__name__}: {exc}")
+    if not isinstance(student, torch.nn.Module):
+        fail(exercise, f"{getattr(student_cls, '__name__', student_cls)} must be an nn.Module subclass")
+    got = parameter_shapes(student)
+    if got != [tuple(s) for s in want]:
+        fail(exercise, f"constructor arguments {build}: expected parameters of shapes {[tuple(s) for s in want]} "
+                       f"(in this order), got {got}. Create the layers in the order the exercise gives, with the "
+                       f"same sizes.")
+    return student
+
+
+def reference_output(exercise: str, case: Case, reference: str | None = None) -> Any:
+    """The reference module's output on a module case (built with ``case.build``, run in ``case.mode``)."""
+    return expect(exercise, case.key(),
+                  lambda: module_output(construct(_expected.reference(reference or exercise), case.build), case))
 
 
 def compare_module(
     exercise: str,
     student_cls: Callable,
-    reference_cls: Callable,
     configs: Sequence[tuple[tuple, Sequence[Case]]],
     *,
+    reference: str | None = None,
     atol: float = 1e-5,
     rtol: float = 1e-4,
     train: bool = False,
     quiet: bool = False,
-    diagnose: "Callable[[tuple, Case], str | None] | None" = None,
+    diagnose: "Diagnose | None" = None,
 ) -> None:
-    """For each ``(constructor_args, cases)``: build both modules with one seed and compare outputs.
+    """For each ``(constructor_args, cases)``: build the student's module under the course's seed and
+    compare its outputs with the reference's (live or recorded).
 
     Outputs are compared in ``eval()`` mode; with ``train=True`` also in ``train()`` mode with the
     same RNG seed before each forward, which only agrees when dropout is applied to the same
-    tensor, in the same place, as in the reference. ``diagnose(constructor_args, case)``, if given,
-    names the likely mistake behind a failure, added to the message as a hint.
+    tensor, in the same place, as in the reference. A failure ends with a hint when one is found
+    (see :func:`explain`; ``diagnose`` receives module cases, whose ``build`` and ``mode`` are set).
     """
     check_rules(exercise, student_cls)
     count = 0
-    for args, cases in configs:
-        case = cases[0] if cases else Case("construction")
+    for build, cases in configs:
+        first = Case(cases[0].name if cases else "construction", cases[0].args if cases else (), build=build)
         try:
-            student, reference = build_pair(exercise, student_cls, reference_cls, args)
-            modes = ("eval", "train") if train else ("eval",)
-            for mode in modes:
-                getattr(student, mode)()
-                getattr(reference, mode)()
-                for case in cases:
-                    _compare_forward(exercise, student, reference, case, f"{mode}() mode, built with {args}", atol, rtol)
-                    count += 1
-        except CheckFailed as exc:
-            try:
-                hint = diagnose(args, case) if diagnose else None
-            except Exception:  # noqa: BLE001 - a hint is a bonus; the failure stands without it
-                hint = None
-            if hint:
-                raise CheckFailed(f"{exc} Hint: {hint}") from None
-            raise
+            student = build_student(exercise, student_cls, build, reference=reference)
+        except CheckFailed as error:
+            raise _hinted(error, explain(exercise, first, error, None, diagnose)) from None
+        for mode in ("eval", "train") if train else ("eval",):
+            for case in cases:
+                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
+                want = reference_output(exercise, mcase, reference)
+                if _expected.is_recording():
+                    mistake_outputs(exercise, mcase)
+                _compare_forward(exercise, student, want, mcase, atol, rtol, diagnose)
+                count += 1
     if not quiet:
         passed(exercise, f"{count} module outputs agree with the reference")
 
 
-def _compare_forward(exercise: str, student: Any, reference: Any, case: Case, how: str, atol: float, rtol: float) -> None:
-    """Fail if one forward pass of ``student`` differs from ``reference`` (same seed before each)."""
-    label = Case(f"{case.name}, {how}", case.args, case.kwargs)
-    torch.manual_seed(7)
-    expected = reference(*_clone(case.args), **case.kwargs)
-    torch.manual_seed(7)
-    got = call_student(exercise, student, Case(label.name, _clone(case.args), case.kwargs))
-    problem = _difference(expected, got, atol, rtol)
+def _compare_forward(exercise: str, student: Any, want: Any, case: Case, atol: float, rtol: float,
+                     diagnose: "Diagnose | None") -> None:
+    """Fail if one forward pass of ``student`` differs from the expected ``want``."""
+    label = Case(f"{case.name}, {case.mode}() mode, built with {case.build}", case.args, case.kwargs)
+    try:
+        got = call_student(exercise, lambda: module_output(student, case), Case(label.name))
+    except CheckFailed as error:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
+    problem = _difference(want, got, atol, rtol)
     if problem:
-        hint = ""
-        if how.startswith("train"):
-            hint = " Dropout must act on the attention weights, after softmax, and only in training mode."
-        fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.{hint}", label)
+        hint = explain(exercise, case, got, want, diagnose)
+        if hint is None and case.mode == "train":
+            hint = "dropout must act on the attention weights, after softmax, and only in training mode."
+        try:
+            fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.", label)
+        except CheckFailed as error:
+            raise _hinted(error, hint) from None
 
 
 def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, quiet: bool = True) -> None:
@@ -340,6 +475,11 @@ def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: t
                            f"Position {pos} must only see tokens 0..{pos}: is the mask applied, and above the diagonal?")
     if not quiet:
         passed(exercise, f"no position sees the future ({T} positions checked)")
+
+
+def check(fn: Callable) -> Callable:
+    """Mark ``fn`` as a public self-check: it runs without disturbing the caller's random state."""
+    return preserve_rng(fn)
 
 
 def preserve_rng(check: Callable) -> Callable:

@@ -2,8 +2,10 @@
 
 Each module defines two dicts keyed by exercise name (the answer cell's grade_id):
 
-    WRONG[exercise][label] = source   # a plausible mistake; the hidden tests must take points for it
-    RIGHT[exercise][label] = source   # a correct alternative; it must get full marks
+    WRONG[exercise][label] = wrong(source, hint)  # a plausible mistake; the hidden tests must take
+                                                  # points for it, and the failure message must
+                                                  # contain ``hint`` (words that name the mistake)
+    RIGHT[exercise][label] = source               # a correct alternative; it must get full marks
 
 ``source`` replaces the whole answer cell. The tests in ``tests/test_hidden_tests.py`` run each
 one against that exercise's test cells in-process (fast), and ``tests/test_autograde.py`` sends
@@ -20,6 +22,21 @@ NOTEBOOK_MODULES = {
     "05_multi_head_attention": "nb05",
     "06_efficient_attention_gpu": "nb06",
 }
+
+
+class Wrong(str):
+    """A wrong answer's source (it is a ``str``), with the words its failure message must contain."""
+
+    hint: str
+
+
+def wrong(source: str, hint: str) -> Wrong:
+    """``source`` marked as a wrong answer whose failure message must contain ``hint``."""
+    if not hint:
+        raise ValueError("a wrong answer must state the hint its message contains")
+    answer = Wrong(source)
+    answer.hint = hint
+    return answer
 
 
 def load(notebook: str):

@@ -1,71 +1,73 @@
 """Answers for notebook 01 (dot products). See the package docstring for the format."""
 
+from tests.wrong_answers import wrong
+
 WRONG = {
     "dot": {
-        "library call instead of a loop": '''
+        "library call instead of a loop": wrong('''
 def dot(x, y):
     return torch.dot(x, y)
-''',
-        "loop stops one short": '''
+''', 'torch.dot'),
+        "loop stops one short": wrong('''
 def dot(x, y):
     total = torch.tensor(0.0)
     for i in range(len(x) - 1):
         total = total + x[i] * y[i]
     return total
-''',
-        "adds instead of multiplying": '''
+''', 'stops one entry early'),
+        "adds instead of multiplying": wrong('''
 def dot(x, y):
     total = torch.tensor(0.0)
     for i in range(len(x)):
         total = total + x[i] + y[i]
     return total
-''',
-        "returns the elementwise products, not their sum": '''
+''', 'not of their products'),
+        "returns the elementwise products, not their sum": wrong('''
 def dot(x, y):
     out = torch.empty_like(x)
     for i in range(len(x)):
         out[i] = x[i] * y[i]
     return out
-''',
+''', 'expected shape ()'),
     },
     "attention_scores_for_query": {
-        "scores against the first token, not the query": '''
+        "scores against the first token, not the query": wrong('''
 def attention_scores_for_query(inputs, query):
     return inputs @ inputs[0]
-''',
-        "transposed product gives (d,) instead of (T,)": '''
+''', 'not against `query`'),
+        "transposed product gives (d,) instead of (T,)": wrong('''
 def attention_scores_for_query(inputs, query):
     return query @ inputs.T @ inputs
-''',
-        "cosine similarity instead of dot product": '''
+''', 'expected shape'),
+        "cosine similarity instead of dot product": wrong('''
 def attention_scores_for_query(inputs, query):
     return (inputs @ query) / (inputs.norm(dim=-1) * query.norm())
-''',
-        "hard-coded for the book's six tokens": '''
+''', 'cosine similarity'),
+        "hard-coded for the book's six tokens": wrong('''
 def attention_scores_for_query(inputs, query):
     scores = torch.empty(6)
     for i in range(6):
         scores[i] = torch.dot(inputs[i], query)
     return scores
-''',
+''', 'fixed number of tokens'),
     },
     "attention_scores": {
-        "uses .T, which breaks batches": '''
+        "uses .T, which breaks batches": wrong('''
 def attention_scores(inputs):
     return inputs @ inputs.T
-''',
-        "Gram matrix of the features (d, d)": '''
+''', 'transpose(-2, -1)'),
+        "Gram matrix of the features (d, d)": wrong('''
 def attention_scores(inputs):
     return inputs.transpose(-2, -1) @ inputs
-''',
-        "elementwise square instead of a matrix product": '''
+''', 'expected shape'),
+        "elementwise square instead of a matrix product": wrong('''
 def attention_scores(inputs):
     return (inputs * inputs).sum(-1, keepdim=True).expand(*inputs.shape[:-1], inputs.shape[-2])
-''',
-        "only handles exactly one batch dimension": '''
+''', 'values differ'),
+        "only handles exactly one batch dimension": wrong('''
 def attention_scores(inputs):
     return torch.bmm(inputs, inputs.transpose(1, 2))
-''',
+''', 'your code raised'),
     },
 }
 

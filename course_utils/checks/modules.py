@@ -1,0 +1,229 @@
+"""Checks every causal attention module must pass (notebooks 04, 05 and 06).
+
+A module exercise is more than its outputs: its output must be finite, its mask a registered
+buffer cut to the input's length, dropout active only in ``train()``, no position may see the
+future, a too-long input must raise, and everything must move with ``.to(dtype)`` and
+``.to(device)``. Each check names the mistake it finds; :func:`check_module_class` runs them all in
+an order where a symptom is never blamed on the wrong cause (NaN is looked at first).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Sequence
+
+import torch
+
+from course_utils.checks import expected as _expected
+from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
+    Case,
+    CheckFailed,
+    build_student,
+    call_student,
+    check_causal,
+    check_rules,
+    compare_module,
+    construct,
+    describe_shape,
+    expect,
+    fail,
+    module_output,
+    passed,
+    rand,
+    tensor_difference,
+)
+
+__all__ = [
+    "check_finite",
+    "check_mask_buffer",
+    "check_moves_with_module",
+    "check_truncated",
+    "check_too_long_raises",
+    "check_dropout_modes",
+    "check_causal_module",
+    "check_module_class",
+    "run_module",
+]
+
+
+def run_module(exercise: str, module: torch.nn.Module, x: torch.Tensor, what: str, seed: int = 7) -> object:
+    """Call ``module(x)`` under a fixed seed, turning errors into a readable failure."""
+    torch.manual_seed(seed)
+    return call_student(exercise, module, Case(what, (x.clone(),)))
+
+
+def check_finite(exercise: str, module: torch.nn.Module, x: torch.Tensor, where: str) -> None:
+    """In ``eval()`` mode the output must be free of NaN and inf; say which position is not.
+
+    Checked before anything else compares outputs: NaN is never equal to NaN, so a later check would
+    blame the symptom on dropout or on the values.
+    """
+    module.eval()
+    out = run_module(exercise, module, x, f"{where}, eval()")
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return
+    bad = ~torch.isfinite(out)
+    if not bad.any():
+        return
+    b, t = (bad.nonzero()[0].tolist() + [0, 0])[:2]
+    what = "NaN" if torch.isnan(out).any() else "inf"
+    rows = sorted({int(i) for i in bad.nonzero()[:, 1].tolist()}) if out.dim() >= 2 else []
+    cause = ""
+    if rows == [0]:
+        cause = (" Only position 0 is affected: its row of scores is all -inf, so the softmax divides 0 by 0. "
+                 "The diagonal is masked too: a token must see itself. Mask only j > i (triu with diagonal=1)")
+    elif what == "NaN":
+        cause = " A softmax over a row of scores that is all -inf gives NaN: which positions can each row see?"
+    fail(exercise, f"{where}: the output holds {what} (first at batch {b}, position {t}; positions {rows[:8]}).{cause}")
+
+
+def check_mask_buffer(exercise: str, module: torch.nn.Module, context_length: int, where: str) -> None:
+    """The ``(context_length, context_length)`` mask must be a registered, persistent buffer."""
+    shape = (context_length, context_length)
+    for name, value in vars(module).items():
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
+            fail(exercise, f"{where}: mask is a plain attribute, not a buffer: `self.{name} = ...` is not saved in "
+                           f"state_dict and stays behind when the module moves with .to(device). Use "
+                           f"self.register_buffer('{name}', ...)")
+    buffers = [name for name, b in module.named_buffers() if tuple(b.shape) == shape]
+    if not buffers:
+        found = [f"{n} {tuple(b.shape)}" for n, b in module.named_buffers()]
+        fail(exercise, f"{where}: no buffer of shape {shape} found (buffers: {found or 'none'}). Build the mask for "
+                       f"context_length in __init__ and register it with self.register_buffer('mask', ...)")
+    keys = module.state_dict().keys()
+    missing = [n for n in buffers if n not in keys]
+    if len(missing) == len(buffers):
+        fail(exercise, f"{where}: the mask buffer '{missing[0]}' is not in state_dict (persistent=False?). "
+                       f"Register it as an ordinary buffer so that a saved model keeps it")
+
+
+def check_moves_with_module(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor,
+                            where: str) -> None:
+    """``.to(torch.float64)`` and ``.to('meta')`` must carry everything the forward pass needs."""
+    case = Case("float64 input", (x.to(torch.float64),), build=build)
+    want = expect(exercise, f"after .to(torch.float64): {case.key()}",
+                  lambda: module_output(construct(_expected.reference(exercise), build).to(torch.float64), case))
+    s64 = copy.deepcopy(student).to(torch.float64).eval()
+    got = run_module(exercise, s64, x.to(torch.float64), f"{where}, after .to(torch.float64)")
+    problem = tensor_difference(want, got)
+    if problem:
+        fail(exercise, f"{where}: after module.to(torch.float64) with a float64 input: {problem}. "
+                       f"Do not fix a dtype inside forward; let the buffers and parameters follow the module")
+    meta = copy.deepcopy(student).to("meta").eval()
+    left = [f"{n} ({v.device})" for n, v in list(meta.named_parameters()) + list(meta.named_buffers())
+            if v.device.type != "meta"]
+    left += [f"{n} ({v.device})" for n, v in vars(meta).items() if isinstance(v, torch.Tensor)]
+    if left:
+        fail(exercise, f"{where}: after module.to('meta') these tensors stayed behind: {left}. On a GPU they would stay "
+                       f"on the CPU. Make them parameters or buffers")
+    try:
+        torch.manual_seed(7)
+        meta(x.to("meta"))
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
+                       f"{type(exc).__name__}: {exc}. Every tensor forward uses must move with the module "
+                       f"(a buffer), or be created on x.device")
+
+
+def _forward_raises(student: torch.nn.Module, x: torch.Tensor, exercise: str) -> Exception | None:
+    """The exception ``student(x)`` raises in ``eval()`` mode, or ``None``."""
+    student.eval()
+    try:
+        torch.manual_seed(7)
+        student(x.clone())
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def check_truncated(exercise: str, student: torch.nn.Module, x_short: torch.Tensor, context_length: int,
+                    where: str) -> None:
+    """An input shorter than ``context_length`` must work (the mask is cut to ``[:T, :T]``)."""
+    exc = _forward_raises(student, x_short, exercise)
+    if exc is not None:
+        fail(exercise, f"{where}: mask not truncated to num_tokens? With T={x_short.shape[1]} tokens and "
+                       f"context_length={context_length} your forward raised {type(exc).__name__}: {exc}. "
+                       f"Slice the buffer to mask[:num_tokens, :num_tokens]")
+
+
+def check_too_long_raises(exercise: str, student: torch.nn.Module, d_in: int, context_length: int, where: str) -> None:
+    """An input with ``context_length + 1`` tokens must raise: the mask does not cover it."""
+    x = rand(1, context_length + 1, d_in, seed=77)
+    if _forward_raises(student, x, exercise) is None:
+        fail(exercise, f"{where}: an input of T = context_length + 1 = {context_length + 1} tokens returned "
+                       f"an output instead of raising an error. The mask covers only context_length "
+                       f"positions; is it rebuilt for every input instead of being a buffer?")
+
+
+def check_dropout_modes(exercise: str, student: torch.nn.Module, x: torch.Tensor, where: str) -> None:
+    """With dropout > 0: ``eval()`` must be deterministic, ``train()`` must not be."""
+    student.eval()
+    a = run_module(exercise, student, x, f"{where}, eval()", seed=1)
+    b = run_module(exercise, student, x, f"{where}, eval()", seed=2)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
+            not torch.allclose(a, b, equal_nan=True):
+        fail(exercise, f"{where}: dropout is active in eval() mode: two calls in eval() gave different outputs. "
+                       f"Use nn.Dropout, or F.dropout(weights, p, training=self.training)")
+    student.train()
+    a = run_module(exercise, student, x, f"{where}, train()", seed=1)
+    b = run_module(exercise, student, x, f"{where}, train()", seed=2)
+    student.eval()
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
+            torch.allclose(a, b, equal_nan=True):
+        fail(exercise, f"{where}: no dropout in train() mode: with dropout=0.5 two calls gave the same output. "
+                       f"Apply self.dropout to the attention weights")
+
+
+def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor) -> None:
+    """No output position may depend on later tokens (module in ``eval()`` mode)."""
+    student.eval()
+    try:
+        check_causal(exercise, lambda inp: student(inp), x)
+    except CheckFailed as err:
+        if "at position 0 " in str(err) and x.shape[1] > 2:
+            changed = x.clone()
+            changed[:, 2:] = rand(*changed[:, 2:].shape, seed=99) * 3
+            with torch.no_grad():
+                moved = (student(changed)[:, 1] - student(x)[:, 1]).abs().max().item()
+            if moved < 1e-5:
+                raise CheckFailed(f"{err} Only position 0 leaks: the diagonal is masked too, so row 0 has no "
+                                  f"allowed key left and spreads its weight over every token. Use triu with "
+                                  f"diagonal=1") from None
+            raise CheckFailed(f"{err} Every position leaks: is the mask applied to the scores at all?") from None
+        raise
+
+
+def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
+                       diagnose=None) -> None:
+    """Everything a causal attention class must satisfy, then the value comparison.
+
+    ``configs`` is a list of ``(constructor_args, cases)`` as for :func:`core.compare_module`; the
+    first config must have ``dropout > 0`` (the book's argument order: ``d_in, d_out,
+    context_length, dropout, ...``). Every config's module is checked for a finite output, a mask
+    buffer and causality before values are compared.
+    """
+    check_rules(exercise, cls)
+    first = configs[0][0]
+    d_in, context_length = first[0], first[2]
+    where = f"built with {first}"
+    student = build_student(exercise, cls, first)
+    x_full = rand(2, context_length, d_in, seed=71)
+    x_short = rand(2, max(1, context_length - 2), d_in, seed=72)
+    check_mask_buffer(exercise, student, context_length, where)
+    check_truncated(exercise, student, x_short, context_length, where)
+    check_finite(exercise, student, x_full, where)
+    check_dropout_modes(exercise, student, x_full, where)
+    check_causal_module(exercise, student, x_full)
+    check_too_long_raises(exercise, student, d_in, context_length, where)
+    for build, cases in configs[1:]:
+        other = build_student(exercise, cls, build)
+        check_mask_buffer(exercise, other, build[2], f"built with {build}")
+        for case in cases:
+            check_finite(exercise, other, case.args[0], f"built with {build}, {case.name}")
+    compare_module(exercise, cls, configs, train=True, quiet=True, diagnose=diagnose)
+    check_moves_with_module(exercise, student, first, x_short, where)
+    passed(exercise, f"outputs agree in eval() and train() mode for {len(configs)} constructions; the mask is a buffer, "
+                     f"cut to the input's length, and no position sees the future")

@@ -1,0 +1,62 @@
+"""The student edition's self-checks say exactly what the instructor edition's say.
+
+Every answer in tests/wrong_answers, wrong and right, goes through the visible checks twice: with
+expected values computed live from the reference (instructor edition) and read from a fresh
+recording (student edition). Verdict and message must be identical: the recording holds every
+value the checks need, including the outputs of the known mistakes that name a student's error.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from course_utils.checks import expected
+from grader import course, record
+from tests import harness
+from tests.wrong_answers import load
+
+NOTEBOOKS = course.available_notebooks()
+
+
+def _answers():
+    for notebook in NOTEBOOKS:
+        module = load(notebook)
+        if module is None:
+            continue
+        for kind in ("WRONG", "RIGHT"):
+            for exercise, answers in getattr(module, kind).items():
+                for label, source in answers.items():
+                    yield pytest.param(notebook, exercise, source, id=f"{notebook[:2]}-{exercise}-{kind.lower()}-{label}")
+
+
+@pytest.fixture(scope="module")
+def fresh_recording(tmp_path_factory):
+    """A function that records a notebook now (once), into a temporary folder that the recorded
+    checks read from while the tests of this module run."""
+    folder = tmp_path_factory.mktemp("expected")
+    saved = expected.DATA_DIR
+    expected.DATA_DIR = folder
+    expected.forget_loaded()
+
+    def ensure(notebook: str) -> None:
+        if not expected.data_file(notebook, folder).exists():
+            record.write([notebook], folder)
+
+    yield ensure
+    expected.DATA_DIR = saved
+    expected.forget_loaded()
+
+
+@pytest.mark.parametrize("notebook, exercise, source", list(_answers()))
+def test_recorded_checks_say_what_live_checks_say(fresh_recording, notebook, exercise, source):
+    fresh_recording(notebook)
+    with expected.using(expected.LIVE):
+        live = harness.check_verdict(notebook, exercise, source)
+    with expected.using(expected.RECORDED):
+        recorded = harness.check_verdict(notebook, exercise, source)
+    assert recorded == live
+
+
+def test_recorded_mode_never_touches_the_reference(fresh_recording):
+    with expected.using(expected.RECORDED), pytest.raises(expected.InstructorOnly, match="not used by the student"):
+        expected.reference("dot")
