@@ -8,6 +8,11 @@ diffs, reviewable in a pull request. Cell markers carry the nbgrader role in sho
     # %% grade_id="test_dot" points=2   -> a locked test cell worth 2 points; hidden tests go
                                            between ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN TESTS``
     # %% setup=true                     -> replaced by the Colab set-up cell (grader/templates)
+    # %% shows="SelfAttention_v2"        -> "where we left off": the cell's own lines, then the source of
+                                           each named class or function, read from course_utils.reference
+                                           (or ``module:Name`` from another module) when the notebook is
+                                           built. Only earlier notebooks' answers may be shown this way;
+                                           the leak scan (tests/test_editions.py) holds that.
 
 :func:`build` turns that into nbgrader's cell metadata, executes the notebook top to bottom in a
 fresh kernel (nbclient), and writes ``solutions/NN_name.ipynb`` with its outputs.
@@ -15,6 +20,8 @@ fresh kernel (nbclient), and writes ``solutions/NN_name.ipynb`` with its outputs
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 from pathlib import Path
 
@@ -52,9 +59,20 @@ def nbgrader_metadata(cell: nbformat.NotebookNode) -> dict | None:
 
 
 def setup_cell_source() -> str:
-    """The Colab set-up cell, with the repository URL from pyproject.toml filled in."""
+    """The Colab set-up cell, with the student edition's address from pyproject.toml filled in."""
     template = (Path(__file__).parent / "templates" / "setup_cell.py").read_text(encoding="utf-8")
-    return template.replace("{repository_url}", course.repository_url()).rstrip("\n")
+    return template.replace("{student_edition_url}", course.project_url("Student edition")).rstrip("\n")
+
+
+def shown_source(names: str) -> str:
+    """The source code of each object named in ``names`` (space-separated; ``Name`` in
+    ``course_utils.reference`` or ``module:Name``), one after the other."""
+    parts = []
+    for name in names.split():
+        module, _, attr = name.rpartition(":")
+        obj = getattr(importlib.import_module(module or "course_utils.reference"), attr)
+        parts.append(inspect.getsource(obj).rstrip("\n"))
+    return "\n\n\n".join(parts)
 
 
 def source_to_notebook(path: Path) -> nbformat.NotebookNode:
@@ -68,6 +86,9 @@ def source_to_notebook(path: Path) -> nbformat.NotebookNode:
     for index, cell in enumerate(nb.cells):
         if cell.metadata.get("setup"):
             cell.source = setup_cell_source()
+        if cell.metadata.get("shows"):
+            own = cell.source.rstrip("\n")
+            cell.source = (own + "\n\n\n" if own else "") + shown_source(cell.metadata["shows"])
         meta = nbgrader_metadata(cell) if cell.cell_type == "code" else None
         tags = list(cell.metadata.get("tags", []))  # e.g. "nbval-ignore-output" on timing cells
         cell.metadata = {"nbgrader": meta} if meta else {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 #: The course's notebooks (file stems), as fixed by COURSE_DESIGN.md. Each is one nbgrader assignment.
@@ -41,13 +40,15 @@ def available_notebooks() -> list[str]:
     return [name for name in NOTEBOOKS if (sources_dir() / f"{name}.py").exists()]
 
 
-def repository_url() -> str:
-    """The course repository's address, read from ``[project.urls] Repository`` in pyproject.toml."""
-    text = (repo_root() / "pyproject.toml").read_text(encoding="utf-8")
-    match = re.search(r'^Repository\s*=\s*"([^"]+)"', text, flags=re.M)
-    if not match:
-        raise RuntimeError("pyproject.toml has no [project.urls] Repository entry")
-    return match.group(1)
+def project_url(label: str) -> str:
+    """An address from ``[project.urls]`` in pyproject.toml, the one place the course keeps them."""
+    import tomllib
+
+    urls = tomllib.loads((repo_root() / "pyproject.toml").read_text(encoding="utf-8"))["project"].get("urls", {})
+    if label not in urls:
+        raise RuntimeError(f"pyproject.toml has no [project.urls] {label!r} entry")
+    return urls[label]
+
 
 
 #: Graded exercises of each notebook (COURSE_DESIGN.md): answer cells have these grade ids, test

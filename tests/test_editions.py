@@ -1,0 +1,233 @@
+"""Two editions from one source: the student edition gives no answer away, and works on its own.
+
+The student edition (``python -m grader release`` -> ``release/``) is built into a temporary
+folder, with the wheel ``pip`` builds from it, and scanned for solution code, reference code and
+hidden cases (grader/leaks.py). The scan is shown to find leaks planted on purpose. Then the
+edition is installed into a fresh virtual environment that holds nothing of the instructor
+edition, and every student notebook runs there top to bottom: as released, each check says "not
+implemented yet"; with the solution's answers pasted in, every check shows ✅.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_utils import reference
+from course_utils.checks import expected
+from grader import course, leaks, record
+from grader.edition import build_edition
+from tests import harness
+
+NOTEBOOKS = course.available_notebooks()
+
+
+@pytest.fixture(scope="module")
+def secrets():
+    return leaks.collect_secrets()
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    """The whole student edition, and the wheel pip builds from it."""
+    root = tmp_path_factory.mktemp("edition")
+    folder = build_edition(NOTEBOOKS, root / "release")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(root / "dist"), str(folder)], check=True)
+    (wheel,) = (root / "dist").glob("*.whl")
+    return folder, wheel
+
+
+def test_edition_holds_the_student_side_only(edition):
+    folder, wheel = edition
+    assert sorted(p.name for p in (folder / "notebooks").iterdir()) == [f"{n}.ipynb" for n in NOTEBOOKS]
+    assert not (folder / "course_utils" / "instructor").exists()
+    assert "raise ImportError" in (folder / "course_utils" / "reference.py").read_text()
+    assert sorted(p.stem for p in (folder / "course_utils" / "expected").glob("*.pt")) == NOTEBOOKS
+    for name in ("README.md", "Makefile", "pyproject.toml", "requirements.txt", "constraints.txt"):
+        assert (folder / name).is_file(), f"the student edition has no {name}"
+    assert f"torch=={torch.__version__.split('+')[0]}" in (folder / "requirements.txt").read_text()
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "course_utils/expected/01_dot_products.pt" in names, "the wheel must carry the recordings"
+    assert not any(n.startswith(("course_utils/instructor", "grader/")) for n in names)
+
+
+def test_package_stays_small(edition):
+    folder, wheel = edition
+    size = sum(p.stat().st_size for p in (folder / "course_utils").rglob("*") if p.is_file())
+    assert size < 2 * 1024 * 1024, f"the student package is {size / 1e6:.2f} MB, over 2 MB"
+    assert wheel.stat().st_size < 2 * 1024 * 1024
+
+
+def test_nothing_gives_an_answer_away(edition, secrets):
+    folder, wheel = edition
+    found = leaks.scan_edition(folder, wheel, secrets)
+    assert not found, "the student edition leaks:\n" + "\n".join(map(str, found))
+
+
+def test_the_scan_finds_planted_leaks(edition, secrets, tmp_path):
+    folder, _ = edition
+    copy = shutil.copytree(folder, tmp_path / "release")
+    solution = nbformat.read(course.solutions_dir() / "03_trainable_self_attention.ipynb", as_version=4)
+    answer = next(c.source for c in solution.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "SelfAttention_v1")
+    # Reformatted and commented: the scan normalises both away.
+    (copy / "course_utils" / "helpers_copy.py").write_text(
+        "# a helpful module\n" + leaks._solution_code(answer).replace("    ", "      ") + "  # done\n")
+    nb04 = nbformat.read(copy / "notebooks" / "04_causal_attention.ipynb", as_version=4)
+    import inspect
+
+    nb04.cells.append(nbformat.v4.new_code_cell(inspect.getsource(reference.CausalAttention)))  # its own answer
+    nb04.cells.append(nbformat.v4.new_code_cell(inspect.getsource(reference.SelfAttention_v2)))  # earlier: allowed
+    nbformat.write(nb04, copy / "notebooks" / "04_causal_attention.ipynb")
+    name = sorted(secrets.hidden_names)[0]
+    seed = sorted(secrets.hidden_seeds)[0]
+    (copy / "NOTES.md").write_text(f"cases = [Case({name!r}, rand(3, seed={seed}))]\n")
+    found = [str(leak) for leak in leaks.scan_edition(copy, None, secrets)]
+    assert any(f.startswith("course_utils/helpers_copy.py: six lines of the solution of 03") for f in found), found
+    assert any(f.startswith("notebooks/04_causal_attention.ipynb: the body of course_utils.reference CausalAttention")
+               for f in found), found
+    assert not any("SelfAttention_v2" in f for f in found), "notebook 04 may show notebook 03's answer"
+    assert any(f.startswith("NOTES.md: the name of a hidden case") for f in found), found
+    assert any(f == f"NOTES.md: seed={seed}, a seed of a hidden case" for f in found), found
+
+
+def test_a_release_follows_the_deadlines(tmp_path):
+    first = NOTEBOOKS[:3]
+    folder = build_edition(first, tmp_path / "release")
+    assert sorted(p.stem for p in (folder / "notebooks").glob("*.ipynb")) == first
+    assert sorted(p.stem for p in (folder / "course_utils" / "expected").glob("*.pt")) == first
+    for name in first:
+        assert f"`{name}`" in (folder / "README.md").read_text()
+
+
+def test_release_refuses_to_replace_a_folder_it_did_not_build(tmp_path):
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "thesis.tex").write_text("precious")
+    with pytest.raises(FileExistsError, match="not a student edition"):
+        build_edition(NOTEBOOKS[:1], tmp_path / "release")
+    assert (tmp_path / "release" / "thesis.tex").read_text() == "precious"
+
+
+def test_a_stale_recording_fails_check_release_and_names_the_notebook(tmp_path, monkeypatch, capsys):
+    name = NOTEBOOKS[0]
+    shutil.copytree(expected.DATA_DIR, tmp_path / "expected")
+    data = expected.load(tmp_path / "expected" / f"{name}.pt")
+    key = next(k for k, v in data.items() if isinstance(v, torch.Tensor))
+    data[key] = data[key] + 1
+    expected.save(data, tmp_path / "expected" / f"{name}.pt")
+    assert list(record.stale([name], tmp_path / "expected")) == [name]
+    monkeypatch.setattr(expected, "DATA_DIR", tmp_path / "expected")
+    from grader.cli import main
+
+    assert main(["check-release", name[:2]]) == 1
+    out = capsys.readouterr().out
+    assert f"course_utils/expected/{name}.pt is stale" in out and f"make build NOTEBOOKS={name[:2]}" in out
+    (tmp_path / "expected" / f"{name}.pt").unlink()
+    assert record.stale([name], tmp_path / "expected") == {name: f"{name}.pt is missing"}
+
+
+# ------------------------------------------------------------------------------------------------
+# The student edition on its own
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def student_env(edition, tmp_path_factory):
+    """A fresh virtual environment holding the student wheel and the third-party packages (torch,
+    Jupyter), but nothing of the instructor edition, and a Jupyter kernel that runs in it."""
+    _, wheel = edition
+    root = tmp_path_factory.mktemp("student-env")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # Third-party packages come from the course environment, read as a plain folder: its .pth files
+    # (the instructor edition's editable install among them) are not processed from there.
+    (site / "course_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)], check=True)
+    kernels = root / "jupyter" / "kernels" / "student-edition"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "student edition", "language": "python",
+        "env": {"PYTHONPATH": "", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}}))
+    return python, root
+
+
+def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", expected.MODE_VARIABLE)}
+    return subprocess.run([str(python), "-c", code], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_student_environment_has_no_answers(student_env, tmp_path):
+    python, _ = student_env
+    gone = _run(python, "import course_utils.reference", tmp_path)
+    assert gone.returncode != 0
+    assert "ImportError: course_utils.reference holds the course's answers and is not part of the student edition" \
+        in gone.stderr
+    for module in ("course_utils.instructor", "grader"):
+        assert _run(python, f"import {module}", tmp_path).returncode != 0, f"{module} is importable"
+    mode = _run(python, "from course_utils.checks import expected; print(expected.mode())", tmp_path)
+    assert mode.stdout.strip() == "recorded", mode.stderr
+    hidden = _run(python, "from course_utils import checks, data\n"
+                          "checks.check_dot(lambda x, y: (x * y).sum(), hidden=True)", tmp_path)
+    assert "hidden test cases of dot are used only when grading" in hidden.stderr
+
+
+def _execute(nb, kernel_root: Path, cwd: Path, allow_errors: bool):
+    from nbclient import NotebookClient
+
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(kernel_root / "jupyter")
+    try:
+        NotebookClient(nb, kernel_name="student-edition", timeout=300, allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old
+    return nb
+
+
+def _check_cells(nb) -> list:
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def _text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", "") if out.output_type == "stream" else
+                     out.get("evalue", "") if out.output_type == "error" else "")
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_student_notebook_runs_in_the_student_edition(student_env, edition, name, tmp_path):
+    python, root = student_env
+    folder, _ = edition
+    released = nbformat.read(folder / "notebooks" / f"{name}.ipynb", as_version=4)
+    stubs = _execute(nbformat.from_dict(json.loads(json.dumps(released))), root, tmp_path, allow_errors=True)
+    for cell in _check_cells(stubs):
+        assert "not implemented yet" in _text(cell), f"{name}: a check on a stub says: {_text(cell)[:300]}"
+    solution = harness.solution_notebook(name)
+    answers = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
+    solved = nbformat.from_dict(json.loads(json.dumps(released)))
+    for cell in solved.cells:
+        gid = harness.grade_id(cell)
+        if cell.metadata.get("nbgrader", {}).get("solution") and gid:
+            cell.source = "\n".join(line for line in answers[gid].splitlines() if "### " not in line)
+    _execute(solved, root, tmp_path, allow_errors=False)
+    for cell in _check_cells(solved):
+        assert "✅" in _text(cell) and "❌" not in _text(cell), f"{name}: {_text(cell)[:300]}"
