@@ -1,14 +1,11 @@
-"""Measuring attention: timing, FLOPs, throughput, memory, and the implementations to compare.
+"""Measuring attention: timing, FLOP arithmetic, throughput, GPU peaks, memory, and the
+correctness gate. Used by notebook 06.
 
-Used by notebook 06 and by the benchmark command::
-
-    python -m course_utils.bench --out bench-results
-
-which times every implementation over a sweep of sequence lengths on the best device present,
-after checking each one against the reference (a wrong implementation is reported, never timed),
-and writes ``attention_bench.json`` and ``attention_bench.png`` into the output folder.
-``python -m course_utils.bench --help`` lists the options (``--threads 1`` gives steadier numbers on
-a busy CPU; ``--broken-demo`` adds a deliberately wrong implementation to show the gate).
+Nothing here is an exercise's answer: the attention implementations that the benchmark compares,
+and the benchmark runner, are in the instructor edition (``course_utils.instructor.bench_impls``;
+notebook 06 shows the comparison classes it uses). ``python -m course_utils.bench --out DIR``
+(``make bench``) runs that benchmark where the instructor edition is installed, and says so where
+it is not.
 
 Timing rules this module follows (notebook 06 explains why):
     1. warm up first (the first calls pay for allocation, kernel selection and compilation);
@@ -21,32 +18,24 @@ Shape letters: ``b`` batch, ``T`` tokens, ``d`` model size, ``H`` heads, ``D`` h
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_utils import reference
 from course_utils.checks.core import tensor_difference
-from course_utils.device import describe_device, get_device
-from course_utils.validation import check_heads_divide, check_input_3d
 
 __all__ = [
     "Timing",
     "synchronize",
     "time_fn",
-    "attention_flops",
     "training_flops",
     "tflops_per_s",
     "GpuSpec",
@@ -65,15 +54,10 @@ __all__ = [
     "sdpa_backend_used",
     "sdpa_backends_available",
     "flex_attention_status",
-    "MHASDPAExplicitMask",
-    "MHAPyTorchClass",
-    "MHAFlexAttention",
+    "causal_mask_mod",
     "copy_weights",
-    "run_benchmark",
     "main",
 ]
-
-DEFAULT_OUT = "bench-results"
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,12 +163,6 @@ def time_fn(
 # --------------------------------------------------------------------------------------------
 # FLOPs and throughput
 # --------------------------------------------------------------------------------------------
-def attention_flops(batch: int, num_heads: int, seq_len: int, head_dim: int, causal: bool = True) -> int:
-    """Forward FLOPs of the attention core: ``4 * B * H * T^2 * D``, halved when causal.
-
-    Same as :func:`course_utils.reference.attention_flops` (notebook 06's exercise).
-    """
-    return reference.attention_flops(batch, num_heads, seq_len, head_dim, causal)
 
 
 def training_flops(forward_flops: int) -> int:
@@ -347,7 +325,7 @@ def max_seq_len_for_scores(
 # Correctness before speed
 # --------------------------------------------------------------------------------------------
 class IncorrectImplementation(AssertionError):
-    """An implementation's output differs from the reference, so it is not timed."""
+    """An implementation's output differs from the expected one, so it is not timed."""
 
 
 def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -485,73 +463,8 @@ def sdpa_backends_available(
 
 
 # --------------------------------------------------------------------------------------------
-# The implementations that are not exercises
+# FlexAttention, and weights shared between implementations
 # --------------------------------------------------------------------------------------------
-class MHASDPAExplicitMask(nn.Module):
-    """Like :class:`~course_utils.reference.MHAPyTorchSDPA`, but passing a boolean mask to SDPA.
-
-    SDPA's boolean ``attn_mask`` means True = "may attend", the opposite of the course's
-    ``causal_mask`` (True = blocked), hence the ``~``. With an arbitrary mask SDPA cannot assume
-    the causal pattern, so it may pick a slower kernel than with ``is_causal=True``.
-    Input ``(b, T, d_in)``, output ``(b, T, d_out)``; parameters as in ``MHAPyTorchSDPA``.
-    """
-
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
-    ):
-        super().__init__()
-        check_heads_divide(d_out, num_heads)
-        self.d_in, self.d_out, self.num_heads = d_in, d_out, num_heads
-        self.head_dim = d_out // num_heads
-        self.context_length = context_length
-        self.dropout = dropout
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.register_buffer("mask", reference.causal_mask(context_length))  # True = future, blocked
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (b, H, T, D)
-        allowed = ~self.mask[:T, :T]  # (T, T), True = may attend
-        dropout_p = self.dropout if self.training else 0.0
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        return self.out_proj(reference.merge_heads(context))
-
-
-class MHAPyTorchClass(nn.Module):
-    """Multi-head causal attention with PyTorch's ``nn.MultiheadAttention``.
-
-    ``nn.MultiheadAttention`` needs ``d_in == d_out`` (its ``embed_dim``); its one ``bias`` flag
-    covers both the input and the output projection, so it is built with ``bias=True`` and the
-    input bias is zeroed when ``qkv_bias=False`` (the course's ``out_proj`` always has a bias).
-    Its boolean ``attn_mask`` means True = NOT allowed, the same convention as ``causal_mask``.
-    ``need_weights=False`` lets it call SDPA instead of materialising the weights.
-    Input ``(b, T, d)``, output ``(b, T, d)``.
-    """
-
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
-    ):
-        super().__init__()
-        if d_in != d_out:
-            raise ValueError(f"nn.MultiheadAttention needs d_in == d_out, got {d_in} and {d_out}")
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.multihead_attn = nn.MultiheadAttention(
-            embed_dim=d_out, num_heads=num_heads, dropout=dropout, bias=True, batch_first=True
-        )
-        if not qkv_bias:
-            with torch.no_grad():
-                self.multihead_attn.in_proj_bias.zero_()
-            self.multihead_attn.in_proj_bias.requires_grad_(False)
-        self.register_buffer("mask", reference.causal_mask(context_length))  # True = blocked
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        out, _ = self.multihead_attn(x, x, x, attn_mask=self.mask[:T, :T], need_weights=False, is_causal=True)
-        return out
-
-
 def flex_attention_status(device: torch.device | str, compile: bool | None = None) -> tuple[bool, str]:
     """Whether FlexAttention runs here: ``(True, how)`` or ``(False, why not)``.
 
@@ -567,7 +480,7 @@ def flex_attention_status(device: torch.device | str, compile: bool | None = Non
         return False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({exc}); it needs torch >= 2.5"
     try:
         q = torch.randn(1, 1, 128, 16, device=device)
-        block_mask = create_block_mask(_causal_mask_mod, None, None, 128, 128, device=device)
+        block_mask = create_block_mask(causal_mask_mod, None, None, 128, 128, device=device)
         fn = torch.compile(flex_attention) if compile else flex_attention
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -583,55 +496,9 @@ def flex_attention_status(device: torch.device | str, compile: bool | None = Non
     return True, f"eager on {device.type}: unfused, it materialises the scores (compile it for speed)"
 
 
-def _causal_mask_mod(b, h, q_idx, kv_idx):
-    """FlexAttention ``mask_mod``: True where query ``q_idx`` may see key ``kv_idx``."""
+def causal_mask_mod(b, h, q_idx, kv_idx):
+    """FlexAttention ``mask_mod``: True where query ``q_idx`` may see key ``kv_idx`` (not a later one)."""
     return q_idx >= kv_idx
-
-
-class MHAFlexAttention(nn.Module):
-    """Multi-head causal attention with FlexAttention (``torch.nn.attention.flex_attention``).
-
-    The causal pattern is a ``mask_mod`` function, turned into a block-sparse ``BlockMask`` once
-    per sequence length; blocks entirely in the future are skipped, not computed and masked.
-    ``compile=True`` wraps ``flex_attention`` in ``torch.compile`` (needed for the fused kernel).
-    No dropout: FlexAttention has no ``dropout_p``. Parameters as in ``MHAPyTorchSDPA``.
-    Input ``(b, T, d_in)``, output ``(b, T, d_out)``.
-    """
-
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
-        qkv_bias: bool = False, compile: bool = False,
-    ):
-        super().__init__()
-        from torch.nn.attention.flex_attention import flex_attention
-
-        check_heads_divide(d_out, num_heads)
-        if dropout:
-            raise ValueError("FlexAttention has no dropout; build MHAFlexAttention with dropout=0.0")
-        self.d_in, self.d_out, self.num_heads = d_in, d_out, num_heads
-        self.head_dim = d_out // num_heads
-        self.context_length = context_length
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self._flex = torch.compile(flex_attention) if compile else flex_attention
-        self._block_masks: dict = {}
-
-    def _block_mask(self, T: int, device: torch.device):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        key = (T, str(device))
-        if key not in self._block_masks:
-            self._block_masks[key] = create_block_mask(_causal_mask_mod, None, None, T, T, device=device)
-        return self._block_masks[key]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (b, H, T, D)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            context = self._flex(q, k, v, block_mask=self._block_mask(T, x.device))
-        return self.out_proj(reference.merge_heads(context))
 
 
 def copy_weights(source: nn.Module, target: nn.Module) -> nn.Module:
@@ -639,7 +506,8 @@ def copy_weights(source: nn.Module, target: nn.Module) -> nn.Module:
     (``W_query``, ``W_key``, ``W_value``, ``out_proj``), so that both compute the same function.
 
     Handles targets with separate projections (``W_query``...), a combined ``qkv`` layer (rows
-    ``[W_query; W_key; W_value]``), and :class:`MHAPyTorchClass`. Returns ``target``.
+    ``[W_query; W_key; W_value]``), and a wrapper of ``nn.MultiheadAttention`` kept in
+    ``target.multihead_attn`` (``MHAPyTorchClass``). Returns ``target``.
     """
     ws = [getattr(source, n).weight for n in ("W_query", "W_key", "W_value")]
     bs = [getattr(source, n).bias for n in ("W_query", "W_key", "W_value")]
@@ -647,7 +515,7 @@ def copy_weights(source: nn.Module, target: nn.Module) -> nn.Module:
         if hasattr(target, "W_query"):
             target.load_state_dict(source.state_dict())
             return target
-        if isinstance(target, MHAPyTorchClass):
+        if isinstance(getattr(target, "multihead_attn", None), nn.MultiheadAttention):
             mha = target.multihead_attn
             mha.in_proj_weight.copy_(torch.cat(ws, dim=0))
             mha.in_proj_bias.copy_(torch.cat(bs) if bs[0] is not None else torch.zeros_like(mha.in_proj_bias))
@@ -664,327 +532,25 @@ def copy_weights(source: nn.Module, target: nn.Module) -> nn.Module:
 
 
 # --------------------------------------------------------------------------------------------
-# The benchmark
+# The benchmark command
 # --------------------------------------------------------------------------------------------
-#: name -> constructor with the book's signature. Flex is added when it runs on the device.
-IMPLEMENTATIONS: dict[str, Callable[..., nn.Module]] = {
-    "notebook05_mha": reference.MultiHeadAttention,
-    "combined_qkv": reference.MultiHeadAttentionCombinedQKV,
-    "einsum": reference.MultiHeadAttentionEinsum,
-    "sdpa_is_causal": reference.MHAPyTorchSDPA,
-    "sdpa_explicit_mask": MHASDPAExplicitMask,
-    "nn_multiheadattention": MHAPyTorchClass,
-}
-
-
-class _BrokenSDPA(reference.MHAPyTorchSDPA):
-    """A deliberately wrong implementation (forgets ``is_causal``), to show the correctness gate."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self.out_proj(reference.merge_heads(F.scaled_dot_product_attention(q, k, v)))
-
-
-@dataclass
-class BenchConfig:
-    """Sizes and settings of one benchmark run."""
-
-    device: str
-    dtype: str
-    batch: int
-    d_model: int
-    num_heads: int
-    seq_lens: list[int]
-    modes: list[str]
-    warmup: int
-    repeats: int
-    compile: bool = False
-    broken_demo: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-
-@dataclass
-class BenchRow:
-    """One (implementation, mode, T) measurement, or why there is none."""
-
-    impl: str
-    mode: str
-    seq_len: int
-    status: str  # "ok", "wrong" (failed the correctness gate), "error" (raised), "skipped" (not supported here)
-    median_ms: float | None = None
-    min_ms: float | None = None  # the fastest repeat: a hint of how noisy the machine was
-    flops: int | None = None
-    tflops: float | None = None
-    percent_of_peak: float | None = None
-    peak_memory_bytes: int | None = None
-    message: str = ""
-
-
-@dataclass
-class BenchResult:
-    config: BenchConfig
-    environment: dict
-    rows: list[BenchRow] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"environment": self.environment, "config": asdict(self.config),
-                "results": [asdict(r) for r in self.rows]}
-
-
-def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if name not in table:
-        raise ValueError(f"dtype must be one of {sorted(table)}, got {name!r}")
-    return table[name]
-
-
-def build_implementations(config: BenchConfig, log: Callable[[str], None] = print) -> dict[str, nn.Module]:
-    """Every implementation, with weights copied from one seeded notebook-05 module, in ``config.dtype``."""
-    device, dtype = torch.device(config.device), _dtype(config.dtype)
-    args = (config.d_model, config.d_model, max(config.seq_lens), 0.0, config.num_heads)
-    torch.manual_seed(123)
-    source = reference.MultiHeadAttention(*args)
-    constructors = dict(IMPLEMENTATIONS)
-    ok, why = flex_attention_status(device, compile=config.compile or device.type == "cuda")
-    if ok:
-        compiled = config.compile or device.type == "cuda"
-        constructors["flex_attention"] = lambda *a: MHAFlexAttention(*a, compile=compiled)
-    else:
-        log(f"flex_attention skipped: {why}")
-    if config.broken_demo:
-        constructors["broken_no_causal"] = _BrokenSDPA
-    modules = {}
-    for name, make in constructors.items():
-        module = copy_weights(source, make(*args)).to(device=device, dtype=dtype).eval()
-        modules[name] = module
-        if config.compile and name in ("notebook05_mha", "sdpa_is_causal"):
-            modules[name + "+compile"] = torch.compile(module)
-    return modules
-
-
-def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> BenchResult:
-    """Check, then time, every implementation at every sequence length and mode.
-
-    The expected output at each ``T`` comes from the notebook-05 module in float32. An
-    implementation that disagrees gets ``status="wrong"`` and is not timed; one that raises gets
-    ``status="error"``; the rest are timed with :func:`time_fn`.
-    """
-    device, dtype = torch.device(config.device), _dtype(config.dtype)
-    environment = {
-        "device": describe_device(device),
-        "device_type": device.type,
-        "dtype": config.dtype,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_threads": torch.get_num_threads(),
-        "peak_tflops": peak_tflops(device, dtype),
-        "peak_source": (gpu_spec(device).source if gpu_spec(device) else None),
-    }
-    result = BenchResult(config, environment)
-    modules = build_implementations(config, log)
-    expected_module = modules["notebook05_mha"]
-    gen = torch.Generator().manual_seed(0)
-    for T in config.seq_lens:
-        x = torch.randn(config.batch, T, config.d_model, generator=gen).to(device)
-        expected = _expected_output(modules, x, dtype, log)
-        x = x.to(dtype)
-        fwd = attention_flops(config.batch, config.num_heads, T, config.head_dim, causal=True)
-        for name, module in modules.items():
-            try:
-                with torch.no_grad():
-                    got = module(x)
-            except Exception as exc:  # noqa: BLE001 - out of memory included: reported, not fatal
-                _free_memory(device)
-                for mode in config.modes:
-                    result.rows.append(BenchRow(name, mode, T, "error", message=f"{type(exc).__name__}: {exc}"[:200]))
-                continue
-            problem = verify(expected, got)
-            if problem:
-                for mode in config.modes:
-                    result.rows.append(BenchRow(name, mode, T, "wrong", message=problem[:200]))
-                continue
-            for mode in config.modes:
-                result.rows.append(_measure(name, module, x, mode, fwd, device, dtype, config))
-        log(f"T={T}: done")
-    return result
-
-
-def _expected_output(modules: dict[str, nn.Module], x: torch.Tensor, dtype: torch.dtype,
-                     log: Callable[[str], None]) -> torch.Tensor:
-    """The notebook-05 module's output in float32; if its (T, T) matrices do not fit in memory,
-    the SDPA module's output in float32 (both were checked against each other at smaller T)."""
-    for name in ("notebook05_mha", "sdpa_is_causal"):
-        module = modules[name]
-        try:
-            with torch.no_grad():
-                return module.float()(x)
-        except torch.cuda.OutOfMemoryError:
-            _free_memory(x.device)
-            log(f"T={x.shape[1]}: {name} in float32 ran out of memory for the expected output; trying the next")
-        finally:
-            module.to(dtype)
-    raise RuntimeError(f"no reference output fits in memory at T={x.shape[1]}")
-
-
-def _free_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _measure(name, module, x, mode, fwd_flops, device, dtype, config) -> BenchRow:
-    if mode == "inference":
-        def step():
-            with torch.no_grad():
-                return module(x)
-        flops = fwd_flops
-    elif mode == "training":
-        xg = x.detach().clone().requires_grad_(True)
-
-        def step():
-            out = module(xg)
-            out.float().sum().backward()
-            return out
-        flops = training_flops(fwd_flops)
-    else:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    try:
-        timing = time_fn(step, device=device, warmup=config.warmup, repeats=config.repeats)
-        memory = peak_memory(step, device)
-    except NotImplementedError as exc:  # e.g. FlexAttention has no backward on a CPU
-        return BenchRow(name, mode, x.shape[1], "skipped", message=f"not supported here: {exc}"[:200])
-    except Exception as exc:  # noqa: BLE001 - out of memory included: reported, not fatal
-        _free_memory(device)
-        return BenchRow(name, mode, x.shape[1], "error", message=f"{type(exc).__name__}: {exc}"[:200])
-    finally:
-        module.zero_grad(set_to_none=True)
-    achieved = tflops_per_s(flops, timing.median_s)
-    return BenchRow(name, mode, x.shape[1], "ok", timing.median_ms, 1e3 * min(timing.times_s), flops, achieved,
-                    percent_of_peak(achieved, peak_tflops(device, dtype)), memory.peak_bytes)
-
-
-def format_table(result: BenchResult, mode: str, baseline: str = "sdpa_is_causal") -> str:
-    """Median ms per implementation (rows) and T (columns), plus each one's time relative to
-    ``baseline`` at the largest T (``2.0x`` = twice as slow)."""
-    rows = [r for r in result.rows if r.mode == mode]
-    seq_lens = sorted({r.seq_len for r in rows})
-    impls = list(dict.fromkeys(r.impl for r in rows))
-    cell = {(r.impl, r.seq_len): r for r in rows}
-    t_max = seq_lens[-1] if seq_lens else 0
-    base = cell.get((baseline, t_max))
-    header = f"{'implementation':24s}" + "".join(f"{'T=' + str(t):>11s}" for t in seq_lens) + f"{'vs SDPA @T=' + str(t_max):>17s}"
-    lines = [f"{mode} (median ms; TFLOP/s at T={t_max} in brackets)", header, "-" * len(header)]
-    for impl in impls:
-        line = f"{impl:24s}"
-        for t in seq_lens:
-            r = cell.get((impl, t))
-            line += f"{(f'{r.median_ms:.3f}' if r and r.status == 'ok' else (r.status.upper() if r else '-')):>11s}"
-        r = cell.get((impl, t_max))
-        if r and r.status == "ok" and base and base.status == "ok":
-            line += f"{r.median_ms / base.median_ms:>8.2f}x [{r.tflops:.3g}]".rjust(17)
-        elif r and r.status != "ok":
-            line += f"  {r.message[:60]}"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def plot_results(result: BenchResult, path: Path) -> None:
-    """Median time vs T, log-log, one panel per mode; saved as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    modes = list(dict.fromkeys(r.mode for r in result.rows))
-    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6 * max(1, len(modes)), 4.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        rows = [r for r in result.rows if r.mode == mode and r.status == "ok"]
-        for impl in dict.fromkeys(r.impl for r in rows):
-            pts = sorted((r.seq_len, r.median_ms) for r in rows if r.impl == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel("median time (ms)")
-        ax.set_title(f"{mode}: {result.environment['device']}, {result.environment['dtype']}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def default_config(device: torch.device, dtype: str | None = None) -> BenchConfig:
-    """Sizes that finish in a few minutes: GPT-2-small-like on a GPU, smaller on a CPU."""
-    if device.type == "cuda":
-        # BF16 needs Ampere (compute capability 8) or newer; a T4 (7.5) gets FP16.
-        chosen = dtype or ("bfloat16" if torch.cuda.get_device_capability(device)[0] >= 8 else "float16")
-        return BenchConfig(str(device), chosen, batch=8, d_model=768, num_heads=12, seq_lens=[256, 512, 1024, 2048, 4096],
-                           modes=["inference", "training"], warmup=5, repeats=20)
-    return BenchConfig(str(device), dtype or "float32", batch=2, d_model=256, num_heads=8,
-                       seq_lens=[128, 256, 512, 1024], modes=["inference", "training"], warmup=2, repeats=5)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: ``python -m course_utils.bench [--out DIR] ...``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils.bench",
-        description="Check, then time, every attention implementation of notebook 06 over a sweep of "
-                    "sequence lengths; write attention_bench.json and attention_bench.png into --out.",
-    )
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT}/)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: the best available)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                        help="default: bfloat16 (or float16) on a GPU, float32 on a CPU")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=None, help="sequence lengths to sweep")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--d-model", type=int, default=None)
-    parser.add_argument("--num-heads", type=int, default=None)
-    parser.add_argument("--modes", nargs="+", default=None, choices=["inference", "training"])
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for PyTorch (torch.set_num_threads); 1 is steadier on a busy machine")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd versions (slow to compile on a CPU)")
-    parser.add_argument("--broken-demo", action="store_true",
-                        help="add a deliberately wrong implementation to show that it is reported, not timed")
-    args = parser.parse_args(argv)
+    """``python -m course_utils.bench [--out DIR] ...``: the benchmark of notebook 06's implementations.
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = get_device(args.device)
-    config = default_config(device, args.dtype)
-    for attr in ("seq_lens", "batch", "d_model", "num_heads", "modes", "warmup", "repeats"):
-        value = getattr(args, attr)
-        if value is not None:
-            setattr(config, attr, value)
-    config.compile, config.broken_demo = args.compile, args.broken_demo
-    check_heads_divide(config.d_model, config.num_heads)
-    torch.manual_seed(0)
-
-    print(f"device: {describe_device(device)}, dtype {config.dtype}, torch {torch.__version__}")
-    print(f"batch {config.batch}, d_model {config.d_model}, heads {config.num_heads} (head_dim {config.head_dim}), "
-          f"T in {config.seq_lens}, {config.warmup} warm-up + median of {config.repeats}")
-    result = run_benchmark(config)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out / "attention_bench.json", out / "attention_bench.png"
-    json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
-    plot_results(result, png_path)
-    for mode in config.modes:
-        print()
-        print(format_table(result, mode))
-    print()
-    for status, what in (("wrong", "not timed, output differs from the reference"), ("error", "not timed, raised an error"),
-                         ("skipped", "not timed, not supported on this device")):
-        names = sorted({r.impl for r in result.rows if r.status == status})
-        if names:
-            print(f"{what}: {', '.join(names)}")
-    print(f"wrote {json_path} and {png_path}")
-    return 0
+    The runner compares the exercises' answers, so it lives in the instructor edition
+    (``course_utils.instructor.bench_impls``); it is imported only here, when the command runs.
+    Where it is missing (the student edition), exit with a one-line message.
+    """
+    try:
+        from course_utils.instructor.bench_impls import main as run
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("course_utils.instructor"):
+            raise
+        raise SystemExit(
+            "python -m course_utils.bench: the benchmark runner is part of the instructor edition of the "
+            "course; notebook 06 times the implementations itself."
+        ) from None
+    return run(argv)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
 """course_utils.bench: timing with a fake clock, FLOPs, peaks, memory arithmetic, the correctness
-gate, SDPA backend detection, the non-exercise implementations, and the benchmark command."""
+gate, SDPA backend detection; course_utils.instructor.bench_impls: the non-exercise
+implementations and the benchmark command; and that course_utils.bench holds no answers."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from course_utils import bench, reference
+from course_utils.instructor import bench_impls
 
 GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA events, max_memory_allocated)")
 
@@ -68,9 +73,9 @@ def test_time_fn_uses_cuda_events_on_gpu():
 
 # ------------------------------------------------------------------------------------ FLOPs, peaks
 def test_flops_and_throughput():
-    assert bench.attention_flops(1, 1, 4, 2, causal=False) == 128
-    assert bench.attention_flops(1, 1, 4, 2) == 64
-    assert bench.attention_flops(8, 12, 1024, 64) == reference.attention_flops(8, 12, 1024, 64)
+    assert bench_impls.attention_flops(1, 1, 4, 2, causal=False) == 128
+    assert bench_impls.attention_flops(1, 1, 4, 2) == 64
+    assert bench_impls.attention_flops(8, 12, 1024, 64) == reference.attention_flops(8, 12, 1024, 64)
     assert bench.training_flops(10) == 30
     assert bench.tflops_per_s(2e12, 0.5) == pytest.approx(4.0)
     with pytest.raises(ValueError):
@@ -193,7 +198,7 @@ def test_every_variant_matches_notebook05_after_copy_weights(name, qkv_bias):
     torch.manual_seed(1)
     args = (8, 8, 10, 0.0, 2, qkv_bias)
     source = reference.MultiHeadAttention(*args).eval()
-    target = bench.copy_weights(source, bench.IMPLEMENTATIONS[name](*args)).eval()
+    target = bench.copy_weights(source, bench_impls.IMPLEMENTATIONS[name](*args)).eval()
     for T in (10, 7):
         x = torch.rand(3, T, 8)
         with torch.no_grad():
@@ -202,7 +207,7 @@ def test_every_variant_matches_notebook05_after_copy_weights(name, qkv_bias):
 
 def test_nn_multiheadattention_needs_square_projection():
     with pytest.raises(ValueError, match="d_in == d_out"):
-        bench.MHAPyTorchClass(4, 8, 6, 0.0, 2)
+        bench_impls.MHAPyTorchClass(4, 8, 6, 0.0, 2)
 
 
 def test_flex_attention_status_is_a_decision_with_a_reason():
@@ -211,7 +216,7 @@ def test_flex_attention_status_is_a_decision_with_a_reason():
     if ok:
         torch.manual_seed(2)
         source = reference.MultiHeadAttention(8, 8, 10, 0.0, 2).eval()
-        flex = bench.copy_weights(source, bench.MHAFlexAttention(8, 8, 10, 0.0, 2)).eval()
+        flex = bench.copy_weights(source, bench_impls.MHAFlexAttention(8, 8, 10, 0.0, 2)).eval()
         x = torch.rand(2, 9, 8)
         with torch.no_grad():
             assert bench.verify(source(x), flex(x)) is None
@@ -236,3 +241,38 @@ def test_benchmark_command_reports_a_wrong_implementation_and_writes_json_and_pn
     assert all(r["status"] == "ok" and r["median_ms"] > 0 and r["tflops"] > 0 and r["flops"] > 0 for r in timed)
     printed = capsys.readouterr().out
     assert "sdpa_is_causal" in printed and "WRONG" in printed and "vs SDPA" in printed
+
+
+# ------------------------------------------------------------------------- the student edition
+_WITHOUT_ANSWERS = textwrap.dedent("""
+    import sys
+    # The student edition has neither the answers nor the instructor package.
+    sys.modules["course_utils.reference"] = None
+    sys.modules["course_utils.instructor"] = None
+    from course_utils import bench
+    assert "course_utils.reference" not in [m for m in sys.modules if sys.modules[m] is not None]
+    try:
+        bench.main(["--out", "unused"])
+    except SystemExit as exc:
+        print("EXIT:", exc.code)
+    else:
+        print("ran the benchmark without the instructor edition")
+""")
+
+
+def test_bench_imports_without_the_answers_and_the_command_says_why_it_cannot_run():
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_ANSWERS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("EXIT:")]
+    assert len(lines) == 1 and "instructor edition" in lines[0], done.stdout
+    assert "\n" not in lines[0].removeprefix("EXIT:"), "one line"
+
+
+def test_comparison_classes_call_the_notebook_helpers_by_plain_name():
+    """Notebook 06 shows these classes' source; in the notebook, causal_mask and merge_heads are the
+    earlier notebooks' answers shown above them, so the source must not reach into the reference."""
+    import inspect
+
+    for cls in (bench_impls.MHASDPAExplicitMask, bench_impls.MHAPyTorchClass, bench_impls.MHAFlexAttention):
+        source = inspect.getsource(cls)
+        assert "reference" not in source and "bench." not in source, cls.__name__
