@@ -32,7 +32,6 @@ import torch.nn as nn
 
 from course_utils import checks, data, plotting
 from course_utils.device import describe_device, get_device
-from course_utils.reference import SelfAttention_v2  # the class you wrote in notebook 03
 
 torch.manual_seed(123)
 print("torch", torch.__version__)
@@ -48,6 +47,19 @@ print("torch", torch.__version__)
 # - weights `softmax(scores / sqrt(d_k))` along the last dimension: each row sums to 1;
 # - context vectors `weights @ V`, shape `(T, d_out)`.
 #
+# Here is that class, with the `scaled_dot_product_attention` it calls: our answer from notebook 03,
+# shown so that this notebook never depends on your own earlier answer. Run the cell.
+
+# %% shows="scaled_dot_product_attention SelfAttention_v2"
+# Our answer from notebook 03.
+import math
+
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_last_dim, check_rank_at_least, check_same_last_dim
+
+# %% [markdown]
 # We rebuild the book's module with seed 789 and look at its weights for our six-token sentence.
 
 # %%

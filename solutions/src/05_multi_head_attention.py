@@ -32,7 +32,6 @@ import torch
 import torch.nn as nn
 
 from course_utils import checks, data, plotting
-from course_utils.reference import CausalAttention  # the class you wrote in notebook 04
 
 torch.manual_seed(123)
 print("torch", torch.__version__)
@@ -43,7 +42,22 @@ print("torch", torch.__version__)
 # `CausalAttention(d_in, d_out, context_length, dropout)` takes a batch `(b, T, d_in)` and returns
 # context vectors `(b, T, d_out)`. Inside: queries, keys and values `(b, T, d_out)`, scores
 # `(b, T, T)` scaled by `1/sqrt(d_out)`, the future masked with `-inf` using a buffer cut to `[:T, :T]`,
-# softmax, dropout, and the weighted sum of the values. With seed 123 on the book's batch:
+# softmax, dropout, and the weighted sum of the values.
+#
+# Here is that class, with the `causal_mask` it builds its buffer with: our answer from notebook 04,
+# shown so that this notebook never depends on your own earlier answer. Run the cell.
+
+# %% shows="causal_mask CausalAttention"
+# Our answer from notebook 04.
+import math
+
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_input_3d
+
+# %% [markdown]
+# With seed 123 on the book's batch:
 
 # %%
 batch = data.book_batch()  # (2, 6, 3): the sentence twice

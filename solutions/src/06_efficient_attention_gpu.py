@@ -37,7 +37,6 @@ import torch.nn.functional as F
 
 from course_utils import bench, checks, data
 from course_utils.device import describe_device, get_device
-from course_utils.reference import MultiHeadAttention, MultiHeadAttentionEinsum, causal_mask, merge_heads
 
 _ = torch.manual_seed(123)
 
@@ -76,9 +75,8 @@ print(f"dtype {DTYPE}, batch {BATCH}, d_model {D_MODEL}, {NUM_HEADS} heads of {H
 # %% [markdown]
 # ## 1. Where notebook 05 left us
 #
-# `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)` (imported from the
-# reference, it is the class you wrote) makes **three** projections, splits each into heads,
-# and runs masked softmax attention on `(b, H, T, D)` tensors:
+# `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)` makes **three**
+# projections, splits each into heads, and runs masked softmax attention on `(b, H, T, D)` tensors:
 #
 # | step | shape |
 # |---|---|
@@ -87,6 +85,20 @@ print(f"dtype {DTYPE}, batch {BATCH}, d_model {D_MODEL}, {NUM_HEADS} heads of {H
 # | scores `Q @ K^T`, masked, softmaxed, dropout | `(b, H, T, T)` |
 # | `weights @ V`, heads merged, `out_proj` | `(b, T, d_out)` |
 #
+# Here is that class, with the helpers it calls (`causal_mask` from notebook 04, `split_heads` and
+# `merge_heads` from notebook 05): our answers from notebooks 04 and 05, shown so that this
+# notebook never depends on your own earlier answers. Run the cell.
+
+# %% shows="causal_mask split_heads merge_heads MultiHeadAttention"
+# Our answers from notebooks 04 and 05.
+import math
+
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
 # With the book's seed and sentence it prints the book's numbers:
 
 # %%
@@ -205,9 +217,16 @@ print("same output as notebook 05:", torch.allclose(combined(batch), mha(batch),
 # - scores: `einsum("bqhd,bkhd->bhqk", q, k)`: for each batch, head, query `q` and key `k`, sum over `d`;
 # - context: `einsum("bhqk,bkhd->bqhd", weights, v)`: for each query, sum over the keys `k`.
 #
-# No `transpose` needed: the output string says where each dimension goes. The reference
-# `MultiHeadAttentionEinsum` has the same parameters as `MultiHeadAttention`, so the same seed
-# gives the same weights:
+# No `transpose` needed: the output string says where each dimension goes. Our
+# `MultiHeadAttentionEinsum`, below, has the same parameters as `MultiHeadAttention` (it inherits
+# its constructor), so the same seed gives the same weights:
+
+# %% shows="MultiHeadAttentionEinsum"
+import math
+
+import torch
+
+from course_utils.validation import check_input_3d
 
 # %%
 torch.manual_seed(123)
@@ -308,13 +327,20 @@ checks.check_MHAPyTorchSDPA(MHAPyTorchSDPA, hidden=True)
 # %% [markdown]
 # ### SDPA with an explicit mask
 #
-# `bench.MHASDPAExplicitMask` is your class with one change: it keeps the causal mask as a buffer
+# `MHASDPAExplicitMask`, below, is your class with one change: it keeps the causal mask as a buffer
 # and passes `attn_mask=~self.mask[:T, :T]` instead of `is_causal=True`. Same result; but with an
 # arbitrary mask SDPA cannot skip the blocks above the diagonal and some fused kernels refuse a
 # mask, so it may run a slower backend. We time it below.
 
+# %% shows="course_utils.instructor.bench_impls:MHASDPAExplicitMask"
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_utils.validation import check_heads_divide, check_input_3d
+
 # %%
-explicit_mha = bench.copy_weights(mha, bench.MHASDPAExplicitMask(3, 2, 6, 0.0, 2))
+explicit_mha = bench.copy_weights(mha, MHASDPAExplicitMask(3, 2, 6, 0.0, 2))
 print("explicit-mask SDPA equals notebook 05:", torch.allclose(explicit_mha(batch), mha(batch), atol=1e-6))
 
 # %% [markdown]
@@ -330,14 +356,20 @@ print("explicit-mask SDPA equals notebook 05:", torch.allclose(explicit_mha(batc
 #   `causal_mask`, the opposite of SDPA's. Two PyTorch functions, two conventions: always check.
 #
 # With `need_weights=False` it does not return the `(T, T)` weights and can call SDPA inside;
-# with the default `need_weights=True` it must build them. `bench.MHAPyTorchClass` wraps it with
-# the book's constructor; `copy_weights` fills `in_proj_weight` from our three matrices.
+# with the default `need_weights=True` it must build them. `MHAPyTorchClass`, below, wraps it with
+# the book's constructor; `bench.copy_weights` fills `in_proj_weight` from our three matrices.
+
+# %% shows="course_utils.instructor.bench_impls:MHAPyTorchClass"
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_input_3d
 
 # %%
 torch.manual_seed(123)
 mha_square = MultiHeadAttention(d_in=4, d_out=4, context_length=6, dropout=0.0, num_heads=2)
 x_square = torch.rand(2, 6, 4)  # (b, T, d) with d_in == d_out
-torch_mha = bench.copy_weights(mha_square, bench.MHAPyTorchClass(4, 4, 6, 0.0, 2)).eval()
+torch_mha = bench.copy_weights(mha_square, MHAPyTorchClass(4, 4, 6, 0.0, 2)).eval()
 print("in_proj_weight:", tuple(torch_mha.multihead_attn.in_proj_weight.shape))
 print("nn.MultiheadAttention equals notebook 05:", torch.allclose(torch_mha(x_square), mha_square(x_square), atol=1e-6))
 out_blocked, _ = torch_mha.multihead_attn(x_square, x_square, x_square, attn_mask=~causal_mask(6), need_weights=False)
@@ -354,6 +386,19 @@ print("with SDPA's convention (~mask) instead, it sees the future:",
 # entirely in the future are skipped, not computed and thrown away. Sliding windows, document
 # masks or prefix-LM masks are one line each.
 #
+# `MHAFlexAttention`, below, is a multi-head attention module with the book's constructor whose core
+# is `flex_attention` with that causal `mask_mod` (`bench.causal_mask_mod`):
+
+# %% shows="course_utils.instructor.bench_impls:MHAFlexAttention"
+import warnings
+
+import torch
+import torch.nn as nn
+
+from course_utils.bench import causal_mask_mod
+from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
 # The fused kernel only exists under `torch.compile`, and compiling is slow on a CPU (many
 # seconds). Without compiling, FlexAttention still runs, but materialises the full score matrix:
 # correct, not fast. We try it and print what happened:
@@ -366,7 +411,7 @@ if FLEX_OK:
 
     block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, 256, 256, device="cpu")
     print(block_mask)  # which 128 x 128 blocks are computed
-    flex_mha = bench.copy_weights(mha, bench.MHAFlexAttention(3, 2, 6, 0.0, 2, compile=ON_GPU))
+    flex_mha = bench.copy_weights(mha, MHAFlexAttention(3, 2, 6, 0.0, 2, compile=ON_GPU))
     with torch.no_grad():  # on a CPU FlexAttention has no backward pass, so no graph either
         print("FlexAttention equals notebook 05:", torch.allclose(flex_mha(batch), mha(batch), atol=1e-6))
 
@@ -389,11 +434,11 @@ def build_all(d_model: int, context_length: int, num_heads: int) -> dict[str, nn
         "combined QKV": MultiHeadAttentionCombinedQKV(*args),
         "einsum": MultiHeadAttentionEinsum(*args),
         "SDPA is_causal": MHAPyTorchSDPA(*args),
-        "SDPA explicit mask": bench.MHASDPAExplicitMask(*args),
-        "nn.MultiheadAttention": bench.MHAPyTorchClass(*args),
+        "SDPA explicit mask": MHASDPAExplicitMask(*args),
+        "nn.MultiheadAttention": MHAPyTorchClass(*args),
     }
     if FLEX_OK:
-        variants["FlexAttention"] = bench.MHAFlexAttention(*args, compile=ON_GPU)
+        variants["FlexAttention"] = MHAFlexAttention(*args, compile=ON_GPU)
     return {name: bench.copy_weights(source, m).eval() for name, m in variants.items()}
 
 
@@ -408,15 +453,23 @@ for name, problem in verdicts.items():
 correct = {name: m for name, m in models.items() if verdicts[name] is None}
 
 # %% [markdown]
-# The gate also catches a bug. Here is SDPA with `is_causal` forgotten: `bench.checked_time`
-# refuses to time it and says why.
+# The gate also catches a bug. Here is SDPA with `is_causal` forgotten: your `MHAPyTorchSDPA`, run
+# with an SDPA that drops the `is_causal=True` it is given. `bench.checked_time` refuses to time it
+# and says why.
 
 # %%
+from unittest import mock
+
+
 class ForgotCausal(MHAPyTorchSDPA):
     def forward(self, x):
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self.out_proj(merge_heads(F.scaled_dot_product_attention(q, k, v)))  # no is_causal
+        sdpa = F.scaled_dot_product_attention
+
+        def sdpa_forgetting_causal(*args, is_causal=False, **kwargs):
+            return sdpa(*args, **kwargs)  # no is_causal
+
+        with mock.patch.object(F, "scaled_dot_product_attention", sdpa_forgetting_causal):
+            return super().forward(x)
 
 
 broken = bench.copy_weights(mha, ForgotCausal(3, 2, 6, 0.0, 2))
