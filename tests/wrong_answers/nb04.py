@@ -6,6 +6,7 @@ base answer, except this line".
 """
 
 from tests.wrong_answers import edit as _edit
+from tests.wrong_answers import wrong
 
 _CA_INIT = '''
 class CausalAttention(nn.Module):
@@ -61,112 +62,208 @@ def causal_attention_weights(queries, keys):
 '''
 _CAW_NO_SCALING = _edit(_CAW, "torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)", "torch.softmax(scores, dim=-1)")
 
+_MASK = "\ndef causal_mask(num_tokens):\n    return {}\n"
+
 WRONG = {
     "causal_mask": {
-        "diagonal masked too (triu, diagonal=0)": '''
-def causal_mask(num_tokens):
-    return torch.triu(torch.ones(num_tokens, num_tokens), diagonal=0).bool()
-''',
-        "inverted meaning: tril marks the allowed positions": '''
-def causal_mask(num_tokens):
-    return torch.tril(torch.ones(num_tokens, num_tokens)).bool()
-''',
-        "float mask instead of bool": '''
-def causal_mask(num_tokens):
-    return torch.triu(torch.ones(num_tokens, num_tokens), diagonal=1)
-''',
-        "off by one: diagonal=2 lets each token see the next one": '''
-def causal_mask(num_tokens):
-    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=2)
-''',
-        "hard-coded for six tokens": '''
-def causal_mask(num_tokens):
-    return torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
-''',
+        "diagonal masked too (triu, diagonal=0)": wrong(
+            _MASK.format("torch.triu(torch.ones(num_tokens, num_tokens), diagonal=0).bool()"), "diagonal is masked"),
+        "inverted meaning: tril marks the allowed positions": wrong(
+            _MASK.format("torch.tril(torch.ones(num_tokens, num_tokens)).bool()"), "inverted"),
+        "inverted: tril(-1) marks the past": wrong(
+            _MASK.format("torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"), "inverted"),
+        "float mask instead of bool": wrong(
+            _MASK.format("torch.triu(torch.ones(num_tokens, num_tokens), diagonal=1)"), "torch.bool"),
+        "integer mask instead of bool": wrong(
+            _MASK.format("torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.long), diagonal=1)"), "torch.bool"),
+        "additive float mask (0 and -inf) instead of bool": wrong(_MASK.format(
+            "torch.zeros(num_tokens, num_tokens).masked_fill(torch.ones(num_tokens, num_tokens).triu(1).bool(), "
+            "float('-inf'))"), "torch.bool"),
+        "off by one: diagonal=2 lets each token see the next one": wrong(
+            _MASK.format("torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=2)"),
+            "position 0 sees token 1"),
+        "hard-coded for six tokens": wrong(
+            _MASK.format("torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)"), "build it from num_tokens"),
+        "one token too many": wrong(
+            _MASK.format("torch.triu(torch.ones(num_tokens + 1, num_tokens + 1, dtype=torch.bool), diagonal=1)"),
+            "build it from num_tokens"),
+        "an extra batch dimension": wrong(
+            _MASK.format("torch.triu(torch.ones(1, num_tokens, num_tokens, dtype=torch.bool), diagonal=1)"),
+            "without extra dimensions"),
+        "a numpy array": wrong("\nimport numpy as np\n" + _MASK.format(
+            "np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1)"), "torch.Tensor"),
     },
     "causal_attention_weights": {
-        "mask built on the CPU: breaks as soon as the scores live on a GPU": _edit(_CAW, ", device=scores.device", ""),
-        "mask after softmax without renormalising": '''
+        "mask built on the CPU: breaks as soon as the scores live on a GPU": wrong(
+            _edit(_CAW, ", device=scores.device", ""), "scores' device"),
+        "mask after softmax without renormalising": wrong('''
 def causal_attention_weights(queries, keys):
     T = queries.shape[-2]
     w = torch.softmax(queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5, dim=-1)
     return w * torch.tril(torch.ones(T, T, device=w.device))
-''',
-        "masked_fill with 0 instead of -inf": _edit(_CAW, "masked_fill(future, -torch.inf)", "masked_fill(future, 0.0)"),
-        "no scaling": _CAW_NO_SCALING,
-        "scaled by d_k instead of sqrt(d_k)": _edit(_CAW, "keys.shape[-1] ** 0.5", "keys.shape[-1]"),
-        "tril: masks the past instead of the future": _edit(
+''', "renormalise"),
+        "mask with -inf after softmax": wrong(_edit(
+            _CAW,
+            "    scores = scores.masked_fill(future, -torch.inf)\n"
+            "    return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)\n",
+            "    weights = torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)\n"
+            "    return weights.masked_fill(future, -torch.inf)\n"), "before the softmax"),
+        "masked_fill with 0 instead of -inf": wrong(
+            _edit(_CAW, "masked_fill(future, -torch.inf)", "masked_fill(future, 0.0)"), "instead of -inf"),
+        "no mask at all": wrong(_edit(_CAW, "    scores = scores.masked_fill(future, -torch.inf)\n", ""),
+                                "no mask is applied"),
+        "no scaling": wrong(_CAW_NO_SCALING, "not scaled"),
+        "scaled by d_k instead of sqrt(d_k)": wrong(
+            _edit(_CAW, "keys.shape[-1] ** 0.5", "keys.shape[-1]"), "divided by d_k instead of sqrt(d_k)"),
+        "multiplied by sqrt(d_k) instead of divided": wrong(
+            _edit(_CAW, "scores / keys.shape[-1] ** 0.5", "scores * keys.shape[-1] ** 0.5"),
+            "multiplied by sqrt(d_k)"),
+        "scaled by sqrt(T) (queries.shape[-2]) instead of sqrt(d_k)": wrong(
+            _edit(_CAW, "keys.shape[-1] ** 0.5", "queries.shape[-2] ** 0.5"), "sqrt(T)"),
+        "scaled twice: queries and scores": wrong(_edit(
+            _CAW, "    scores = queries @ keys.transpose(-2, -1)\n",
+            "    scores = (queries / keys.shape[-1] ** 0.5) @ keys.transpose(-2, -1)\n"),
+            "divided by d_k instead of sqrt(d_k)"),
+        "softmax too early: weights divided by sqrt(d_k) after it": wrong(_edit(
+            _CAW, "torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)",
+            "torch.softmax(scores, dim=-1) / keys.shape[-1] ** 0.5"), "after the softmax"),
+        "tril: masks the past instead of the future": wrong(_edit(
             _CAW, "torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), 1)",
-            "torch.tril(torch.ones(T, T, dtype=torch.bool, device=scores.device), -1)"),
-        "diagonal masked": _edit(_CAW, "device=scores.device), 1)", "device=scores.device))"),
-        "softmax over the queries (dim=-2)": _edit(_CAW, "dim=-1)", "dim=-2)"),
-        "keys.T breaks batch dimensions": _edit(_CAW, "keys.transpose(-2, -1)", "keys.T"),
-        "modifies the caller's tensor in place": _edit(
+            "torch.tril(torch.ones(T, T, dtype=torch.bool, device=scores.device), -1)"), "inverted"),
+        "tril with the diagonal: the allowed positions used as the mask": wrong(_edit(
+            _CAW, "torch.triu(torch.ones(T, T, dtype=torch.bool, device=scores.device), 1)",
+            "torch.tril(torch.ones(T, T, dtype=torch.bool, device=scores.device))"), "inverted"),
+        "diagonal masked": wrong(_edit(_CAW, "device=scores.device), 1)", "device=scores.device))"),
+                                 "diagonal is masked"),
+        "diagonal masked with a large negative number": wrong(_edit(_edit(
+            _CAW, "device=scores.device), 1)", "device=scores.device))"), "-torch.inf", "-1e9"),
+            "diagonal is masked"),
+        "off by one: diagonal=2": wrong(_edit(_CAW, "device=scores.device), 1)", "device=scores.device), 2)"),
+                                        "off by one"),
+        "softmax over the queries (dim=-2)": wrong(_edit(_CAW, "dim=-1)", "dim=-2)"), "dim=-1"),
+        "scores transposed: keys @ queries^T": wrong(
+            _edit(_CAW, "queries @ keys.transpose(-2, -1)", "keys @ queries.transpose(-2, -1)"), "transposed"),
+        "softmax applied twice": wrong(_edit(
+            _CAW, "return torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)",
+            "return torch.softmax(torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1), dim=-1)"), "twice"),
+        "keys.T breaks batch dimensions": wrong(_edit(_CAW, "keys.transpose(-2, -1)", "keys.T"),
+                                                "transpose(-2, -1)"),
+        "shape unpacked for 2-D inputs only": wrong(_edit(
+            _CAW, "    T = queries.shape[-2]\n", "    T, d_k = queries.shape\n"), "batch dimensions"),
+        "modifies the caller's tensor in place": wrong(_edit(
             _CAW_NO_SCALING,
             "    scores = queries @ keys.transpose(-2, -1)\n",
             "    queries /= keys.shape[-1] ** 0.5\n"
             "    scores = queries @ keys.transpose(-2, -1)\n",
-        ),
+        ), "in place"),
     },
     "CausalAttention": {
-        "mask not truncated to num_tokens": _ca(_edit(
-            _COMPACT_FORWARD, "self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()")),
-        "mask as a plain attribute instead of a buffer": _ca(_BOOK_FORWARD, init=_edit(
+        "mask not truncated to num_tokens": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()")), "not truncated"),
+        "mask as a plain attribute instead of a buffer": wrong(_ca(_BOOK_FORWARD, init=_edit(
             _CA_INIT, _MASK_BUFFER, "self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)")),
-        "mask buffer not persistent (missing from state_dict)": _ca(_BOOK_FORWARD, init=_edit(
+            "not a buffer"),
+        "mask buffer not persistent (missing from state_dict)": wrong(_ca(_BOOK_FORWARD, init=_edit(
             _CA_INIT, "diagonal=1))\n", "diagonal=1),\n                             persistent=False)\n")),
-        "mask rebuilt on the CPU in every forward, no buffer": _ca('''
+            "persistent=False"),
+        "mask rebuilt on the CPU in every forward, no buffer": wrong(_ca('''
 b, T, _ = x.shape
 q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
 s = (q @ k.transpose(1, 2)).masked_fill(torch.triu(torch.ones(T, T), 1).bool(), -torch.inf)
 return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
-''', init=_edit(_CA_INIT, "        " + _MASK_BUFFER + "\n", "")),
-        "dropout before softmax": _ca(_edit(
+''', init=_edit(_CA_INIT, "        " + _MASK_BUFFER + "\n", "")), "no buffer of shape"),
+        "dropout before softmax": wrong(_ca(_edit(
             _COMPACT_FORWARD,
             _COMPACT_SOFTMAX,
             "attn_scores = self.dropout(attn_scores)\n"
             "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n",
-        )),
-        "dropout on the context vectors": _ca(_edit(
+        )), "before the softmax"),
+        "dropout on the context vectors": wrong(_ca(_edit(
             _COMPACT_FORWARD,
             _COMPACT_SOFTMAX + "return attn_weights @ values\n",
             "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
             "return self.dropout(attn_weights @ values)\n",
-        )),
-        "dropout active in eval mode (F.dropout with training=True)": _ca(_edit(
+        )), "context vectors"),
+        "dropout on the values": wrong(_ca(_edit(
+            _COMPACT_FORWARD,
+            _COMPACT_SOFTMAX + "return attn_weights @ values\n",
+            "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
+            "return attn_weights @ self.dropout(values)\n",
+        )), "applied to the values"),
+        "dropout active in eval mode (F.dropout with training=True)": wrong(_ca(_edit(
             _COMPACT_FORWARD,
             _COMPACT_SOFTMAX,
             "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
             "attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p, training=True)\n",
-        )),
-        "no scaling": _ca(_edit(
+        )), "eval() mode"),
+        "no scaling": wrong(_ca(_edit(
             _COMPACT_FORWARD,
             _COMPACT_SOFTMAX + "return attn_weights @ values\n",
             "return self.dropout(torch.softmax(attn_scores, dim=-1)) @ values\n",
-        )),
-        "mask includes the diagonal": _ca('''
+        )), "not scaled"),
+        "scaled by sqrt(d_in) instead of sqrt(d_out)": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "keys.shape[-1]**0.5", "d_in**0.5")), "sqrt(d_in)"),
+        "scaled by d_k instead of sqrt(d_k)": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "keys.shape[-1]**0.5", "keys.shape[-1]")), "divided by d_k instead of sqrt(d_k)"),
+        "softmax too early: weights divided by sqrt(d_k) after it": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)",
+            "torch.softmax(attn_scores, dim=-1) / keys.shape[-1]**0.5")), "after the softmax"),
+        "mask after softmax without renormalising": wrong(_ca(_edit(
+            _COMPACT_FORWARD,
+            "attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)\n"
+            + _COMPACT_SOFTMAX,
+            "attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)\n"
+            "attn_weights = attn_weights.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], 0.0)\n"
+            "attn_weights = self.dropout(attn_weights)\n")), "renormalise"),
+        "masked_fill with 0 instead of -inf": wrong(_ca(_edit(_COMPACT_FORWARD, "-torch.inf)", "0.0)")),
+                                                    "instead of -inf"),
+        "softmax over the queries (dim=1)": wrong(_ca(_edit(_COMPACT_FORWARD, "dim=-1)", "dim=1)")), "dim=-1"),
+        "scores transposed: keys @ queries^T": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "queries @ keys.transpose(1, 2)", "keys @ queries.transpose(1, 2)")), "transposed"),
+        "values from W_key": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "self.W_key(x), self.W_query(x), self.W_value(x)",
+            "self.W_key(x), self.W_query(x), self.W_key(x)")), "W_value(x)"),
+        "returns the attention weights, not the context vectors": wrong(_ca(_edit(
+            _COMPACT_FORWARD, "return attn_weights @ values", "return attn_weights")), "attention weights"),
+        "mask includes the diagonal": wrong(_ca('''
 b, T, _ = x.shape
 q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
 s = (q @ k.transpose(1, 2)).masked_fill(self.mask.bool()[:T, :T], -1e9)
 return self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1)) @ v
-''', init=_edit(_CA_INIT, "diagonal=1))", "diagonal=0))")),
-        "no mask at all": _ca('''
+''', init=_edit(_CA_INIT, "diagonal=1))", "diagonal=0))")), "diagonal is masked"),
+        "mask includes the diagonal, filled with -inf (row 0 is NaN)": wrong(
+            _ca(_COMPACT_FORWARD, init=_edit(_CA_INIT, "diagonal=1))", "diagonal=0))")), "diagonal is masked"),
+        "inverted mask: tril marks the past": wrong(_ca(_COMPACT_FORWARD, init=_edit(
+            _CA_INIT, "torch.triu(torch.ones(context_length, context_length), diagonal=1)",
+            "torch.tril(torch.ones(context_length, context_length), diagonal=-1)")), "inverted"),
+        "no mask at all": wrong(_ca('''
 keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
 attn_weights = torch.softmax(queries @ keys.transpose(1, 2) / keys.shape[-1]**0.5, dim=-1)
 return self.dropout(attn_weights) @ values
-'''),
-        "layers created in a different order (keys first)": _ca(_BOOK_FORWARD, init=_edit(
+'''), "no mask is applied"),
+        "layers created in a different order (keys first)": wrong(_ca(_BOOK_FORWARD, init=_edit(
             _CA_INIT,
             "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
             "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
             "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
             "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
-        )),
-        "library kernel (F.scaled_dot_product_attention)": _ca('''
+        )), "another order"),
+        "layers created in a different order (values first)": wrong(_ca(_BOOK_FORWARD, init=_edit(
+            _CA_INIT,
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+            "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+        )), "created in the order"),
+        "qkv_bias ignored": wrong(_ca(_BOOK_FORWARD, init=_edit(_CA_INIT, "bias=qkv_bias", "bias=False", count=3)),
+                                  "expected parameters of shapes"),
+        "library kernel (F.scaled_dot_product_attention)": wrong(_ca('''
 q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
 p = self.dropout.p if self.training else 0.0
 return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-'''),
+'''), "scaled_dot_product_attention"),
     },
 }
 
