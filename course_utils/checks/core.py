@@ -97,21 +97,27 @@ def tensor_difference(expected: torch.Tensor, got: Any, atol: float = 1e-5, rtol
         return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}{hint}"
     if not got.dtype.is_floating_point and expected.dtype.is_floating_point:
         return f"expected a floating-point tensor, got dtype {got.dtype}"
-    g = got.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
-    if g.dtype == torch.bool or e.dtype == torch.bool:
-        g, e = g.to(torch.bool), e.to(torch.bool)
+    if expected.dtype == torch.bool or got.dtype == torch.bool:
+        if got.dtype != expected.dtype:
+            return f"expected a tensor of dtype {expected.dtype}, got dtype {got.dtype}"
+        g, e = got.detach().cpu(), expected.detach().cpu()
         wrong = (g != e).nonzero()
         if len(wrong):
             i = wrong[0].tolist()
             return (f"{len(wrong)} of {e.numel()} entries differ; first at {_format_index(i)}: "
                     f"expected {bool(e[tuple(i)])}, got {bool(g[tuple(i)])}")
         return None
+    g = got.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
     nan_got = torch.isnan(g) & ~torch.isnan(e)
     if nan_got.any():
         i = nan_got.nonzero()[0].tolist()
         return (f"got NaN at {_format_index(i)} ({int(nan_got.sum())} NaNs in all) where {e[tuple(i)].item():.4g} "
                 f"was expected: an overflow, 0/0 or inf - inf somewhere?")
+    nan_expected = torch.isnan(e) & ~torch.isnan(g)
+    if nan_expected.any():
+        i = nan_expected.nonzero()[0].tolist()
+        return f"at {_format_index(i)} expected NaN, got {g[tuple(i)].item():.4g}"
     inf_mismatch = (torch.isinf(g) | torch.isinf(e)) & (g != e)
     if inf_mismatch.any():
         i = inf_mismatch.nonzero()[0].tolist()
@@ -266,10 +272,10 @@ def transformation_hint(want: torch.Tensor, got: torch.Tensor) -> str | None:
     factor = float(ratio.mean())
     if abs(factor - 1) < 1e-3 or not torch.allclose(ratio, torch.full_like(ratio, factor), rtol=1e-3, atol=1e-6):
         return None
-    return f"every value is {factor:.4g} times the expected one{_name_factor(factor)}: a scaling too many, or a wrong one?"
+    return f"every value is {factor:.4g} times the expected one{name_factor(factor)}: a scaling too many, or a wrong one?"
 
 
-def _name_factor(factor: float) -> str:
+def name_factor(factor: float) -> str:
     """`` (= 1/sqrt(2))``-style name of a factor, when it is a simple one."""
     for value, text in ((factor, ""), (1 / factor, "1/")):
         for n in range(2, 4097):

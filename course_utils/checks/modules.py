@@ -74,7 +74,8 @@ def check_finite(exercise: str, module: torch.nn.Module, x: torch.Tensor, where:
         cause = (" Only position 0 is affected: its row of scores is all -inf, so the softmax divides 0 by 0. "
                  "The diagonal is masked too: a token must see itself. Mask only j > i (triu with diagonal=1)")
     elif what == "NaN":
-        cause = " A softmax over a row of scores that is all -inf gives NaN: which positions can each row see?"
+        cause = (" NaN comes from 0/0 or inf - inf: a softmax over a row whose scores are all -inf, or -inf "
+                 "used after the softmax. Which positions can each row see, and when is the mask applied?")
     fail(exercise, f"{where}: the output holds {what} (first at batch {b}, position {t}; positions {rows[:8]}).{cause}")
 
 
@@ -192,7 +193,9 @@ def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor
                 raise CheckFailed(f"{err} Only position 0 leaks: the diagonal is masked too, so row 0 has no "
                                   f"allowed key left and spreads its weight over every token. Use triu with "
                                   f"diagonal=1") from None
-            raise CheckFailed(f"{err} Every position leaks: is the mask applied to the scores at all?") from None
+            raise CheckFailed(f"{err} Every position leaks: are the masked scores -inf when they reach a softmax over "
+                              f"the keys (dim=-1)? A score of 0 still gets weight exp(0) = 1, and a mask applied "
+                              f"after the softmax must be followed by a renormalisation.") from None
         raise
 
 

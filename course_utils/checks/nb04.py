@@ -36,7 +36,7 @@ from course_utils.checks.core import (
     reference_output,
     tensor_difference,
 )
-from course_utils.checks.core import _name_factor as name_factor
+from course_utils.checks.core import name_factor
 from course_utils.data import book_batch, book_inputs
 
 __all__ = ["check_causal_mask", "check_causal_attention_weights", "check_CausalAttention"]
