@@ -273,6 +273,6 @@ def test_comparison_classes_call_the_notebook_helpers_by_plain_name():
     earlier notebooks' answers shown above them, so the source must not reach into the reference."""
     import inspect
 
-    for cls in (bench_impls.MHASDPAExplicitMask, bench_impls.MHAPyTorchClass, bench_impls.MHAFlexAttention):
+    for cls in (bench_impls.with_explicit_mask, bench_impls.MHAPyTorchClass, bench_impls.MHAFlexAttention):
         source = inspect.getsource(cls)
         assert "reference" not in source and "bench." not in source, cls.__name__

@@ -13,7 +13,7 @@ Why this is not in :mod:`course_utils.bench`: the benchmark compares the exercis
 (``causal_mask``, ``merge_heads``). The student edition ships ``course_utils.bench`` (timing,
 FLOP arithmetic, peaks, memory, verification: no answers) but neither this module nor the reference.
 Notebook 06 shows the comparison classes' source with ``# %% shows="course_utils.instructor.
-bench_impls:MHASDPAExplicitMask ..."`` cells, so they call the helpers by plain name
+bench_impls:with_explicit_mask ..."`` cells, so they call the helpers by plain name
 (``causal_mask(...)``, ``merge_heads(...)``), which the notebook's earlier "where we left off"
 cells define, and use nothing else from the reference.
 """
@@ -21,6 +21,7 @@ cells define, and use nothing else from the reference.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import sys
@@ -28,6 +29,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -53,7 +55,7 @@ from course_utils.validation import check_heads_divide, check_input_3d
 
 __all__ = [
     "attention_flops",
-    "MHASDPAExplicitMask",
+    "with_explicit_mask",
     "MHAPyTorchClass",
     "MHAFlexAttention",
     "IMPLEMENTATIONS",
@@ -82,36 +84,38 @@ def attention_flops(batch: int, num_heads: int, seq_len: int, head_dim: int, cau
 # --------------------------------------------------------------------------------------------
 # The implementations that are not exercises (notebook 06 shows their source)
 # --------------------------------------------------------------------------------------------
-class MHASDPAExplicitMask(nn.Module):
-    """Like ``MHAPyTorchSDPA``, but passing a boolean mask to SDPA instead of ``is_causal=True``.
+def with_explicit_mask(base: type) -> type:
+    """``base`` (a ``MHAPyTorchSDPA``: yours, or the course's own) with one change: SDPA gets the causal
+    mask as an explicit boolean ``attn_mask`` instead of ``is_causal=True``.
 
-    SDPA's boolean ``attn_mask`` means True = "may attend", the opposite of the course's
-    ``causal_mask`` (True = blocked), hence the ``~``. With an arbitrary mask SDPA cannot assume
-    the causal pattern, so it may pick a slower kernel than with ``is_causal=True``.
-    Input ``(b, T, d_in)``, output ``(b, T, d_out)``; parameters as in ``MHAPyTorchSDPA``.
+    The mask is kept as a buffer, built once for ``context_length``. SDPA's boolean ``attn_mask``
+    means True = "may attend", the opposite of ``causal_mask`` (True = blocked), hence the ``~``.
+    With an arbitrary mask SDPA cannot assume the causal pattern, so it may pick a slower kernel.
+    The base's own ``forward`` runs unchanged; only its call of ``F.scaled_dot_product_attention``
+    is redirected while it runs. Input ``(b, T, d_in)``, output ``(b, T, d_out)``.
     """
 
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
-    ):
-        super().__init__()
-        check_heads_divide(d_out, num_heads)
-        self.d_in, self.d_out, self.num_heads = d_in, d_out, num_heads
-        self.head_dim = d_out // num_heads
-        self.context_length = context_length
-        self.dropout = dropout
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.register_buffer("mask", causal_mask(context_length))  # True = future, blocked
+    class MHASDPAExplicitMask(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            context_length = inspect.signature(base).bind(*args, **kwargs).arguments["context_length"]
+            self.register_buffer("explicit_mask", causal_mask(context_length))  # True = future, blocked
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (b, H, T, D)
-        allowed = ~self.mask[:T, :T]  # (T, T), True = may attend
-        dropout_p = self.dropout if self.training else 0.0
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        return self.out_proj(merge_heads(context))
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            T = x.shape[1]
+            allowed = ~self.explicit_mask[:T, :T]  # (T, T), True = may attend
+            sdpa = F.scaled_dot_product_attention
+
+            def sdpa_with_mask(q, k, v, *args, is_causal=False, **kwargs):
+                if is_causal:
+                    kwargs["attn_mask"] = allowed
+                return sdpa(q, k, v, *args, **kwargs)
+
+            with mock.patch.object(F, "scaled_dot_product_attention", sdpa_with_mask):
+                return super().forward(x)
+
+    MHASDPAExplicitMask.__qualname__ = MHASDPAExplicitMask.__name__
+    return MHASDPAExplicitMask
 
 
 class MHAPyTorchClass(nn.Module):
@@ -202,7 +206,7 @@ IMPLEMENTATIONS: dict[str, Callable[..., nn.Module]] = {
     "combined_qkv": reference.MultiHeadAttentionCombinedQKV,
     "einsum": reference.MultiHeadAttentionEinsum,
     "sdpa_is_causal": reference.MHAPyTorchSDPA,
-    "sdpa_explicit_mask": MHASDPAExplicitMask,
+    "sdpa_explicit_mask": with_explicit_mask(reference.MHAPyTorchSDPA),
     "nn_multiheadattention": MHAPyTorchClass,
 }
 

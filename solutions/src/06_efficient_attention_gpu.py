@@ -327,19 +327,21 @@ checks.check_MHAPyTorchSDPA(MHAPyTorchSDPA, hidden=True)
 # %% [markdown]
 # ### SDPA with an explicit mask
 #
-# `MHASDPAExplicitMask`, below, is your class with one change: it keeps the causal mask as a buffer
-# and passes `attn_mask=~self.mask[:T, :T]` instead of `is_causal=True`. Same result; but with an
-# arbitrary mask SDPA cannot skip the blocks above the diagonal and some fused kernels refuse a
-# mask, so it may run a slower backend. We time it below.
+# `with_explicit_mask(MHAPyTorchSDPA)`, below, is your class with one change: it keeps the causal
+# mask as a buffer and, whenever your `forward` asks SDPA for `is_causal=True`, passes
+# `attn_mask=~mask[:T, :T]` instead (SDPA's boolean mask means True = "may attend"). Same result; but
+# with an arbitrary mask SDPA cannot skip the blocks above the diagonal and some fused kernels refuse
+# a mask, so it may run a slower backend. We time it below.
 
-# %% shows="course_utils.instructor.bench_impls:MHASDPAExplicitMask"
+# %% shows="course_utils.instructor.bench_impls:with_explicit_mask"
+import inspect
+from unittest import mock
+
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from course_utils.validation import check_heads_divide, check_input_3d
-
 # %%
+MHASDPAExplicitMask = with_explicit_mask(MHAPyTorchSDPA)  # your class, with SDPA given an explicit mask
 explicit_mha = bench.copy_weights(mha, MHASDPAExplicitMask(3, 2, 6, 0.0, 2))
 print("explicit-mask SDPA equals notebook 05:", torch.allclose(explicit_mha(batch), mha(batch), atol=1e-6))
 
