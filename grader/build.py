@@ -82,6 +82,8 @@ def source_to_notebook(path: Path) -> nbformat.NotebookNode:
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": KERNEL_NAME},
         "language_info": {"name": "python"},
     }
+    if nb.cells and nb.cells[0].cell_type == "markdown":
+        nb.cells[0].source = course.badge_markdown(path.stem) + "\n\n" + nb.cells[0].source
     seen: set[str] = set()
     for index, cell in enumerate(nb.cells):
         if cell.metadata.get("setup"):

@@ -51,6 +51,9 @@ def project_url(label: str) -> str:
 
 
 
+#: Notebooks written for a GPU: their Colab badge says to pick a GPU runtime.
+GPU_NOTEBOOKS: frozenset[str] = frozenset({"06_efficient_attention_gpu"})
+
 #: Graded exercises of each notebook (COURSE_DESIGN.md): answer cells have these grade ids, test
 #: cells ``test_<name>``, and ``course_utils.reference`` defines each name.
 EXERCISES: dict[str, tuple[str, ...]] = {
@@ -63,3 +66,24 @@ EXERCISES: dict[str, tuple[str, ...]] = {
         "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters"),
     "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops"),
 }
+
+
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+
+
+def colab_url(name: str) -> str:
+    """Where Colab opens the student edition's notebook ``name`` (from ``[project.urls] "Student edition"``)."""
+    edition = project_url("Student edition").removesuffix(".git").rstrip("/")
+    path = edition.split("github.com/", 1)[-1]
+    return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{name}.ipynb"
+
+
+def colab_badge(name: str) -> str:
+    """The "Open in Colab" badge of notebook ``name``, as Markdown."""
+    return f"[![Open In Colab]({COLAB_BADGE})]({colab_url(name)})"
+
+
+def badge_markdown(name: str) -> str:
+    """The badge line at the top of notebook ``name``, with the GPU advice where the notebook wants one."""
+    gpu = " In Colab, choose Runtime → Change runtime type → GPU before you run it." if name in GPU_NOTEBOOKS else ""
+    return colab_badge(name) + gpu

@@ -57,7 +57,8 @@ def _ignore_instructor_only(folder: str, names: list[str]) -> set[str]:
 
 
 def _notebook_table(names: list[str]) -> str:
-    return "\n".join(f"| `{name}` | {', '.join(f'`{e}`' for e in course.EXERCISES[name])} |" for name in names)
+    return "\n".join(f"| `{name}` {course.colab_badge(name)} | "
+                     f"{', '.join(f'`{e}`' for e in course.EXERCISES[name])} |" for name in names)
 
 
 def _requirements() -> str:

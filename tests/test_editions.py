@@ -11,12 +11,7 @@ implemented yet"; with the solution's answers pasted in, every check shows ✅.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import sysconfig
-from pathlib import Path
 
 import nbformat
 import pytest
@@ -26,7 +21,7 @@ from course_utils import reference
 from course_utils.checks import expected
 from grader import course, leaks, record
 from grader.edition import build_edition
-from tests import harness
+from tests import harness, studentenv
 
 NOTEBOOKS = course.available_notebooks()
 
@@ -37,14 +32,9 @@ def secrets():
 
 
 @pytest.fixture(scope="module")
-def edition(tmp_path_factory):
-    """The whole student edition, and the wheel pip builds from it."""
-    root = tmp_path_factory.mktemp("edition")
-    folder = build_edition(NOTEBOOKS, root / "release")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(root / "dist"), str(folder)], check=True)
-    (wheel,) = (root / "dist").glob("*.whl")
-    return folder, wheel
+def edition(student_edition):
+    """The whole student edition, and the wheel pip builds from it (tests/conftest.py)."""
+    return student_edition
 
 
 def test_edition_holds_the_student_side_only(edition):
@@ -142,92 +132,53 @@ def test_a_stale_recording_fails_check_release_and_names_the_notebook(tmp_path, 
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def student_env(edition, tmp_path_factory):
-    """A fresh virtual environment holding the student wheel and the third-party packages (torch,
-    Jupyter), but nothing of the instructor edition, and a Jupyter kernel that runs in it."""
-    _, wheel = edition
+    """A fresh virtual environment with the student wheel installed, and a kernel that runs in it."""
     root = tmp_path_factory.mktemp("student-env")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    # Third-party packages come from the course environment, read as a plain folder: its .pth files
-    # (the instructor edition's editable install among them) are not processed from there.
-    (site / "course_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)], check=True)
-    kernels = root / "jupyter" / "kernels" / "student-edition"
-    kernels.mkdir(parents=True)
-    (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "student edition", "language": "python",
-        "env": {"PYTHONPATH": "", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}}))
-    return python, root
-
-
-def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", expected.MODE_VARIABLE)}
-    return subprocess.run([str(python), "-c", code], cwd=cwd, capture_output=True, text=True, env=env)
+    python, site = studentenv.fresh_venv(root)
+    studentenv.install(edition[1], site)
+    return python, studentenv.add_kernel(root, python, "student-edition")
 
 
 def test_student_environment_has_no_answers(student_env, tmp_path):
     python, _ = student_env
-    gone = _run(python, "import course_utils.reference", tmp_path)
+    gone = studentenv.run(python, "import course_utils.reference", tmp_path)
     assert gone.returncode != 0
     assert "ImportError: course_utils.reference holds the course's answers and is not part of the student edition" \
         in gone.stderr
     for module in ("course_utils.instructor", "grader"):
-        assert _run(python, f"import {module}", tmp_path).returncode != 0, f"{module} is importable"
-    mode = _run(python, "from course_utils.checks import expected; print(expected.mode())", tmp_path)
+        assert studentenv.run(python, f"import {module}", tmp_path).returncode != 0, f"{module} is importable"
+    mode = studentenv.run(python, "from course_utils.checks import expected; print(expected.mode())", tmp_path)
     assert mode.stdout.strip() == "recorded", mode.stderr
-    hidden = _run(python, "from course_utils import checks, data\n"
-                          "checks.check_dot(lambda x, y: (x * y).sum(), hidden=True)", tmp_path)
+    hidden = studentenv.run(python, "from course_utils import checks\n"
+                                    "checks.check_dot(lambda x, y: (x * y).sum(), hidden=True)", tmp_path)
     assert "hidden test cases of dot are used only when grading" in hidden.stderr
-
-
-def _execute(nb, kernel_root: Path, cwd: Path, allow_errors: bool):
-    from nbclient import NotebookClient
-
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(kernel_root / "jupyter")
-    try:
-        NotebookClient(nb, kernel_name="student-edition", timeout=300, allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(cwd)}}).execute()
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
-    return nb
 
 
 def _check_cells(nb) -> list:
     return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
 
 
-def _text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        parts.append(out.get("text", "") if out.output_type == "stream" else
-                     out.get("evalue", "") if out.output_type == "error" else "")
-    return "".join(parts)
+def _copy(nb):
+    return nbformat.from_dict(json.loads(json.dumps(nb)))
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_student_notebook_runs_in_the_student_edition(student_env, edition, name, tmp_path):
-    python, root = student_env
+    python, jupyter = student_env
     folder, _ = edition
     released = nbformat.read(folder / "notebooks" / f"{name}.ipynb", as_version=4)
-    stubs = _execute(nbformat.from_dict(json.loads(json.dumps(released))), root, tmp_path, allow_errors=True)
+    stubs = studentenv.execute(_copy(released), jupyter, "student-edition", tmp_path, allow_errors=True)
     for cell in _check_cells(stubs):
-        assert "not implemented yet" in _text(cell), f"{name}: a check on a stub says: {_text(cell)[:300]}"
+        text = studentenv.output_text(cell)
+        assert "not implemented yet" in text, f"{name}: a check on a stub says: {text[:300]}"
     solution = harness.solution_notebook(name)
     answers = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
-    solved = nbformat.from_dict(json.loads(json.dumps(released)))
+    solved = _copy(released)
     for cell in solved.cells:
         gid = harness.grade_id(cell)
         if cell.metadata.get("nbgrader", {}).get("solution") and gid:
             cell.source = "\n".join(line for line in answers[gid].splitlines() if "### " not in line)
-    _execute(solved, root, tmp_path, allow_errors=False)
+    studentenv.execute(solved, jupyter, "student-edition", tmp_path, allow_errors=False)
     for cell in _check_cells(solved):
-        assert "✅" in _text(cell) and "❌" not in _text(cell), f"{name}: {_text(cell)[:300]}"
+        text = studentenv.output_text(cell)
+        assert "✅" in text and "❌" not in text, f"{name}: {text[:300]}"

@@ -1,0 +1,93 @@
+"""A student's machine, simulated: the student edition built, a fresh virtual environment that holds
+none of the instructor edition, and a Jupyter kernel that runs in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from course_utils.checks import expected
+
+
+def build_wheel(folder: Path, dist: Path) -> Path:
+    """The wheel ``pip`` builds from the student edition at ``folder``."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(dist), str(folder)], check=True)
+    (wheel,) = dist.glob("*.whl")
+    return wheel
+
+
+def fresh_venv(root: Path) -> tuple[Path, Path]:
+    """A new virtual environment at ``root/venv``: ``(python, site-packages)``.
+
+    The third-party packages (torch, numpy, matplotlib, ipykernel, pip) are the course environment's,
+    read as a plain folder on ``sys.path``: its ``.pth`` files, among them the instructor edition's
+    editable install of ``course_utils``, are not processed from there. So nothing of the instructor
+    edition is importable, and pip sees the course's torch as installed.
+    """
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(run(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", root).stdout.strip())
+    (site / "course_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python, site
+
+
+def install(wheel: Path, site: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)], check=True)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what would point a child at the instructor edition."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", expected.MODE_VARIABLE, "COURSE_ROOT")}
+    env.update(extra)
+    return env
+
+
+def run(python: Path, code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-c", code], cwd=cwd, capture_output=True, text=True, env=clean_env(**env))
+
+
+def add_kernel(root: Path, python: Path, name: str, env: dict[str, str] | None = None) -> Path:
+    """A kernel spec ``name`` that runs ``python``; returns the folder to put on ``JUPYTER_PATH``."""
+    folder = root / "jupyter"
+    spec = folder / "kernels" / name
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": name, "language": "python",
+        "env": {"PYTHONPATH": "", "MPLBACKEND": "module://matplotlib_inline.backend_inline", **(env or {})}}))
+    return folder
+
+
+def execute(nb, jupyter_path: Path, kernel: str, cwd: Path, allow_errors: bool, timeout: int = 300):
+    """Run ``nb`` top to bottom in the kernel ``kernel`` found on ``jupyter_path``."""
+    from nbclient import NotebookClient
+
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(jupyter_path)
+    try:
+        NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old
+    return nb
+
+
+def output_text(cell) -> str:
+    """What a cell printed, and the message of the error it raised."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.get("text", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.get('ename', '')}: {out.get('evalue', '')}")
+    return "".join(parts)

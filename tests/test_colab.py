@@ -1,0 +1,95 @@
+"""Colab as a student meets it: the badge, and the set-up cell run as Colab runs it.
+
+Each student notebook is executed in a fresh kernel that has the course's torch but no
+``course_utils``, with a stand-in ``google.colab`` module imported at start-up as Colab does, so the
+set-up cell takes its Colab branch. ``COURSE_UTILS_FROM`` points its ``pip install`` at the wheel of the
+local student edition instead of the network (``PIP_NO_INDEX`` makes sure nothing is downloaded). The
+notebook must run to its first exercise, and the install must leave torch, numpy and matplotlib alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from grader import course
+from tests import studentenv
+
+NOTEBOOKS = course.available_notebooks()
+KEPT = ("torch", "numpy", "matplotlib")
+
+
+@pytest.fixture(scope="module")
+def colab(student_edition, tmp_path_factory):
+    """A fresh environment that imports a stand-in ``google.colab`` at start-up, and its kernel."""
+    _, wheel = student_edition
+    root = tmp_path_factory.mktemp("colab")
+    python, site = studentenv.fresh_venv(root)
+    (site / "google" / "colab").mkdir(parents=True)
+    (site / "google" / "__init__.py").write_text("")
+    (site / "google" / "colab" / "__init__.py").write_text('"""Stand-in for Colab\'s own module."""\n')
+    (site / "colab_startup.pth").write_text("import google.colab\n")
+    versions = "import torch, numpy, matplotlib; print(torch.__version__, numpy.__version__, matplotlib.__version__)"
+    before = studentenv.run(python, versions, root).stdout
+    assert before, "the course's torch, numpy and matplotlib must be importable in the fresh environment"
+    assert studentenv.run(python, "import course_utils", root).returncode != 0, "course_utils is already there"
+    jupyter = studentenv.add_kernel(root, python, "colab", {
+        "COURSE_UTILS_FROM": str(wheel), "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    studentenv.add_kernel(root, python, "colab-offline", {
+        "COURSE_UTILS_FROM": "git+https://example.invalid/no-such-repository", "PIP_NO_INDEX": "1"})
+    return {"python": python, "site": site, "jupyter": jupyter, "root": root, "before": before, "versions": versions}
+
+
+def _up_to_first_exercise(nb):
+    """The notebook's cells before its first answer cell."""
+    cells = []
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            break
+        cells.append(cell)
+    return nbformat.from_dict({**json.loads(json.dumps(nb)), "cells": json.loads(json.dumps(cells))})
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_setup_cell_installs_course_utils_as_colab_would(colab, student_edition, name, tmp_path):
+    folder, _ = student_edition
+    nb = _up_to_first_exercise(nbformat.read(folder / "notebooks" / f"{name}.ipynb", as_version=4))
+    studentenv.execute(nb, colab["jupyter"], "colab", tmp_path, allow_errors=False)
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    assert "course_utils installed from" in studentenv.output_text(setup), "the set-up cell took no Colab branch"
+    after = studentenv.run(colab["python"], colab["versions"], colab["root"]).stdout
+    assert after == colab["before"], f"the install changed torch, numpy or matplotlib: {colab['before']} -> {after}"
+    installed = sorted(p.name for p in colab["site"].iterdir() if p.name.split("-")[0] in KEPT)
+    assert not installed, f"pip installed its own {installed} into the environment"
+
+
+def test_a_failed_install_says_so_in_one_line(colab, student_edition, tmp_path):
+    folder, _ = student_edition
+    nb = _up_to_first_exercise(nbformat.read(folder / "notebooks" / f"{NOTEBOOKS[0]}.ipynb", as_version=4))
+    nb.cells = [c for c in nb.cells if c.cell_type == "code"][:1]
+    studentenv.execute(nb, colab["jupyter"], "colab-offline", tmp_path, allow_errors=True)
+    errors = [o for o in nb.cells[0].outputs if o.output_type == "error"]
+    assert errors and errors[0].ename == "SystemExit", nb.cells[0].outputs
+    message = errors[0].evalue
+    assert message.startswith("Could not install course_utils from git+https://example.invalid/no-such-repository")
+    assert "run this cell again" in message and "\n" not in message
+    assert not any("Traceback" in (o.get("text", "")) for o in nb.cells[0].outputs), "a pip traceback was shown"
+
+
+def test_every_notebook_opens_with_its_colab_badge(student_edition):
+    folder, _ = student_edition
+    for name in NOTEBOOKS:
+        nb = nbformat.read(folder / "notebooks" / f"{name}.ipynb", as_version=4)
+        first = nb.cells[0]
+        assert first.cell_type == "markdown" and first.source.startswith(course.colab_badge(name)), name
+        assert ("Change runtime type → GPU" in first.source) == (name in course.GPU_NOTEBOOKS), name
+
+
+def test_readme_tables_carry_the_badges(student_edition):
+    folder, _ = student_edition
+    for readme in (course.repo_root() / "README.md", folder / "README.md"):
+        text = readme.read_text(encoding="utf-8")
+        for name in NOTEBOOKS:
+            assert course.colab_badge(name) in text, f"{readme}: no Colab badge for {name}"
