@@ -1,33 +1,46 @@
 """Self-checks for notebook 03: scaled dot-product attention and trainable self-attention.
 
-When an output differs, the checks recompute the usual mistakes (no scaling, scaling by ``d_k``
-instead of ``sqrt(d_k)``, softmax over the wrong dimension, parameters created in the wrong order,
-an untransposed ``nn.Linear`` weight) and name the one that matches.
+Expected outputs come from :mod:`course_utils.checks.expected` (computed live in the
+instructor edition, recorded in the student edition). A failing output that matches a known
+mistake exactly (no scaling, scaling by ``d_k`` instead of ``sqrt(d_k)``, scaling after the
+softmax, softmax over the wrong dimension, parameters created in the wrong order, an
+untransposed ``nn.Linear`` weight ...) is named by it; otherwise the checks read the symptoms:
+parameter shapes against the expected ones, and code that breaks on a batch.
 """
 
 from __future__ import annotations
 
-import math
+import ast
+import textwrap
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from course_utils import reference
+from course_utils import rules
+from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
     Case,
     CheckFailed,
+    check,
     check_rules,
-    compare_module,
     compare_function,
-    describe_shape,
+    compare_module,
+    construct,
+    expect,
+    explain,
     fail,
+    hidden_cases,
+    mistake_outputs,
+    parameter_shapes,
     passed,
     rand,
     require_callable,
     tensor_difference,
 )
-from course_utils.data import book_batch, book_inputs
+from course_utils.checks.nb02 import batch_hint
+from course_utils.data import book_inputs
 
 __all__ = [
     "check_scaled_dot_product_attention",
@@ -37,61 +50,42 @@ __all__ = [
 ]
 
 _NAMES = ("W_query", "W_key", "W_value")
-_TRANSPOSE_BATCH_HINT = ("`.T` reverses every dimension, so it breaks as soon as there is a batch dimension: "
-                         "use keys.transpose(-2, -1) (or keys.mT) to swap only the last two.")
 
 
-def _close(a: torch.Tensor, b: object) -> bool:
-    return isinstance(b, torch.Tensor) and tensor_difference(a, b) is None
-
-
-def attention_hint(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, got: object,
-                   d_in: int | None = None) -> str | None:
-    """Name the mistake that turns ``(queries, keys, values)`` into ``got`` instead of attention, if known.
-
-    Args:
-        queries, keys, values: ``(..., Tq, dk)``, ``(..., Tk, dk)``, ``(..., Tk, dv)`` as the reference sees them.
-        got: the student's output, or the exception the student's code raised.
-        d_in: the module's input size, to recognise scaling by ``sqrt(d_in)`` inside a module.
-    """
-    if isinstance(got, Exception):
-        if keys.dim() > 2:
-            return _TRANSPOSE_BATCH_HINT
+def _tree(obj: object) -> ast.AST | None:
+    source = rules.source_of(obj)
+    try:
+        return ast.parse(textwrap.dedent(source)) if source else None
+    except SyntaxError:
         return None
-    if not isinstance(got, torch.Tensor):
-        return None
-    expected_shape = (*queries.shape[:-1], values.shape[-1])
-    if tuple(got.shape) != expected_shape:
-        if keys.dim() > 2:
-            return _TRANSPOSE_BATCH_HINT
-        return None
-    d_k, d_v, T_k = keys.shape[-1], values.shape[-1], keys.shape[-2]
-    scores = queries @ keys.transpose(-2, -1)  # (..., Tq, Tk)
 
-    def attend(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return torch.softmax(s, dim=dim) @ values
 
-    variants = [
-        (attend(scores), "the scores were not scaled: divide them by sqrt(d_k) before the softmax."),
-        (attend(scores / d_k), "the scores were divided by d_k; divide by sqrt(d_k) = d_k ** 0.5."),
-        (attend(scores * math.sqrt(d_k)), "the scores were multiplied by sqrt(d_k); divide by it."),
-        (torch.softmax(scores, dim=-1) / math.sqrt(d_k) @ values,
-         "the division by sqrt(d_k) came after the softmax; scale the scores before the softmax."),
-        (attend(scores / math.sqrt(d_k), dim=-2) if scores.shape[-2] > 1 else None,
-         "the softmax ran over dim=-2: each query's row of weights (dim=-1) must sum to 1."),
-        (attend(scores / math.sqrt(d_v)) if d_v != d_k else None,
-         "the scores were divided by sqrt of the values' size. d_k is the size of the keys: keys.shape[-1]."),
-        (attend(scores / math.sqrt(T_k)) if T_k != d_k else None,
-         "the scores were divided by sqrt(number of tokens). For a 2-D tensor keys.shape[0] is the number of "
-         "tokens; d_k is keys.shape[-1]."),
-        (attend(scores / math.sqrt(d_in)) if d_in is not None and d_in != d_k else None,
-         "the scores were divided by sqrt(d_in). d_k is the size of the projected keys (d_out): keys.shape[-1]."),
-        (attend((keys @ queries.transpose(-2, -1)) / math.sqrt(d_k)) if keys.shape[-2] == queries.shape[-2] else None,
-         "queries and keys are swapped: scores = queries @ keys^T, row i for query i."),
-    ]
-    for value, hint in variants:
-        if value is not None and _close(value, got):
-            return hint
+def _multiplies_by_weight(obj: object) -> bool:
+    """Whether the source of ``obj`` multiplies by an ``nn.Linear``'s ``.weight`` as it is stored
+    (``x @ layer.weight``, ``torch.matmul(x, layer.weight)``), not transposed."""
+    tree = _tree(obj)
+    if tree is None:
+        return False
+
+    def is_weight(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "weight"
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and (is_weight(node.left) or is_weight(node.right)):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) and \
+                getattr(node.func, "attr", getattr(node.func, "id", "")) in ("matmul", "mm") and \
+                any(is_weight(a) for a in node.args):
+            return True
+    return False
+
+
+def _breaks_on_batch(obj: object, case: Case, got: object, want: object) -> str | None:
+    """The hint for code that raised, or gave the wrong shape, on a batched input."""
+    x = case.args[0]
+    wrong_shape = isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape
+    if (isinstance(got, BaseException) or wrong_shape) and x.dim() > 2:
+        return batch_hint(obj)
     return None
 
 
@@ -99,227 +93,230 @@ def attention_hint(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 # scaled_dot_product_attention
 # --------------------------------------------------------------------------------------------
 def _qkv(Tq: int, Tk: int, dk: int, dv: int, *batch: int, seed: int, scale: float = 1.0) -> tuple:
+    """Random ``(queries, keys, values)`` of shapes ``(*batch, Tq, dk)``, ``(*batch, Tk, dk)``, ``(*batch, Tk, dv)``."""
     return (rand(*batch, Tq, dk, seed=seed) * scale, rand(*batch, Tk, dk, seed=seed + 1) * scale,
             rand(*batch, Tk, dv, seed=seed + 2))
 
 
-def _sdpa_diagnose(case: Case, got: object) -> str | None:
-    return attention_hint(*case.args, got)
-
-
+@check
 def check_scaled_dot_product_attention(scaled_dot_product_attention: Callable, hidden: bool = False) -> None:
-    """Compare ``scaled_dot_product_attention(queries, keys, values)`` with the reference."""
+    """Compare ``scaled_dot_product_attention(queries, keys, values)`` with the expected outputs."""
     cases = [
         Case("self-attention, T=6, d_k=d_v=2", _qkv(6, 6, 2, 2, seed=51, scale=2.0)),
         Case("T=5, d_k=4, d_v=3", _qkv(5, 5, 4, 3, seed=54, scale=2.0)),
     ]
-    if hidden:
-        cases += [
-            Case("Tq=3 queries, Tk=5 keys, d_k=4, d_v=6", _qkv(3, 5, 4, 6, seed=57, scale=2.0)),
-            Case("batch of 2, Tq=4, Tk=7, d_k=8, d_v=5", _qkv(4, 7, 8, 5, 2, seed=60, scale=2.0)),
-            Case("two batch dims (2, 3), T=5, d_k=16", _qkv(5, 5, 16, 16, 2, 3, seed=63)),
-            Case("d_k=64 and one query", _qkv(1, 6, 64, 4, seed=66)),
-            Case("Tq=6 queries, Tk=2 keys", _qkv(6, 2, 3, 3, seed=69, scale=3.0)),
-        ]
+
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        return _breaks_on_batch(scaled_dot_product_attention, case, got, want)
+
     compare_function("scaled_dot_product_attention", scaled_dot_product_attention,
-                     reference.scaled_dot_product_attention, cases, diagnose=_sdpa_diagnose)
+                     cases + (hidden_cases("scaled_dot_product_attention") if hidden else []), diagnose=diagnose)
 
 
 # --------------------------------------------------------------------------------------------
 # SelfAttention_v1 and SelfAttention_v2
 # --------------------------------------------------------------------------------------------
-def _weight(module: nn.Module, name: str) -> torch.Tensor | None:
-    """The matrix behind ``module.<name>``: a Parameter itself, or an ``nn.Linear``'s weight."""
-    obj = getattr(module, name, None)
-    if isinstance(obj, nn.Linear):
-        return obj.weight
-    return obj if isinstance(obj, torch.Tensor) else None
+def _module_diagnose(exercise: str, student_cls: Callable, kind: type, kind_hint: str, transposed_hint: str):
+    """A diagnose for a self-attention class: the kind of its projections (``kind``: ``nn.Parameter``
+    or ``nn.Linear``, else ``kind_hint``), its parameter shapes against the expected ones (all
+    reversed: ``transposed_hint``), and forward passes that break."""
+    untransposed_weight = _multiplies_by_weight(student_cls)
 
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        built = _student(case.build)
+        projections = [getattr(built, name, None) for name in _NAMES]
+        if all(p is not None for p in projections) and not all(isinstance(p, kind) for p in projections):
+            return kind_hint
+        if isinstance(got, CheckFailed):  # building the module failed (its forward's errors come unwrapped)
+            return _shapes_hint(case.build, built) if "expected parameters of shapes" in str(got) else None
+        if isinstance(got, BaseException) and untransposed_weight:
+            return ("nn.Linear stores its weight as (d_out, d_in): call the layer, self.W_query(x), which "
+                    "computes x @ weight.T (+ bias), instead of multiplying by the weight yourself.")
+        return _breaks_on_batch(student_cls, case, got, want)
 
-def _order_hint(student: nn.Module, ref: nn.Module, how: str) -> str | None:
-    """A hint if the student's W_query/W_key/W_value hold the reference's numbers in another order."""
-    stu = {n: _weight(student, n) for n in _NAMES}
-    ref_w = {n: _weight(ref, n) for n in _NAMES}
-    if any(t is None for t in stu.values()):
-        missing = [n for n, t in stu.items() if t is None]
-        return f"the module has no {', '.join(missing)}: name the three projections W_query, W_key and W_value."
-    for name in _NAMES:
-        if stu[name].shape != ref_w[name].shape:
-            return None
-        if torch.equal(stu[name].detach(), ref_w[name].detach()):
-            continue
-        for other in _NAMES:
-            if torch.equal(stu[name].detach(), ref_w[other].detach()):
-                return (f"your {name} holds the numbers the reference puts in {other}: create the three "
-                        f"projections in the order W_query, W_key, W_value (with a fixed seed, the order of "
-                        f"creation decides which random numbers each one gets).")
-        return f"your {name} is not initialised like the reference: {how}."
-    return None
-
-
-def _module_diagnose(student_cls: Callable, reference_cls: Callable, project: Callable, how: str,
-                     shape_hint: str, error_hint: str | None = None):
-    """A ``diagnose(args, case)`` for a self-attention class; ``project(module, x)`` gives its q, k, v.
-
-    ``shape_hint`` is said when the parameters have the reference's shapes transposed;
-    ``error_hint`` when the forward pass of a 2-D input raises a shape error.
-    """
-
-    def diagnose(args: tuple, case: Case) -> str | None:
-        torch.manual_seed(123)
-        ref = reference_cls(*args)
-        torch.manual_seed(123)
-        student = student_cls(*args)
-        ref_shapes = [tuple(p.shape) for p in ref.parameters()]
-        stu_shapes = [tuple(p.shape) for p in student.parameters()]
-        if ref_shapes != stu_shapes:
-            if len(ref_shapes) > len(stu_shapes) and any(len(s) == 1 for s in ref_shapes):
-                return ("with qkv_bias=True each nn.Linear needs a bias: pass bias=qkv_bias "
-                        "to nn.Linear instead of a fixed value.")
-            if len(stu_shapes) > len(ref_shapes) and any(len(s) == 1 for s in stu_shapes):
-                return ("nn.Linear has a bias unless told otherwise (bias=True is its default): pass "
-                        "bias=qkv_bias, so that qkv_bias=False gives no bias.")
-            if stu_shapes == [tuple(reversed(s)) for s in ref_shapes]:
-                return shape_hint
-            return None
-        order = _order_hint(student, ref, how)
-        if order:
-            return order
-        x = case.args[0]
+    def _student(build: tuple) -> nn.Module | None:
         try:
-            got = student(x.clone())
-        except Exception as exc:  # noqa: BLE001
-            if x.dim() == 2 and error_hint and ("shape" in str(exc) or "size" in str(exc)):
-                return error_hint
-            got = exc
-        with torch.no_grad():
-            q, k, v = project(ref, x)
-            return attention_hint(q, k, v, got if isinstance(got, Exception) else got.detach(), d_in=args[0])
+            return construct(student_cls, build)
+        except Exception:  # noqa: BLE001 - no hint then
+            return None
+
+    def _shapes_hint(build: tuple, built: nn.Module | None) -> str | None:
+        if not isinstance(built, nn.Module):
+            return None
+        want = [tuple(s) for s in expect(
+            exercise, f"parameter shapes {build}",
+            lambda: parameter_shapes(construct(_expected.reference(exercise), build)))]
+        got = parameter_shapes(built)
+        if len(want) > len(got) and any(len(s) == 1 for s in want) and not any(len(s) == 1 for s in got):
+            return "with qkv_bias=True each nn.Linear needs a bias: pass bias=qkv_bias to nn.Linear instead of a fixed value."
+        if len(got) > len(want) and any(len(s) == 1 for s in got) and not any(len(s) == 1 for s in want):
+            return ("nn.Linear has a bias unless told otherwise (bias=True is its default): pass bias=qkv_bias, so "
+                    "that qkv_bias=False gives no bias.")
+        if len(got) == len(want) and got != want and got == [tuple(reversed(s)) for s in want]:
+            return transposed_hint
+        return None
 
     return diagnose
 
 
-def _v1_configs(hidden: bool) -> list[tuple[tuple, list[Case]]]:
-    configs = [
+def _v1_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((3, 2), [Case("book sentence (6, 3)", (book_inputs(),))]),
         ((4, 3), [Case("T=5, d_in=4", (rand(5, 4, seed=71),))]),
     ]
-    if hidden:
-        configs += [
-            ((3, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
-            ((8, 4), [Case("batch (2, 7, 8)", (rand(2, 7, 8, seed=72),)), Case("one token (1, 8)", (rand(1, 8, seed=73),))]),
-            ((5, 5), [Case("two batch dims (3, 2, 4, 5)", (rand(3, 2, 4, 5, seed=74),))]),
-            ((6, 1), [Case("d_out=1, T=4", (rand(4, 6, seed=75),))]),
-        ]
-    return configs
 
 
+@check
 def check_SelfAttention_v1(SelfAttention_v1: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v1(d_in, d_out)`` and the reference with one seed and compare their outputs."""
+    """Build ``SelfAttention_v1(d_in, d_out)`` with the course's seed and compare its outputs with the expected ones."""
     diagnose = _module_diagnose(
-        SelfAttention_v1, reference.SelfAttention_v1,
-        lambda m, x: (x @ m.W_query, x @ m.W_key, x @ m.W_value),
-        "use nn.Parameter(torch.rand(d_in, d_out)) (uniform on [0, 1), shape (d_in, d_out)), not torch.randn",
-        "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).",
-    )
-    compare_module("SelfAttention_v1", SelfAttention_v1, reference.SelfAttention_v1,
-                   _v1_configs(hidden), diagnose=diagnose)
+        "SelfAttention_v1", SelfAttention_v1, nn.Parameter,
+        "SelfAttention_v1 keeps each projection as a matrix, nn.Parameter(torch.rand(d_in, d_out)), and computes "
+        "x @ W; nn.Linear layers are SelfAttention_v2's way.",
+        "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).")
+    compare_module("SelfAttention_v1", SelfAttention_v1,
+                   _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else []), diagnose=diagnose)
 
 
+@check
 def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` and the reference with one seed and compare outputs."""
+    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` with the course's seed and compare its outputs with the expected ones."""
     configs = [
         ((3, 2), [Case("book sentence (6, 3)", (book_inputs(),))]),
         ((4, 3), [Case("T=5, d_in=4", (rand(5, 4, seed=81),))]),
     ]
-    if hidden:
-        configs += [
-            ((3, 2, True), [Case("qkv_bias=True, book sentence", (book_inputs(),)),
-                            Case("qkv_bias=True, book batch (2, 6, 3)", (book_batch(),))]),
-            ((8, 4), [Case("batch (2, 7, 8)", (rand(2, 7, 8, seed=82),))]),
-            ((5, 5, True), [Case("qkv_bias=True, two batch dims (3, 2, 4, 5)", (rand(3, 2, 4, 5, seed=83),))]),
-            ((6, 1, False), [Case("d_out=1, one token (1, 6)", (rand(1, 6, seed=84),))]),
-        ]
     diagnose = _module_diagnose(
-        SelfAttention_v2, reference.SelfAttention_v2,
-        lambda m, x: (m.W_query(x), m.W_key(x), m.W_value(x)),
-        "use nn.Linear(d_in, d_out, bias=qkv_bias) for each projection",
-        "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as "
-        "(d_out, d_in).",
-        "nn.Linear's weight is stored as (d_out, d_in): call the layer, self.W_query(x), which computes "
-        "x @ weight.T (+ bias), instead of multiplying by the weight yourself.",
-    )
-    compare_module("SelfAttention_v2", SelfAttention_v2, reference.SelfAttention_v2, configs, diagnose=diagnose)
+        "SelfAttention_v2", SelfAttention_v2, nn.Linear,
+        "SelfAttention_v2 builds each projection as a layer, nn.Linear(d_in, d_out, bias=qkv_bias), and calls it: "
+        "self.W_query(x).",
+        "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as (d_out, d_in).")
+    compare_module("SelfAttention_v2", SelfAttention_v2,
+                   configs + (hidden_cases("SelfAttention_v2") if hidden else []), diagnose=diagnose)
 
 
 # --------------------------------------------------------------------------------------------
 # copy_v2_weights_to_v1 (the book's exercise 3.1)
 # --------------------------------------------------------------------------------------------
 _TRANSPOSE_HINT = ("did you transpose? nn.Linear stores its weight as (d_out, d_in) and computes x @ weight.T, "
-                   "while SelfAttention_v1 computes x @ W with W of shape (d_in, d_out): W = weight.T.")
+                   "while SelfAttention_v1 computes x @ W with W of shape (d_in, d_out).")
 
 
-def _copy_case(copy_fn: Callable, d_in: int, d_out: int, x: torch.Tensor, label: str) -> None:
+class _LinearProjections(nn.Module):
+    """Stands in for a ``SelfAttention_v2(d_in, d_out, qkv_bias=False)``: its three projections,
+    ``nn.Linear`` layers without bias whose weights are the given ``(3, d_out, d_in)`` numbers."""
+
+    def __init__(self, weights: torch.Tensor):
+        super().__init__()
+        d_out, d_in = weights.shape[1:]
+        self.d_in = d_in
+        for name, w in zip(_NAMES, weights):
+            layer = nn.Linear(d_in, d_out, bias=False)
+            layer.weight = nn.Parameter(w.clone())
+            setattr(self, name, layer)
+
+
+class _MatrixProjections(nn.Module):
+    """Stands in for a ``SelfAttention_v1(d_in, d_out)``: three parameters holding the given
+    ``(3, d_in, d_out)`` numbers."""
+
+    def __init__(self, weights: torch.Tensor):
+        super().__init__()
+        self.d_in = weights.shape[1]
+        for name, w in zip(_NAMES, weights):
+            setattr(self, name, nn.Parameter(w.clone()))
+
+
+def copy_case(d_in: int, d_out: int, name: str, *, seed: int) -> Case:
+    """A case of ``copy_v2_weights_to_v1``: the weights of the v2 and the v1 module, ``(3, d_out, d_in)``
+    and ``(3, d_in, d_out)``, drawn from ``seed``."""
+    return Case(name, (rand(3, d_out, d_in, seed=seed), rand(3, d_in, d_out, seed=seed + 1, low=0.0)))
+
+
+def after_copy(copy: Callable, v2_weights: torch.Tensor, v1_weights: torch.Tensor) -> torch.Tensor:
+    """The v1 module's three parameters, stacked, after ``copy(sa_v2, sa_v1)`` on modules holding these weights."""
+    sa_v2, sa_v1 = _LinearProjections(v2_weights), _MatrixProjections(v1_weights)
+    copy(sa_v2, sa_v1)
+    return torch.stack([getattr(sa_v1, name).detach() for name in _NAMES])
+
+
+def _copy_diagnose(case: Case, got: object, want: object) -> str | None:
+    if isinstance(got, BaseException):
+        text = str(got)
+        if "leaf Variable" in text:
+            return ("an nn.Parameter that requires grad cannot be changed in place while autograd records: copy "
+                    "into it inside `with torch.no_grad():`.")
+        if "cannot assign" in text:
+            return ("sa_v1's W_query, W_key and W_value are nn.Parameters: copy the numbers into them under "
+                    "torch.no_grad() (W.copy_(...)), or assign a new nn.Parameter.")
+        if "size" in text or "shape" in text:
+            return _TRANSPOSE_HINT
+        return None
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape:
+        for i, name in enumerate(_NAMES):
+            for j, other in enumerate(_NAMES):
+                if i != j and tensor_difference(want[j], got[i]) is None and tensor_difference(want[i], got[i]):
+                    return (f"sa_v1.{name} holds what belongs in sa_v1.{other}: copy each projection of sa_v2 into "
+                            f"the one of the same name.")
+    return None
+
+
+def _copy_case(copy_fn: Callable, case: Case) -> None:
     exercise = "copy_v2_weights_to_v1"
-    case = Case(label)
-    torch.manual_seed(11)
-    sa_v2 = reference.SelfAttention_v2(d_in, d_out)
-    torch.manual_seed(12)
-    sa_v1 = reference.SelfAttention_v1(d_in, d_out)
-    v2_before = {k: v.detach().clone() for k, v in sa_v2.state_dict().items()}
-    v1_before = {n: getattr(sa_v1, n).detach().clone() for n in _NAMES}
+    v2_weights, v1_weights = case.args
+    d_out, d_in = v2_weights.shape[1:]
+    want = expect(exercise, case.key(),
+                  lambda: after_copy(_expected.reference(exercise), v2_weights, v1_weights))
+    if _expected.is_recording():
+        mistake_outputs(exercise, case)
+
+    def failure(message: str, got: object) -> None:
+        try:
+            fail(exercise, message, case)
+        except CheckFailed as error:
+            hint = explain(exercise, case, got, want, _copy_diagnose)
+            raise CheckFailed(f"{error} Hint: {hint}" if hint else str(error)) from None
+
+    sa_v2, sa_v1 = _LinearProjections(v2_weights), _MatrixProjections(v1_weights)
     try:
         copy_fn(sa_v2, sa_v1)
     except NotImplementedError:
-        fail(exercise, "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell")
+        fail(exercise, NOT_IMPLEMENTED)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
-        hint = f" Hint: {_TRANSPOSE_HINT}" if "size" in str(exc) or "shape" in str(exc) else ""
-        fail(exercise, f"your code raised {type(exc).__name__}: {exc}.{hint}", case)
-    for key, before in v2_before.items():
-        if not torch.equal(sa_v2.state_dict()[key], before):
-            fail(exercise, f"your function changed sa_v2's {key}. Copy FROM sa_v2 (the nn.Linear version) INTO "
+        text = f"your code raised {type(exc).__name__}: {exc}"
+        failure(text if text.endswith((".", "?", "!")) else text + ".", exc)
+    for index, name in enumerate(_NAMES):
+        layer = getattr(sa_v2, name, None)
+        if not isinstance(layer, nn.Linear) or not torch.equal(layer.weight.detach(), v2_weights[index]):
+            fail(exercise, f"your function changed sa_v2.{name}. Copy FROM sa_v2 (the nn.Linear version) INTO "
                            f"sa_v1; sa_v2 must stay as it was.", case)
-    for name in _NAMES:
+    for index, name in enumerate(_NAMES):
         now = getattr(sa_v1, name, None)
         if not isinstance(now, nn.Parameter):
             fail(exercise, f"sa_v1.{name} is no longer an nn.Parameter (got {type(now).__name__}): keep it a "
                            f"parameter so that it is still trained, e.g. copy into it under torch.no_grad().", case)
-        linear_w = sa_v2.state_dict()[f"{name}.weight"]  # (d_out, d_in)
-        if tuple(now.shape) == tuple(linear_w.shape) and d_in != d_out:
+        if tuple(now.shape) == (d_out, d_in) and d_in != d_out:
             fail(exercise, f"sa_v1.{name} now has shape {tuple(now.shape)} = (d_out, d_in); v1 needs (d_in, d_out) "
                            f"= {(d_in, d_out)}. Hint: {_TRANSPOSE_HINT}", case)
         if tuple(now.shape) != (d_in, d_out):
             fail(exercise, f"sa_v1.{name} has shape {tuple(now.shape)}, expected (d_in, d_out) = {(d_in, d_out)}.", case)
-        if torch.equal(now.detach(), linear_w):
-            fail(exercise, f"sa_v1.{name} holds sa_v2.{name}.weight untransposed. Hint: {_TRANSPOSE_HINT}", case)
-        if d_in != d_out and torch.equal(now.detach(), linear_w.reshape(d_in, d_out)):
-            fail(exercise, f"sa_v1.{name} holds sa_v2.{name}.weight reshaped to (d_in, d_out). reshape and view "
-                           f"keep the numbers in memory order; they do not transpose. Hint: {_TRANSPOSE_HINT}", case)
-        if torch.equal(now.detach(), v1_before[name]):
-            fail(exercise, f"sa_v1.{name} was not changed. Your function must modify sa_v1 itself (its return "
-                           f"value is ignored).", case)
-        problem = tensor_difference(linear_w.T, now.detach())
-        if problem:
-            for other in _NAMES:
-                if other != name and torch.equal(now.detach(), sa_v2.state_dict()[f"{other}.weight"].T):
-                    fail(exercise, f"sa_v1.{name} holds the weight of sa_v2.{other}: copy each projection into "
-                                   f"the one of the same name.", case)
-            fail(exercise, f"sa_v1.{name} should equal sa_v2.{name}.weight.T: {problem}.", case)
-    with torch.no_grad():
-        expected = sa_v2(x)
-        try:
-            got = sa_v1(x)
-        except Exception as exc:  # noqa: BLE001
-            fail(exercise, f"after your copy, sa_v1({describe_shape(x)}) raised {type(exc).__name__}: {exc}", case)
-    problem = tensor_difference(expected, got)
-    if problem:
-        fail(exercise, f"after the copy, sa_v1 and sa_v2 give different outputs: {problem}", case)
+    got = torch.stack([getattr(sa_v1, name).detach() for name in _NAMES])
+    for index, name in enumerate(_NAMES):
+        problem = tensor_difference(want[index], got[index])
+        if problem is None:
+            continue
+        if torch.equal(got[index], v1_weights[index]):
+            unchanged = [n for i, n in enumerate(_NAMES) if torch.equal(got[i], v1_weights[i])]
+            fail(exercise, f"sa_v1.{', sa_v1.'.join(unchanged)} {'was' if len(unchanged) == 1 else 'were'} not "
+                           f"changed. Your function must modify sa_v1 itself (its return value is ignored).", case)
+        failure(f"sa_v1.{name} does not hold what the copy must put there: {problem}.", got)
 
 
+@check
 def check_copy_v2_weights_to_v1(copy_v2_weights_to_v1: Callable, hidden: bool = False) -> None:
-    """Build a v2 and a v1 module with different seeds, call the copy, then compare both modules' outputs.
+    """Fill a v2 and a v1 module with different numbers, call the copy, then compare v1's parameters
+    with the expected ones.
 
     Also checks that ``sa_v2`` is untouched and that ``sa_v1`` keeps three ``(d_in, d_out)`` parameters.
     """
@@ -327,16 +324,10 @@ def check_copy_v2_weights_to_v1(copy_v2_weights_to_v1: Callable, hidden: bool = 
     require_callable(exercise, copy_v2_weights_to_v1)
     check_rules(exercise, copy_v2_weights_to_v1)
     cases = [
-        (3, 2, book_inputs(), "book sizes d_in=3, d_out=2"),
-        (4, 6, rand(5, 4, seed=91), "d_in=4, d_out=6"),
-    ]
-    if hidden:
-        cases += [
-            (3, 3, book_inputs(), "square d_in=d_out=3"),
-            (8, 2, rand(2, 7, 8, seed=92), "d_in=8, d_out=2, batch (2, 7, 8)"),
-            (5, 5, rand(2, 4, 5, seed=93), "square d_in=d_out=5, batch (2, 4, 5)"),
-        ]
-    for d_in, d_out, x, label in cases:
-        _copy_case(copy_v2_weights_to_v1, d_in, d_out, x, label)
+        copy_case(3, 2, "book sizes d_in=3, d_out=2", seed=91),
+        copy_case(4, 6, "d_in=4, d_out=6", seed=93),
+    ] + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        _copy_case(copy_v2_weights_to_v1, case)
     passed(exercise, f"{len(cases)} copies make sa_v1 compute what sa_v2 computes "
-                     f"({'; '.join(c[3] for c in cases)})")
+                     f"({'; '.join(c.name for c in cases)})")

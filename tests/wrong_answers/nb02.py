@@ -1,10 +1,12 @@
 """Answers for notebook 02 (softmax and context vectors). See the package docstring for the format.
 
 Most wrong answers are a correct base answer (``_NAIVE``, ``_STABLE``, ``_CONTEXT``) with one
-change made by ``_edit``, so each reads as "the correct answer, except this line".
+change made by ``_edit``, so each reads as "the correct answer, except this line". Each states the
+words that its failure message must contain: the mistake, named.
 """
 
 from tests.wrong_answers import edit as _edit
+from tests.wrong_answers import wrong
 
 # A correct softmax_naive.
 _NAIVE = '''
@@ -36,69 +38,109 @@ def context_vectors(inputs):
 
 WRONG = {
     "softmax_naive": {
-        "library softmax": '''
+        "library softmax": wrong('''
 def softmax_naive(x, dim=-1):
     return torch.softmax(x, dim=dim)
-''',
-        "divides the scores by their sum, no exp": '''
+''', "a library softmax skips the point"),
+        "divides the scores by their sum, no exp": wrong('''
 def softmax_naive(x, dim=-1):
     return x / x.sum(dim=dim, keepdim=True)
-''',
-        "sums over dim=0 whatever dim says (the book's 1-D version)": '''
+''', "exp is missing"),
+        "sums over dim=0 whatever dim says (the book's 1-D version)": wrong('''
 def softmax_naive(x, dim=-1):
     return torch.exp(x) / torch.exp(x).sum(dim=0)
-''',
-        "forgets keepdim, so the sums broadcast along the wrong axis": _edit(
-            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum(dim=dim)"),
-        "normalises over the whole tensor": _edit(_NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum()"),
-        "divides by the largest exp instead of the sum": _edit(
-            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.amax(dim=dim, keepdim=True)"),
+''', "runs over dim=0 whatever the `dim` argument says"),
+        "forgets keepdim, so the sums broadcast along the wrong axis": wrong(_edit(
+            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum(dim=dim)"), "without keepdim=True"),
+        "normalises over the whole tensor": wrong(
+            _edit(_NAIVE, "e.sum(dim=dim, keepdim=True)", "e.sum()"), "the whole tensor sums to 1"),
+        "divides by the largest exp instead of the sum": wrong(_edit(
+            _NAIVE, "e.sum(dim=dim, keepdim=True)", "e.amax(dim=dim, keepdim=True)"), "divided by its largest entry"),
+        "divides exp(x) by the sum of x": wrong(_edit(
+            _NAIVE, "e / e.sum(dim=dim, keepdim=True)", "e / x.sum(dim=dim, keepdim=True)"), "not by the sum of x"),
+        "forgets to normalise": wrong(_edit(_NAIVE, "e / e.sum(dim=dim, keepdim=True)", "e"), "was not normalised"),
+        "always normalises the last dimension": wrong(_edit(_NAIVE, "dim=dim", "dim=-1"),
+                                                     "along the last dimension whatever the `dim` argument says"),
     },
     "softmax_stable": {
-        "no max subtraction (overflows on 1000s)": _edit(
-            _STABLE, "torch.exp(x - x.amax(dim=dim, keepdim=True))", "torch.exp(x)"),
-        "library softmax": '''
+        "no max subtraction (overflows on 1000s)": wrong(_edit(
+            _STABLE, "torch.exp(x - x.amax(dim=dim, keepdim=True))", "torch.exp(x)"), "exp overflowed"),
+        "library softmax": wrong('''
 def softmax_stable(x, dim=-1):
     return torch.nn.functional.softmax(x, dim=dim)
-''',
-        "max without keepdim broadcasts along the wrong axis": _edit(
-            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.max(dim=dim).values"),
-        "subtracts the max of the whole tensor (underflows rows far below it)": _edit(
+''', "a library softmax skips the point"),
+        "max without keepdim broadcasts along the wrong axis": wrong(_edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.max(dim=dim).values"), "the maximum lost its dimension"),
+        "subtracts the max of the whole tensor (underflows rows far below it)": wrong(_edit(
             _STABLE, "x.amax(dim=dim, keepdim=True)", "x.max()"),
-        "subtracts the mean instead of the max": _edit(
-            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.mean(dim=dim, keepdim=True)"),
-        "subtracts the min instead of the max": _edit(
-            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.amin(dim=dim, keepdim=True)"),
-        "clamps the scores instead of shifting them": _edit(
+            "The maximum of the whole tensor is not enough"),
+        "subtracts the mean instead of the max": wrong(_edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.mean(dim=dim, keepdim=True)"), "not the mean or the minimum"),
+        "subtracts the min instead of the max": wrong(_edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.amin(dim=dim, keepdim=True)"), "not the mean or the minimum"),
+        "clamps the scores instead of shifting them": wrong(_edit(
             _STABLE, "torch.exp(x - x.amax(dim=dim, keepdim=True))", "torch.exp(x.clamp(max=80.0))"),
-        "always normalises the last dimension": _edit(_STABLE, "dim=dim", "dim=-1", count=2),
-        "replaces -inf by a large negative number, then forgets the max": _edit(
+            "clamping the scores changes the result"),
+        "always normalises the last dimension": wrong(_edit(_STABLE, "dim=dim", "dim=-1", count=2),
+                                                     "along the last dimension whatever the `dim` argument says"),
+        "replaces -inf by a large negative number, then forgets the max": wrong(_edit(
             _STABLE,
             "    e = torch.exp(x - x.amax(dim=dim, keepdim=True))\n",
             "    x = torch.nan_to_num(x, neginf=-1e4)\n"
             "    e = torch.exp(x)\n",
-        ),
+        ), "exp overflowed"),
+        "shifts the numerator only": wrong(_edit(
+            _STABLE, "e / e.sum(dim=dim, keepdim=True)", "e / torch.exp(x).sum(dim=dim, keepdim=True)"),
+            "only the numerator was shifted"),
+        "takes the max along the last dimension only": wrong(_edit(
+            _STABLE, "x.amax(dim=dim, keepdim=True)", "x.amax(dim=-1, keepdim=True)"),
+            "the maximum is taken along the last dimension whatever `dim` says"),
     },
     "context_vectors": {
-        "softmax over dim=0": _edit(_CONTEXT, "dim=-1", "dim=0"),
-        "no softmax: raw scores as weights": '''
+        "softmax over dim=0": wrong(_edit(_CONTEXT, "dim=-1", "dim=0"), "the softmax ran over the queries' dimension"),
+        "no softmax: raw scores as weights": wrong('''
 def context_vectors(inputs):
     return (inputs @ inputs.transpose(-2, -1)) @ inputs
-''',
-        "sum-normalised weights": _edit(
+''', "no softmax"),
+        "sum-normalised weights": wrong(_edit(
             _CONTEXT, "torch.softmax(scores, dim=-1)", "(scores / scores.sum(dim=-1, keepdim=True))"),
-        "uses .T, which breaks batches": '''
+            "divided by their sum instead of softmaxed"),
+        "uses .T, which breaks batches": wrong('''
 def context_vectors(inputs):
     return torch.softmax(inputs @ inputs.T, dim=-1) @ inputs
-''',
-        "uses softmax_naive, which overflows on large inputs": _edit(_CONTEXT, "torch.softmax(", "softmax_naive("),
-        "scales by sqrt(d) (that is notebook 03)": _edit(
+''', "`.T` reverses every dimension"),
+        "uses softmax_naive, which overflows on large inputs": wrong(
+            _edit(_CONTEXT, "torch.softmax(", "softmax_naive("), "not softmax_naive"),
+        "scales by sqrt(d) (that is notebook 03)": wrong(_edit(
             _CONTEXT, "inputs.transpose(-2, -1)\n", "inputs.transpose(-2, -1) / inputs.shape[-1] ** 0.5\n"),
-        "returns the weights, not the context vectors": '''
+            "divided by sqrt(d)"),
+        "returns the weights, not the context vectors": wrong('''
 def context_vectors(inputs):
     return torch.softmax(inputs @ inputs.transpose(-2, -1), dim=-1)
-''',
-        "weights softmaxed over the batch-unaware dim=1": _edit(_CONTEXT, "dim=-1", "dim=1"),
+''', "these are the attention weights"),
+        "weights softmaxed over the batch-unaware dim=1": wrong(
+            _edit(_CONTEXT, "dim=-1", "dim=1"), "the softmax ran over the queries' dimension"),
+        "softmax too early: on the inputs, before the dot products": wrong('''
+def context_vectors(inputs):
+    weights = torch.softmax(inputs, dim=-1) @ inputs.transpose(-2, -1)
+    return weights @ inputs
+''', "the softmax came too early"),
+        "scores of the features, inputs^T @ inputs": wrong('''
+def context_vectors(inputs):
+    weights = torch.softmax(inputs.transpose(-2, -1) @ inputs, dim=-1)
+    return inputs @ weights
+''', "the scores compare features"),
+        "softmax applied twice": wrong(
+            _edit(_CONTEXT, "torch.softmax(scores, dim=-1)", "torch.softmax(torch.softmax(scores, dim=-1), dim=-1)"),
+            "the softmax was applied twice"),
+        "divides by d instead of nothing": wrong(_edit(
+            _CONTEXT, "inputs.transpose(-2, -1)\n", "inputs.transpose(-2, -1) / inputs.shape[-1]\n"),
+            "divided by d before the softmax"),
+        "matrix product with torch.mm, which is 2-D only": wrong('''
+def context_vectors(inputs):
+    weights = torch.softmax(torch.mm(inputs, inputs.transpose(-2, -1)), dim=-1)
+    return torch.mm(weights, inputs)
+''', "breaks on a batched input"),
     },
 }
 
