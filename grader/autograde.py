@@ -8,6 +8,7 @@ Layout out:
   ``DIR/cells.csv``    one row per graded test cell
   ``DIR/results.json`` everything above plus each test's message (used by ``grader feedback``)
   ``DIR/reports/<student>.md``  what was graded, repaired, flagged, per test
+  ``DIR/similarity.csv`` near-identical answers (instructor only; see :mod:`grader.similarity`)
   ``DIR/nbgrader/``    one nbgrader course folder: ``gradebook.db`` (every student), ``submitted/``
                        (the repaired copies) and ``autograded/``, usable with nbgrader's formgrader
 
@@ -46,12 +47,13 @@ from nbgrader.api import Gradebook, MissingEntry
 from traitlets.config import Config
 
 from course_utils import rules
-from grader import course, intake
+from grader import course, intake, similarity
 from grader.config import make_api
 from grader.intake import IntakeError, Submission
 
 GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file"]
 CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score", "passed", "message"]
+SIMILARITY_COLUMNS = ["notebook", "exercise", "student_a", "student_b", "similarity", "matched_tokens"]
 COURSE_ID = "attention-course"
 
 #: Defaults for the limits; the CLI exposes them.
@@ -524,8 +526,19 @@ def write_results(out: Path, results: list[Result]) -> None:
     (out / "results.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
-def write_reports(out: Path, results: list[Result]) -> None:
-    """``DIR/reports/<student>.md``: per notebook, the file, status, repairs, findings, each test."""
+def write_similarity(out: Path, pairs: list[similarity.Pair]) -> None:
+    """``DIR/similarity.csv``: one row per flagged pair (header only when there is none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "similarity.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(SIMILARITY_COLUMNS)
+        for p in sorted(pairs):
+            writer.writerow([p.notebook, p.exercise, p.student_a, p.student_b, f"{p.similarity:.3f}", p.matched_tokens])
+
+
+def write_reports(out: Path, results: list[Result], similar: list[similarity.Pair] | None = None) -> None:
+    """``DIR/reports/<student>.md``: per notebook, the file, status, repairs, findings, each test;
+    then the student's pairs in ``similar``, if any, under "Similarity (instructor only)"."""
     folder = out / "reports"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -545,6 +558,15 @@ def write_reports(out: Path, results: list[Result]) -> None:
                     msg = (c.comment or c.message or "").replace("|", "\\|").replace("\n", " ")[:300]
                     lines.append(f"| {c.grade_id} | {c.score:g} / {c.max_score:g} | "
                                  f"{'pass' if c.passed else 'FAIL'} | {msg} |")
+            lines.append("")
+        mine = [p for p in similar or [] if student in (p.student_a, p.student_b)]
+        if mine:
+            lines += ["## Similarity (instructor only)", "",
+                      "Answers near-identical after normalising names, comments, formatting and strings "
+                      "(see similarity.csv): a lead to read both, not a verdict; no score depends on it.", "",
+                      "| notebook | exercise | similar to | similarity | matched tokens |", "|---|---|---|---|---|"]
+            lines += [f"| {p.notebook} | {p.exercise} | {p.student_b if p.student_a == student else p.student_a} "
+                      f"| {p.similarity:.2f} | {p.matched_tokens} |" for p in mine]
             lines.append("")
         (folder / f"{_safe(student)}.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -597,9 +619,11 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
 
 def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
               cell_timeout: int = CELL_TIMEOUT, notebook_timeout: int = NOTEBOOK_TIMEOUT,
-              memory: int = MEMORY, progress: bool = True) -> int:
+              memory: int = MEMORY, progress: bool = True,
+              similarity_max_share: int = similarity.MAX_SHARE) -> int:
     """Grade every submission; write the CSVs, reports and gradebook. Returns the exit code:
-    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise."""
+    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise.
+    ``similarity_max_share``: copy detection ignores code found in more students' answers than this."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     try:
         sandbox, message = sandbox_settings(allow_unsandboxed)
@@ -677,7 +701,11 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     shutil.rmtree(work_root, ignore_errors=True)
     write_csvs(out, results)
     write_results(out, results)
-    write_reports(out, results)
+    # Copy detection, after the grades are written: its own file and the reports only, never
+    # results.json (the students' feedback) or a score.
+    similar = similarity.find_similar(results, max_share=similarity_max_share)
+    write_similarity(out, similar)
+    write_reports(out, results, similar)
     ok = sum(1 for r in results if r.status.startswith("ok"))
     print(f"graded {ok} of {len(results)} submitted files ({'sandboxed' if sandbox else 'UNSANDBOXED'}); "
           f"see {out / 'grades.csv'} and {out / 'reports'}", file=sys.stderr)

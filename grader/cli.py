@@ -75,7 +75,8 @@ def cmd_autograde(args: argparse.Namespace) -> int:
 
     return autograde(Path(args.submissions), Path(args.out), workers=args.workers,
                      allow_unsandboxed=args.allow_unsandboxed, cell_timeout=args.cell_timeout,
-                     notebook_timeout=args.notebook_timeout, memory=int(args.memory_gb * 1024**3))
+                     notebook_timeout=args.notebook_timeout, memory=int(args.memory_gb * 1024**3),
+                     similarity_max_share=args.similarity_max_share)
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=int, default=60, help="seconds per cell before it is interrupted")
     p.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook in all")
     p.add_argument("--memory-gb", type=float, default=4.0, help="memory (address space) per student kernel, GiB")
+    p.add_argument("--similarity-max-share", type=int, default=10, metavar="N",
+                   help="copy detection (similarity.csv, instructor only) ignores code found in more than N "
+                        "students' answers to an exercise, as MOSS does (default 10)")
     p.set_defaults(func=cmd_autograde)
 
     p = sub.add_parser("feedback", help="DIR/feedback/<student>/<notebook>.html from an autograde run "
