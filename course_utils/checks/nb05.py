@@ -1,40 +1,42 @@
 """Self-checks for notebook 05: multi-head attention, from a list of heads to split weights.
 
-Besides comparing with the reference, the checks recognise the classic mistakes by their symptoms:
-one head repeated, heads concatenated on the wrong dimension, ``view`` without ``transpose`` (when
-splitting or merging heads), ``view`` on a non-contiguous tensor, a missing ``out_proj``, the
-``d_out``-per-head versus ``d_out``-total confusion, and counting frozen parameters or buffers.
+Outputs are compared with the expected ones (see :mod:`course_utils.checks.expected`). Before and
+after that, the checks name a mistake by its symptom: parameters of the wrong shapes (one head
+repeated, the ``d_out``-per-head versus ``d_out``-total confusion, a missing ``out_proj`` or bias,
+layers created in another order), heads joined on the wrong dimension or added, one head's output
+repeated, ``view`` on a non-contiguous tensor, a module that sees the future, NaN in the output;
+and the known mistakes by their exact outputs.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from course_utils import reference
+from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
     Case,
-    call_student,
+    CheckFailed,
+    build_student,
+    check,
+    check_causal,
     check_rules,
     compare_function,
     compare_module,
-    describe_shape,
+    construct,
+    expect,
     fail,
+    hidden_cases,
+    parameter_shapes,
     passed,
     rand,
     require_callable,
     tensor_difference,
 )
-from course_utils.checks.nb04 import (
-    build_student,
-    check_causal_module,
-    check_module_class,
-    check_truncated,
-    run_module,
-)
+from course_utils.checks.modules import check_causal_module, check_finite, check_module_class, check_truncated
 from course_utils.data import book_batch
 
 __all__ = [
@@ -46,348 +48,333 @@ __all__ = [
 ]
 
 
-def _param_shapes(cls: Callable, args: tuple) -> list[tuple[int, ...]] | None:
-    """Parameter shapes of ``cls(*args)``, or ``None`` if it cannot be built."""
+# ------------------------------------------------------------------------------------------
+# Shared by the module checks of notebooks 05 and 06
+# ------------------------------------------------------------------------------------------
+def expected_shapes(exercise: str, build: tuple) -> list[tuple[int, ...]]:
+    """The expected parameter shapes of the exercise's module built with ``build`` (live or recorded)."""
+    want = expect(exercise, f"parameter shapes {build}",
+                  lambda: parameter_shapes(construct(_expected.reference(exercise), build)))
+    return [tuple(s) for s in want]
+
+
+def student_shapes(exercise: str, cls: Callable, build: tuple) -> list[tuple[int, ...]] | None:
+    """The parameter shapes of ``cls(*build)``, or ``None`` when it cannot be built (reported later)."""
     try:
-        module = cls(*args)
-    except Exception:  # noqa: BLE001 - build_pair reports construction errors
+        module = construct(cls, build)
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
         return None
-    return [tuple(p.shape) for p in module.parameters()]
+    return parameter_shapes(module) if isinstance(module, nn.Module) else None
+
+
+def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build: tuple) -> str | None:
+    """Name what differs between two lists of parameter shapes, when it is a known pattern.
+
+    ``build`` follows the book's constructor, ``(d_in, d_out, context_length, dropout, num_heads,
+    qkv_bias)``.
+    """
+    if got == want:
+        return None
+    if sorted(got) == sorted(want):
+        return ("the right parameters, created in another order: create the layers in the order the exercise "
+                "gives, so that the course's seed gives them the same values as ours")
+    d_out = build[1]
+    if len(got) < len(want) and got == want[:len(got)] and want[len(got):] == [(d_out, d_out), (d_out,)]:
+        return ("out_proj is missing: after merging the heads the module applies self.out_proj = nn.Linear(d_out, "
+                "d_out), created after the query, key and value projections")
+    matrices = [s for s in got if len(s) != 1] == [s for s in want if len(s) != 1]
+    if matrices and len(got) != len(want):
+        qkv_bias = len(build) > 5 and bool(build[5])
+        if len(got) < len(want) and qkv_bias:
+            return ("a bias is missing: with qkv_bias=True the query, key and value projections have biases: pass "
+                    "bias=qkv_bias to their nn.Linear")
+        if len(got) < len(want):
+            return ("a bias is missing: only the query, key and value projections follow qkv_bias; out_proj keeps "
+                    "nn.Linear's default bias")
+        if not qkv_bias:
+            return ("a bias too many: with qkv_bias=False the query, key and value projections have no bias: pass "
+                    "bias=qkv_bias to their nn.Linear")
+    return None
+
+
+def check_shapes(exercise: str, cls: Callable, build: tuple,
+                 specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
+    """Fail with a named cause when ``cls(*build)`` has parameters of other shapes than expected and
+    the difference is a known pattern (otherwise ``build_student`` reports it)."""
+    want = expected_shapes(exercise, build)
+    got = student_shapes(exercise, cls, build)
+    if got is None or got == want:
+        return
+    problem = (specific(got, want, build) if specific else None) or shape_problem(got, want, build)
+    if problem:
+        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: "
+                       f"{problem}.")
+
+
+def not_causal(exercise: str, cls: Callable) -> Callable:
+    """A ``diagnose`` for module comparisons: when no known mistake explains a difference, say whether
+    the student's module sees the future on the case's input."""
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        if isinstance(got, BaseException) or case.build is None or not case.args:
+            return None
+        x = case.args[0]
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 2:
+            return None
+        module = construct(cls, case.build).eval()
+        try:
+            with torch.no_grad():
+                check_causal(exercise, module, x)
+        except CheckFailed as error:
+            text = str(error)
+            if "the future leaks" in text:
+                return "your module is not causal: " + text.split(": ", 1)[1]
+        return None
+    return diagnose
+
+
+def module_checks(exercise: str, cls: Callable, builds: Sequence[tuple],
+                  specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
+    """What every module check does first: the rules, then the parameter shapes of every build."""
+    require_callable(exercise, cls)
+    check_rules(exercise, cls)
+    for build in dict.fromkeys(builds):
+        check_shapes(exercise, cls, build, specific)
+
+
+def finite_then_values(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
+    """Build ``cls`` with ``config``'s arguments; its output must be finite (checked first: NaN is never
+    equal to anything), then equal to the expected one in ``eval()`` mode, with known mistakes named."""
+    build, cases = config
+    student = build_student(exercise, cls, build)
+    for case in cases:
+        check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
+    compare_module(exercise, cls, [config], quiet=True, diagnose=diagnose)
+
+
+def _hidden_modules(exercise: str, hidden: bool) -> dict:
+    return hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
 
 
 # ------------------------------------------------------------------------------------------
 # MultiHeadAttentionWrapper
 # ------------------------------------------------------------------------------------------
-def _wrapper_structure(exercise: str, cls: Callable) -> None:
-    """Recognise a repeated head and the d_out confusion from the parameters alone."""
-    args = (3, 6, 6, 0.0, 3)
-    shapes = _param_shapes(cls, args)
-    expected = _param_shapes(reference.MultiHeadAttentionWrapper, args)
-    if shapes is None or shapes == expected:
-        return
-    if not shapes:
-        fail(exercise, "the module has no parameters: heads kept in a plain Python list are invisible to "
-                       ".parameters(), .to(...) and state_dict. Hold them in an nn.ModuleList")
-    if len(shapes) * 3 == len(expected) and shapes == expected[: len(shapes)]:
-        fail(exercise, f"one head repeated: built with num_heads=3 it has the parameters of ONE head {shapes}. "
-                       f"`nn.ModuleList([head] * n)` (or a list comprehension over one existing head) holds the same "
-                       f"module n times, so all heads share weights. Create a new CausalAttention per head")
-    if shapes[0] == (2, 3):
-        fail(exercise, f"each head has d_out // num_heads outputs (parameters {shapes[:3]} for d_out=6, num_heads=3). "
-                       f"In the wrapper d_out is the size of ONE head: build every head with CausalAttention(d_in, "
-                       f"d_out, ...); the output then has num_heads * d_out columns")
+#: Three heads of 2 (d_out=6 would be 2 per head in MultiHeadAttention): shows the d_out confusion.
+_WRAPPER_SHAPES = (3, 6, 6, 0.0, 3)
 
 
-def _wrapper_output_shape(exercise: str, student: nn.Module, ref: nn.Module, x: torch.Tensor, heads: int) -> None:
-    """Name a concatenation on the wrong dimension, or a repeated head, from one output."""
-    student.eval()
-    ref.eval()
-    got = run_module(exercise, student, x, "book batch")
-    expected = ref(x)
-    if not isinstance(got, torch.Tensor):
-        fail(exercise, f"forward must return a tensor, got {type(got).__name__}")
-    b, T, total = expected.shape
+def _wrapper_shapes(got: list, want: list, build: tuple) -> str | None:
+    d_in, d_out, heads = build[0], build[1], build[4]
+    if not got:
+        return ("the module has no parameters: heads kept in a plain Python list are invisible to .parameters(), "
+                ".to(...) and state_dict. Hold them in an nn.ModuleList")
+    if heads > 1 and len(got) * heads == len(want) and got == want[:len(got)]:
+        return (f"one head repeated: with num_heads={heads} it has the parameters of ONE head. "
+                f"`nn.ModuleList([head] * n)` (or a list comprehension over one existing head) holds the same module "
+                f"n times, so all heads share weights. Create a new CausalAttention per head")
+    if heads > 1 and d_out % heads == 0 and got[0] == (d_out // heads, d_in):
+        return (f"each head has d_out // num_heads = {d_out // heads} outputs. In the wrapper d_out is the size of ONE "
+                f"head: build every head with CausalAttention(d_in, d_out, ...); the output then has num_heads * d_out "
+                f"columns")
+    return None
+
+
+def _wrapper_diagnose(case: Case, got: object, want: object) -> str | None:
+    """Heads joined on the wrong dimension, added up, or one head's output repeated."""
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or case.build is None:
+        return None
+    heads = case.build[4]
+    b, T, total = want.shape
     d = total // heads
-    wrong_dims = {(b * heads, T, d): 0, (b, T * heads, d): 1, (heads, b, T, d): "a new dim 0 (torch.stack)",
-                  (b, T, heads, d): "a new dim 2 (torch.stack)"}
     shape = tuple(got.shape)
-    if shape in wrong_dims and shape != tuple(expected.shape):
-        fail(exercise, f"heads concatenated on the wrong dim ({wrong_dims[shape]}): expected {tuple(expected.shape)}, "
-                       f"got {shape}. Concatenate the heads' (b, T, d_out) outputs along the last dim, "
-                       f"torch.cat(..., dim=-1)")
-    if shape == tuple(expected.shape) and heads > 1:
-        blocks = got.detach().split(d, dim=-1)
-        if all(torch.allclose(blocks[0], blk) for blk in blocks[1:]):
-            fail(exercise, "one head repeated: every head's block of the output is the same. Call each head in "
-                           "self.heads once (e.g. [head(x) for head in self.heads]) and make sure they are distinct modules")
+    if heads < 2:
+        return None
+    if shape != tuple(want.shape):
+        wrong_dim = {(b * heads, T, d): "dim 0, the batch", (b, T * heads, d): "dim 1, the tokens",
+                     (heads, b, T, d): "a new dim 0 (torch.stack)", (b, heads, T, d): "a new dim 1 (torch.stack)",
+                     (b, T, heads, d): "a new dim 2 (torch.stack)"}
+        if shape in wrong_dim:
+            return (f"the heads are joined on the wrong dim ({wrong_dim[shape]}): concatenate the heads' (b, T, d_out) "
+                    f"outputs along the last dim, torch.cat(..., dim=-1), to get (b, T, num_heads * d_out).")
+        if shape == (b, T, d):
+            blocks = want.split(d, dim=-1)
+            total_out = sum(blocks[1:], blocks[0])
+            if tensor_difference(total_out, got) is None:
+                return "the heads' outputs are added up: concatenate them along the last dim, torch.cat(..., dim=-1)."
+            if tensor_difference(total_out / heads, got) is None:
+                return "the heads' outputs are averaged: concatenate them along the last dim, torch.cat(..., dim=-1)."
+            return "the output has the size of one head: concatenate all heads' outputs along the last dim."
+        return None
+    blocks = got.detach().split(d, dim=-1)
+    if all(torch.allclose(blocks[0], block) for block in blocks[1:]):
+        return ("one head repeated: every head's block of the output is the same. Call each head in self.heads once "
+                "(e.g. [head(x) for head in self.heads]) and make sure they are distinct modules.")
+    return None
 
 
+@check
 def check_MultiHeadAttentionWrapper(MultiHeadAttentionWrapper: Callable, hidden: bool = False) -> None:
     """Check ``MultiHeadAttentionWrapper(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``."""
     exercise = "MultiHeadAttentionWrapper"
-    require_callable(exercise, MultiHeadAttentionWrapper)
-    check_rules(exercise, MultiHeadAttentionWrapper)
-    _wrapper_structure(exercise, MultiHeadAttentionWrapper)
+    cls = MultiHeadAttentionWrapper
     batch = book_batch()
-    student, ref = build_student(exercise, MultiHeadAttentionWrapper, reference.MultiHeadAttentionWrapper, (3, 2, 6, 0.0, 2))
-    _wrapper_output_shape(exercise, student, ref, batch, 2)
-    check_truncated(exercise, student, rand(2, 4, 3, seed=81), 6, "built with (3, 2, 6, 0.0, 2)")
-    check_causal_module(exercise, student, batch)
+    extra = _hidden_modules(exercise, hidden)
     configs = [
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (batch,))]),
         ((3, 1, 6, 0.0, 2), [Case("exercise 3.2: d_out=1, two heads", (batch,))]),
         ((3, 2, 6, 0.5, 2), [Case("dropout 0.5, T=4", (rand(2, 4, 3, seed=82),))]),
-    ]
-    if hidden:
-        configs += [
-            ((4, 3, 8, 0.2, 3, True), [Case("qkv_bias=True, T=5", (rand(3, 5, 4, seed=83),)),
-                                       Case("T = context_length", (rand(1, 8, 4, seed=84),))]),
-            ((5, 4, 7, 0.0, 1), [Case("one head", (rand(2, 7, 5, seed=85),))]),
-            ((6, 2, 5, 0.1, 6), [Case("six heads, T=1", (rand(2, 1, 6, seed=86),)),
-                                 Case("six heads, T=5", (rand(2, 5, 6, seed=87),))]),
-        ]
-        student6, ref6 = build_student(exercise, MultiHeadAttentionWrapper, reference.MultiHeadAttentionWrapper,
-                                       (6, 2, 5, 0.0, 6))
-        _wrapper_output_shape(exercise, student6, ref6, rand(2, 5, 6, seed=88), 6)
-        check_causal_module(exercise, student6, rand(2, 5, 6, seed=89))
-    compare_module(exercise, MultiHeadAttentionWrapper, reference.MultiHeadAttentionWrapper, configs, train=True, quiet=True)
-    passed(exercise, f"outputs agree in eval() and train() mode for {len(configs)} constructions, exercise 3.2 included; "
-                     f"heads are distinct and concatenated on the last dim")
+    ] + extra["configs"]
+    module_checks(exercise, cls, [_WRAPPER_SHAPES] + [build for build, _ in configs], _wrapper_shapes)
+    first = configs[0][0]
+    student = build_student(exercise, cls, first)
+    check_finite(exercise, student, batch, f"built with {first}")
+    check_truncated(exercise, student, rand(2, 4, 3, seed=81), 6, f"built with {first}")
+    check_causal_module(exercise, student, batch)
+    for case in extra["causal"]:
+        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+    compare_module(exercise, cls, configs, train=True, quiet=True, diagnose=_wrapper_diagnose)
+    passed(exercise, f"outputs agree in eval() and train() mode for {len(configs)} constructions, exercise 3.2 "
+                     f"included; heads are distinct and concatenated on the last dim")
 
 
 # ------------------------------------------------------------------------------------------
 # split_heads / merge_heads
 # ------------------------------------------------------------------------------------------
-def _split_diagnosis(x: torch.Tensor, num_heads: int, got: object) -> str | None:
-    if not isinstance(got, torch.Tensor):
+def _split_diagnose(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return None
+    x, num_heads = case.args
     b, T, d = x.shape
-    D = d // num_heads
-    expected = reference.split_heads(x, num_heads)
-    if tensor_difference(expected, got) is None:
-        return None
-    if tuple(got.shape) == (b, T, num_heads, D) and (b, T, num_heads, D) != tuple(expected.shape):
-        return (f"got shape (b, T, num_heads, head_dim) = {tuple(got.shape)}: the view is right, now swap the token "
-                f"and head dimensions with .transpose(1, 2) to get (b, num_heads, T, head_dim)")
-    if tensor_difference(x.reshape(b, num_heads, T, D), got) is None:
-        return ("view without transpose: x.view(b, num_heads, T, head_dim) has the right shape but cuts the memory in "
-                "the wrong places, so one 'head' holds pieces of several tokens. View as (b, T, num_heads, head_dim) "
-                "(split the last dim), then transpose(1, 2)")
-    if tensor_difference(x.reshape(b, T, D, num_heads).permute(0, 3, 1, 2), got) is None:
-        return ("heads interleaved: head h must get the contiguous columns h*head_dim:(h+1)*head_dim. View as "
-                "(b, T, num_heads, head_dim), not (b, T, head_dim, num_heads)")
+    shape = (b, T, num_heads, d // num_heads)
+    if tuple(got.shape) == shape and shape != tuple(want.shape):
+        return (f"got shape (b, T, num_heads, head_dim) = {shape}: the token and head dimensions are not swapped "
+                f"yet; .transpose(1, 2) gives (b, num_heads, T, head_dim).")
     return None
 
 
+@check
 def check_split_heads(split_heads: Callable, hidden: bool = False) -> None:
     """Check ``split_heads(x, num_heads)``: ``(b, T, d)`` -> ``(b, num_heads, T, d // num_heads)``."""
-    exercise = "split_heads"
     cases = [
         Case("(2, 6, 4), 2 heads", (rand(2, 6, 4, seed=91), 2)),
         Case("(1, 5, 6), 3 heads", (rand(1, 5, 6, seed=92), 3)),
     ]
-    if hidden:
-        cases += [
-            Case("(3, 7, 12), 4 heads", (rand(3, 7, 12, seed=93), 4)),
-            Case("one head (2, 4, 8)", (rand(2, 4, 8, seed=94), 1)),
-            Case("head_dim 1: (2, 3, 5), 5 heads", (rand(2, 3, 5, seed=95), 5)),
-            Case("non-contiguous input (batch and tokens transposed)", (rand(6, 2, 8, seed=96).transpose(0, 1), 2)),
-            Case("T=1, (4, 1, 6), 2 heads", (rand(4, 1, 6, seed=97), 2)),
-        ]
-    require_callable(exercise, split_heads)
-    check_rules(exercise, split_heads)
-    compare_function(exercise, split_heads, reference.split_heads, cases, rules_apply=False,
-                     diagnose=lambda case, got: _split_diagnosis(*case.args, got))
+    compare_function("split_heads", split_heads, cases + (hidden_cases("split_heads") if hidden else []),
+                     diagnose=_split_diagnose)
 
 
-def _merge_diagnosis(x: torch.Tensor, got: object) -> str | None:
-    if not isinstance(got, torch.Tensor):
+def _split_input(name: str, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``split_heads(x, num_heads)``, an input of merge_heads: (b, H, T, D), laid out in memory like
+    the output of a transpose (recorded in the student edition, strides included)."""
+    return expect("merge_heads", f"input: {name}", lambda: _expected.reference("split_heads")(x, num_heads))
+
+
+def _merge_diagnose(case: Case, got: object, want: object) -> str | None:
+    if isinstance(got, RuntimeError):
+        text = str(got)
+        if "view size is not compatible" in text or "contiguous" in text:
+            return ("view on a transposed tensor: after transpose the memory is not contiguous, so .view raised. Call "
+                    ".contiguous() before .view(...), or use .reshape(...).")
         return None
-    b, H, T, D = x.shape
-    expected = reference.merge_heads(x)
-    if tensor_difference(expected, got) is None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
         return None
-    if tensor_difference(x.reshape(b, T, H * D), got) is None:
-        return ("view without transpose: (b, num_heads, T, head_dim) reshaped straight to (b, T, d) puts pieces of "
-                "different tokens into one row. transpose(1, 2) to (b, T, num_heads, head_dim) first")
-    if tensor_difference(x.permute(0, 2, 3, 1).reshape(b, T, H * D), got) is None:
-        return ("heads interleaved: the result must hold head 0's head_dim columns, then head 1's, ... Use "
-                "transpose(1, 2) (or permute(0, 2, 1, 3)), not permute(0, 2, 3, 1)")
+    _, H, _, D = case.args[0].shape
+    blocks = got.detach().split(D, dim=-1)
+    if H > 1 and all(torch.equal(blocks[0], block) for block in blocks[1:]):
+        return ("every head's block of head_dim columns in your output is the same: keep all heads, head h in "
+                "columns h*head_dim:(h+1)*head_dim.")
     return None
 
 
+@check
 def check_merge_heads(merge_heads: Callable, hidden: bool = False) -> None:
     """Check ``merge_heads(x)``: ``(b, H, T, D)`` -> ``(b, T, H * D)``, the inverse of ``split_heads``."""
-    exercise = "merge_heads"
-    cases = [
-        Case("output of split_heads (2, 2, 6, 3), not contiguous", (reference.split_heads(rand(2, 6, 6, seed=101), 2),)),
-        Case("(1, 3, 5, 2)", (rand(1, 3, 5, 2, seed=102),)),
-    ]
-    if hidden:
-        cases += [
-            Case("output of split_heads (3, 4, 7, 1), not contiguous", (reference.split_heads(rand(3, 7, 4, seed=103), 4),)),
-            Case("one head (2, 1, 4, 8)", (rand(2, 1, 4, 8, seed=104),)),
-            Case("(2, 8, 3, 2)", (rand(2, 8, 3, 2, seed=105),)),
-            Case("T=1 (3, 2, 1, 4)", (rand(3, 2, 1, 4, seed=106),)),
-        ]
-    require_callable(exercise, merge_heads)
-    check_rules(exercise, merge_heads)
-    for case in cases:
-        try:
-            got = merge_heads(case.args[0].clone())
-        except NotImplementedError:
-            fail(exercise, "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell")
-        except RuntimeError as exc:
-            if "view size is not compatible" in str(exc) or "contiguous" in str(exc):
-                fail(exercise, f"view on a transposed tensor: after transpose the memory is not contiguous, so "
-                               f".view raised: {str(exc).splitlines()[0]} Call .contiguous() before .view(...), or "
-                               f"use .reshape(...)", case)
-            fail(exercise, f"your code raised RuntimeError: {exc}", case)
-        except Exception as exc:  # noqa: BLE001
-            fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
-        problem = _merge_diagnosis(case.args[0], got)
-        if problem:
-            fail(exercise, f"{problem}. Input shape {describe_shape(case.args[0])}", case)
-    compare_function(exercise, merge_heads, reference.merge_heads, cases, rules_apply=False)
     x = rand(2, 5, 12, seed=107)
-    for heads in (1, 3, 4):
-        back = call_student(exercise, merge_heads, Case("round trip", (reference.split_heads(x, heads),)))
-        if tensor_difference(x, back) is not None:
-            fail(exercise, f"merge_heads(split_heads(x, {heads})) does not give x back: "
-                           f"{tensor_difference(x, back)}")
+    cases = [
+        Case("output of split_heads (2, 2, 6, 3), not contiguous",
+             (_split_input("split_heads(x (2, 6, 6), 2)", rand(2, 6, 6, seed=101), 2),)),
+        Case("(1, 3, 5, 2)", (rand(1, 3, 5, 2, seed=102),)),
+        *[Case(f"merge_heads(split_heads(x, {heads})) must give x (2, 5, 12) back",
+               (_split_input(f"split_heads(x (2, 5, 12), {heads})", x, heads),)) for heads in (3, 4)],
+    ]
+    compare_function("merge_heads", merge_heads, cases + (hidden_cases("merge_heads") if hidden else []),
+                     diagnose=_merge_diagnose)
 
 
 # ------------------------------------------------------------------------------------------
 # MultiHeadAttention
 # ------------------------------------------------------------------------------------------
-def _mha_structure(exercise: str, cls: Callable) -> None:
-    """Recognise a missing ``out_proj`` and the d_out-per-head confusion from the parameters."""
-    args = (4, 6, 8, 0.0, 3)
-    shapes = _param_shapes(cls, args)
-    expected = _param_shapes(reference.MultiHeadAttention, args)
-    if shapes is None or shapes == expected:
-        return
-    if shapes == expected[:3]:
-        fail(exercise, f"out_proj missing: expected parameters {expected}, got {shapes}. After merging the heads, "
-                     f"MultiHeadAttention applies self.out_proj = nn.Linear(d_out, d_out), created after W_value")
-    if shapes and shapes[0] == (6 * 3, 4):
-        fail(exercise, f"W_query has shape {shapes[0]} for d_out=6, num_heads=3: in MultiHeadAttention d_out is the "
-                       f"TOTAL output size (all heads together); each head gets head_dim = d_out // num_heads = 2. "
-                       f"(In the wrapper it was the size of one head.)")
+def _mha_shapes(got: list, want: list, build: tuple) -> str | None:
+    d_in, d_out, heads = build[0], build[1], build[4]
+    if got and heads > 1 and got[0] == (d_out * heads, d_in):
+        return (f"W_query has shape {got[0]} for d_out={d_out}, num_heads={heads}: in MultiHeadAttention d_out is the "
+                f"TOTAL output size (all heads together); each head gets head_dim = d_out // num_heads = "
+                f"{d_out // heads}; in the wrapper it was the size of one head")
+    return None
 
 
-def _mha_forward(m: nn.Module, x: torch.Tensor, split_ok: bool = True, merge_ok: bool = True,
-                 scale: float | None = None, out_proj: bool = True) -> torch.Tensor:
-    """The reference computation with one known mistake switched on."""
-    b, T, _ = x.shape
-    H, D = m.num_heads, m.head_dim
-
-    def split(t: torch.Tensor) -> torch.Tensor:
-        return t.view(b, T, H, D).transpose(1, 2) if split_ok else t.reshape(b, H, T, D)
-
-    q, k, v = split(m.W_query(x)), split(m.W_key(x)), split(m.W_value(x))
-    scores = (q @ k.transpose(-2, -1)).masked_fill(m.mask[:T, :T], float("-inf"))
-    w = torch.softmax(scores / math.sqrt(scale if scale is not None else D), dim=-1)
-    c = w @ v  # (b, H, T, D)
-    c = c.transpose(1, 2).reshape(b, T, H * D) if merge_ok else c.reshape(b, T, H * D)
-    return m.out_proj(c) if out_proj else c
-
-
-def _mha_values(exercise: str, cls: Callable) -> None:
-    """Compare once in eval() mode and name the mistake if it is a known one."""
-    args = (4, 6, 8, 0.0, 3)
-    student, ref = build_student(exercise, cls, reference.MultiHeadAttention, args)
-    x = rand(2, 8, 4, seed=111)  # T = context_length: shorter inputs are checked later, with their own message
-    student.eval()
-    got = run_module(exercise, student, x, f"built with {args}")
-    with torch.no_grad():
-        if tensor_difference(ref.eval()(x), got) is None:
-            return
-        variants = [
-            ("view without transpose when splitting: .view(b, num_heads, T, head_dim) mixes tokens across heads; "
-             "view as (b, T, num_heads, head_dim), then transpose(1, 2)", dict(split_ok=False)),
-            ("merging the heads without transpose: (b, num_heads, T, head_dim) reshaped straight to (b, T, d_out) "
-             "mixes tokens; transpose(1, 2) first, then .contiguous().view or .reshape", dict(merge_ok=False)),
-            ("view without transpose, both when splitting and when merging the heads", dict(split_ok=False, merge_ok=False)),
-            ("scores scaled by sqrt(d_out); each head must use sqrt(head_dim) = sqrt(d_out // num_heads)",
-             dict(scale=float(ref.d_out))),
-            ("out_proj is created but not applied: return self.out_proj(context), not the merged context itself",
-             dict(out_proj=False)),
-        ]
-        for why, kwargs in variants:
-            if tensor_difference(_mha_forward(ref, x, **kwargs), got) is None:
-                fail(exercise, f"built with {args}, input {tuple(x.shape)}: {why}")
-
-
+@check
 def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False) -> None:
     """Check ``MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``."""
     exercise = "MultiHeadAttention"
-    require_callable(exercise, MultiHeadAttention)
-    check_rules(exercise, MultiHeadAttention)
-    _mha_structure(exercise, MultiHeadAttention)
-    _mha_values(exercise, MultiHeadAttention)
-    batch = book_batch()
+    cls = MultiHeadAttention
+    extra = _hidden_modules(exercise, hidden)
+    # Without dropout, T = context_length: compared first, so that a known mistake is named before
+    # the causality and dropout checks see its symptoms (shorter inputs get their own message).
+    values = ((4, 6, 8, 0.0, 3), [Case("(2, 8, 4), T = context_length, no dropout", (rand(2, 8, 4, seed=111),))])
     configs = [
-        ((4, 6, 8, 0.3, 3), [Case("(2, 8, 4)", (rand(2, 8, 4, seed=112),)), Case("T=5 < context_length", (rand(2, 5, 4, seed=113),))]),
-        ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (batch,))]),
-    ]
-    if hidden:
-        configs += [
-            ((6, 12, 10, 0.1, 4, True), [Case("qkv_bias=True, T=7", (rand(3, 7, 6, seed=114),))]),
-            ((5, 4, 6, 0.0, 1), [Case("one head", (rand(2, 6, 5, seed=115),))]),
-            ((8, 16, 12, 0.2, 16), [Case("16 heads of size 1", (rand(2, 12, 8, seed=116),)),
-                                    Case("T=1", (rand(3, 1, 8, seed=117),))]),
-            ((3, 2, 6, 0.0, 2), [Case("batch of 3, T=3", (rand(3, 3, 3, seed=118),))]),
-        ]
-    check_module_class(exercise, MultiHeadAttention, reference.MultiHeadAttention, configs, hidden=hidden)
-    if hidden:
-        student, _ = build_student(exercise, MultiHeadAttention, reference.MultiHeadAttention, (8, 16, 12, 0.0, 16))
-        check_causal_module(exercise, student, rand(2, 9, 8, seed=119))
+        ((4, 6, 8, 0.3, 3), [Case("(2, 8, 4)", (rand(2, 8, 4, seed=112),)),
+                             Case("T=5 < context_length", (rand(2, 5, 4, seed=113),))]),
+        ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
+    ] + extra["configs"]
+    module_checks(exercise, cls, [values[0]] + [build for build, _ in configs], _mha_shapes)
+    diagnose = not_causal(exercise, cls)
+    finite_then_values(exercise, cls, values, diagnose)
+    check_module_class(exercise, cls, configs, diagnose=diagnose)
+    for case in extra["causal"]:
+        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
 
 
 # ------------------------------------------------------------------------------------------
 # count_parameters
 # ------------------------------------------------------------------------------------------
-def _count_cases(hidden: bool) -> list[Case]:
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(0)
-        gpt2 = reference.MultiHeadAttention(768, 768, 1024, 0.0, num_heads=12)
-        frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-        frozen[0].requires_grad_(False)
-        cases = [
-            Case("exercise 3.3: GPT-2 small attention (768, 768, 1024, 0.0, 12)", (gpt2,)),
-            Case("nn.Linear(3, 2)", (nn.Linear(3, 2),)),
-            Case("Sequential with a frozen first layer", (frozen,)),
-        ]
-        if hidden:
-            tied = nn.Sequential(nn.Linear(5, 5, bias=False), nn.Linear(5, 5, bias=False))
-            tied[1].weight = tied[0].weight
-            wrapper = reference.MultiHeadAttentionWrapper(3, 2, 6, 0.0, 4, True)
-            cases += [
-                Case("MultiHeadAttentionWrapper(3, 2, 6, 0.0, 4, qkv_bias=True)", (wrapper,)),
-                Case("two layers sharing one weight", (tied,)),
-                Case("a module without parameters", (nn.ReLU(),)),
-                Case("CausalAttention(16, 8, 32, 0.1)", (reference.CausalAttention(16, 8, 32, 0.1),)),
-            ]
-    finally:
-        torch.random.set_rng_state(state)
-    return cases
+def _attention_parameters(d_in: int, d_out: int, context_length: int) -> nn.Module:
+    """What count_parameters sees of MultiHeadAttention(d_in, d_out, context_length, 0.0, num_heads):
+    its layers, and a (context_length, context_length) buffer like its mask."""
+    module = nn.Module()
+    module.W_query = nn.Linear(d_in, d_out, bias=False)
+    module.W_key = nn.Linear(d_in, d_out, bias=False)
+    module.W_value = nn.Linear(d_in, d_out, bias=False)
+    module.out_proj = nn.Linear(d_out, d_out)
+    module.dropout = nn.Dropout(0.0)
+    module.register_buffer("mask", torch.zeros(context_length, context_length, dtype=torch.bool))
+    return module
 
 
-def _count_diagnosis(module: nn.Module, got: object) -> str | None:
-    expected = reference.count_parameters(module)
+def _count_diagnose(case: Case, got: object, want: object) -> str | None:
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
-    if not isinstance(got, (int, float)) or isinstance(got, bool) or got == expected:
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not isinstance(want, int):
         return None
-    everything = sum(p.numel() for p in module.parameters())
-    buffers = sum(b.numel() for b in module.buffers())
-    state = sum(t.numel() for t in module.state_dict().values())
-    if got == len([p for p in module.parameters() if p.requires_grad]) or got == len(list(module.parameters())):
-        return f"got {got:,}: that is the number of parameter TENSORS; count their elements with p.numel()"
-    if buffers and got in (expected + buffers, everything + buffers, state):
-        return (f"got {got:,}, expected {expected:,}: buffers are counted too (the mask has {buffers:,} entries). "
-                f"Buffers are not trained: count module.parameters(), not state_dict()")
-    if got == everything and everything != expected:
-        return (f"got {got:,}, expected {expected:,}: parameters with requires_grad=False are counted too. "
-                f"Count only trainable ones: `if p.requires_grad`")
-    if got == state:
-        return f"got {got:,}, expected {expected:,}: a weight shared by two layers is counted twice (state_dict lists it twice)"
+    if got == 0 and want:
+        return ("nothing is counted: sum p.numel() over module.parameters() (which visits every submodule), keeping "
+                "the parameters with requires_grad=True.")
+    if isinstance(got, float) and not got.is_integer():
+        return "a count is a whole number: sum p.numel() (an int) over the parameters."
     return None
 
 
+@check
 def check_count_parameters(count_parameters: Callable, hidden: bool = False) -> None:
     """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention: 2,360,064)."""
-    exercise = "count_parameters"
-    require_callable(exercise, count_parameters)
-    check_rules(exercise, count_parameters)
-    cases = _count_cases(hidden)
-    for case in cases:
-        got = call_student(exercise, count_parameters, case)
-        problem = _count_diagnosis(case.args[0], got)
-        if problem:
-            fail(exercise, problem, case)
-        if isinstance(got, float) and not float(got).is_integer():
-            fail(exercise, f"expected a whole number, got {got}", case)
-    compare_function(exercise, count_parameters, reference.count_parameters, cases, rules_apply=False)
+    frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    frozen[0].requires_grad_(False)
+    cases = [
+        Case("exercise 3.3: GPT-2 small attention (768, 768, 1024, 0.0, 12)", (_attention_parameters(768, 768, 1024),)),
+        Case("nn.Linear(3, 2)", (nn.Linear(3, 2),)),
+        Case("Sequential with a frozen first layer", (frozen,)),
+    ]
+    compare_function("count_parameters", count_parameters,
+                     cases + (hidden_cases("count_parameters") if hidden else []), atol=0.0, rtol=0.0,
+                     diagnose=_count_diagnose)

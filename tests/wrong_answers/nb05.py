@@ -5,6 +5,7 @@ Most wrong answers are a correct base answer (``_WRAPPER``, ``_SPLIT``, ``_MERGE
 """
 
 from tests.wrong_answers import edit as _edit
+from tests.wrong_answers import wrong
 
 # A correct MultiHeadAttentionWrapper.
 _WRAPPER = '''
@@ -76,58 +77,78 @@ _OUT_PROJ_LINE = "        self.out_proj = nn.Linear(d_out, d_out)\n"
 
 WRONG = {
     "MultiHeadAttentionWrapper": {
-        "one head repeated: ModuleList([head] * n)": _edit(
+        "one head repeated: ModuleList([head] * n)": wrong(_edit(
             _WRAPPER,
             "        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
             "                                    for _ in range(num_heads)])\n",
             "        head = CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
             "        self.heads = nn.ModuleList([head] * num_heads)\n",
-        ),
-        "heads concatenated on the batch dim": _edit(_WRAPPER, "dim=-1)", "dim=0)"),
-        "heads concatenated on the token dim": _edit(_WRAPPER, "dim=-1)", "dim=1)"),
-        "heads stacked instead of concatenated": _edit(
+        ), "one head repeated"),
+        "heads concatenated on the batch dim": wrong(_edit(_WRAPPER, "dim=-1)", "dim=0)"), "wrong dim (dim 0"),
+        "heads concatenated on the token dim": wrong(_edit(_WRAPPER, "dim=-1)", "dim=1)"), "wrong dim (dim 1"),
+        "heads stacked instead of concatenated": wrong(_edit(
             _WRAPPER, "torch.cat([head(x) for head in self.heads], dim=-1)",
-            "torch.stack([head(x) for head in self.heads], dim=2)"),
-        "first head called for every slot": _edit(
+            "torch.stack([head(x) for head in self.heads], dim=2)"), "torch.stack"),
+        "first head called for every slot": wrong(_edit(
             _WRAPPER, "[head(x) for head in self.heads]", "[self.heads[0](x) for _ in self.heads]"),
-        "d_out split between the heads (MultiHeadAttention's meaning)": _edit(
+            "every head's block of the output is the same"),
+        "d_out split between the heads (MultiHeadAttention's meaning)": wrong(_edit(
             _WRAPPER, "CausalAttention(d_in, d_out,", "CausalAttention(d_in, d_out // num_heads,"),
-        "plain list: heads are not submodules": _edit(
+            "d_out is the size of ONE head"),
+        "plain list: heads are not submodules": wrong(_edit(
             _WRAPPER,
             "nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)\n"
             "                                    for _ in range(num_heads)])",
             "[CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]",
-        ),
-        "heads summed instead of concatenated": _edit(
+        ), "nn.ModuleList"),
+        "heads summed instead of concatenated": wrong(_edit(
             _WRAPPER, "torch.cat([head(x) for head in self.heads], dim=-1)", "sum(head(x) for head in self.heads)"),
+            "added up"),
+        "heads averaged instead of concatenated": wrong(_edit(
+            _WRAPPER, "torch.cat([head(x) for head in self.heads], dim=-1)",
+            "torch.stack([head(x) for head in self.heads]).mean(dim=0)"), "averaged"),
+        "qkv_bias not passed to the heads": wrong(_edit(
+            _WRAPPER, "dropout, qkv_bias)\n", "dropout)\n"), "qkv_bias=True"),
     },
     "split_heads": {
-        "view without transpose": _edit(
+        "view without transpose": wrong(_edit(
             _SPLIT, "x.view(b, T, num_heads, d // num_heads).transpose(1, 2)", "x.view(b, num_heads, T, d // num_heads)"),
-        "transpose forgotten: (b, T, H, D)": _edit(_SPLIT, ".transpose(1, 2)", ""),
-        "heads interleaved: view (b, T, D, H)": _edit(
+            "view without transpose"),
+        "transpose forgotten: (b, T, H, D)": wrong(_edit(_SPLIT, ".transpose(1, 2)", ""), ".transpose(1, 2)"),
+        "heads interleaved: view (b, T, D, H)": wrong(_edit(
             _SPLIT, "view(b, T, num_heads, d // num_heads).transpose(1, 2)",
-            "view(b, T, d // num_heads, num_heads).permute(0, 3, 1, 2)"),
-        "transposes the wrong pair of dims": _edit(_SPLIT, ".transpose(1, 2)", ".transpose(0, 2)"),
+            "view(b, T, d // num_heads, num_heads).permute(0, 3, 1, 2)"), "heads interleaved"),
+        "transposes the wrong pair of dims": wrong(_edit(_SPLIT, ".transpose(1, 2)", ".transpose(0, 2)"),
+                                                   "wrong pair of dimensions"),
+        "num_heads and head_dim swapped": wrong(_edit(
+            _SPLIT, "view(b, T, num_heads, d // num_heads)", "view(b, T, d // num_heads, num_heads)"),
+            "num_heads and head_dim are swapped"),
     },
     "merge_heads": {
-        "view without contiguous": _edit(_MERGE, ".reshape(", ".view("),
-        "reshape without transpose": _edit(_MERGE, ".transpose(1, 2)", ""),
-        "heads interleaved: permute(0, 2, 3, 1)": _edit(_MERGE, ".transpose(1, 2)", ".permute(0, 2, 3, 1)"),
-        "only the first head kept": '''
+        "view without contiguous": wrong(_edit(_MERGE, ".reshape(", ".view("), "view on a transposed tensor"),
+        "reshape without transpose": wrong(_edit(_MERGE, ".transpose(1, 2)", ""), "view without transpose"),
+        "heads interleaved: permute(0, 2, 3, 1)": wrong(
+            _edit(_MERGE, ".transpose(1, 2)", ".permute(0, 2, 3, 1)"), "heads interleaved"),
+        "only the first head kept": wrong('''
 def merge_heads(x):
     b, H, T, D = x.shape
     return x[:, 0].repeat(1, 1, H)
-''',
+''', "every head's block"),
+        "transposes the wrong pair of dims": wrong(_edit(_MERGE, ".transpose(1, 2)", ".transpose(2, 3)"),
+                                                   "wrong pair of dimensions"),
     },
     "MultiHeadAttention": {
-        "view without transpose when splitting": _mha(_book_forward(split="view(b, self.num_heads, T, self.head_dim)")),
-        "merge without transpose": _mha(_book_forward(merge="reshape(b, T, self.d_out)")),
-        "out_proj missing": _mha(_book_forward(out="c"), init=_edit(_MHA_INIT_NO_ASSERT, _OUT_PROJ_LINE, "")),
-        "out_proj created but not applied": _mha(_book_forward(out="c")),
-        "scaled by sqrt(d_out) instead of sqrt(head_dim)": _mha(_book_forward(scale="self.d_out ** 0.5")),
+        "view without transpose when splitting": wrong(
+            _mha(_book_forward(split="view(b, self.num_heads, T, self.head_dim)")), "without transpose when splitting"),
+        "merge without transpose": wrong(_mha(_book_forward(merge="reshape(b, T, self.d_out)")),
+                                         "reshaped straight to (b, T, d_out)"),
+        "out_proj missing": wrong(_mha(_book_forward(out="c"), init=_edit(_MHA_INIT_NO_ASSERT, _OUT_PROJ_LINE, "")),
+                                  "out_proj is missing"),
+        "out_proj created but not applied": wrong(_mha(_book_forward(out="c")), "out_proj is created but not applied"),
+        "scaled by sqrt(d_out) instead of sqrt(head_dim)": wrong(_mha(_book_forward(scale="self.d_out ** 0.5")),
+                                                                 "sqrt(d_out)"),
         # every size in __init__ changes, so it is written out in full
-        "d_out per head (the wrapper's meaning)": _mha(_book_forward(), init='''
+        "d_out per head (the wrapper's meaning)": wrong(_mha(_book_forward(), init='''
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
@@ -140,45 +161,80 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.d_out, self.d_out)
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-'''),
-        "mask not truncated to num_tokens": _mha(_book_forward(mask="self.mask.bool()")),
-        "dropout before softmax": _mha(_edit(
+'''), "TOTAL output size"),
+        "mask not truncated to num_tokens": wrong(_mha(_book_forward(mask="self.mask.bool()")), "mask not truncated"),
+        "dropout before softmax": wrong(_mha(_edit(
             _book_forward(),
             "w = torch.softmax(s / self.head_dim ** 0.5, dim=-1)\nw = self.dropout(w)\n",
             "w = torch.softmax(self.dropout(s) / self.head_dim ** 0.5, dim=-1)\n",
-        )),
-        "dropout active in eval mode": _mha(_book_forward(
-            weights="torch.nn.functional.dropout(w, self.dropout.p, training=True)")),
-        "mask as a plain attribute": _mha(_book_forward(), init=_edit(
+        )), "before the softmax"),
+        "dropout active in eval mode": wrong(_mha(_book_forward(
+            weights="torch.nn.functional.dropout(w, self.dropout.p, training=True)")), "dropout is active in eval() mode"),
+        "mask as a plain attribute": wrong(_mha(_book_forward(), init=_edit(
             _MHA_INIT_NO_ASSERT,
             'self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))',
             "self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)",
-        )),
-        "out_proj created before the projections": _mha(_book_forward(), init=_edit(
+        )), "plain attribute"),
+        "out_proj created before the projections": wrong(_mha(_book_forward(), init=_edit(
             _edit(_MHA_INIT_NO_ASSERT, _OUT_PROJ_LINE, ""), "        self.W_query", _OUT_PROJ_LINE + "        self.W_query")),
+            "another order"),
+        # the review finding: NaN in row 0 used to be reported as "dropout is active in eval() mode"
+        "masks the diagonal too (NaN in row 0)": wrong(_mha(_book_forward(), init=_edit(
+            _MHA_INIT, "diagonal=1)", "diagonal=0)")), "diagonal"),
+        "scores not scaled": wrong(_mha(_book_forward(scale="1")), "not scaled"),
+        "masked with 0 instead of -inf": wrong(_mha(_edit(_book_forward(), "-torch.inf)", "0.0)")), "instead of -inf"),
+        "softmax over the queries (dim=-2)": wrong(_mha(_edit(_book_forward(), "dim=-1)", "dim=-2)")),
+                                                   "over the queries"),
+        "mask applied after the softmax": wrong(_mha(_edit(
+            _edit(_book_forward(), "s = (q @ k.transpose(2, 3)).masked_fill(self.mask.bool()[:T, :T], -torch.inf)",
+                  "s = q @ k.transpose(2, 3)"),
+            "w = torch.softmax(s / self.head_dim ** 0.5, dim=-1)",
+            "w = torch.softmax(s / self.head_dim ** 0.5, dim=-1).masked_fill(self.mask.bool()[:T, :T], 0.0)")),
+            "no longer sums to 1"),
+        "dropout on the context vectors": wrong(_mha(_book_forward(weights="w", out="self.out_proj(self.dropout(c))")),
+                                                "context vectors"),
+        "ignores qkv_bias": wrong(_mha(_book_forward(), init=_edit(_MHA_INIT, "bias=qkv_bias", "bias=False", count=3)),
+                                  "qkv_bias=True"),
+        "W_key created before W_query": wrong(_mha(_book_forward(), init=_edit(
+            _MHA_INIT, "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+                       "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n")), "another order"),
     },
     "count_parameters": {
-        "counts buffers too (state_dict)": '''
+        "counts buffers too (state_dict)": wrong('''
 def count_parameters(module):
     return sum(t.numel() for t in module.state_dict().values())
-''',
-        "counts frozen parameters": '''
+''', "buffers are counted too"),
+        "counts frozen parameters": wrong('''
 def count_parameters(module):
     return sum(p.numel() for p in module.parameters())
-''',
-        "counts tensors, not numbers": '''
+''', "requires_grad=False are counted too"),
+        "counts tensors, not numbers": wrong('''
 def count_parameters(module):
     return len([p for p in module.parameters() if p.requires_grad])
-''',
-        "weights only, biases forgotten": '''
+''', "TENSORS"),
+        "weights only, biases forgotten": wrong('''
 def count_parameters(module):
     return sum(p.numel() for name, p in module.named_parameters() if "weight" in name and p.requires_grad)
-''',
-        "parameters plus buffers": '''
+''', "biases are forgotten"),
+        "parameters plus buffers": wrong('''
 def count_parameters(module):
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     return trainable + sum(b.numel() for b in module.buffers())
-''',
+''', "buffers are counted too"),
+        "a shared weight counted once per layer": wrong('''
+def count_parameters(module):
+    return sum(p.numel() for m in module.modules() for p in m.parameters(recurse=False) if p.requires_grad)
+''', "counted twice"),
+        "only the module's own parameters (recurse=False)": wrong('''
+def count_parameters(module):
+    return sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+''', "every submodule"),
+        "counts the frozen parameters instead": wrong('''
+def count_parameters(module):
+    return sum(p.numel() for p in module.parameters() if not p.requires_grad)
+''', "requires_grad=True"),
     },
 }
 

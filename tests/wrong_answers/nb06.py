@@ -5,6 +5,7 @@ Most wrong answers are a correct base answer (``_combined(_COMBINED_FORWARD)``,
 """
 
 from tests.wrong_answers import edit as _edit
+from tests.wrong_answers import wrong
 
 # A correct __init__ for MultiHeadAttentionCombinedQKV.
 _COMBINED_INIT = '''
@@ -82,84 +83,124 @@ def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
 
 WRONG = {
     "MultiHeadAttentionCombinedQKV": {
-        "view(b, T, H, 3, D): heads first, slices Q, K and V wrongly": _combined(_edit(
+        "view(b, T, H, 3, D): heads first, slices Q, K and V wrongly": wrong(_combined(_edit(
             _COMBINED_FORWARD, _COMBINED_QKV_LINE,
             f"        qkv = self.qkv(x).{_QKV_SPLIT_HEADS_FIRST}\n        q, k, v = qkv.unbind(0)\n")),
-        "unbinds in the order keys, queries, values": _combined(_edit(
+            "(b, T, num_heads, 3, head_dim)"),
+        "unbinds in the order keys, queries, values": wrong(_combined(_edit(
             _COMBINED_FORWARD, _COMBINED_QKV_LINE,
-            f"        qkv = self.qkv(x).{_QKV_SPLIT}\n        k, q, v = qkv.unbind(0)\n")),
-        "no causal mask": _combined(_edit(
+            f"        qkv = self.qkv(x).{_QKV_SPLIT}\n        k, q, v = qkv.unbind(0)\n")), "in the wrong order"),
+        "no causal mask": wrong(_combined(_edit(
             _COMBINED_FORWARD,
             "        scores = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:T, :T], -torch.inf)\n"
             + _COMBINED_SOFTMAX_LINE,
             "        w = self.dropout(torch.softmax(q @ k.transpose(-2, -1) / self.head_dim**0.5, dim=-1))\n")),
-        "scales by sqrt(d_out) instead of sqrt(head_dim)": _combined(_edit(
-            _COMBINED_FORWARD, "scores / self.head_dim**0.5", "scores / self.d_out**0.5")),
-        "mask not cut to T (fails for T < context_length)": _combined(_edit(
-            _COMBINED_FORWARD, "self.mask[:T, :T]", "self.mask")),
-        "merges heads without moving T back first": _combined(_edit(
+            "no mask is applied"),
+        "scales by sqrt(d_out) instead of sqrt(head_dim)": wrong(_combined(_edit(
+            _COMBINED_FORWARD, "scores / self.head_dim**0.5", "scores / self.d_out**0.5")), "sqrt(d_out)"),
+        "mask not cut to T (fails for T < context_length)": wrong(_combined(_edit(
+            _COMBINED_FORWARD, "self.mask[:T, :T]", "self.mask")), "mask not truncated"),
+        "merges heads without moving T back first": wrong(_combined(_edit(
             _COMBINED_FORWARD, "(w @ v).transpose(1, 2).reshape", "(w @ v).reshape")),
-        "dropout on the context vectors instead of the weights": _combined(_edit(
+            "reshaped straight to (b, T, d_out)"),
+        "dropout on the context vectors instead of the weights": wrong(_combined(_edit(
             _edit(_COMBINED_FORWARD, _COMBINED_SOFTMAX_LINE,
                   "        w = torch.softmax(scores / self.head_dim**0.5, dim=-1)\n"),
             "self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))",
-            "self.out_proj(self.dropout((w @ v).transpose(1, 2).reshape(b, T, self.d_out)))")),
-        "ignores qkv_bias": _combined(_COMBINED_FORWARD, init=_edit(_COMBINED_INIT, "bias=qkv_bias", "bias=False")),
+            "self.out_proj(self.dropout((w @ v).transpose(1, 2).reshape(b, T, self.d_out)))")), "context vectors"),
+        "ignores qkv_bias": wrong(_combined(_COMBINED_FORWARD, init=_edit(_COMBINED_INIT, "bias=qkv_bias", "bias=False")),
+                                  "qkv_bias=True"),
         # the forward of MHAPyTorchSDPA, less its dropout
-        "uses the library kernel (not allowed in this exercise)": _combined(_SDPA_FORWARD_NO_DROPOUT),
-        "mask kept as a plain attribute, not a buffer": _combined(
+        "uses the library kernel (not allowed in this exercise)": wrong(_combined(_SDPA_FORWARD_NO_DROPOUT),
+                                                                        "scaled_dot_product_attention"),
+        "mask kept as a plain attribute, not a buffer": wrong(_combined(
             _edit(_COMBINED_FORWARD, "self.mask[:T, :T]", "self.causal[:T, :T]"),
             init=_edit(
                 _COMBINED_INIT, _MASK_BUFFER,
                 "self.causal = torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1)")),
+            "plain attribute"),
+        "three projections instead of one qkv layer": wrong(_combined(_edit(
+            _COMBINED_FORWARD, _COMBINED_QKV_LINE,
+            "        q, k, v = (layer(x).view(b, T, self.num_heads, self.head_dim).transpose(1, 2)\n"
+            "                   for layer in (self.W_query, self.W_key, self.W_value))\n"),
+            init=_edit(_COMBINED_INIT, "        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)\n",
+                       "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+                       "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+                       "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n")),
+            "three projections instead of one"),
+        "qkv reshaped straight to (3, b, H, T, D)": wrong(_combined(_edit(
+            _COMBINED_FORWARD, _QKV_SPLIT, "reshape(3, b, self.num_heads, T, self.head_dim)")),
+            "reshaped straight to (3, b, num_heads, T, head_dim)"),
+        # the review finding of notebook 05: NaN in row 0 must be named as such, not as a dropout problem
+        "masks the diagonal too (NaN in row 0)": wrong(_combined(_COMBINED_FORWARD, init=_edit(
+            _COMBINED_INIT, "diagonal=1)", "diagonal=0)")), "diagonal"),
+        "dropout never applied": wrong(_combined(_edit(
+            _COMBINED_FORWARD, _COMBINED_SOFTMAX_LINE, "        w = torch.softmax(scores / self.head_dim**0.5, dim=-1)\n")),
+            "no dropout in train() mode"),
     },
     "MHAPyTorchSDPA": {
-        "is_causal missing": _sdpa(_edit(_SDPA_FORWARD, ", is_causal=True)", ")")),
-        "dropout_p applied in eval() mode too": _sdpa(_edit(_SDPA_FORWARD, _SDPA_DROPOUT, "dropout_p=self.dropout")),
-        "dropout never applied": _sdpa(_SDPA_FORWARD_NO_DROPOUT),
+        "is_causal missing": wrong(_sdpa(_edit(_SDPA_FORWARD, ", is_causal=True)", ")")), "is_causal=True is missing"),
+        "dropout_p applied in eval() mode too": wrong(
+            _sdpa(_edit(_SDPA_FORWARD, _SDPA_DROPOUT, "dropout_p=self.dropout")), "dropout is active in eval() mode"),
+        "dropout never applied": wrong(_sdpa(_SDPA_FORWARD_NO_DROPOUT), "no dropout in train() mode"),
         # SDPA's boolean attn_mask marks the positions that MAY be attended to
-        "mask passed with the wrong convention (True = blocked)": _sdpa(_edit(
+        "mask passed with the wrong convention (True = blocked)": wrong(_sdpa(_edit(
             _edit(
                 _edit(_SDPA_MASK_FORWARD, "attn_mask=allowed", "attn_mask=blocked"),
                 "        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))\n",
                 "        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)\n"),
-            "self.out_proj(out.transpose", "self.out_proj(torch.nan_to_num(out).transpose")),
-        "heads not moved before SDPA: attends over heads, not tokens": _sdpa(_edit(
+            "self.out_proj(out.transpose", "self.out_proj(torch.nan_to_num(out).transpose")), "wrong convention"),
+        "heads not moved before SDPA: attends over heads, not tokens": wrong(_sdpa(_edit(
             _edit(_SDPA_FORWARD, ".permute(2, 0, 3, 1, 4)", ".permute(2, 0, 1, 3, 4)"),
-            "out.transpose(1, 2).reshape", "out.reshape")),
-        "view(b, T, H, 3, D) layout": _sdpa(_edit(_SDPA_FORWARD, _QKV_SPLIT, _QKV_SPLIT_HEADS_FIRST)),
-        "hand-written softmax instead of SDPA": _sdpa(_edit(
+            "out.transpose(1, 2).reshape", "out.reshape")), "not moved in front of the tokens"),
+        "view(b, T, H, 3, D) layout": wrong(_sdpa(_edit(_SDPA_FORWARD, _QKV_SPLIT, _QKV_SPLIT_HEADS_FIRST)),
+                                            "(b, T, num_heads, 3, head_dim)"),
+        "hand-written softmax instead of SDPA": wrong(_sdpa(_edit(
             _edit(
                 _SDPA_FORWARD,
                 "        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)\n",
                 "        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)\n"
                 "        w = torch.softmax((q @ k.transpose(-2, -1) / self.head_dim**0.5).masked_fill(blocked, -torch.inf), dim=-1)\n"),
-            "self.out_proj(out.transpose", "self.out_proj((w @ v).transpose")),
-        "no out_proj": _sdpa(
+            "self.out_proj(out.transpose", "self.out_proj((w @ v).transpose")), "softmax"),
+        "no out_proj": wrong(_sdpa(
             _edit(_SDPA_FORWARD, "return self.out_proj(out.transpose(1, 2).reshape(b, T, self.d_out))",
                   "return out.transpose(1, 2).reshape(b, T, self.d_out)"),
-            init=_edit(_SDPA_INIT, "        self.out_proj = nn.Linear(d_out, d_out)\n", "")),
+            init=_edit(_SDPA_INIT, "        self.out_proj = nn.Linear(d_out, d_out)\n", "")), "out_proj is missing"),
+        "queries scaled by hand as well": wrong(_sdpa(_edit(
+            _SDPA_FORWARD, "F.scaled_dot_product_attention(q, k,", "F.scaled_dot_product_attention(q / self.head_dim**0.5, k,")),
+            "scaled by hand"),
+        "merges heads without moving T back first": wrong(_sdpa(_edit(
+            _SDPA_FORWARD, "out.transpose(1, 2).reshape", "out.reshape")), "merged without transpose"),
+        "unbinds in the order keys, queries, values": wrong(_sdpa(_edit(
+            _SDPA_FORWARD, "q, k, v = self.qkv(x)", "k, q, v = self.qkv(x)")), "in the wrong order"),
+        "ignores qkv_bias": wrong(_sdpa(_SDPA_FORWARD, init=_edit(_SDPA_INIT, "bias=qkv_bias", "bias=False")),
+                                  "qkv_bias=True"),
     },
     "attention_flops": {
-        "not halved when causal": '''
+        "not halved when causal": wrong('''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     return 4 * batch * num_heads * seq_len**2 * head_dim
-''',
-        "halved twice when causal": _edit(_FLOPS, "head_dim\n", "head_dim // 2\n"),
-        "T instead of T^2": _edit(_FLOPS, "seq_len**2", "seq_len"),
-        "forgets 2 FLOPs per multiply-add": _edit(_FLOPS, "flops = 4 *", "flops = 2 *"),
-        "default causal=False": _edit(_FLOPS, "causal=True", "causal=False"),
-        "condition inverted": _edit(_FLOPS, "return flops // 2 if causal else flops", "return flops if causal else flops // 2"),
-        "counts only one of the two matrix products": '''
+''', "halve the count when causal is True"),
+        "halved twice when causal": wrong(_edit(_FLOPS, "head_dim\n", "head_dim // 2\n"), "halved twice"),
+        "T instead of T^2": wrong(_edit(_FLOPS, "seq_len**2", "seq_len"), "T^2"),
+        "forgets 2 FLOPs per multiply-add": wrong(_edit(_FLOPS, "flops = 4 *", "flops = 2 *"), "multiply-add"),
+        "default causal=False": wrong(_edit(_FLOPS, "causal=True", "causal=False"), "default to True"),
+        "condition inverted": wrong(_edit(_FLOPS, "return flops // 2 if causal else flops",
+                                          "return flops if causal else flops // 2"), "halve the count when causal is True"),
+        "counts only one of the two matrix products": wrong('''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     flops = 2 * batch * num_heads * seq_len * seq_len * head_dim
     return flops if not causal else flops // 2
-''',
-        "causal counts the lower triangle with the diagonal, T(T+1)/2": '''
+''', "two matrix products"),
+        "causal counts the lower triangle with the diagonal, T(T+1)/2": wrong('''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     pairs = seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
     return 4 * batch * num_heads * pairs * head_dim
-''',
+''', "diagonal"),
+        "batch and heads left out": wrong(_edit(_FLOPS, "4 * batch * num_heads * seq_len**2", "4 * seq_len**2"),
+                                          "batch * num_heads"),
+        "returns a string": wrong(_edit(_FLOPS, "return flops // 2 if causal else flops",
+                                        "return f'{flops // 2 if causal else flops:,}'"), "expected a number"),
     },
 }
 
