@@ -77,8 +77,8 @@ def _when_equal(first, *others):
 def _without_nan(mistakes: list[Mistake]) -> list[Mistake]:
     """The mistakes, each applying only where its output holds no NaN.
 
-    A NaN output names no mistake: many give NaN alike (the check's NaN symptom says what to do),
-    and the engine's comparison lets a NaN in a mistake's output match any value of the student's.
+    A NaN output names no mistake: many give NaN alike (no shift, the mean, the minimum or the
+    maximum of the whole tensor subtracted ...), and the check's NaN symptom says what to do.
     """
     def drop_nan(wrong):
         def output(*args, **kwargs):
