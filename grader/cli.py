@@ -39,10 +39,22 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    from grader.edition import build_edition
     from grader.release import release
 
-    for path in release(_names(args)):
+    names = _names(args)
+    for path in release(names):
         print(f"released {path.relative_to(course.repo_root())}")
+    out = build_edition(names, Path(args.out) if args.out else None)
+    from grader.leaks import scan_edition
+
+    found = scan_edition(out)
+    if found:
+        for leak in found:
+            print(f"LEAK {leak}")
+        print(f"the student edition in {out} gives answers away: do not publish it")
+        return 1
+    print(f"student edition: {out} (publish this folder to students; never publish the repository itself)")
     return 0
 
 
@@ -100,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebooks", nargs="*")
     p.set_defaults(func=cmd_record)
 
-    p = sub.add_parser("release", help="solutions/ -> notebooks/ (student versions, via nbgrader)")
-    p.add_argument("notebooks", nargs="*")
+    p = sub.add_parser("release", help="solutions/ -> notebooks/ (student versions, via nbgrader), then the "
+                                       "student edition in release/")
+    p.add_argument("notebooks", nargs="*", help="the notebooks released so far (default: all)")
+    p.add_argument("--out", help="folder of the student edition (default: release/)")
     p.set_defaults(func=cmd_release)
 
     p = sub.add_parser("check-release", help="exit 1 and name the file if notebooks/ is stale")
