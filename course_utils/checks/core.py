@@ -76,6 +76,15 @@ def describe_shape(x: Any) -> str:
     return type(x).__name__
 
 
+def describe_inputs(args: Sequence[Any]) -> str:
+    """``Input shapes: (2, 6, 3), (2, 6, 3)``; numbers are shown as values (``Inputs: 2, 4, 128, 64``)."""
+    if all(isinstance(a, torch.Tensor) for a in args):
+        return "Input shapes: " + ", ".join(describe_shape(a) for a in args)
+    shown = [describe_shape(a) if isinstance(a, torch.Tensor) else
+             repr(a) if isinstance(a, (int, float, bool, str)) else type(a).__name__ for a in args]
+    return "Inputs: " + ", ".join(shown)
+
+
 def _format_index(index: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
@@ -305,7 +314,7 @@ def _compare_case(exercise: str, student: Callable, want: Any, case: Case, atol:
     problem = _difference(want, got, atol, rtol)
     if problem:
         try:
-            fail(exercise, f"{_sentence(problem)} Input shapes: {', '.join(describe_shape(a) for a in case.args)}", case)
+            fail(exercise, f"{_sentence(problem)} {describe_inputs(case.args)}.", case)
         except CheckFailed as error:
             raise _hinted(error, explain(exercise, case, got, want, diagnose)) from None
 
