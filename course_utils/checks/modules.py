@@ -159,23 +159,36 @@ def check_too_long_raises(exercise: str, student: torch.nn.Module, d_in: int, co
                        f"positions; is it rebuilt for every input instead of being a buffer?")
 
 
-def check_dropout_modes(exercise: str, student: torch.nn.Module, x: torch.Tensor, where: str) -> None:
-    """With dropout > 0: ``eval()`` must be deterministic, ``train()`` must not be."""
+#: What to do about dropout in the wrong mode, for a module that uses ``nn.Dropout`` (the default)
+#: and for one that passes ``dropout_p`` to ``F.scaled_dot_product_attention``.
+DROPOUT_FIX = {
+    "module": ("Use nn.Dropout, or F.dropout(weights, p, training=self.training)",
+               "Apply self.dropout to the attention weights"),
+    "sdpa": ("SDPA does not know the module's mode: pass dropout_p=self.dropout only when self.training, else 0.0",
+             "Pass dropout_p=self.dropout to F.scaled_dot_product_attention when self.training"),
+}
+
+
+def check_dropout_modes(exercise: str, student: torch.nn.Module, x: torch.Tensor, where: str,
+                        fix: str = "module") -> None:
+    """With dropout > 0: ``eval()`` must be deterministic, ``train()`` must not be.
+
+    ``fix`` chooses the advice given: ``"module"`` (``nn.Dropout``) or ``"sdpa"`` (``dropout_p``).
+    """
+    in_eval, in_train = DROPOUT_FIX[fix]
     student.eval()
     a = run_module(exercise, student, x, f"{where}, eval()", seed=1)
     b = run_module(exercise, student, x, f"{where}, eval()", seed=2)
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
             not torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: dropout is active in eval() mode: two calls in eval() gave different outputs. "
-                       f"Use nn.Dropout, or F.dropout(weights, p, training=self.training)")
+        fail(exercise, f"{where}: dropout is active in eval() mode: two calls in eval() gave different outputs. {in_eval}")
     student.train()
     a = run_module(exercise, student, x, f"{where}, train()", seed=1)
     b = run_module(exercise, student, x, f"{where}, train()", seed=2)
     student.eval()
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
             torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: no dropout in train() mode: with dropout=0.5 two calls gave the same output. "
-                       f"Apply self.dropout to the attention weights")
+        fail(exercise, f"{where}: no dropout in train() mode: with dropout > 0 two calls gave the same output. {in_train}")
 
 
 def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor) -> None:

@@ -27,7 +27,12 @@ from course_utils.checks.core import (
     passed,
     rand,
 )
-from course_utils.checks.modules import check_causal_module, check_finite, check_module_class, run_module
+from course_utils.checks.modules import (
+    check_causal_module,
+    check_dropout_modes,
+    check_finite,
+    check_module_class,
+)
 from course_utils.checks.nb05 import finite_then_values, module_checks, not_causal
 from course_utils.data import book_batch
 
@@ -106,26 +111,6 @@ def _check_one_sdpa_call(exercise: str, module: torch.nn.Module, x: torch.Tensor
                        f"on queries, keys and values of shape (b, num_heads, T, head_dim)")
 
 
-def _check_sdpa_dropout(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor) -> None:
-    """With dropout > 0: ``eval()`` must be deterministic, ``train()`` must not be."""
-    where = f"built with {build}"
-    student.eval()
-    a = run_module(exercise, student, x, f"{where}, eval()", seed=1)
-    b = run_module(exercise, student, x, f"{where}, eval()", seed=2)
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
-            not torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: dropout is active in eval() mode: two calls in eval() gave different outputs. SDPA "
-                       f"does not know the module's mode: pass dropout_p=self.dropout only when self.training, else 0.0")
-    student.train()
-    a = run_module(exercise, student, x, f"{where}, train()", seed=1)
-    b = run_module(exercise, student, x, f"{where}, train()", seed=2)
-    student.eval()
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
-            torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: no dropout in train() mode: with dropout={build[3]} two calls gave the same output. "
-                       f"Pass dropout_p=self.dropout to F.scaled_dot_product_attention when self.training")
-
-
 @check
 def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None:
     """Outputs equal the expected ones for the same seed (in train() mode too, with dropout), no position
@@ -148,7 +133,7 @@ def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None
         student = build_student(exercise, cls, build)
         for case in cases:
             check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
-        _check_sdpa_dropout(exercise, student, build, cases[0].args[0])
+        check_dropout_modes(exercise, student, cases[0].args[0], f"built with {build}", fix="sdpa")
     compare_module(exercise, cls, dropout, train=True, quiet=True, diagnose=diagnose)
     passed(exercise, f"outputs agree with the expected ones for {len(configs) + len(dropout)} constructions, dropout only "
                      f"in train() mode, one SDPA call, no position sees the future")
