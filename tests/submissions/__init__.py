@@ -77,6 +77,51 @@ def strip_metadata(nb: nbformat.NotebookNode, colab: bool = True) -> nbformat.No
     return nb
 
 
+def saved_by_colab(nb: nbformat.NotebookNode) -> bytes:
+    """The file Colab writes: nbformat 4.0 (no cell ids), a random ``metadata.id`` per cell, its own
+    ``colab`` keys on the notebook, cells and outputs, execution counts, and the outputs of the
+    student's last run (here a failed check still on screen), with sources as lists of lines."""
+    import json
+    import random
+
+    rng = random.Random(7)
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        meta = {**cell.metadata, "id": "".join(rng.choice("abcdefghijkLMNOPQ0123456789_-") for _ in range(12))}
+        out = {"cell_type": cell.cell_type, "metadata": meta, "source": cell.source.splitlines(keepends=True)}
+        if cell.cell_type == "code":
+            meta["colab"] = {"base_uri": "https://localhost:8080/"}
+            meta["outputId"] = f"{i:08x}-7c1e-4b55-9d6c-2f0e3a1b5c{i:02d}"
+            out["execution_count"] = i + 1
+            out["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["printed in Colab\n"]}]
+            if (_gid(cell) or "").startswith("test_"):
+                out["outputs"].append({"output_type": "error", "ename": "AssertionError",
+                                       "evalue": "❌ dot on case 'book': values differ",
+                                       "traceback": ["\u001b[0;31mAssertionError\u001b[0m: ❌ dot"]})
+        cells.append(out)
+    doc = {"nbformat": 4, "nbformat_minor": 0, "cells": cells, "metadata": {
+        "colab": {"provenance": [], "name": f"{NB}.ipynb", "gpuType": "T4"}, "accelerator": "GPU",
+        "kernelspec": {"name": "python3", "display_name": "Python 3"}, "language_info": {"name": "python"}}}
+    return json.dumps(doc, indent=2, ensure_ascii=False).encode("utf-8")
+
+
+def saved_by_vscode(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """What VS Code's Jupyter extension writes: ``vscode`` cell metadata, its own kernelspec and
+    language_info, fresh cell ids, and the outputs of the last run."""
+    nb = copy.deepcopy(nb)
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{i:04x}c0de"
+        if cell.cell_type == "code":
+            cell.metadata["vscode"] = {"languageId": "python"}
+            cell.execution_count = i + 1
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="printed in VS Code\n")]
+    nb.metadata = {"kernelspec": {"display_name": ".venv (3.11.7)", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python", "version": "3.11.7", "mimetype": "text/x-python",
+                                     "file_extension": ".py", "pygments_lexer": "ipython3",
+                                     "codemirror_mode": {"name": "ipython", "version": 3}}}
+    return nb
+
+
 def index_of(nb, grade_id: str) -> int:
     return next(i for i, c in enumerate(nb.cells) if _gid(c) == grade_id)
 
@@ -142,6 +187,10 @@ def build(root: Path, secrets: dict[str, str]) -> dict[tuple[str, str], Expect]:
     # --- intake and repair --------------------------------------------------------------------
     put("colab", strip_metadata(filled()),
         Expect(FULL, ["ok", "metadata restored"], dict(POINTS), what="Colab: all nbgrader metadata lost"))
+    put("colab_saved", saved_by_colab(filled()), Expect(FULL, ["ok"], dict(POINTS),
+        what="saved by Colab: nbformat 4.0, colab metadata and ids, old outputs with a failed check"))
+    put("vscode_saved", saved_by_vscode(filled()), Expect(FULL, ["ok"], dict(POINTS),
+        what="saved by VS Code: vscode cell metadata, its kernelspec, cell ids, old outputs"))
     put("vscode_copy", strip_metadata(filled(), colab=False), Expect(FULL, ["ok", "metadata restored"], dict(POINTS),
         what="'Copy of ... (1).ipynb', in a nested folder, metadata lost"),
         name=f"Copy of {NB.replace('_', ' ').upper()} (1).ipynb", sub="week 1/final")
