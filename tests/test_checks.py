@@ -74,3 +74,37 @@ def test_checks_leave_the_random_state_alone():
     torch.manual_seed(42)
     checks.check_CausalAttention(reference.CausalAttention)  # seeds the generator internally
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_failed_check_shows_its_message_not_a_traceback_wall(tmp_path):
+    """In Jupyter a failed check draws as its ❌ message in red; a student's own error still shows
+    the student's line; the cell still fails for nbgrader (0 points) and nbval (an error output)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbgrader.utils import determine_grade
+
+    test_meta = {"nbgrader": {"grade": True, "solution": False, "locked": True, "grade_id": "test_dot",
+                              "points": 2, "schema_version": 3}}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from course_utils import checks"),
+        nbformat.v4.new_code_cell("def dot(x, y):\n    total = 0\n    for i in range(len(x)):\n"
+                                  "        total = total + 2 * x[i] * y[i]\n    return total"),
+        nbformat.v4.new_code_cell("checks.check_dot(dot)", metadata=test_meta),
+        nbformat.v4.new_code_cell("def dot(x, y):\n    total = 0\n    for i in range(len(x)):\n"
+                                  "        total = total + undefined_name * x[i]\n    return total"),
+        nbformat.v4.new_code_cell("checks.check_dot(dot)", metadata=test_meta),
+    ])
+    NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=120,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    wrong, raised = nb.cells[2], nb.cells[4]
+    for cell in (wrong, raised):
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert errors, "the cell must still fail"
+        assert determine_grade(cell)[0] == 0, "nbgrader must give the failing check 0 points"
+    shown = "\n".join(wrong.outputs[-1].traceback)
+    assert "❌ dot on case" in shown and "\x1b[0;31m" in shown
+    assert "core.py" not in shown and "Traceback" not in shown and "nb01.py" not in shown, shown
+    shown = "\n".join(raised.outputs[-1].traceback)
+    assert "total = total + undefined_name * x[i]" in shown, "the student's own line must be shown"
+    assert "NameError" in shown and "❌ dot" in shown
+    assert "core.py" not in shown, shown

@@ -15,7 +15,10 @@ of known mistakes, which name a student's mistake when their output matches one 
 from __future__ import annotations
 
 import math
+import sysconfig
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,7 +29,39 @@ from course_utils.checks.expected import expect
 
 
 class CheckFailed(AssertionError):
-    """A self-check found a difference; the message says which and where."""
+    """A self-check found a difference; the message says which and where.
+
+    In Jupyter it shows as its message alone, in the error colour (IPython's ``_render_traceback_``
+    hook): the engine's own frames say nothing to a student. When the student's code raised the
+    error, the lines of *their* code that led to it come first. The cell still fails, for nbgrader
+    and nbval alike: only how the error is drawn changes.
+    """
+
+    #: The exception the student's code raised, when that is what failed the check.
+    student_error: BaseException | None = None
+
+    def _render_traceback_(self) -> list[str]:
+        lines = []
+        error = self.student_error
+        if error is not None and error.__traceback__ is not None:
+            frames = [f for f in traceback.extract_tb(error.__traceback__) if _is_students(f.filename)]
+            if frames:
+                lines += ["Your code raised an error here:", *"".join(traceback.format_list(frames)).rstrip("\n")
+                          .splitlines(), f"{type(error).__name__}: {error}", ""]
+        return lines + [f"\x1b[0;31m{self}\x1b[0m"]
+
+
+_LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                                       sysconfig.get_paths()["platlib"], Path(__file__).parent.parent})
+
+
+def _is_students(filename: str) -> bool:
+    """Whether a traceback frame is the student's code (a notebook cell), not a library's or ours."""
+    try:
+        resolved = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return True
+    return not resolved.startswith(_LIBRARY_DIRS)
 
 
 @dataclass
@@ -156,6 +191,7 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
         try:
             fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
         except CheckFailed as error:
+            error.student_error = exc
             raise error from exc
 
 
@@ -296,7 +332,11 @@ def name_factor(factor: float) -> str:
 
 
 def _hinted(error: CheckFailed, hint: str | None) -> CheckFailed:
-    return CheckFailed(f"{error} Hint: {hint}") if hint else error
+    if not hint:
+        return error
+    hinted = CheckFailed(f"{error} Hint: {hint}")
+    hinted.student_error = error.student_error
+    return hinted
 
 
 def _compare_case(exercise: str, student: Callable, want: Any, case: Case, atol: float, rtol: float,
@@ -306,7 +346,7 @@ def _compare_case(exercise: str, student: Callable, want: Any, case: Case, atol:
     try:
         got = call_student(exercise, student, stu_case)
     except CheckFailed as error:
-        cause = error.__cause__ if error.__cause__ is not None else error
+        cause = error.student_error if error.student_error is not None else error
         raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
     for before, after in zip(case.args, stu_case.args):
         if isinstance(before, torch.Tensor) and not torch.equal(before, after):
@@ -455,7 +495,7 @@ def _compare_forward(exercise: str, student: Any, want: Any, case: Case, atol: f
     try:
         got = call_student(exercise, lambda: module_output(student, case), Case(label.name))
     except CheckFailed as error:
-        cause = error.__cause__ if error.__cause__ is not None else error
+        cause = error.student_error if error.student_error is not None else error
         raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
     problem = _difference(want, got, atol, rtol)
     if problem:
