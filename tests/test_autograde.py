@@ -36,12 +36,19 @@ def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.Notebo
     return student
 
 
+#: Each graded submission runs its whole notebook in a sandboxed kernel, and one submission can carry
+#: only one answer per exercise. So nbgrader grades the first MAX_DEPTH answers of each exercise (the
+#: fixtures as they stood before messages were tested); tests/test_hidden_tests.py runs every one of
+#: them, in-process, through the same test cells.
+MAX_DEPTH = 12
+
+
 def _variants(kind: str, name: str) -> list[dict[str, str]]:
-    """Submission k takes the k-th answer of ``kind`` for every exercise that has one."""
+    """Submission k takes the k-th answer of ``kind`` for every exercise that has one (k < MAX_DEPTH)."""
     module = load(name)
     if module is None:
         return []
-    per_exercise = {ex: list(answers.values()) for ex, answers in getattr(module, kind).items()}
+    per_exercise = {ex: list(answers.values())[:MAX_DEPTH] for ex, answers in getattr(module, kind).items()}
     depth = max((len(v) for v in per_exercise.values()), default=0)
     return [{ex: v[k] for ex, v in per_exercise.items() if k < len(v)} for k in range(depth)]
 
