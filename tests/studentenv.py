@@ -66,19 +66,19 @@ def add_kernel(root: Path, python: Path, name: str, env: dict[str, str] | None =
 
 
 def execute(nb, jupyter_path: Path, kernel: str, cwd: Path, allow_errors: bool, timeout: int = 300):
-    """Run ``nb`` top to bottom in the kernel ``kernel`` found on ``jupyter_path``."""
+    """Run ``nb`` top to bottom in the kernel ``kernel`` whose spec lies under ``jupyter_path``.
+
+    The kernel spec is looked up by a kernel manager of its own (no process-wide ``JUPYTER_PATH``), so
+    several notebooks can run at once from threads.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(jupyter_path)
-    try:
-        NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(cwd)}}).execute()
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
+    specs = KernelSpecManager(kernel_dirs=[str(Path(jupyter_path) / "kernels")])
+    manager = KernelManager(kernel_name=kernel, kernel_spec_manager=specs)
+    NotebookClient(nb, km=manager, timeout=timeout, allow_errors=allow_errors,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 
 

@@ -162,23 +162,46 @@ def _copy(nb):
     return nbformat.from_dict(json.loads(json.dumps(nb)))
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_student_notebook_runs_in_the_student_edition(student_env, edition, name, tmp_path):
-    python, jupyter = student_env
-    folder, _ = edition
+def _run_released(name: str, folder, jupyter, cwd) -> tuple:
+    """Notebook ``name`` of the edition run twice in the student environment: as released (stubs),
+    and with the solution's answers pasted into its answer cells."""
     released = nbformat.read(folder / "notebooks" / f"{name}.ipynb", as_version=4)
-    stubs = studentenv.execute(_copy(released), jupyter, "student-edition", tmp_path, allow_errors=True)
-    for cell in _check_cells(stubs):
-        text = studentenv.output_text(cell)
-        assert "not implemented yet" in text, f"{name}: a check on a stub says: {text[:300]}"
-    solution = harness.solution_notebook(name)
-    answers = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
+    stubs = studentenv.execute(_copy(released), jupyter, "student-edition", cwd, allow_errors=True)
+    answers = {harness.grade_id(c): c.source for c in harness.solution_notebook(name).cells if harness.grade_id(c)}
     solved = _copy(released)
     for cell in solved.cells:
         gid = harness.grade_id(cell)
         if cell.metadata.get("nbgrader", {}).get("solution") and gid:
             cell.source = "\n".join(line for line in answers[gid].splitlines() if "### " not in line)
-    studentenv.execute(solved, jupyter, "student-edition", tmp_path, allow_errors=False)
+    try:
+        studentenv.execute(solved, jupyter, "student-edition", cwd, allow_errors=False)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - reported by the test of this notebook
+        error = exc
+    return stubs, solved, error
+
+
+@pytest.fixture(scope="module")
+def runs(student_env, edition, tmp_path_factory):
+    """Every notebook run in the student environment, two kernels at a time (they wait on each other
+    more than on the CPU)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, jupyter = student_env
+    folder, _ = edition
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run_released, name, folder, jupyter, tmp_path_factory.mktemp(name[:2]))
+                   for name in NOTEBOOKS}
+    return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_student_notebook_runs_in_the_student_edition(runs, name):
+    stubs, solved, error = runs[name]
+    for cell in _check_cells(stubs):
+        text = studentenv.output_text(cell)
+        assert "not implemented yet" in text, f"{name}: a check on a stub says: {text[:300]}"
+    assert error is None, f"{name} with the solution's answers raised: {error}"
     for cell in _check_cells(solved):
         text = studentenv.output_text(cell)
         assert "✅" in text and "❌" not in text, f"{name}: {text[:300]}"
