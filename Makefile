@@ -2,8 +2,10 @@
 #   make lab        set up .venv on first use, then start JupyterLab in notebooks/
 #   make test       set up .venv on first use, then every check CI runs
 # Instructors:
-#   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel
-#   make release    solutions/ -> notebooks/ (student versions, hidden tests removed)
+#   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel, and the
+#                   checks' expected outputs recorded into course_utils/expected/
+#   make release    solutions/ -> notebooks/ (student versions, hidden tests removed), then the student
+#                   edition in release/ (what students get; scanned for answers) [NOTEBOOKS="01 02"]
 #   make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]
 #   make feedback  [OUT=grading]
 # Maintainers:
@@ -71,4 +73,4 @@ lock:
 	mv constraints.new constraints.txt && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) grading bench-results .pytest_cache
+	rm -rf $(VENV) grading bench-results release .pytest_cache
