@@ -17,6 +17,7 @@ While :func:`recording` is active the function runs and its value is stored unde
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -45,7 +46,9 @@ class InstructorOnly(ImportError):
     """Something only the instructor edition has (the reference answers, the hidden cases)."""
 
 
+@functools.lru_cache(maxsize=1)
 def _instructor_edition() -> bool:
+    """Whether the answers are installed (asked once: in the student edition the import always fails)."""
     try:
         importlib.import_module("course_utils.reference")
     except ImportError:
