@@ -414,6 +414,15 @@ def parameter_shapes(module: Any) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in module.parameters()]
 
 
+def expected_parameter_shapes(exercise: str, build: tuple, *, reference: str | None = None,
+                              seed: int = BUILD_SEED) -> list[tuple[int, ...]]:
+    """The parameter shapes of the reference module built with ``build`` (live or recorded)."""
+    ref_name = reference or exercise
+    want = expect(exercise, f"parameter shapes {build}",
+                  lambda: parameter_shapes(construct(_expected.reference(ref_name), build, seed)))
+    return [tuple(s) for s in want]
+
+
 def build_student(exercise: str, student_cls: Callable, build: tuple, *, reference: str | None = None,
                   seed: int = BUILD_SEED) -> Any:
     """Build the student's module with the constructor arguments ``build`` under ``seed``.
@@ -423,9 +432,7 @@ def build_student(exercise: str, student_cls: Callable, build: tuple, *, referen
     equal seeds then give equal weights, whatever the student names things internally.
     """
     require_callable(exercise, student_cls)
-    ref_name = reference or exercise
-    want = expect(exercise, f"parameter shapes {build}",
-                  lambda: parameter_shapes(construct(_expected.reference(ref_name), build, seed)))
+    want = expected_parameter_shapes(exercise, build, reference=reference, seed=seed)
     try:
         student = construct(student_cls, build, seed)
     except NotImplementedError:
@@ -435,8 +442,8 @@ def build_student(exercise: str, student_cls: Callable, build: tuple, *, referen
     if not isinstance(student, torch.nn.Module):
         fail(exercise, f"{getattr(student_cls, '__name__', student_cls)} must be an nn.Module subclass")
     got = parameter_shapes(student)
-    if got != [tuple(s) for s in want]:
-        fail(exercise, f"constructor arguments {build}: expected parameters of shapes {[tuple(s) for s in want]} "
+    if got != want:
+        fail(exercise, f"constructor arguments {build}: expected parameters of shapes {want} "
                        f"(in this order), got {got}. Create the layers in the order the exercise gives, with the "
                        f"same sizes.")
     return student

@@ -10,33 +10,33 @@ and the known mistakes by their exact outputs.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
-    NOT_IMPLEMENTED,
     Case,
-    CheckFailed,
     build_student,
     check,
-    check_causal,
-    check_rules,
     compare_function,
     compare_module,
-    construct,
     expect,
-    fail,
     hidden_cases,
-    parameter_shapes,
     passed,
     rand,
-    require_callable,
     tensor_difference,
 )
-from course_utils.checks.modules import check_causal_module, check_finite, check_module_class, check_truncated
+from course_utils.checks.modules import (
+    check_causal_module,
+    check_finite,
+    check_module_class,
+    check_truncated,
+    finite_then_values,
+    module_checks,
+    not_causal,
+)
 from course_utils.data import book_batch
 
 __all__ = [
@@ -46,111 +46,6 @@ __all__ = [
     "check_MultiHeadAttention",
     "check_count_parameters",
 ]
-
-
-# ------------------------------------------------------------------------------------------
-# Shared by the module checks of notebooks 05 and 06
-# ------------------------------------------------------------------------------------------
-def expected_shapes(exercise: str, build: tuple) -> list[tuple[int, ...]]:
-    """The expected parameter shapes of the exercise's module built with ``build`` (live or recorded)."""
-    want = expect(exercise, f"parameter shapes {build}",
-                  lambda: parameter_shapes(construct(_expected.reference(exercise), build)))
-    return [tuple(s) for s in want]
-
-
-def student_shapes(exercise: str, cls: Callable, build: tuple) -> list[tuple[int, ...]] | None:
-    """The parameter shapes of ``cls(*build)``, or ``None`` when it cannot be built (reported later)."""
-    try:
-        module = construct(cls, build)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
-        return None
-    return parameter_shapes(module) if isinstance(module, nn.Module) else None
-
-
-def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build: tuple) -> str | None:
-    """Name what differs between two lists of parameter shapes, when it is a known pattern.
-
-    ``build`` follows the book's constructor, ``(d_in, d_out, context_length, dropout, num_heads,
-    qkv_bias)``.
-    """
-    if got == want:
-        return None
-    if sorted(got) == sorted(want):
-        return ("the right parameters, created in another order: create the layers in the order the exercise "
-                "gives, so that the course's seed gives them the same values as ours")
-    d_out = build[1]
-    if len(got) < len(want) and got == want[:len(got)] and want[len(got):] == [(d_out, d_out), (d_out,)]:
-        return ("out_proj is missing: after merging the heads the module applies self.out_proj = nn.Linear(d_out, "
-                "d_out), created after the query, key and value projections")
-    matrices = [s for s in got if len(s) != 1] == [s for s in want if len(s) != 1]
-    if matrices and len(got) != len(want):
-        qkv_bias = len(build) > 5 and bool(build[5])
-        if len(got) < len(want) and qkv_bias:
-            return ("a bias is missing: with qkv_bias=True the query, key and value projections have biases: pass "
-                    "bias=qkv_bias to their nn.Linear")
-        if len(got) < len(want):
-            return ("a bias is missing: only the query, key and value projections follow qkv_bias; out_proj keeps "
-                    "nn.Linear's default bias")
-        if not qkv_bias:
-            return ("a bias too many: with qkv_bias=False the query, key and value projections have no bias: pass "
-                    "bias=qkv_bias to their nn.Linear")
-    return None
-
-
-def check_shapes(exercise: str, cls: Callable, build: tuple,
-                 specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
-    """Fail with a named cause when ``cls(*build)`` has parameters of other shapes than expected and
-    the difference is a known pattern (otherwise ``build_student`` reports it)."""
-    want = expected_shapes(exercise, build)
-    got = student_shapes(exercise, cls, build)
-    if got is None or got == want:
-        return
-    problem = (specific(got, want, build) if specific else None) or shape_problem(got, want, build)
-    if problem:
-        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: "
-                       f"{problem}.")
-
-
-def not_causal(exercise: str, cls: Callable) -> Callable:
-    """A ``diagnose`` for module comparisons: when no known mistake explains a difference, say whether
-    the student's module sees the future on the case's input."""
-    def diagnose(case: Case, got: object, want: object) -> str | None:
-        if isinstance(got, BaseException) or case.build is None or not case.args:
-            return None
-        x = case.args[0]
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 2:
-            return None
-        module = construct(cls, case.build).eval()
-        try:
-            with torch.no_grad():
-                check_causal(exercise, module, x)
-        except CheckFailed as error:
-            text = str(error)
-            if "the future leaks" in text:
-                return "your module is not causal: " + text.split(": ", 1)[1]
-        return None
-    return diagnose
-
-
-def module_checks(exercise: str, cls: Callable, builds: Sequence[tuple],
-                  specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
-    """What every module check does first: the rules, then the parameter shapes of every build."""
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
-    for build in dict.fromkeys(builds):
-        check_shapes(exercise, cls, build, specific)
-
-
-def finite_then_values(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
-    """Build ``cls`` with ``config``'s arguments; its output must be finite (checked first: NaN is never
-    equal to anything), then equal to the expected one in ``eval()`` mode, with known mistakes named."""
-    build, cases = config
-    student = build_student(exercise, cls, build)
-    for case in cases:
-        check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
-    compare_module(exercise, cls, [config], quiet=True, diagnose=diagnose)
 
 
 def _hidden_modules(exercise: str, hidden: bool) -> dict:

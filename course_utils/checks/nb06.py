@@ -32,8 +32,10 @@ from course_utils.checks.modules import (
     check_dropout_modes,
     check_finite,
     check_module_class,
+    finite_then_values,
+    module_checks,
+    not_causal,
 )
-from course_utils.checks.nb05 import finite_then_values, module_checks, not_causal
 from course_utils.data import book_batch
 
 __all__ = ["check_MultiHeadAttentionCombinedQKV", "check_MHAPyTorchSDPA", "check_attention_flops"]

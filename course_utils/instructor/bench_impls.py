@@ -320,7 +320,6 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> Be
     }
     result = BenchResult(config, environment)
     modules = build_implementations(config, log)
-    expected_module = modules["notebook05_mha"]
     gen = torch.Generator().manual_seed(0)
     for T in config.seq_lens:
         x = torch.randn(config.batch, T, config.d_model, generator=gen).to(device)
