@@ -498,3 +498,18 @@ def attention_flops(batch: int, num_heads: int, seq_len: int, head_dim: int, cau
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     flops = 4 * batch * num_heads * seq_len * seq_len * head_dim
     return flops // 2 if causal else flops
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 07: FlashAttention from scratch
+# --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 08: KV cache, grouped-query attention and sliding windows
+# --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 09: the capstone, a tiny causal transformer
+# --------------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ NOTEBOOKS: tuple[str, ...] = (
     "04_causal_attention",
     "05_multi_head_attention",
     "06_efficient_attention_gpu",
+    "07_flash_attention_from_scratch",
+    "08_kv_cache_gqa_and_windows",
+    "09_capstone_tiny_transformer",
 )
 
 
@@ -52,7 +55,7 @@ def project_url(label: str) -> str:
 
 
 #: Notebooks written for a GPU: their Colab badge says to pick a GPU runtime.
-GPU_NOTEBOOKS: frozenset[str] = frozenset({"06_efficient_attention_gpu"})
+GPU_NOTEBOOKS: frozenset[str] = frozenset({"06_efficient_attention_gpu", "07_flash_attention_from_scratch"})
 
 #: Graded exercises of each notebook (COURSE_DESIGN.md): answer cells have these grade ids, test
 #: cells ``test_<name>``, and ``course_utils.reference`` defines each name.
@@ -65,6 +68,11 @@ EXERCISES: dict[str, tuple[str, ...]] = {
     "05_multi_head_attention": (
         "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters"),
     "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops"),
+    "07_flash_attention_from_scratch": ("online_softmax", "flash_attention_forward", "flash_attention_triton"),
+    "08_kv_cache_gqa_and_windows": (
+        "decode_causal_mask", "MultiHeadAttentionKVCache", "repeat_kv", "GroupedQueryAttention", "sliding_window_mask"),
+    "09_capstone_tiny_transformer": (
+        "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step"),
 }
 
 

@@ -13,3 +13,6 @@ from course_utils.checks.nb03 import *  # noqa: F401,F403
 from course_utils.checks.nb04 import *  # noqa: F401,F403
 from course_utils.checks.nb05 import *  # noqa: F401,F403
 from course_utils.checks.nb06 import *  # noqa: F401,F403
+from course_utils.checks.nb07 import *  # noqa: F401,F403
+from course_utils.checks.nb08 import *  # noqa: F401,F403
+from course_utils.checks.nb09 import *  # noqa: F401,F403

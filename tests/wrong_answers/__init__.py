@@ -21,6 +21,9 @@ NOTEBOOK_MODULES = {
     "04_causal_attention": "nb04",
     "05_multi_head_attention": "nb05",
     "06_efficient_attention_gpu": "nb06",
+    "07_flash_attention_from_scratch": "nb07",
+    "08_kv_cache_gqa_and_windows": "nb08",
+    "09_capstone_tiny_transformer": "nb09",
 }
 
 
