@@ -1,10 +1,12 @@
-"""Figures the notebooks share: attention heatmaps and bar charts of weights."""
+"""Figures the notebooks share: attention heatmaps, bar charts of weights, embeddings in 3-D, and
+log-scaled axes that stay readable."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 import torch
 
 
@@ -13,6 +15,45 @@ def _as_2d(weights: torch.Tensor) -> torch.Tensor:
     if w.dim() != 2:
         raise ValueError(f"a heatmap needs a 2-D tensor (queries, keys), got shape {tuple(w.shape)}")
     return w
+
+
+def _relative_luminance(rgba: Sequence[float]) -> float:
+    """WCAG relative luminance of an RGB(A) colour with channels in ``[0, 1]``."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (linear(float(c)) for c in rgba[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def text_color_for(rgba: Sequence[float], background: Sequence[float] = (1.0, 1.0, 1.0, 1.0)) -> str:
+    """``"black"`` or ``"white"``, whichever contrasts more with a cell of colour ``rgba``.
+
+    A transparent cell (``alpha == 0``, e.g. a NaN or ``-inf`` entry) shows ``background``.
+    """
+    if len(rgba) > 3 and float(rgba[3]) == 0.0:
+        rgba = background
+    lum = _relative_luminance(rgba)
+    # WCAG contrast ratios against black (luminance 0) and white (luminance 1).
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
+def annotation_colors(image: "plt.AxesImage", values: torch.Tensor) -> list[list[str]]:
+    """Text colour for every cell of a heatmap: read from the cell's own colour on the colour scale.
+
+    The colour of a cell is ``cmap(norm(value))``: its value normalised between ``vmin`` and ``vmax``,
+    then looked up in the colormap. Dark cells (the lower half of viridis) get white text, light
+    cells black text, whatever the values' mean is.
+    """
+    background = image.axes.get_facecolor() if image.axes is not None else (1.0, 1.0, 1.0, 1.0)
+    cmap, norm = image.get_cmap(), image.norm
+    colors = []
+    for row in values.tolist():
+        line = []
+        for value in row:
+            rgba = (0.0, 0.0, 0.0, 0.0) if value != value or abs(value) == float("inf") else cmap(norm(value))
+            line.append(text_color_for(rgba, background))
+        colors.append(line)
+    return colors
 
 
 def plot_attention(
@@ -30,7 +71,9 @@ def plot_attention(
     Args:
         weights: ``(Tq, Tk)`` scores or weights; moved to the CPU and detached.
         tokens: labels for both axes (must match ``Tq`` and ``Tk`` when the matrix is square).
-        annotate: write each value in its cell (only for matrices up to 12 x 12).
+        annotate: write each value in its cell (only for matrices up to 12 x 12), in black or white,
+            whichever contrasts more with the cell's colour (see :func:`annotation_colors`).
+        vmin, vmax: ends of the colour scale (default: the smallest and largest finite value).
 
     Returns:
         The matplotlib axes, for further styling.
@@ -55,13 +98,12 @@ def plot_attention(
     ax.set_ylabel("query (attending)")
     ax.set_title(title)
     if annotate and max(w.shape) <= 12:
-        mid = float(finite.mean()) if finite.numel() else 0.0
+        colors = annotation_colors(image, w)
         for i in range(w.shape[0]):
             for j in range(w.shape[1]):
                 value = float(w[i, j])
                 text = "-inf" if value == float("-inf") else f"{value:.2f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=8,
-                        color="black" if value > mid else "white")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colors[i][j])
     return ax
 
 
@@ -87,16 +129,89 @@ def plot_attention_grid(
 
 
 def plot_weights_bar(
-    weights: torch.Tensor, tokens: Sequence[str], title: str = "attention weights", ax: "plt.Axes | None" = None
+    weights: torch.Tensor,
+    tokens: Sequence[str],
+    title: str = "attention weights",
+    ax: "plt.Axes | None" = None,
+    ylabel: str = "weight",
+    fmt: str = "%.2f",
 ) -> "plt.Axes":
-    """Bar chart of a ``(T,)`` vector of weights, one bar per token."""
+    """Bar chart of a ``(T,)`` vector, one bar per token.
+
+    Args:
+        weights: ``(T,)`` values: weights, raw scores, differences...
+        tokens: one label per bar.
+        ylabel: what the values are (``"weight"``, ``"score"``, ...).
+        fmt: format of the number written on each bar.
+    """
     w = torch.as_tensor(weights).detach().to("cpu", torch.float32)
     if w.dim() != 1 or w.shape[0] != len(tokens):
         raise ValueError(f"need a (T,) vector with one weight per token; got shape {tuple(w.shape)} for {len(tokens)} tokens")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3))
     bars = ax.bar(list(tokens), w.numpy())
-    ax.bar_label(bars, fmt="%.2f")
-    ax.set_ylabel("weight")
+    ax.bar_label(bars, fmt=fmt)
+    if (w < 0).any():
+        ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
+    return ax
+
+
+def spread_labels_3d(points: torch.Tensor, min_distance: float = 0.12, step: float = 0.07) -> torch.Tensor:
+    """Label positions for ``(n, 3)`` points: each label sits at its point, moved down in ``z`` by
+    ``step`` until it is at least ``min_distance`` away from every earlier label."""
+    pts = torch.as_tensor(points, dtype=torch.float32)
+    if pts.dim() != 2 or pts.shape[1] != 3:
+        raise ValueError(f"need (n, 3) points, got shape {tuple(pts.shape)}")
+    placed: list[torch.Tensor] = []
+    for p in pts:
+        spot = p.clone()
+        for _ in range(20):
+            if all(float((spot - q).norm()) >= min_distance for q in placed):
+                break
+            spot[2] -= step
+        placed.append(spot)
+    return torch.stack(placed) if placed else pts.clone()
+
+
+def plot_embeddings_3d(
+    vectors: torch.Tensor, tokens: Sequence[str], title: str = "token embeddings", ax: "plt.Axes | None" = None
+) -> "plt.Axes":
+    """Arrows from the origin to ``(T, 3)`` embeddings, labelled with their tokens, on labelled axes.
+
+    Labels of points that lie close together are moved apart (:func:`spread_labels_3d`) and joined
+    to their arrow tip by a thin line.
+    """
+    v = torch.as_tensor(vectors).detach().to("cpu", torch.float32)
+    if v.dim() != 2 or v.shape[1] != 3 or v.shape[0] != len(tokens):
+        raise ValueError(f"need (T, 3) vectors with one token each; got shape {tuple(v.shape)} for {len(tokens)} tokens")
+    if ax is None:
+        fig = plt.figure(figsize=(5.5, 5.5))
+        ax = fig.add_subplot(projection="3d")
+    tips = v.tolist()
+    spots = spread_labels_3d(v * 1.04).tolist()
+    for tip, spot, tok in zip(tips, spots, tokens):
+        ax.quiver(0, 0, 0, *tip, arrow_length_ratio=0.08)
+        if spot != [1.04 * c for c in tip]:
+            ax.plot(*zip(tip, spot), color="gray", linewidth=0.6)
+        ax.text(*spot, tok, fontsize=9)
+    ax.set_xlim(0, 1); ax.set_ylim(0, 1); ax.set_zlim(0, 1)
+    ax.set_xlabel("dimension 0"); ax.set_ylabel("dimension 1"); ax.set_zlabel("dimension 2")
+    ax.set_title(title)
+    return ax
+
+
+def readable_log_axes(ax: "plt.Axes", x_values: Sequence[float] | None = None, base_x: int = 2) -> "plt.Axes":
+    """Log axes whose ticks read as plain numbers: ``x`` ticks at ``x_values`` (e.g. 64, 128, 256)
+    on a log base ``base_x`` scale, ``y`` ticks on a log 10 scale with 1-2-5 minor labels."""
+    ax.set_xscale("log", base=base_x)
+    if x_values is not None:
+        ax.set_xticks(list(x_values), [f"{v:g}" for v in x_values])
+        ax.xaxis.set_minor_locator(mticker.NullLocator())
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_locator(mticker.LogLocator(base=10, subs=(2.0, 5.0)))
+    ax.yaxis.set_minor_formatter(mticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.grid(True, which="both", alpha=0.3)
     return ax
