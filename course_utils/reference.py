@@ -51,6 +51,21 @@ __all__ = [
     "MHAPyTorchSDPA",
     "count_parameters",
     "attention_flops",
+    "time_cuda_aware",
+    "online_softmax",
+    "flash_attention_forward",
+    "flash_attention_triton",
+    "decode_causal_mask",
+    "MultiHeadAttentionKVCache",
+    "repeat_kv",
+    "GroupedQueryAttention",
+    "sliding_window_mask",
+    "sliding_window_mask_mod",
+    "sinusoidal_positions",
+    "LearnedPositionalEmbedding",
+    "TransformerBlock",
+    "TinyGPT",
+    "train_step",
 ]
 
 
@@ -500,16 +515,435 @@ def attention_flops(batch: int, num_heads: int, seq_len: int, head_dim: int, cau
     return flops // 2 if causal else flops
 
 
+def time_cuda_aware(fn, warmup: int = 3, repeats: int = 10) -> float:
+    """Median wall time of ``fn()`` in seconds, over ``repeats`` timed calls after ``warmup`` untimed ones.
+
+    A CUDA kernel launch returns before the GPU has done the work, so when CUDA is available the
+    device is synchronised before the clock starts (nothing queued earlier is charged to this call)
+    and before it stops (the work of this call is finished). On a CPU there is nothing to wait for.
+    """
+    import statistics
+    import time
+
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 # --------------------------------------------------------------------------------------------
 # Notebook 07: FlashAttention from scratch
 # --------------------------------------------------------------------------------------------
+try:  # the Triton kernel's body uses ``tl``; its annotations stay strings (``from __future__ import annotations``)
+    import triton.language as tl
+except ImportError:  # pragma: no cover - a machine without Triton still has every other answer
+    tl = None
+
+
+def _check_block(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Softmax over the last dimension of ``x`` (any shape ``(..., n)``), streaming ``block_size``
+    columns at a time.
+
+    One pass keeps, for every row, the running maximum ``m`` and the running sum ``l`` of
+    ``exp(x - m)``. When a block raises the maximum from ``m`` to ``m_new``, every term already in
+    ``l`` was computed against the old maximum, so ``l`` is multiplied by ``exp(m - m_new)``: that
+    is exact, ``exp(a - m) * exp(m - m_new) = exp(a - m_new)``. A second pass writes
+    ``exp(x - m) / l``. Exact for large values and for ``-inf`` entries, like ``softmax_stable``.
+    """
+    _check_block(block_size, "block_size")
+    check_rank_at_least(x, 1, "x")
+    m = torch.full(x.shape[:-1] + (1,), float("-inf"), dtype=x.dtype, device=x.device)  # (..., 1)
+    l = torch.zeros_like(m)  # (..., 1)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]  # (..., B)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))  # (..., 1)
+        # A row that has seen only -inf so far has m_new = -inf: shift by 0 there, not by -inf.
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # (..., 1)
+        l = l * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l  # (..., n)
+
+
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int, causal: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention computed tile by tile, as FlashAttention-2 does.
+
+    ``q`` is ``(..., T, D)``, ``k`` is ``(..., Tk, D)``, ``v`` is ``(..., Tk, Dv)`` (``Tk = T`` when
+    ``causal``). Returns the output ``(..., T, Dv)`` and the log-sum-exp of each query's scaled
+    scores ``(..., T)``, which the backward pass needs. No tensor larger than ``(..., block_q,
+    block_k)`` is ever made: for each block of ``block_q`` queries, the key/value blocks stream past
+    with a running maximum ``m``, sum ``l`` and unnormalised output ``acc``, each rescaled by
+    ``exp(m_old - m_new)`` when the maximum grows. With ``causal=True``, key blocks that start after
+    the block's last query are skipped (never computed); only blocks that cross the diagonal are masked.
+    """
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_rank_at_least(t, 2, name)
+    check_same_last_dim(q, k, "q", "k")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v need the same number of positions, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    T, D = q.shape[-2], q.shape[-1]
+    Tk = k.shape[-2]
+    if causal and Tk != T:
+        raise ValueError(f"causal attention here needs as many keys as queries, got {T} queries and {Tk} keys")
+    scale = 1.0 / math.sqrt(D)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    out = q.new_empty(batch + (T, v.shape[-1]))  # (..., T, Dv)
+    lse = q.new_empty(batch + (T,))  # (..., T)
+    for q_start in range(0, T, block_q):
+        q_end = min(q_start + block_q, T)
+        q_blk = q[..., q_start:q_end, :] * scale  # (..., Bq, D)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
+        l = torch.zeros_like(m)  # (..., Bq)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., Bq, Dv)
+        k_stop = q_end if causal else Tk  # a key block starting at q_end or later is wholly in the future
+        for k_start in range(0, k_stop, block_k):
+            k_end = min(k_start + block_k, Tk)
+            s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)  # (..., Bq, Bk)
+            if causal and k_end - 1 > q_start:  # the block crosses the diagonal: mask its future part
+                rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
+                cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1))  # (..., Bq)
+            alpha = torch.exp(m - m_new)  # (..., Bq): rescales what was summed against the old maximum
+            p = torch.exp(s - m_new[..., None])  # (..., Bq, Bk)
+            l = alpha * l + p.sum(dim=-1)
+            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]  # (..., Bq, Dv)
+            m = m_new
+        out[..., q_start:q_end, :] = acc / l[..., None]
+        lse[..., q_start:q_end] = m + torch.log(l)
+    return out, lse
+
+
+def flash_attention_triton(Q, K, V, O, LSE, stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+                           stride_ob, stride_ot, T, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The Triton kernel of FlashAttention-2's forward pass (undecorated: ``triton.jit`` it to run).
+
+    One program computes ``BLOCK_M`` rows of the output for one (batch, head): ``Q``, ``K``, ``V``,
+    ``O`` are ``(BH, T, HEAD_DIM)`` with a unit stride along ``HEAD_DIM``, ``LSE`` is ``(BH, T)``
+    float32. Launch it on the grid ``(cdiv(T, BLOCK_M), BH)`` with ``course_utils.flash.launch``.
+    The loop over key/value blocks is ``flash_attention_forward``'s inner loop, written with
+    ``tl.load``, ``tl.dot`` and ``tl.where``; statistics and accumulator stay in float32.
+    """
+    start_m = tl.program_id(0)  # which block of queries
+    bh = tl.program_id(1)  # which (batch, head)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
+    offs_n = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    offs_d = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=offs_m[:, None] < T, other=0.0)  # (BLOCK_M, HEAD_DIM)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running maximum
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # unnormalised output
+    hi = (start_m + 1) * BLOCK_M if CAUSAL else T  # key blocks from hi on are wholly in the future
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n  # (BLOCK_N,) key positions
+        k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :],
+                    mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :],
+                    mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        keep = cols[None, :] < T  # keys past the end of the sequence are padding
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,)
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    tl.store(O + bh * stride_ob + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=offs_m[:, None] < T)
+    tl.store(LSE + bh * T + offs_m, m_i + tl.log(l_i), mask=offs_m < T)
+
+
 
 
 # --------------------------------------------------------------------------------------------
 # Notebook 08: KV cache, grouped-query attention and sliding windows
 # --------------------------------------------------------------------------------------------
+def decode_causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
+    """Boolean ``(Tq, Tk)`` mask, True where a key is in a query's future, for ``Tq <= Tk``.
+
+    The queries are the LAST ``Tq`` of the ``Tk`` positions (bottom-right aligned): query ``i`` sits
+    at position ``Tk - Tq + i`` and may see keys ``0 .. Tk - Tq + i``. With ``Tq == Tk`` this is
+    ``causal_mask``; with ``Tq == 1`` (one decoding step) nothing is hidden.
+    """
+    if num_queries < 0 or num_keys < 0:
+        raise ValueError(f"num_queries and num_keys must be non-negative, got {num_queries} and {num_keys}")
+    if num_queries > num_keys:
+        raise ValueError(f"num_queries > num_keys ({num_queries} > {num_keys}): the queries are the last "
+                         f"num_queries of the num_keys positions, so there cannot be more of them")
+    offset = num_keys - num_queries  # how many keys come before the first query
+    return torch.triu(torch.ones(num_queries, num_keys, dtype=torch.bool), diagonal=offset + 1)
+
+
+class MultiHeadAttentionKVCache(MultiHeadAttention):
+    """:class:`MultiHeadAttention` with a cache of the keys and values of the tokens seen so far.
+
+    ``forward(x)`` is notebook 05's causal forward on the whole input ``(b, T, d_in)``.
+    ``forward(x, use_cache=True)`` treats ``x`` as the NEXT ``T`` tokens: their keys and values are
+    appended to ``cache_k``/``cache_v`` (each ``(b, H, tokens so far, D)``), and their queries attend
+    to every cached key up to their own position. A prompt followed by one token at a time gives
+    exactly the outputs of ``forward`` on the whole sequence. ``reset_cache()`` starts a new sequence.
+    """
+
+    def __init__(
+        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
+    ):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        # Buffers, so that .to(device) moves a filled cache; not saved in state_dict.
+        self.register_buffer("cache_k", None, persistent=False)
+        self.register_buffer("cache_v", None, persistent=False)
+
+    @property
+    def num_cached(self) -> int:
+        """How many tokens' keys and values the cache holds."""
+        return 0 if self.cache_k is None else self.cache_k.shape[2]
+
+    def reset_cache(self) -> None:
+        """Forget every cached key and value: the next ``use_cache=True`` call starts a new sequence."""
+        self.cache_k = None
+        self.cache_v = None
+
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        if not use_cache:
+            return super().forward(x)  # the whole sequence; the cache is left alone
+        b, num_tokens, _ = check_input_3d(x, self.d_in, self.context_length)
+        if num_tokens == 0:
+            raise ValueError("empty input: use_cache=True needs at least one new token (an empty prompt?)")
+        start = self.num_cached  # position of the first new token
+        if start + num_tokens > self.context_length:
+            raise ValueError(f"the cache holds {start} tokens and the input adds {num_tokens}: "
+                             f"{start + num_tokens} > context_length={self.context_length}. "
+                             f"Call reset_cache() to start a new sequence")
+        if self.cache_k is not None and self.cache_k.shape[0] != b:
+            raise ValueError(f"the cache holds a batch of {self.cache_k.shape[0]} sequences, the input has {b}: "
+                             f"call reset_cache() before a new batch")
+        queries = split_heads(self.W_query(x), self.num_heads)  # (b, H, T, D)
+        keys_new = split_heads(self.W_key(x), self.num_heads)  # (b, H, T, D)
+        values_new = split_heads(self.W_value(x), self.num_heads)
+        if self.cache_k is None:
+            self.cache_k, self.cache_v = keys_new, values_new
+        else:
+            self.cache_k = torch.cat([self.cache_k, keys_new], dim=2)  # (b, H, start + T, D): grows along tokens
+            self.cache_v = torch.cat([self.cache_v, values_new], dim=2)
+        end = start + num_tokens
+        scores = queries @ self.cache_k.transpose(2, 3)  # (b, H, T, start + T)
+        # Rows start..end-1 of the causal mask: the bottom-right corner, decode_causal_mask(T, end).
+        scores = scores.masked_fill(self.mask[start:end, :end], float("-inf"))
+        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        context = merge_heads(weights @ self.cache_v)  # (b, H, T, D) -> (b, T, d_out)
+        return self.out_proj(context)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``(b, G, T, D)`` -> ``(b, G * n_rep, T, D)``: each key/value head repeated ``n_rep`` times in a row.
+
+    Output head ``h`` is input head ``h // n_rep``, so query heads ``g * n_rep .. (g + 1) * n_rep - 1``
+    share group ``g``, as in ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"repeat_kv expects (b, num_kv_groups, T, head_dim), got shape {tuple(x.shape)}")
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be at least 1, got {n_rep}")
+    b, G, T, D = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None].expand(b, G, n_rep, T, D).reshape(b, G * n_rep, T, D)  # copies each head n_rep times
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query attention: ``num_heads`` query heads share ``num_kv_groups`` key/value heads.
+
+    Input ``(b, T, d_in)`` with ``T <= context_length``, output ``(b, T, d_out)``. Query heads
+    ``g * n_rep .. (g + 1) * n_rep - 1`` (``n_rep = num_heads // num_kv_groups``) use key/value group
+    ``g``. ``num_kv_groups == num_heads`` is :class:`MultiHeadAttention` (same parameters, same
+    outputs for the same seed); ``num_kv_groups == 1`` is multi-query attention.
+    """
+
+    def __init__(
+        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, num_kv_groups: int,
+        qkv_bias: bool = False,
+    ):
+        super().__init__()
+        check_heads_divide(d_out, num_heads)
+        if num_kv_groups < 1 or num_heads % num_kv_groups != 0:
+            raise ValueError(f"num_kv_groups must divide num_heads: {num_heads} query heads cannot be shared evenly "
+                             f"by {num_kv_groups} key/value groups")
+        self.d_in = d_in
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.num_kv_groups = num_kv_groups
+        self.head_dim = d_out // num_heads  # D
+        self.group_size = num_heads // num_kv_groups  # query heads per key/value head
+        self.context_length = context_length
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)  # H heads of D
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)  # only G heads of D
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", causal_mask(context_length))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, T, _ = check_input_3d(x, self.d_in, self.context_length)
+        queries = split_heads(self.W_query(x), self.num_heads)  # (b, H, T, D)
+        keys = split_heads(self.W_key(x), self.num_kv_groups)  # (b, G, T, D)
+        values = split_heads(self.W_value(x), self.num_kv_groups)
+        keys = repeat_kv(keys, self.group_size)  # (b, H, T, D)
+        values = repeat_kv(values, self.group_size)
+        scores = (queries @ keys.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))  # (b, H, T, T)
+        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        return self.out_proj(merge_heads(weights @ values))  # (b, T, d_out)
+
+
+def sliding_window_mask(num_tokens: int, window: int) -> torch.Tensor:
+    """Boolean ``(T, T)`` mask, True where a key is hidden from a query under a causal sliding window.
+
+    Query ``i`` sees key ``j`` when ``i - window < j <= i``: itself and the ``window - 1`` tokens before
+    it. ``window=1``: each token sees only itself; ``window >= T``: the plain causal mask.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 (a token always sees itself), got {window}")
+    i = torch.arange(num_tokens).unsqueeze(1)  # (T, 1): query positions
+    j = torch.arange(num_tokens).unsqueeze(0)  # (1, T): key positions
+    return (j > i) | (i - j >= window)  # the future, or too far back
+
+
+def sliding_window_mask_mod(window: int):
+    """The same rule as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``.
+
+    A ``mask_mod`` says where a query MAY attend (True = kept): the opposite of
+    :func:`sliding_window_mask`, which marks what is hidden.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 (a token always sees itself), got {window}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
 
 
 # --------------------------------------------------------------------------------------------
 # Notebook 09: the capstone, a tiny causal transformer
 # --------------------------------------------------------------------------------------------
+def sinusoidal_positions(num_positions: int, d_model: int) -> torch.Tensor:
+    """The fixed sinusoidal position encodings of "Attention Is All You Need", ``(num_positions, d_model)``.
+
+    Row ``pos``, columns ``2i`` and ``2i + 1``: ``sin(pos / 10000^(2i / d_model))`` and
+    ``cos(pos / 10000^(2i / d_model))``. ``d_model`` must be even.
+    """
+    if int(num_positions) != num_positions or num_positions < 1:
+        raise ValueError(f"num_positions must be a positive integer, got {num_positions!r}")
+    if int(d_model) != d_model or d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be a positive even integer (sin and cos come in pairs), got {d_model!r}")
+    positions = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    frequencies = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)  # (d_model / 2,)
+    angles = positions * frequencies  # (P, d_model / 2)
+    encodings = torch.zeros(num_positions, d_model)  # (P, d_model)
+    encodings[:, 0::2] = torch.sin(angles)  # even columns
+    encodings[:, 1::2] = torch.cos(angles)  # odd columns
+    return encodings
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned absolute positions: one trained vector per position, added to the token embeddings.
+
+    ``forward(x)``: ``x`` is ``(b, T, d_model)`` with ``T <= context_length``; returns
+    ``x + position vectors 0 .. T-1``, ``(b, T, d_model)``.
+    """
+
+    def __init__(self, context_length: int, d_model: int):
+        super().__init__()
+        self.context_length = context_length
+        self.embedding = nn.Embedding(context_length, d_model)  # (context_length, d_model), N(0, 1) at first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, T, _ = check_input_3d(x, self.embedding.embedding_dim, self.context_length)
+        positions = torch.arange(T, device=x.device)  # (T,)
+        return x + self.embedding(positions)  # (b, T, d) + (T, d) -> (b, T, d)
+
+
+class TransformerBlock(nn.Module):
+    """A pre-LayerNorm transformer block (GPT-2's): ``(b, T, d_model) -> (b, T, d_model)``.
+
+    ``x + dropout(attention(norm1(x)))``, then ``x + dropout(feed_forward(norm2(x)))``; the
+    feed-forward network is ``Linear(d, 4d)``, GELU, ``Linear(4d, d)``. Layers are created in the
+    order ``norm1, att, norm2, ff``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, context_length: int, dropout: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.drop_resid = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_resid(self.att(self.norm1(x)))  # (b, T, d): attention, then the residual
+        return x + self.drop_resid(self.ff(self.norm2(x)))  # (b, T, d): feed-forward, then the residual
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style causal language model: token ids ``(b, T)`` -> next-token logits ``(b, T, vocab_size)``.
+
+    Token embeddings plus learned positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
+    LayerNorm and a linear head without bias, created in that order.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, context_length: int,
+                 dropout: float):
+        super().__init__()
+        self.context_length = context_length
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        self.drop_emb = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(
+            *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])
+        self.final_norm = nn.LayerNorm(d_model)
+        self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() != 2:
+            raise ValueError(f"TinyGPT expects token ids of shape (batch, num_tokens), got shape {tuple(idx.shape)}")
+        x = self.pos_emb(self.tok_emb(idx))  # (b, T, d_model): tokens plus positions
+        x = self.blocks(self.drop_emb(x))  # (b, T, d_model)
+        return self.out_head(self.final_norm(x))  # (b, T, vocab_size)
+
+
+def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+               optimizer: torch.optim.Optimizer) -> float:
+    """One optimisation step on the answer positions only; returns the loss as a float.
+
+    ``batch = (inputs, targets, answer_mask)``: token ids ``(b, T)``, the next token at every
+    position ``(b, T)``, and a bool ``(b, T)`` that is True where the target is part of the answer.
+    """
+    inputs, targets, answer_mask = batch
+    logits = model(inputs)  # (b, T, vocab)
+    loss = F.cross_entropy(logits[answer_mask], targets[answer_mask])  # (n_answer, vocab) vs (n_answer,)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()

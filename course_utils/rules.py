@@ -79,6 +79,33 @@ RULES: dict[str, Rule] = {
         forbidden_calls=("softmax", "MultiheadAttention", "multi_head_attention_forward", "flex_attention"),
         why="hand the attention core to F.scaled_dot_product_attention instead of computing the softmax yourself.",
     ),
+    # Notebook 06: the timer is written by hand, not borrowed from a timing library.
+    "time_cuda_aware": Rule(
+        forbidden_calls=("time_fn", "checked_time", "Timer", "timeit"),
+        why="write the warm-up, synchronisation and median yourself; bench.time_fn is what you are rebuilding.",
+    ),
+    # Notebook 08: the cache may use SDPA (with the right mask); the grouping is written by hand.
+    "MultiHeadAttentionKVCache": Rule(
+        forbidden_calls=("MultiheadAttention", "multi_head_attention_forward", "flex_attention"),
+        why="extend notebook 05's MultiHeadAttention with the cache yourself.",
+    ),
+    "GroupedQueryAttention": Rule(
+        forbidden_calls=("scaled_dot_product_attention", "MultiheadAttention", "multi_head_attention_forward",
+                         "flex_attention"),
+        why="share the key/value heads yourself with repeat_kv; SDPA's enable_gqa=True comes right after, to compare.",
+    ),
+    # Notebook 07: the softmax and attention are streamed block by block by hand.
+    "online_softmax": Rule(
+        forbidden_calls=("softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin", "logsumexp"),
+        require_loop=True,
+        why="stream the blocks yourself with a running maximum and sum; a library softmax sees the whole row.",
+    ),
+    "flash_attention_forward": Rule(
+        forbidden_calls=("scaled_dot_product_attention", "softmax", "log_softmax", "logsumexp", "flex_attention",
+                         "MultiheadAttention", "multi_head_attention_forward"),
+        require_loop=True,
+        why="write the tiled loop yourself: running maximum, sum and output, rescaled as each key block arrives.",
+    ),
 }
 
 

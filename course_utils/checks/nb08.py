@@ -1,5 +1,589 @@
-"""Self-checks for notebook 08: KV cache, grouped-query attention and sliding windows."""
+"""Self-checks for notebook 08: KV cache, grouped-query attention and sliding windows.
+
+Besides comparing values with the expected ones, the checks replay what a model does when it
+generates text: a prompt, then one token (or a few) at a time through a module with a key/value
+cache, and compare the outputs with one causal forward over the whole sequence. A mismatch is
+located (which chunk, which position) and named: a mask aligned top-left (what SDPA's
+``is_causal=True`` does when there are fewer queries than keys), a cache that grows along the
+wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
+:func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from course_utils.checks import expected as _expected
+from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
+    Case,
+    CheckFailed,
+    build_student,
+    call_student,
+    check,
+    compare_function,
+    construct,
+    describe_shape,
+    expect,
+    fail,
+    hidden_cases,
+    passed,
+    rand,
+    tensor_difference,
+)
+from course_utils.checks.modules import (
+    check_causal_module,
+    check_dropout_modes,
+    check_finite,
+    check_moves_with_module,
+    check_too_long_raises,
+    finite_then_values,
+    module_checks,
+    not_causal,
+)
+
+__all__ = [
+    "check_decode_causal_mask",
+    "check_MultiHeadAttentionKVCache",
+    "check_repeat_kv",
+    "check_GroupedQueryAttention",
+    "check_sliding_window_mask",
+    "DecodeCase",
+    "decode",
+]
+
+
+def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
+    """The exception ``fn(*args, **kwargs)`` raises, or ``None``; a stub's NotImplementedError is reported."""
+    try:
+        fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any clear error will do
+        return exc
+    return None
+
+
+def _bool_mask_check(exercise: str, fn: Callable, cases: Sequence[Case]) -> None:
+    """``masked_fill`` needs a boolean mask: fail on the first case whose dtype is not ``torch.bool``."""
+    for case in cases:
+        got = call_student(exercise, fn, case)
+        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
+            fail(exercise, f"the mask must have dtype torch.bool, yours is {got.dtype}: masked_fill needs a boolean "
+                           f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", case)
+
+
+def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int] | None:
+    wrong = (got.detach().cpu().bool() != want.detach().cpu().bool()).nonzero()
+    return None if len(wrong) == 0 else tuple(int(i) for i in wrong[0].tolist())
+
+
+# ------------------------------------------------------------------------------------------
+# decode_causal_mask
+# ------------------------------------------------------------------------------------------
+def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
+    """Say which entry is wrong and what it means for the query at that row."""
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    Tq, Tk = case.args
+    if tuple(got.shape) != tuple(want.shape):
+        if tuple(got.shape) == (Tk, Tk):
+            return (f"your mask is ({Tk}, {Tk}): one row per KEY. It needs one row per QUERY, shape (num_queries, "
+                    f"num_keys) = ({Tq}, {Tk}): the last {Tq} positions attending to all {Tk} keys.")
+        return f"the mask has one row per query and one column per key: shape (num_queries, num_keys) = ({Tq}, {Tk})."
+    at = _first_wrong_entry(got, want)
+    if at is None:
+        return None
+    i, j = at
+    position = Tk - Tq + i
+    if bool(want[i, j]):
+        return (f"query {i} is the token at position {position} (the queries are the LAST {Tq} of {Tk} positions), "
+                f"so key {j} is in its future and entry [{i}, {j}] must be True.")
+    return (f"query {i} is the token at position {position} (the queries are the LAST {Tq} of {Tk} positions), so it "
+            f"may see keys 0..{position}: entry [{i}, {j}] must be False.")
+
+
+@check
+def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False) -> None:
+    """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
+    and a clear error when there are more queries than keys."""
+    exercise = "decode_causal_mask"
+    cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((1, 5), (3, 7), (4, 4), (2, 3))]
+    cases += hidden_cases(exercise) if hidden else []
+    compare_function(exercise, decode_causal_mask, cases, diagnose=_decode_mask_diagnosis, quiet=True)
+    _bool_mask_check(exercise, decode_causal_mask, cases)
+    for q, k in ((5, 3), (2, 1)):
+        if _raises(decode_causal_mask, q, k) is None:
+            fail(exercise, f"decode_causal_mask({q}, {k}) returned a mask: more queries than keys cannot be the last "
+                           f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
+    passed(exercise, f"{len(cases)} shapes give a boolean mask aligned to the bottom right "
+                     f"({'; '.join(c.name for c in cases)}), and num_queries > num_keys raises")
+
+
+# ------------------------------------------------------------------------------------------
+# MultiHeadAttentionKVCache: a prompt, then chunks, against one full forward
+# ------------------------------------------------------------------------------------------
+@dataclass
+class DecodeCase(Case):
+    """A module built with ``build`` reads ``x = args[0]`` (``(b, T, d_in)``) with ``use_cache=True``,
+    chunk by chunk (``chunks`` are token counts that add up to ``T``): the outputs, joined along the
+    tokens, must equal ``forward(x)`` on the whole sequence. ``dtype`` converts module and input first."""
+
+    chunks: list = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if sum(self.chunks) != self.x.shape[1]:
+            raise ValueError(f"{self.name}: chunks {self.chunks} do not add up to T={self.x.shape[1]}")
+        self.args = (self.args[0].to(self.dtype),)
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.args[0]
+
+    def key(self) -> str:
+        return f"{self.build} {self.dtype} decode {self.name}"
+
+    def describe(self) -> str:
+        return f"'{self.name}' (built with {self.build}, input {describe_shape(self.x)}, chunks of {self.chunks} tokens)"
+
+    def spans(self) -> list[tuple[int, int]]:
+        starts = [sum(self.chunks[:i]) for i in range(len(self.chunks))]
+        return [(s, s + n) for s, n in zip(starts, self.chunks)]
+
+
+def decode(module: torch.nn.Module, x: torch.Tensor, chunks: Sequence[int]) -> torch.Tensor:
+    """``reset_cache()``, then ``module(chunk, use_cache=True)`` for each chunk of ``x``; the outputs
+    joined along the tokens, ``(b, T, d_out)``. Runs in ``eval()`` mode without gradients."""
+    module.eval()
+    module.reset_cache()
+    outputs, start = [], 0
+    with torch.no_grad():
+        for n in chunks:
+            outputs.append(module(x[:, start:start + n], use_cache=True))
+            start += n
+    return torch.cat(outputs, dim=1)
+
+
+def _full_forward(exercise: str, case: DecodeCase) -> torch.Tensor:
+    """The reference module's ``forward(x)`` over the whole sequence: what decoding must reproduce."""
+    def compute() -> torch.Tensor:
+        module = construct(_expected.reference(exercise), case.build).to(case.dtype).eval()
+        with torch.no_grad():
+            return module(case.x.clone())
+    return expect(exercise, f"full forward: {case.key()}", compute)
+
+
+def _decode_mistakes(exercise: str, case: DecodeCase) -> list:
+    """``[[hint, joined outputs], ...]`` of the known mistakes on ``case`` (recorded for the visible cases)."""
+    def compute() -> list:
+        found = []
+        for mistake in _expected.instructor().mistakes(exercise):
+            try:
+                module = construct(mistake.wrong, case.build).to(case.dtype)
+                found.append([mistake.hint, decode(module, case.x.clone(), case.chunks)])
+            except Exception:  # noqa: BLE001 - a mistake that cannot run on this input does not apply
+                continue
+        return found
+    return expect(exercise, f"mistakes: {case.key()}", compute)
+
+
+_SIZES = re.compile(r"Sizes of tensors must match except in dimension (-?\d+)")
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def _decode_error_hint(error: BaseException, start: int, n: int) -> str | None:
+    """Name the mistake behind an error raised while decoding a chunk of ``n`` tokens after ``start``."""
+    text = str(error)
+    sizes = _SIZES.search(text)
+    if sizes:
+        return (f"torch.cat joined the cache and the new keys on the wrong dimension (dim {sizes.group(1)}): the "
+                f"cache must grow along the TOKEN dimension, torch.cat([self.cache_k, keys], dim=2) for tensors of "
+                f"shape (b, num_heads, T, head_dim).")
+    if _BROADCAST.search(text) or "masked_fill" in text or "shape mismatch" in text:
+        return (f"the mask does not fit the scores: {n} new queries against {start + n} cached keys give scores "
+                f"(b, num_heads, {n}, {start + n}), so the mask is the ({n}, {start + n}) rows {start}..{start + n - 1} "
+                f"of the causal mask, decode_causal_mask({n}, {start + n}).")
+    if "context_length" in text or "num_tokens" in text:
+        return (f"only {start + n} tokens have been given since the last reset_cache(): is the position kept across "
+                f"calls and set back to 0 by reset_cache()?")
+    return None
+
+
+def _decode_student(exercise: str, student: torch.nn.Module, case: DecodeCase, what: str) -> torch.Tensor:
+    """Decode ``case`` with the student's module; an error names the chunk it happened in."""
+    student.eval()
+    call_student(exercise, student.reset_cache, Case(f"{what}: reset_cache()"))
+    outputs = []
+    with torch.no_grad():
+        for start, end in case.spans():
+            try:
+                outputs.append(student(case.x[:, start:end].clone(), use_cache=True))
+            except NotImplementedError:
+                fail(exercise, NOT_IMPLEMENTED)
+            except Exception as exc:  # noqa: BLE001 - an error in student code becomes a verdict
+                hint = _decode_error_hint(exc, start, end - start)
+                error = CheckFailed(
+                    f"❌ {exercise} on case {case.describe()}: {what}: tokens {start}..{end - 1} with use_cache=True "
+                    f"(after {start} cached tokens) raised {type(exc).__name__}: {exc}" + (f" Hint: {hint}" if hint else ""))
+                error.student_error = exc
+                raise error from exc
+            got = outputs[-1]
+            if not isinstance(got, torch.Tensor) or got.dim() != 3 or got.shape[1] != end - start:
+                fail(exercise, f"{what}: tokens {start}..{end - 1} with use_cache=True returned "
+                               f"{describe_shape(got)}; expected the outputs of the {end - start} new tokens only, "
+                               f"shape ({case.x.shape[0]}, {end - start}, d_out).")
+    return torch.cat(outputs, dim=1)
+
+
+def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want: torch.Tensor, what: str,
+                       atol: float, rtol: float) -> None:
+    """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward."""
+    problem = tensor_difference(want, got, atol, rtol)
+    if problem is None:
+        return
+    bad = None
+    for k, (start, end) in enumerate(case.spans()):
+        if tensor_difference(want[:, start:end], got[:, start:end], atol, rtol) is not None:
+            bad = (k, start, end)
+            break
+    where = "" if bad is None else f" The first chunk that differs is chunk {bad[0]}, tokens {bad[1]}..{bad[2] - 1}."
+    hint = None
+    for mistake_hint, output in _decode_mistakes(exercise, case):
+        if tensor_difference(output, got, atol, rtol) is None:
+            hint = mistake_hint
+            break
+    if hint is None and bad is not None:
+        if bad[0] == 0:
+            hint = ("with an empty cache, use_cache=True on the prompt must give what forward(prompt) gives: the "
+                    "prompt's queries see the prompt's keys up to their own position (the causal mask).")
+        else:
+            hint = (f"the prompt is right, the later tokens are not: token {bad[1]} must attend to the keys of ALL "
+                    f"{bad[1] + 1} tokens so far (the cached ones and its own), with the rows "
+                    f"{bad[1]}..{bad[2] - 1} of the causal mask, decode_causal_mask({bad[2] - bad[1]}, {bad[2]}).")
+    fail(exercise, f"case {case.describe()}: {what}: the outputs differ from forward(x) on the whole sequence: "
+                   f"{problem}{where}" + (f" Hint: {hint}" if hint else ""))
+
+
+def _check_decode(exercise: str, cls: Callable, case: DecodeCase) -> None:
+    """Decode ``case`` twice (``reset_cache()`` in between): both must give the full forward's outputs."""
+    want = _full_forward(exercise, case)
+    student = build_student(exercise, cls, case.build).to(case.dtype)
+    tight = case.dtype == torch.float64
+    atol, rtol = (1e-10, 1e-8) if tight else (1e-5, 1e-4)
+    if _expected.is_recording():
+        _decode_mistakes(exercise, case)
+    got = _decode_student(exercise, student, case, "first sequence")
+    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol)
+    try:
+        again = _decode_student(exercise, student, case, "after reset_cache(), the same sequence again")
+    except CheckFailed as error:
+        raise CheckFailed(f"{error} The first pass was right, so reset_cache() does not clear everything: after it "
+                          f"the cache must be empty and the next token at position 0.") from None
+    if tensor_difference(want, again, atol, rtol) is not None:
+        fail(exercise, f"case {case.describe()}: the first pass was right, but after reset_cache() the same sequence "
+                       f"gives other outputs: {tensor_difference(want, again, atol, rtol)} reset_cache() must empty "
+                       f"the cache and set the position back to 0.")
+
+
+def _check_cache_left_alone(exercise: str, cls: Callable, case: DecodeCase) -> None:
+    """A ``forward(x)`` without the cache between two cached calls must not change what they give."""
+    want = _full_forward(exercise, case)
+    student = build_student(exercise, cls, case.build).to(case.dtype).eval()
+    (s0, e0), rest = case.spans()[0], case.spans()[1:]
+    other = rand(*case.x.shape[:1], 3, case.x.shape[2], seed=881).to(case.dtype)
+    call_student(exercise, student.reset_cache, Case("reset_cache()"))
+    with torch.no_grad():
+        outs = [call_student(exercise, lambda: student(case.x[:, s0:e0].clone(), use_cache=True), Case(case.name))]
+        call_student(exercise, lambda: student(other), Case("a forward without the cache between two cached calls"))
+        for start, end in rest:
+            outs.append(call_student(exercise, lambda: student(case.x[:, start:end].clone(), use_cache=True),
+                                     Case(case.name)))
+    got = torch.cat(outs, dim=1)
+    if tensor_difference(want, got) is not None:
+        fail(exercise, f"case {case.describe()}: a call forward(other_x) with use_cache=False between two cached "
+                       f"calls changed what the cached calls give ({tensor_difference(want, got)}). Without "
+                       f"use_cache=True, forward must leave the cache alone.")
+
+
+def _check_context_limit(exercise: str, student: torch.nn.Module, build: tuple) -> None:
+    """Filling the cache to ``context_length`` works; one token more raises."""
+    d_in, context_length = build[0], build[2]
+    x = rand(1, context_length + 1, d_in, seed=882)
+    student.eval()
+    call_student(exercise, student.reset_cache, Case("reset_cache()"))
+    with torch.no_grad():
+        call_student(exercise, lambda: student(x[:, :context_length - 1], use_cache=True),
+                     Case(f"a prompt of context_length - 1 = {context_length - 1} tokens"))
+        call_student(exercise, lambda: student(x[:, context_length - 1:context_length], use_cache=True),
+                     Case(f"token {context_length - 1}, the last that fits"))
+        exc = _raises(student, x[:, context_length:], use_cache=True)
+    if exc is None:
+        fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
+                       f"token returned an output instead of raising an error. The mask (and the model's positions) "
+                       f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
+                       f"ones exceed context_length.")
+
+
+def _check_empty_prompt(exercise: str, student: torch.nn.Module, build: tuple) -> None:
+    student.eval()
+    call_student(exercise, student.reset_cache, Case("reset_cache()"))
+    empty = rand(2, 0, build[0], seed=883)
+    with torch.no_grad():
+        exc = _raises(student, empty, use_cache=True)
+    if exc is None:
+        fail(exercise, f"built with {build}: an empty prompt, shape {tuple(empty.shape)}, with use_cache=True returned "
+                       f"an output instead of raising an error. There is nothing to attend to or to cache: raise a "
+                       f"ValueError that says the input is empty.")
+
+
+def _kv_cases() -> list[DecodeCase]:
+    return [
+        DecodeCase("prompt of 4, then one token at a time", (rand(2, 10, 6, seed=801),), build=(6, 8, 12, 0.0, 2),
+                   chunks=[4, 1, 1, 1, 1, 1, 1]),
+        DecodeCase("batch of 1, prompt of 1, then 1 at a time", (rand(1, 6, 5, seed=802),), build=(5, 6, 6, 0.0, 3),
+                   chunks=[1, 1, 1, 1, 1, 1]),
+        DecodeCase("dropout=0.5 in eval() mode, float64", (rand(3, 7, 4, seed=803),), build=(4, 4, 8, 0.5, 2),
+                   chunks=[3, 1, 1, 1, 1], dtype=torch.float64),
+    ]
+
+
+@check
+def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden: bool = False) -> None:
+    """``forward(x)`` is notebook 05's forward; a prompt then chunks with ``use_cache=True`` give the same
+    outputs; ``reset_cache()`` starts again; past ``context_length`` and an empty prompt raise."""
+    exercise = "MultiHeadAttentionKVCache"
+    cls = MultiHeadAttentionKVCache
+    cases = _kv_cases() + (hidden_cases(exercise) if hidden else [])
+    full = ((6, 8, 12, 0.0, 2), [Case("whole sequence, use_cache=False", (rand(2, 10, 6, seed=804),))])
+    module_checks(exercise, cls, [c.build for c in cases] + [full[0]])
+    finite_then_values(exercise, cls, full, not_causal(exercise, cls))
+    for case in cases:
+        _check_decode(exercise, cls, case)
+    _check_cache_left_alone(exercise, cls, cases[0])
+    main = build_student(exercise, cls, full[0])
+    _check_context_limit(exercise, main, full[0])
+    _check_empty_prompt(exercise, main, full[0])
+    check_causal_module(exercise, main, rand(2, 8, 6, seed=805))
+    check_too_long_raises(exercise, main, 6, 12, f"built with {full[0]}")
+    dropout = build_student(exercise, cls, cases[2].build)
+    check_dropout_modes(exercise, dropout, rand(2, 8, 4, seed=806), f"built with {cases[2].build}")
+    check_moves_with_module(exercise, main, full[0], rand(2, 5, 6, seed=807), f"built with {full[0]}")
+    passed(exercise, f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
+                     f"outputs of one forward over the whole sequence, again after reset_cache(); past "
+                     f"context_length and an empty prompt raise")
+
+
+# ------------------------------------------------------------------------------------------
+# repeat_kv
+# ------------------------------------------------------------------------------------------
+def _repeat_diagnosis(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    x, n_rep = case.args
+    b, G, T, D = x.shape
+    if got.dim() == 5:
+        return (f"your output has 5 dimensions {tuple(got.shape)}: merge the groups and their copies into one head "
+                f"dimension, reshape to (b, G * n_rep, T, D) = {tuple(want.shape)}.")
+    if tuple(got.shape) == tuple(want.shape) or n_rep == 1:
+        return None
+    shapes = {(b * n_rep, G, T, D): "the batch (dim 0)", (b, G, T * n_rep, D): "the tokens (dim 2)",
+              (b, G, T, D * n_rep): "head_dim (dim 3)"}
+    if tuple(got.shape) in shapes:
+        return (f"K and V are repeated on the wrong dimension: {shapes[tuple(got.shape)]} was repeated. Repeat the "
+                f"key/value HEADS, dim 1: (b, G, T, D) -> (b, G * n_rep, T, D).")
+    return None
+
+
+@check
+def check_repeat_kv(repeat_kv: Callable, hidden: bool = False) -> None:
+    """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` = group ``h // n_rep``."""
+    exercise = "repeat_kv"
+    cases = [
+        Case("(2, 2, 5, 3), n_rep=3", (rand(2, 2, 5, 3, seed=811), 3)),
+        Case("(1, 4, 3, 2), n_rep=2", (rand(1, 4, 3, 2, seed=812), 2)),
+        Case("(2, 3, 4, 5), n_rep=1: nothing to repeat", (rand(2, 3, 4, 5, seed=813), 1)),
+    ]
+    cases += hidden_cases(exercise) if hidden else []
+    compare_function(exercise, repeat_kv, cases, diagnose=_repeat_diagnosis, quiet=True)
+    passed(exercise, f"{len(cases)} cases agree: each key/value head repeated n_rep times in a row "
+                     f"({'; '.join(c.name for c in cases)})")
+
+
+# ------------------------------------------------------------------------------------------
+# GroupedQueryAttention
+# ------------------------------------------------------------------------------------------
+def _gqa_shapes(got: list, want: list, build: tuple) -> str | None:
+    d_in, d_out, num_heads, groups = build[0], build[1], build[4], build[5]
+    kv = groups * (d_out // num_heads)
+    if got.count((d_out, d_in)) == 3 and want.count((kv, d_in)) == 2 and kv != d_out:
+        return (f"W_key and W_value have as many heads as W_query: with num_kv_groups={groups} they output only "
+                f"num_kv_groups * head_dim = {kv} numbers, nn.Linear(d_in, num_kv_groups * head_dim)")
+    return None
+
+
+def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
+    """A ``diagnose`` that names a shape error between query heads and key/value heads, then falls back
+    on :func:`not_causal`."""
+    causal = not_causal(exercise, cls)
+
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        if isinstance(got, BaseException) and case.build is not None:
+            match = _BROADCAST.search(str(got))
+            H, G = case.build[4], case.build[5]
+            if match and {int(match.group(1)), int(match.group(2))} == {H, G}:
+                return (f"{H} query heads meet {G} key/value heads: repeat K and V n_rep = num_heads // "
+                        f"num_kv_groups = {H // G} times along the HEAD dimension (dim 1 of (b, G, T, D)), "
+                        f"repeat_kv(keys, n_rep), before the scores.")
+            if match or "shape" in str(got):
+                return ("the shapes of the queries and the repeated keys do not match: queries (b, num_heads, T, "
+                        "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
+                        "(b, num_heads, T, head_dim). Were K and V repeated on the wrong dimension?")
+            return None
+        return causal(case, got, want)
+    return diagnose
+
+
+def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
+        ((6, 8, 10, 0.0, 4, 2), [Case("4 query heads, 2 key/value groups, T=10", (rand(2, 10, 6, seed=821),)),
+                                 Case("T=7 < context_length", (rand(2, 7, 6, seed=822),))]),
+        ((6, 8, 10, 0.0, 4, 4), [Case("num_kv_groups == num_heads: multi-head attention", (rand(2, 9, 6, seed=823),))]),
+        ((6, 12, 8, 0.0, 6, 1), [Case("num_kv_groups == 1: multi-query attention", (rand(1, 8, 6, seed=824),))]),
+    ]
+
+
+@check
+def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = False) -> None:
+    """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
+    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads``."""
+    exercise = "GroupedQueryAttention"
+    cls = GroupedQueryAttention
+    extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
+    configs = _gqa_configs() + extra["configs"]
+    dropout_build = (4, 8, 6, 0.5, 4, 2)
+    module_checks(exercise, cls, [build for build, _ in configs] + [dropout_build], _gqa_shapes)
+    diagnose = _gqa_error_hint(exercise, cls)
+    for config in configs:
+        finite_then_values(exercise, cls, config, diagnose)
+    for build in [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)] + extra["not_dividing"]:
+        torch.manual_seed(123)
+        exc = _raises(cls, *build)
+        if exc is None:
+            fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "
+                           f"does not divide num_heads={build[4]}: the query heads cannot be shared evenly by the "
+                           f"groups. Raise a ValueError in __init__ that says so.")
+    main = build_student(exercise, cls, configs[0][0])
+    check_causal_module(exercise, main, rand(2, 10, 6, seed=825))
+    check_too_long_raises(exercise, main, 6, 10, f"built with {configs[0][0]}")
+    check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(2, 6, 4, seed=826),
+                        f"built with {dropout_build}")
+    check_moves_with_module(exercise, main, configs[0][0], rand(2, 5, 6, seed=827), f"built with {configs[0][0]}")
+    passed(exercise, f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
+                     f"position sees the future, num_kv_groups that do not divide num_heads raise")
+
+
+# ------------------------------------------------------------------------------------------
+# sliding_window_mask and its FlexAttention mask_mod
+# ------------------------------------------------------------------------------------------
+def _window_diagnosis(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
+        return None
+    at = _first_wrong_entry(got, want)
+    if at is None:
+        return None
+    T, window = case.args
+    i, j = at
+    if bool(want[i, j]):
+        why = "the future" if j > i else f"{i - j} positions back, and a window of {window} keeps {window} keys: " \
+                                          f"the query itself and the {window - 1} before it"
+        return f"query {i} must not see key {j} ({why}): entry [{i}, {j}] must be True."
+    return (f"query {i} may see key {j} ({i - j} positions back; a window of {window} keeps the query itself and the "
+            f"{window - 1} tokens before it): entry [{i}, {j}] must be False.")
+
+
+def mask_from_mod(mask_mod: Callable, num_tokens: int) -> tuple[torch.Tensor, str]:
+    """``(T, T)`` boolean matrix of ``mask_mod(0, 0, q_idx, kv_idx)`` for every pair, and how it was made.
+
+    With FlexAttention (torch >= 2.5) it is ``create_mask``, which calls the ``mask_mod`` under
+    ``vmap`` exactly as ``flex_attention`` does; otherwise the ``mask_mod`` is called on broadcast
+    index tensors (the same rule, without FlexAttention).
+    """
+    try:
+        from torch.nn.attention.flex_attention import create_mask
+    except ImportError:
+        q_idx = torch.arange(num_tokens).view(-1, 1)
+        kv_idx = torch.arange(num_tokens).view(1, -1)
+        out = mask_mod(torch.tensor(0), torch.tensor(0), q_idx, kv_idx)
+        return torch.as_tensor(out).expand(num_tokens, num_tokens), "broadcast indices (no FlexAttention here)"
+    return create_mask(mask_mod, None, None, num_tokens, num_tokens, device="cpu")[0, 0], "FlexAttention's create_mask"
+
+
+def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[Case]) -> str:
+    """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not."""
+    from course_utils.checks.core import check_rules, require_callable
+
+    require_callable(exercise, mask_mod_factory)
+    check_rules(exercise, mask_mod_factory)
+    how = ""
+    for case in cases:
+        T, window = case.args
+        hidden_entries = expect(exercise, case.key(), lambda: _expected.reference(exercise)(T, window))
+        mask_mod = call_student(exercise, mask_mod_factory, Case(f"sliding_window_mask_mod({window})", (window,)))
+        if not callable(mask_mod):
+            fail(exercise, f"sliding_window_mask_mod({window}) returned {type(mask_mod).__name__}; it must return a "
+                           f"function mask_mod(b, h, q_idx, kv_idx).")
+        try:
+            got, how = mask_from_mod(mask_mod, T)
+        except NotImplementedError:
+            fail(exercise, NOT_IMPLEMENTED)
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc)
+            hint = ""
+            if "data-dependent control flow" in text or "ambiguous" in text:
+                hint = (" q_idx and kv_idx are tensors: combine conditions with & and |, not Python's `and`, `or` "
+                        "or `if`.")
+            error = CheckFailed(f"❌ {exercise} on case '{case.name}': your mask_mod raised {type(exc).__name__}: "
+                                f"{text.splitlines()[0] if text else ''}.{hint}")
+            error.student_error = exc
+            raise error from exc
+        allowed = ~hidden_entries
+        if got.dtype != torch.bool:
+            fail(exercise, f"your mask_mod returns dtype {got.dtype}; it must return a boolean tensor.", case)
+        if torch.equal(got, allowed):
+            continue
+        if torch.equal(got, hidden_entries):
+            fail(exercise, "your mask_mod returns True where a key is HIDDEN. FlexAttention's convention is the "
+                           "opposite of sliding_window_mask's: a mask_mod returns True where the query MAY attend.",
+                 case)
+        i, j = _first_wrong_entry(got, allowed)
+        fail(exercise, f"mask_mod(b, h, q_idx={i}, kv_idx={j}) is {bool(got[i, j])}, expected {bool(allowed[i, j])}: "
+                       f"{'query %d may see key %d' % (i, j) if allowed[i, j] else 'query %d must not see key %d' % (i, j)}"
+                       f" (a mask_mod returns True where the query MAY attend; window={window}). The mask_mod and "
+                       f"sliding_window_mask must state the same rule.", case)
+    return how
+
+
+@check
+def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask_mod: Callable | None = None,
+                              hidden: bool = False) -> None:
+    """Check ``sliding_window_mask(num_tokens, window)`` (bool ``(T, T)``, True = hidden) and, when given,
+    ``sliding_window_mask_mod(window)``, whose ``mask_mod`` must keep exactly the other entries."""
+    exercise = "sliding_window_mask"
+    cases = [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
+    cases += hidden_cases(exercise) if hidden else []
+    compare_function(exercise, sliding_window_mask, cases, diagnose=_window_diagnosis, quiet=True)
+    _bool_mask_check(exercise, sliding_window_mask, cases)
+    if _raises(sliding_window_mask, 4, 0) is None:
+        fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
+                       "(every row of scores -inf, NaN weights). Raise a ValueError when window < 1.")
+    how = ""
+    if sliding_window_mask_mod is not None:
+        how = _check_mask_mod(exercise, sliding_window_mask_mod, cases)
+    passed(exercise, f"{len(cases)} cases give a boolean mask, True outside the causal window "
+                     f"({'; '.join(c.name for c in cases)})"
+           + (f"; the mask_mod keeps exactly the other entries (made by {how})" if sliding_window_mask_mod else ""))

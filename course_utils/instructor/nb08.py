@@ -1,0 +1,277 @@
+"""Notebook 08's hidden cases and known mistakes (instructor only; see the package docstring).
+
+The mistakes of ``decode_causal_mask``, ``repeat_kv`` and ``sliding_window_mask`` are functions of a
+case's arguments; those of ``MultiHeadAttentionKVCache`` and ``GroupedQueryAttention`` are mistaken
+classes with the reference's constructor, each the reference with one step changed. The KV-cache
+mistakes are compared on whole decoded sequences (a prompt, then chunks) by the check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course_utils import reference
+from course_utils.checks.core import Case, rand
+from course_utils.checks.nb08 import DecodeCase
+from course_utils.instructor import Mistake
+
+
+# ------------------------------------------------------------------------------------------
+# Hidden cases (seeds 8500-8599 and names starting "hidden:": used nowhere in the student edition)
+# ------------------------------------------------------------------------------------------
+def _decode_mask_cases() -> list[Case]:
+    return [Case(f"hidden: num_queries={q}, num_keys={k}", (q, k)) for q, k in ((1, 1), (5, 9), (6, 6), (1, 12),
+                                                                                  (7, 20))]
+
+
+def _kv_cases() -> list[DecodeCase]:
+    def case(name, build, x, chunks, dtype=torch.float32):
+        return DecodeCase(name, (x,), build=build, chunks=chunks, dtype=dtype)
+
+    return [
+        case("hidden: chunks of different sizes", (6, 8, 12, 0.0, 2), rand(2, 10, 6, seed=8501), [3, 2, 1, 4]),
+        case("hidden: batch of 1, chunks 2, 3, 1, 1, 5", (5, 12, 12, 0.0, 4), rand(1, 12, 5, seed=8502),
+             [2, 3, 1, 1, 5]),
+        case("hidden: float64, batch of 3, chunks 5, 2, 2, 1", (4, 6, 10, 0.0, 3), rand(3, 10, 4, seed=8503),
+             [5, 2, 2, 1], dtype=torch.float64),
+        case("hidden: qkv_bias=True, chunks 1, 4, 1, 2", (7, 6, 9, 0.0, 3, True), rand(2, 8, 7, seed=8504),
+             [1, 4, 1, 2]),
+        case("hidden: the whole sequence as one prompt", (6, 8, 12, 0.0, 2), rand(2, 7, 6, seed=8505), [7]),
+    ]
+
+
+def _repeat_cases() -> list[Case]:
+    return [
+        Case("hidden: one group (multi-query), n_rep=4", (rand(3, 1, 6, 4, seed=8511), 4)),
+        Case("hidden: T=1, (1, 2, 1, 8), n_rep=2", (rand(1, 2, 1, 8, seed=8512), 2)),
+        Case("hidden: non-contiguous input, n_rep=3", (rand(2, 5, 2, 3, seed=8513).transpose(1, 2), 3)),
+        Case("hidden: n_rep=8, (2, 2, 3, 2)", (rand(2, 2, 3, 2, seed=8514), 8)),
+    ]
+
+
+def _gqa_cases() -> dict:
+    return {
+        "configs": [
+            ((8, 16, 12, 0.0, 8, 2, True), [Case("hidden: qkv_bias=True, 8 heads, 2 groups", (rand(2, 11, 8, seed=8521),))]),
+            ((6, 12, 8, 0.0, 6, 3), [Case("hidden: 6 heads, 3 groups, batch of 1", (rand(1, 8, 6, seed=8522),)),
+                                     Case("hidden: T=1", (rand(3, 1, 6, seed=8523),))]),
+            ((5, 8, 6, 0.0, 8, 8), [Case("hidden: 8 heads of size 1, one per group", (rand(2, 6, 5, seed=8524),))]),
+            ((5, 8, 6, 0.0, 8, 1), [Case("hidden: 8 heads of size 1, one group", (rand(2, 6, 5, seed=8525),))]),
+        ],
+        "not_dividing": [(12, 12, 6, 0.0, 6, 4), (8, 8, 6, 0.0, 8, 3)],
+    }
+
+
+def _window_cases() -> list[Case]:
+    return [Case(f"hidden: num_tokens={T}, window={w}", (T, w)) for T, w in ((8, 1), (9, 9), (5, 10), (12, 5), (1, 1),
+                                                                              (10, 3))]
+
+
+HIDDEN = {
+    "decode_causal_mask": _decode_mask_cases,
+    "MultiHeadAttentionKVCache": _kv_cases,
+    "repeat_kv": _repeat_cases,
+    "GroupedQueryAttention": _gqa_cases,
+    "sliding_window_mask": _window_cases,
+}
+
+
+# ------------------------------------------------------------------------------------------
+# decode_causal_mask
+# ------------------------------------------------------------------------------------------
+TOP_LEFT = ("the mask is aligned to the top left, as if the queries were the FIRST num_queries positions: that is "
+            "what SDPA's is_causal=True does when there are fewer queries than keys, and it hides from a new token "
+            "the keys just before it. The queries are the LAST num_queries positions: triu with "
+            "diagonal = num_keys - num_queries + 1.")
+
+
+def _ones(q: int, k: int) -> torch.Tensor:
+    return torch.ones(q, k, dtype=torch.bool)
+
+
+def _shifted(q: int, k: int, diagonal: int) -> torch.Tensor | None:
+    return torch.triu(_ones(q, k), diagonal=diagonal)
+
+
+DECODE_MASK_MISTAKES = [
+    Mistake(TOP_LEFT, lambda q, k: None if q == k else _shifted(q, k, 1)),
+    Mistake("each query's own key is hidden (the diagonal of the bottom-right corner): a token always sees itself. "
+            "Use diagonal = num_keys - num_queries + 1, not num_keys - num_queries.",
+            lambda q, k: _shifted(q, k, k - q)),
+    Mistake("the meaning is inverted: True must mark the keys a query may NOT see (its future), not the ones it "
+            "may see.", lambda q, k: ~torch.triu(_ones(q, k), diagonal=k - q + 1)),
+    Mistake("the offset has the wrong sign: the first query sits at position num_keys - num_queries, so the mask "
+            "starts at diagonal = num_keys - num_queries + 1, not num_queries - num_keys + 1.",
+            lambda q, k: None if q == k else _shifted(q, k, q - k + 1)),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# MultiHeadAttentionKVCache: the reference with one step changed
+# ------------------------------------------------------------------------------------------
+class _Cache(reference.MultiHeadAttentionKVCache):
+    """The reference, written so that each mistake overrides one step of the cached forward."""
+
+    def keys_for_scores(self, keys_new, values_new):
+        """Append the new keys and values to the cache; return what the queries attend to."""
+        if self.cache_k is None:
+            self.cache_k, self.cache_v = keys_new, values_new
+        else:
+            self.cache_k = torch.cat([self.cache_k, keys_new], dim=2)
+            self.cache_v = torch.cat([self.cache_v, values_new], dim=2)
+        return self.cache_k, self.cache_v
+
+    def rows(self, start: int, end: int, num_keys: int) -> torch.Tensor:
+        return self.mask[start:end, :num_keys]
+
+    def forward(self, x, use_cache=False):
+        if not use_cache:
+            return reference.MultiHeadAttention.forward(self, x)
+        b, T, _ = x.shape
+        start = self.num_cached
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k_new = reference.split_heads(self.W_key(x), self.num_heads)
+        v_new = reference.split_heads(self.W_value(x), self.num_heads)
+        keys, values = self.keys_for_scores(k_new, v_new)
+        scores = q @ keys.transpose(2, 3)
+        scores = scores.masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        return self.out_proj(reference.merge_heads(weights @ values))
+
+
+class _TopLeft(_Cache):
+    def rows(self, start, end, num_keys):
+        return self.mask[:end - start, :num_keys]
+
+
+class _NoMaskWithCache(_Cache):
+    def rows(self, start, end, num_keys):
+        return torch.zeros(end - start, num_keys, dtype=torch.bool, device=self.mask.device)
+
+
+class _CacheIgnored(_Cache):
+    def keys_for_scores(self, keys_new, values_new):
+        super().keys_for_scores(keys_new, values_new)
+        return keys_new, values_new
+
+    def rows(self, start, end, num_keys):
+        return self.mask[:end - start, :num_keys]
+
+
+class _DiagonalHidden(_Cache):
+    def rows(self, start, end, num_keys):
+        mask = self.mask[start:end, :num_keys].clone()
+        if end - start == 1 and start > 0:
+            mask[:, start] = True  # the new token does not see itself
+        return mask
+
+
+KV_MISTAKES = [
+    Mistake(TOP_LEFT.replace("the mask is aligned", "with the cache, the mask is aligned").replace(
+        "triu with diagonal = num_keys - num_queries + 1.", "use rows start..start+T-1 of the causal mask, "
+        "decode_causal_mask(T, start + T)."), _TopLeft),
+    Mistake("with use_cache=True no mask is applied: for one new token that hides nothing, but a prompt's queries "
+            "then see the future. Mask the new queries with decode_causal_mask(T, start + T).", _NoMaskWithCache),
+    Mistake("the new queries attend only to the new tokens' keys and values: they must attend to the whole cache "
+            "(the earlier tokens' keys and values and their own).", _CacheIgnored),
+    Mistake("a new token does not see its own key: the last column of its mask row must be False (it sees keys "
+            "0..start).", _DiagonalHidden),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# repeat_kv
+# ------------------------------------------------------------------------------------------
+TILED = ("the heads are tiled, not repeated in a row: x.repeat(1, n_rep, 1, 1) gives groups 0, 1, .., G-1, 0, 1, ..; "
+         "query head h must get group h // n_rep, so each group's copies come together: "
+         "x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, n_rep, T, D).reshape(b, G * n_rep, T, D).")
+
+
+REPEAT_MISTAKES = [
+    Mistake(TILED, lambda x, n: None if n == 1 or x.shape[1] == 1 else x.repeat(1, n, 1, 1)),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# GroupedQueryAttention: the reference with one step changed
+# ------------------------------------------------------------------------------------------
+class _GQA(reference.GroupedQueryAttention):
+    def repeat(self, t):
+        return reference.repeat_kv(t, self.group_size)
+
+    def scale(self):
+        return math.sqrt(self.head_dim)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(reference.split_heads(self.W_key(x), self.num_kv_groups))
+        v = self.repeat(reference.split_heads(self.W_value(x), self.num_kv_groups))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        w = self.dropout(torch.softmax(s / self.scale(), dim=-1))
+        return self.out_proj(reference.merge_heads(w @ v))
+
+
+class _GQATiled(_GQA):
+    def repeat(self, t):
+        return t.repeat(1, self.group_size, 1, 1) if self.group_size > 1 and self.num_kv_groups > 1 else None
+
+
+class _GQAScaledByDout(_GQA):
+    def scale(self):
+        return math.sqrt(self.d_out)
+
+
+class _GQANoOutProj(_GQA):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(reference.split_heads(self.W_key(x), self.num_kv_groups))
+        v = self.repeat(reference.split_heads(self.W_value(x), self.num_kv_groups))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        return reference.merge_heads(torch.softmax(s / self.scale(), dim=-1) @ v)
+
+
+GQA_MISTAKES = [
+    Mistake(TILED.replace("x.repeat", "keys.repeat").replace("the heads are tiled", "the key/value heads are tiled"),
+            _GQATiled),
+    Mistake("the scores are divided by sqrt(d_out); each head's dot products have head_dim terms: divide by "
+            "sqrt(head_dim).", _GQAScaledByDout),
+    Mistake("out_proj is created but not applied: return self.out_proj(context).", _GQANoOutProj),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# sliding_window_mask
+# ------------------------------------------------------------------------------------------
+def _distance(T: int) -> torch.Tensor:
+    i = torch.arange(T).unsqueeze(1)
+    return i - torch.arange(T).unsqueeze(0)  # (T, T): how far back key j is from query i
+
+
+WINDOW_MISTAKES = [
+    Mistake("off by one: each query keeps window + 1 keys. A window of w keeps the query itself and the w - 1 "
+            "tokens before it: hide i - j >= window, not i - j > window.",
+            lambda T, w: None if w >= T else (_distance(T) < 0) | (_distance(T) > w)),
+    Mistake("off by one: each query keeps window - 1 keys. A window of w keeps the query itself and the w - 1 "
+            "tokens before it: hide i - j >= window, not i - j >= window - 1.",
+            lambda T, w: (_distance(T) < 0) | (_distance(T) >= w - 1)),
+    Mistake("the window is not causal: it hides keys more than window - 1 positions away on BOTH sides, so a query "
+            "sees tokens after it. Hide the future too: j > i.",
+            lambda T, w: None if T == 1 else _distance(T).abs() >= w),
+    Mistake("the meaning is inverted: True must mark the keys a query may NOT see (outside its window).",
+            lambda T, w: (_distance(T) >= 0) & (_distance(T) < w)),
+    Mistake("only the window is applied, not the causal part: keys after the query must be hidden too (j > i).",
+            lambda T, w: None if T == 1 else _distance(T) >= w),
+]
+
+
+MISTAKES = {
+    "decode_causal_mask": DECODE_MASK_MISTAKES,
+    "MultiHeadAttentionKVCache": KV_MISTAKES,
+    "repeat_kv": REPEAT_MISTAKES,
+    "GroupedQueryAttention": GQA_MISTAKES,
+    "sliding_window_mask": WINDOW_MISTAKES,
+}

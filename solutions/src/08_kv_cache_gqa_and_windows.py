@@ -1,0 +1,754 @@
+# %% [markdown]
+# # 08 · Generating text: the KV cache, grouped-query attention and sliding windows
+#
+# A language model writes one token at a time: it reads the prompt, predicts the next token, appends
+# it, and runs again. Run naively, every step recomputes the keys and values of **every** earlier
+# token, although they never change. Every modern LLM keeps them instead, in a **key/value cache**,
+# and then fights the memory that cache takes: by sharing keys and values between heads
+# (**grouped-query attention**) and by looking back only a fixed distance (**sliding windows**).
+#
+# **In this notebook you will**
+# 1. build the mask for a few new queries against many keys: `decode_causal_mask`, and see, by running
+#    it, why `is_causal=True` in PyTorch's SDPA is wrong for a decoding step;
+# 2. add a key/value cache to notebook 05's `MultiHeadAttention`: `MultiHeadAttentionKVCache`, check
+#    that it gives exactly the outputs of a full forward, and measure the time it saves per token;
+# 3. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
+#    SDPA's `enable_gqa=True`, and count what it saves at the size of a Llama model;
+# 4. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
+#    `mask_mod`, and see how a window bounds the cache.
+#
+# Shapes use these letters: `b` = batch size, `T` = number of tokens, `Tq` = number of queries,
+# `Tk` = number of keys, `H` = number of query heads, `G` = number of key/value groups
+# (`num_kv_groups`), `D` = size of one head (`head_dim`), `d_in`/`d_out` = input/output size.
+#
+# How to work: fill in each cell that says `# YOUR CODE HERE`, run it, then run the check cell
+# below it. A ✅ means your code agrees with ours on several inputs; a ❌ tells you what differs.
+
+# %% setup=true
+
+# %%
+import math
+import os
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_utils import bench, checks, data, plotting
+
+torch.manual_seed(123)
+print("torch", torch.__version__)
+
+
+def grading() -> bool:
+    """True while nbgrader runs this notebook (it sets NBGRADER_EXECUTION): skip long measurements."""
+    return bool(os.environ.get("NBGRADER_EXECUTION"))
+
+# %% [markdown]
+# ## 0. Where notebook 05 left us
+#
+# `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)` takes `(b, T, d_in)` and
+# returns `(b, T, d_out)`: it projects the input to queries, keys and values, splits them into
+# `H` heads `(b, H, T, D)`, computes scores `(b, H, T, T)`, masks the future with a
+# `(context_length, context_length)` buffer cut to `[:T, :T]`, and merges the heads through
+# `out_proj`.
+#
+# Here is that class, with the helpers it calls: our answers from notebooks 04 and 05, shown so that
+# this notebook never depends on your own earlier answers. Run the cell.
+
+# %% shows="causal_mask split_heads merge_heads MultiHeadAttention"
+# Our answers from notebooks 04 and 05.
+import math
+
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
+# ## 1. Generating one token at a time
+#
+# To generate, a model runs on the prompt, takes the output at the **last** position to choose the
+# next token, appends it, and runs again on the longer sequence. Without any cache, step `t` runs the
+# whole model on all `t` tokens: the work per step grows with the length, and most of it is repeated.
+#
+# Which part is repeated? Causal attention gives position `i` only tokens `0..i`, so appending a
+# token changes **nothing** at the earlier positions. We check it on a module with 2 heads:
+
+# %%
+torch.manual_seed(123)
+mha = MultiHeadAttention(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=2).eval()
+x = torch.rand(1, 7, 4)  # (b, T, d_in): a "sequence" of 7 token vectors
+
+with torch.no_grad():
+    short = mha(x[:, :6])  # (1, 6, 8): the first 6 tokens
+    longer = mha(x)  # (1, 7, 8): one token more
+print("first 6 outputs unchanged by token 6:", torch.allclose(short, longer[:, :6], atol=1e-6))
+print("keys of the first 6 tokens unchanged:", torch.equal(mha.W_key(x[:, :6]), mha.W_key(x)[:, :6]))
+
+# %% [markdown]
+# The keys and values of the old tokens are the same at every step: `W_key` and `W_value` act on each
+# token alone. So we compute them **once**, keep them in a cache, and at each step compute only the
+# new token's query, key and value. The new token's query is compared with all the cached keys.
+#
+# That step has a shape we have not met: **fewer queries than keys**. One new query `(b, H, 1, D)`
+# against `t` cached keys `(b, H, t, D)` gives scores `(b, H, 1, t)`.
+
+# %% [markdown]
+# ## 2. The mask for new tokens: aligned to the bottom right
+#
+# Say 4 tokens are cached and 3 new ones arrive together (a prompt read in pieces, or several tokens
+# checked at once). The 3 new queries are positions 4, 5 and 6; the keys are positions 0 to 6. Query
+# 4 may see keys 0..4, query 6 all of them. That is the **last 3 rows** of the `(7, 7)` causal mask:
+# the mask is aligned to the **bottom right** corner.
+
+# %%
+full = causal_mask(7)  # (7, 7), True = hidden
+print(full[4:7].int())  # (3, 7): the rows of the 3 new queries
+
+# %% [markdown]
+# ### Exercise 1: `decode_causal_mask`
+#
+# Write `decode_causal_mask(num_queries, num_keys)` that returns a **boolean** tensor of shape
+# `(Tq, Tk)` with `Tq = num_queries <= Tk = num_keys`, True where a key is in a query's future. The
+# queries are the **last** `Tq` positions: query `i` sits at position `Tk - Tq + i`. Raise a
+# `ValueError` when `num_queries > num_keys`.
+#
+# Hint: `torch.triu` takes any `diagonal`; with `Tq == Tk` your mask must equal `causal_mask(Tk)`.
+
+# %% grade_id="decode_causal_mask"
+def decode_causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask, True where key j is in the future of query i (queries = the last Tq positions)."""
+    ### BEGIN SOLUTION
+    if num_queries > num_keys:
+        raise ValueError(f"num_queries > num_keys ({num_queries} > {num_keys}): the queries are the last positions")
+    offset = num_keys - num_queries  # keys before the first query
+    return torch.triu(torch.ones(num_queries, num_keys, dtype=torch.bool), diagonal=offset + 1)
+    ### END SOLUTION
+
+# %% grade_id="test_decode_causal_mask" points=2
+# Check: several (Tq, Tk), the dtype, and an error when there are more queries than keys.
+checks.check_decode_causal_mask(decode_causal_mask)
+### BEGIN HIDDEN TESTS
+checks.check_decode_causal_mask(decode_causal_mask, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+print("3 new queries, 7 keys:\n", decode_causal_mask(3, 7).int())
+print("1 new query, 7 keys: ", decode_causal_mask(1, 7).int())
+
+# %% [markdown]
+# One new token sees **every** key: a single decoding step needs no mask at all. A chunk of several
+# new tokens does.
+#
+# ### The `is_causal=True` pitfall
+#
+# `F.scaled_dot_product_attention(q, k, v, is_causal=True)` (notebook 06) builds a causal mask for
+# you. **Predict before you run the next cell:** one query, 5 keys, `is_causal=True`. Which keys does
+# the query see?
+
+# %%
+torch.manual_seed(0)
+q = torch.randn(1, 1, 1, 4)  # (b, H, Tq=1, D): the new token's query
+k = torch.randn(1, 1, 5, 4)  # (b, H, Tk=5, D): 4 cached keys and the new one
+v = torch.randn(1, 1, 5, 4)
+
+sdpa_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (1, 1, 1, 4)
+right = F.scaled_dot_product_attention(q, k, v, attn_mask=~decode_causal_mask(1, 5))  # True = may attend
+print("is_causal=True:         ", sdpa_causal.flatten())
+print("decode_causal_mask:     ", right.flatten())
+print("value of key 0 alone:   ", v[0, 0, 0])
+
+# %% [markdown]
+# With `is_causal=True` the new token's output is exactly the value of key 0: it saw **only the first
+# token**. PyTorch's documentation says why: `is_causal=True` builds `tril(ones(Tq, Tk))`, aligned to
+# the **top left**, as if the queries were the first `Tq` positions. For `Tq == Tk` both alignments
+# are the same, which is why notebook 06 never noticed. For decoding it is wrong, and no error is
+# raised: the model just generates nonsense. This is the bug that every KV-cache implementation meets.
+#
+# Two correct ways: pass the mask yourself (`attn_mask` is True where a query **may** attend, so
+# `~decode_causal_mask(...)`), or use PyTorch's bottom-right causal bias:
+
+# %%
+from torch.nn.attention.bias import causal_lower_right
+
+lower_right = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(1, 5))
+print("causal_lower_right equals decode_causal_mask:", torch.allclose(lower_right, right, atol=1e-6))
+
+# %% [markdown]
+# Side by side, for 3 new queries and 7 keys (yellow = may attend):
+
+# %%
+top_left = torch.tril(torch.ones(3, 7, dtype=torch.bool))  # what is_causal=True uses for (3, 7)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+plotting.plot_attention((~decode_causal_mask(3, 7)).float(), title="decode mask: bottom right (correct)", ax=axes[0],
+                        vmin=0, vmax=1)
+plotting.plot_attention(top_left.float(), title="is_causal=True: top left (wrong here)", ax=axes[1], vmin=0, vmax=1)
+for ax in axes:
+    ax.set_yticks(range(3), [f"query {4 + i}" for i in range(3)])
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 3. The key/value cache
+#
+# A module with a cache keeps two tensors between calls:
+#
+# - `cache_k` and `cache_v`, shape `(b, H, t, D)`: the keys and values of the `t` tokens seen so far,
+#   already split into heads.
+#
+# `forward(x, use_cache=True)` treats `x` `(b, T, d_in)` as the **next** `T` tokens:
+#
+# 1. `start` = the number of cached tokens: the position of the first new token;
+# 2. project `x` to queries, keys and values, and split them into heads `(b, H, T, D)`;
+# 3. append the new keys and values to the cache **along the token dimension** (`dim=2`):
+#    `torch.cat([self.cache_k, keys], dim=2)` is `(b, H, start + T, D)`;
+# 4. scores of the `T` new queries against all `start + T` keys: `(b, H, T, start + T)`;
+# 5. mask with rows `start .. start + T - 1` of the causal mask, the bottom-right corner:
+#    `self.mask[start:start + T, :start + T]`, which equals `decode_causal_mask(T, start + T)`;
+# 6. softmax, dropout, times the cached values, merge the heads, `out_proj`, as before.
+#
+# `reset_cache()` empties the cache, so that the next call starts a new sequence at position 0.
+#
+# Keep the cache in **buffers** (notebook 04): `self.register_buffer("cache_k", None, persistent=False)`
+# makes `cache_k` a buffer that starts empty (`None`), moves with `.to(device)`, and is not saved in
+# `state_dict` (it is not part of the model). Assigning `self.cache_k = tensor` later fills it.
+
+# %% [markdown]
+# ### Exercise 2: `MultiHeadAttentionKVCache`
+#
+# Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`,
+# a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
+#
+# - `__init__`: register the buffers `cache_k` and `cache_v`, both `None` at first;
+# - `reset_cache()`: set both back to `None`;
+# - `forward(x, use_cache=False)`: without the cache, notebook 05's forward (given, and it must leave
+#   the cache alone); with `use_cache=True`, steps 1-6 above. Raise a `ValueError` when `x` has no
+#   tokens (an empty prompt), and when `start + T > context_length` (the mask and the model's
+#   positions stop there).
+#
+# A prompt, then one token at a time, must give **exactly** the outputs of `forward` on the whole
+# sequence. You may call your `decode_causal_mask`, `split_heads` and `merge_heads`.
+
+# %% grade_id="MultiHeadAttentionKVCache"
+class MultiHeadAttentionKVCache(MultiHeadAttention):
+    """MultiHeadAttention that can read a sequence piece by piece, keeping earlier keys and values."""
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 qkv_bias: bool = False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        ### BEGIN SOLUTION
+        self.register_buffer("cache_k", None, persistent=False)  # (b, H, tokens so far, D) once filled
+        self.register_buffer("cache_v", None, persistent=False)
+        ### END SOLUTION
+
+    def reset_cache(self) -> None:
+        """Forget the cached keys and values: the next use_cache=True call starts at position 0."""
+        ### BEGIN SOLUTION
+        self.cache_k, self.cache_v = None, None
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """(b, T, d_in) -> (b, T, d_out); with use_cache=True, x holds the NEXT T tokens of the sequence."""
+        if not use_cache:
+            return super().forward(x)
+        ### BEGIN SOLUTION
+        b, T, _ = x.shape
+        if T == 0:
+            raise ValueError("empty input: use_cache=True needs at least one token")
+        start = 0 if self.cache_k is None else self.cache_k.shape[2]  # position of the first new token
+        if start + T > self.mask.shape[0]:
+            raise ValueError(f"{start} cached + {T} new tokens > context_length={self.mask.shape[0]}: reset_cache()")
+        H, D = self.num_heads, self.head_dim
+        queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
+        keys = self.W_key(x).view(b, T, H, D).transpose(1, 2)
+        values = self.W_value(x).view(b, T, H, D).transpose(1, 2)
+        if self.cache_k is not None:
+            keys = torch.cat([self.cache_k, keys], dim=2)  # (b, H, start + T, D)
+            values = torch.cat([self.cache_v, values], dim=2)
+        self.cache_k, self.cache_v = keys, values
+        scores = queries @ keys.transpose(2, 3)  # (b, H, T, start + T)
+        scores = scores.masked_fill(self.mask[start:start + T, :start + T], -torch.inf)  # bottom-right rows
+        weights = self.dropout(torch.softmax(scores / D ** 0.5, dim=-1))
+        context = (weights @ values).transpose(1, 2).reshape(b, T, self.d_out)  # (b, T, d_out)
+        return self.out_proj(context)
+        ### END SOLUTION
+
+# %% grade_id="test_MultiHeadAttentionKVCache" points=6
+# Check: forward without the cache; a prompt then tokens (and chunks) with the cache against one full
+# forward, batch 1 and more, float64; reset_cache(); errors past context_length and for an empty prompt.
+checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache)
+### BEGIN HIDDEN TESTS
+checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# A prompt of 4 tokens, then the other 6 one at a time, against one forward over all 10:
+
+# %%
+torch.manual_seed(123)
+cached = MultiHeadAttentionKVCache(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=2).eval()
+x = torch.rand(2, 10, 4)  # (b, T, d_in)
+
+with torch.no_grad():
+    whole = cached(x)  # (2, 10, 8): no cache
+    cached.reset_cache()
+    pieces = [cached(x[:, :4], use_cache=True)]  # the prompt: (2, 4, 8)
+    for t in range(4, 10):
+        pieces.append(cached(x[:, t:t + 1], use_cache=True))  # one token: (2, 1, 8)
+step_by_step = torch.cat(pieces, dim=1)  # (2, 10, 8)
+print("cache holds:", tuple(cached.cache_k.shape), "= (b, H, tokens, D)")
+print("largest difference to the full forward:", (step_by_step - whole).abs().max().item())
+
+# %% [markdown]
+# The same numbers up to float32 rounding (the products are summed in another order). One more token
+# than `context_length` is refused:
+
+# %%
+try:
+    with torch.no_grad():
+        cached(torch.rand(2, 7, 4), use_cache=True)  # 10 cached + 7 new > 16
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
+# ### Time per generated token
+#
+# We generate 4 tokens after prompts of growing length `T`, with and without the cache, on a module
+# with `d = 128` and 8 heads, and report the time **per generated token** (the best of 2 runs). Without the
+# cache, each step runs the whole sequence again: `T` projections and a `(T, T)` score matrix. With
+# it, each step projects **one** token and computes one row of `T` scores.
+
+# %% tags=["nbval-ignore-output"]
+def time_per_token(module: MultiHeadAttentionKVCache, x: torch.Tensor, prompt_len: int, new_tokens: int,
+                   use_cache: bool, repeats: int = 2) -> float:
+    """Best of `repeats` runs: seconds per token to generate `new_tokens` after `prompt_len` tokens of x."""
+    best = math.inf
+    with torch.no_grad():
+        for _ in range(repeats):
+            if use_cache:
+                module.reset_cache()
+                module(x[:, :prompt_len], use_cache=True)  # reading the prompt is not timed
+            start = time.perf_counter()
+            for t in range(prompt_len, prompt_len + new_tokens):
+                if use_cache:
+                    module(x[:, t:t + 1], use_cache=True)  # (1, 1, d): the new token only
+                else:
+                    module(x[:, :t + 1])  # (1, t + 1, d): everything again
+            best = min(best, (time.perf_counter() - start) / new_tokens)
+    return best
+
+
+LENGTHS = (16, 32) if grading() else (32, 64, 128, 256, 512)  # a short sweep while grading
+NEW = 4
+torch.manual_seed(0)
+gen = MultiHeadAttentionKVCache(128, 128, LENGTHS[-1] + NEW, 0.0, 8).eval()
+tokens = torch.rand(1, LENGTHS[-1] + NEW, 128)  # (1, T, d)
+per_token = {name: [time_per_token(gen, tokens, T, NEW, use_cache) for T in LENGTHS]
+             for name, use_cache in (("without cache", False), ("with cache", True))}
+for i, T in enumerate(LENGTHS):
+    print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:7.2f} ms/token, "
+          f"with cache {per_token['with cache'][i] * 1e3:6.2f} ms/token")
+
+# %% tags=["nbval-ignore-output"]
+fig, ax = plt.subplots(figsize=(6.5, 4))
+for name, times in per_token.items():
+    ax.plot(LENGTHS, [t * 1e3 for t in times], "o-", label=name)
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("tokens already in the sequence, T")
+ax.set_ylabel("ms per generated token (CPU)")
+ax.set_title("one attention layer, d = 128, 8 heads")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Without the cache, the time per token grows with `T` (the projections grow like `T`, the scores like
+# `T²`); generating `n` tokens costs about `n²` work in all. With the cache it stays almost flat at
+# these sizes: one token's projections, and a dot product with each cached key. (On a CPU the small
+# sizes are dominated by the overhead of each call; on a GPU the gap is larger still.)
+#
+# The price is memory. Each cached token stores one key and one value per head:
+
+# %%
+bytes_per_token = (gen.cache_k.element_size() * gen.cache_k[0, :, 0].numel()  # one token's keys, all heads
+                   + gen.cache_v.element_size() * gen.cache_v[0, :, 0].numel())
+print(f"cache now: {tuple(gen.cache_k.shape)} keys and as many values")
+print(f"per token and sequence: {bytes_per_token} bytes = 2 (K and V) x {gen.d_out} (H x D) x 4 bytes (float32)")
+
+# %% [markdown]
+# That is for **one** attention layer. A real model multiplies it by its number of layers, and keeps
+# one cache per sequence of the batch. Section 4 puts numbers on a Llama-sized model.
+
+# %% [markdown]
+# ## 4. Sharing keys and values: grouped-query attention
+#
+# In multi-head attention every head has its own keys and values, so the cache holds `2 · H · D`
+# numbers per token and layer. **Grouped-query attention** (GQA, used by Llama 2 70B, Llama 3, Mistral,
+# Qwen...) keeps all `H` query heads but only `G` key/value heads (`num_kv_groups`): query heads
+# `0..n_rep-1` share key/value head 0, the next `n_rep` share head 1, and so on, with
+# `n_rep = H // G`. The cache shrinks by a factor `H / G`. Two special cases:
+#
+# - `G = H`: every query head has its own key/value head: multi-head attention;
+# - `G = 1`: all query heads share one key/value head: **multi-query attention** (MQA).
+#
+# To compute the scores, each key/value head is repeated `n_rep` times so that it lines up with its
+# query heads: `(b, G, T, D) -> (b, H, T, D)`. With `G = 2` and `n_rep = 3`, heads `[k0, k1]` become
+# `[k0, k0, k0, k1, k1, k1]`: copies of one head come **together**.
+
+# %% [markdown]
+# ### Exercise 3: `repeat_kv`
+#
+# Write `repeat_kv(x, n_rep)`: `x` is `(b, G, T, D)`; return `(b, G * n_rep, T, D)` where output head
+# `h` is input head `h // n_rep`. With `n_rep = 1`, return `x` unchanged.
+#
+# Hint: `torch.repeat_interleave` with the right `dim`, or `x[:, :, None].expand(...)` then `reshape`.
+# Think about which dimension holds the heads.
+
+# %% grade_id="repeat_kv"
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(b, G, T, D) -> (b, G * n_rep, T, D): each key/value head repeated n_rep times in a row."""
+    ### BEGIN SOLUTION
+    return x.repeat_interleave(n_rep, dim=1)
+    ### END SOLUTION
+
+# %% grade_id="test_repeat_kv" points=2
+checks.check_repeat_kv(repeat_kv)
+### BEGIN HIDDEN TESTS
+checks.check_repeat_kv(repeat_kv, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+heads = torch.arange(2.0).view(1, 2, 1, 1)  # (b, G=2, T=1, D=1): head g holds the number g
+print("repeat_kv:", repeat_kv(heads, 3).flatten().tolist())  # [0, 0, 0, 1, 1, 1]
+print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: query head 1 would get group 1")
+
+# %% [markdown]
+# ### Exercise 4: `GroupedQueryAttention`
+#
+# Write `GroupedQueryAttention(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
+# qkv_bias=False)`, built like `MultiHeadAttention`:
+#
+# - raise a `ValueError` unless `num_kv_groups` divides `num_heads` (and `num_heads` divides `d_out`);
+# - create **in this order**: `self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)`, `self.W_key` and
+#   `self.W_value` as `nn.Linear(d_in, num_kv_groups * head_dim, bias=qkv_bias)`, `self.out_proj =
+#   nn.Linear(d_out, d_out)`, `self.dropout = nn.Dropout(dropout)`, and the causal mask buffer `mask`;
+# - `forward(x)`: queries `(b, H, T, D)`; keys and values `(b, G, T, D)`, repeated to `(b, H, T, D)`
+#   with `repeat_kv`; then exactly as `MultiHeadAttention` (scale by `sqrt(head_dim)`, mask, softmax,
+#   dropout, values, merge, `out_proj`). Raise an error when `T > context_length`.
+#
+# Write the attention yourself here; SDPA comes right after, to compare.
+
+# %% grade_id="GroupedQueryAttention"
+class GroupedQueryAttention(nn.Module):
+    """Causal attention with num_heads query heads sharing num_kv_groups key/value heads; (b, T, d_in) -> (b, T, d_out)."""
+
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
+                 num_kv_groups: int, qkv_bias: bool = False):
+        super().__init__()
+        ### BEGIN SOLUTION
+        if d_out % num_heads != 0 or num_heads % num_kv_groups != 0:
+            raise ValueError(f"num_heads must divide d_out and num_kv_groups must divide num_heads, got "
+                             f"d_out={d_out}, num_heads={num_heads}, num_kv_groups={num_kv_groups}")
+        self.d_out, self.num_heads, self.num_kv_groups = d_out, num_heads, num_kv_groups
+        self.head_dim = d_out // num_heads
+        self.n_rep = num_heads // num_kv_groups  # query heads per key/value head
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)  # only G heads
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), 1))
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        b, T, _ = x.shape
+        H, G, D = self.num_heads, self.num_kv_groups, self.head_dim
+        queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
+        keys = self.W_key(x).view(b, T, G, D).transpose(1, 2)  # (b, G, T, D)
+        values = self.W_value(x).view(b, T, G, D).transpose(1, 2)
+        keys, values = repeat_kv(keys, self.n_rep), repeat_kv(values, self.n_rep)  # (b, H, T, D)
+        scores = (queries @ keys.transpose(2, 3)).masked_fill(self.mask[:T, :T], -torch.inf)  # (b, H, T, T)
+        weights = self.dropout(torch.softmax(scores / D ** 0.5, dim=-1))
+        return self.out_proj((weights @ values).transpose(1, 2).reshape(b, T, self.d_out))
+        ### END SOLUTION
+
+# %% grade_id="test_GroupedQueryAttention" points=5
+# Check: outputs for grouped, multi-head (G = H) and multi-query (G = 1) constructions, causality,
+# dropout only in train(), too-long inputs, .to(float64), and an error when G does not divide H.
+checks.check_GroupedQueryAttention(GroupedQueryAttention)
+### BEGIN HIDDEN TESTS
+checks.check_GroupedQueryAttention(GroupedQueryAttention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### The same as SDPA with `enable_gqa=True`, and the two special cases
+#
+# Since PyTorch 2.5, `F.scaled_dot_product_attention` accepts keys and values with fewer heads than
+# the queries when `enable_gqa=True`, and pairs query head `h` with key/value head `h // n_rep`, the
+# same rule as `repeat_kv`. We feed it our module's own projections:
+
+# %%
+torch.manual_seed(123)
+gqa = GroupedQueryAttention(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=4, num_kv_groups=2).eval()
+x = torch.rand(2, 10, 4)  # (b, T, d_in)
+with torch.no_grad():
+    q = split_heads(gqa.W_query(x), 4)  # (2, 4, 10, 2): 4 query heads
+    k = split_heads(gqa.W_key(x), 2)  # (2, 2, 10, 2): 2 key/value heads
+    v = split_heads(gqa.W_value(x), 2)
+    try:
+        core = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (2, 4, 10, 2)
+        print("SDPA enable_gqa=True equals ours:",
+              torch.allclose(gqa.out_proj(merge_heads(core)), gqa(x), atol=1e-6))
+    except TypeError as err:  # torch < 2.5 has no enable_gqa
+        print("skipped: this torch has no enable_gqa:", err)
+
+# %% [markdown]
+# With `num_kv_groups == num_heads` the parameters have the same shapes, in the same order, as
+# `MultiHeadAttention`'s: with the same seed both modules have the same weights and give the same
+# outputs. With `num_kv_groups == 1`, every query head shares one key and one value head.
+
+# %%
+torch.manual_seed(123)
+as_mha = GroupedQueryAttention(4, 8, 16, 0.0, num_heads=4, num_kv_groups=4).eval()
+torch.manual_seed(123)
+reference_mha = MultiHeadAttention(4, 8, 16, 0.0, num_heads=4).eval()
+with torch.no_grad():
+    print("G = H is multi-head attention:", torch.equal(as_mha(x), reference_mha(x)))
+mqa = GroupedQueryAttention(4, 8, 16, 0.0, num_heads=4, num_kv_groups=1)
+print("G = 1, multi-query: W_key is", tuple(mqa.W_key.weight.shape), "= one head of D = 2")
+
+# %% [markdown]
+# ### What it saves at the size of a Llama model
+#
+# Llama 3 8B has `d = 4096`, 32 query heads of `D = 128`, 32 layers, a context of 8192 tokens, and
+# stores its cache in bfloat16 (2 bytes per number). We build one attention layer with your class on
+# PyTorch's `"meta"` device (shapes without data, so nothing is allocated), count its parameters, and
+# compute the cache from the sizes of its key and value projections, for `G = 32` (MHA), `8` (GQA, what
+# Llama 3 uses) and `1` (MQA).
+
+# %%
+LLAMA = {"d": 4096, "heads": 32, "layers": 32, "context": 8192, "bytes": 2}  # bfloat16 cache
+
+
+def llama_like_row(num_kv_groups: int) -> dict:
+    """Parameters of one attention layer and KV-cache bytes of the model (per token, per full context)."""
+    with torch.device("meta"):
+        layer = GroupedQueryAttention(LLAMA["d"], LLAMA["d"], LLAMA["context"], 0.0, LLAMA["heads"], num_kv_groups)
+    params = sum(p.numel() for p in layer.parameters())
+    kv_numbers = layer.W_key.out_features + layer.W_value.out_features  # per token and layer
+    per_token = kv_numbers * LLAMA["bytes"] * LLAMA["layers"]
+    return {"params": params, "per_token": per_token, "per_sequence": per_token * LLAMA["context"]}
+
+
+rows = {name: llama_like_row(g) for name, g in (("MHA, G = 32", 32), ("GQA, G = 8", 8), ("MQA, G = 1", 1))}
+print(f"{'':12s} {'params / layer':>15s} {'cache / token':>14s} {'cache, 8192 tokens':>19s}")
+for name, r in rows.items():
+    print(f"{name:12s} {r['params'] / 1e6:13.1f} M {r['per_token'] / 2**10:11.0f} KiB {r['per_sequence'] / 2**30:15.2f} GiB")
+
+# %% [markdown]
+# Grouping barely changes the parameter count (the query and output projections are untouched), but
+# divides the cache by `H / G`: 4 times smaller for Llama 3's 8 groups. With a batch of 16 sequences
+# of 8192 tokens, the MHA cache alone would need 16 × 4 GiB = 64 GiB, more than the model's own 16 GB
+# of weights; GQA needs a quarter of that. Quality suffers little with a few groups, more with MQA,
+# which is why most recent models chose GQA.
+
+# %% [markdown]
+# ## 5. Looking back a fixed distance: sliding windows
+#
+# With a **sliding window** of `w` tokens, query `i` sees only keys `i - w + 1 .. i`: itself and the
+# `w - 1` tokens before it (Mistral 7B uses `w = 4096`; Gemma and others alternate windowed and full
+# layers). Each layer looks back `w - 1` positions, but layers stack: after `L` layers, information
+# can travel `L · (w - 1)` positions.
+#
+# As a mask (True = hidden), entry `[i, j]` is True when `j > i` (the future) **or** `i - j >= w`
+# (too far back). `w = 1`: each token sees only itself. `w >= T`: the ordinary causal mask.
+#
+# **FlexAttention** (`torch.nn.attention.flex_attention`, PyTorch 2.5+, notebook 06) describes a mask
+# as a function instead of a tensor: `mask_mod(b, h, q_idx, kv_idx)` returns True where query `q_idx`
+# **may** attend to key `kv_idx`. Mind the convention: it is the opposite of our masks, which mark
+# what is hidden. `q_idx` and `kv_idx` arrive as tensors, so combine conditions with `&` and `|`,
+# not `and`/`or`/`if`.
+
+# %% [markdown]
+# ### Exercise 5: `sliding_window_mask` and its `mask_mod`
+#
+# Write
+# - `sliding_window_mask(num_tokens, window)`: a **boolean** `(T, T)` tensor, True where a key is hidden
+#   from a query (the future, or `window` or more positions back). Raise a `ValueError` when `window < 1`;
+# - `sliding_window_mask_mod(window)`: returns a function `mask_mod(b, h, q_idx, kv_idx)` that is True
+#   where the query **may** attend, under the same rule.
+#
+# Hint: `i = torch.arange(T).unsqueeze(1)` and `j = torch.arange(T).unsqueeze(0)` broadcast to `(T, T)`.
+
+# %% grade_id="sliding_window_mask"
+def sliding_window_mask(num_tokens: int, window: int) -> torch.Tensor:
+    """Boolean (T, T) mask, True where key j is hidden from query i: j > i, or i - j >= window."""
+    ### BEGIN SOLUTION
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    distance = torch.arange(num_tokens).view(-1, 1) - torch.arange(num_tokens).view(1, -1)  # (T, T): i - j
+    return (distance < 0) | (distance >= window)
+    ### END SOLUTION
+
+
+def sliding_window_mask_mod(window: int):
+    """A FlexAttention mask_mod: True where query q_idx may attend to key kv_idx under the window."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        ### BEGIN SOLUTION
+        distance = q_idx - kv_idx
+        return (distance >= 0) & (distance < window)
+        ### END SOLUTION
+    return mask_mod
+
+# %% grade_id="test_sliding_window_mask" points=3
+# Check: several sizes and windows (1 and T included), the dtype, window < 1 raises, and the mask_mod
+# keeps exactly the entries that sliding_window_mask does not hide.
+checks.check_sliding_window_mask(sliding_window_mask, sliding_window_mask_mod)
+### BEGIN HIDDEN TESTS
+checks.check_sliding_window_mask(sliding_window_mask, sliding_window_mask_mod, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Ten tokens with windows of 10 (the causal mask), 4 and 1 (yellow = may attend):
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+for ax, w in zip(axes, (10, 4, 1)):
+    plotting.plot_attention((~sliding_window_mask(10, w)).float(), title=f"window = {w}", ax=ax, vmin=0, vmax=1,
+                            annotate=False)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ### The mask as a function: FlexAttention
+#
+# Eagerly on a CPU, FlexAttention calls your `mask_mod` on every `(q_idx, kv_idx)` pair (with
+# `torch.vmap`) and computes the same attention as SDPA given the boolean mask. On a GPU, compiled, it
+# turns the `mask_mod` into a fused kernel that skips the blocks that are entirely hidden: a window
+# makes most of them hidden.
+
+# %% tags=["nbval-ignore-output"]
+FLEX_OK, FLEX_HOW = bench.flex_attention_status("cpu", compile=False)
+print("FlexAttention here:", FLEX_HOW)
+
+# %%
+if FLEX_OK:
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 12, 8).unbind(0)  # each (b=1, H=2, T=12, D=8)
+    block_mask = create_block_mask(sliding_window_mask_mod(4), None, None, 12, 12, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not fused
+        flex = flex_attention(q, k, v, block_mask=block_mask)  # (1, 2, 12, 8)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=~sliding_window_mask(12, 4))
+    print("FlexAttention with your mask_mod equals SDPA with your mask:", torch.allclose(flex, sdpa, atol=1e-5))
+else:
+    print("skipped: FlexAttention cannot run here (see the line above); the check compared the two rules directly")
+
+# %% [markdown]
+# ### How a window bounds the KV cache
+#
+# With a window of `w`, the token at position `t` needs only the keys and values of positions
+# `t - w + 1 .. t`. Older entries will never be read again, so the cache can drop them: it keeps at
+# most `w` tokens per layer, a **rolling buffer** (Mistral writes token `t` into slot `t mod w`). The
+# memory per sequence stops growing at `w` tokens, however long the text.
+#
+# We check it on raw queries, keys and values: decoding one token at a time with a cache cut to its
+# last `w` entries gives the same outputs as attention with the full sliding-window mask.
+
+# %%
+torch.manual_seed(0)
+T, w = 12, 4
+q, k, v = torch.randn(3, 1, 2, T, 8).unbind(0)  # each (b=1, H=2, T, D=8)
+target = F.scaled_dot_product_attention(q, k, v, attn_mask=~sliding_window_mask(T, w))  # (1, 2, T, 8)
+
+outputs, largest_cache = [], 0
+for t in range(T):
+    keep = slice(max(0, t - w + 1), t + 1)  # the last w positions: all the cache has to hold
+    k_cache, v_cache = k[:, :, keep], v[:, :, keep]  # (1, 2, <= w, 8)
+    largest_cache = max(largest_cache, k_cache.shape[2])
+    outputs.append(F.scaled_dot_product_attention(q[:, :, t:t + 1], k_cache, v_cache))  # one query sees them all
+print("cache cut to the window gives the same outputs:", torch.allclose(torch.cat(outputs, dim=2), target, atol=1e-6))
+print(f"largest cache: {largest_cache} tokens for a sequence of {T}")
+
+# %% [markdown]
+# At the size of Mistral 7B (the Llama-like layer above with 8 key/value groups, `w = 4096`), the cache
+# of one sequence, with and without the window:
+
+# %%
+mistral_per_token = llama_like_row(8)["per_token"]  # bytes per token, all 32 layers, bfloat16
+for length in (4096, 32768, 131072):
+    print(f"{length:7d} tokens: full cache {mistral_per_token * length / 2**30:5.1f} GiB, "
+          f"window of 4096: {mistral_per_token * min(length, 4096) / 2**30:4.1f} GiB")
+
+# %% [markdown]
+# ## Check your understanding
+#
+# Click a question to see the answer.
+#
+# <details><summary>1. Predict: what does <code>decode_causal_mask(2, 5)</code> return?</summary>
+#
+# `[[F, F, F, F, T], [F, F, F, F, F]]`. The two queries are positions 3 and 4: query 3 may not see key
+# 4, query 4 sees everything.
+# </details>
+#
+# <details><summary>2. Predict: SDPA with 2 queries, 5 keys and <code>is_causal=True</code>. Which keys does each query see?</summary>
+#
+# Query 0 sees key 0 only, query 1 keys 0 and 1: the mask is `tril(ones(2, 5))`, aligned to the top
+# left. The right answer for the last two positions is keys 0..3 and 0..4. No error is raised.
+# </details>
+#
+# <details><summary>3. Find the bug: a student's cache works for the prompt and then raises <code>Sizes of tensors must match except in dimension 1</code> at the first new token. Their line is <code>self.cache_k = torch.cat([self.cache_k, keys], dim=1)</code> with keys of shape <code>(b, H, T, D)</code>.</summary>
+#
+# Dimension 1 holds the heads. Joining there needs every other dimension equal, but the cache has
+# the prompt's tokens in dimension 2 and the new keys only one. The cache must grow along the tokens:
+# `dim=2` for `(b, H, T, D)` (or `dim=1` if the cache is kept as `(b, T, H, D)`, before the transpose).
+# </details>
+#
+# <details><summary>4. Why does the cache hold keys and values, but no queries?</summary>
+#
+# An old token's query is only used to compute that old token's output, which was already produced.
+# A new token needs its own query and the keys and values of every token before it.
+# </details>
+#
+# <details><summary>5. With the cache, generating <code>n</code> tokens after a prompt of <code>P</code> costs how many score computations, against how many without?</summary>
+#
+# With the cache, step `t` computes one row of `t` scores: about `n · P + n² / 2` scores in all.
+# Without it, step `t` computes a full `t × t` matrix (half of it masked): about `n · P² + n² · P + n³ / 3`.
+# </details>
+#
+# <details><summary>6. 32 query heads and 8 key/value groups: which key/value head does query head 13 use, and what would <code>keys.repeat(1, 4, 1, 1)</code> give it?</summary>
+#
+# `13 // 4 = 3`. With `repeat` (tiling) the heads come in the order 0..7, 0..7, ... so head 13 would
+# get key/value head `13 % 8 = 5`: a different group, and no error.
+# </details>
+#
+# <details><summary>7. A model has 32 layers, each with a window of 4096. Can the last token be influenced by a token 10,000 positions earlier?</summary>
+#
+# Yes: each layer moves information up to 4095 positions, so after 3 layers it can have travelled
+# 12,285 positions. One layer alone cannot see it.
+# </details>
+
+# %% [markdown]
+# ## Recap
+#
+# - When there are fewer queries than keys, the queries are the **last** positions: the causal mask is
+#   aligned to the bottom right, `triu(ones(Tq, Tk), diagonal=Tk - Tq + 1)`. SDPA's `is_causal=True`
+#   aligns it to the top left and silently breaks decoding; pass the mask, or `causal_lower_right`.
+# - A **KV cache** keeps the keys and values `(b, H, t, D)` of the tokens seen so far, grows along the
+#   token dimension, and makes each generated token cost one row of scores. It must reproduce the full
+#   forward exactly; it costs `2 · H · D` numbers per token and layer.
+# - **Grouped-query attention** shares `G` key/value heads among `H` query heads (`repeat_kv`: each
+#   head repeated `H / G` times in a row); `G = H` is MHA, `G = 1` is MQA. The cache shrinks `H / G`
+#   times, the parameters barely change.
+# - A **sliding window** of `w` hides keys `w` or more positions back; as a FlexAttention `mask_mod` it
+#   says where a query may attend. It caps the cache at `w` tokens per layer.
+#
+# Notebook 09 puts attention into a complete tiny transformer and trains it.
