@@ -44,17 +44,12 @@ print(inputs)
 print("inputs.shape:", inputs.shape)
 
 # %% [markdown]
-# With 3 numbers per token we can draw each embedding as a point in space. Tokens whose arrows
-# point the same way ("journey" and "starts") will turn out to score each other highly.
+# With 3 numbers per token we can draw each embedding as an arrow in space, one axis per
+# dimension. Tokens whose arrows point the same way ("journey" and "starts", so close that their
+# labels had to be moved apart) will turn out to score each other highly.
 
 # %%
-fig = plt.figure(figsize=(5, 5))
-ax = fig.add_subplot(projection="3d")
-for vec, tok in zip(inputs, tokens):
-    ax.quiver(0, 0, 0, *vec.tolist(), arrow_length_ratio=0.08)
-    ax.text(*vec.tolist(), tok)
-ax.set_xlim(0, 1); ax.set_ylim(0, 1); ax.set_zlim(0, 1)
-ax.set_title("six token embeddings, d = 3")
+plotting.plot_embeddings_3d(inputs, tokens, title="six token embeddings, d = 3")
 plt.show()
 
 # %% [markdown]
@@ -143,7 +138,7 @@ print(scores_2)
 # points almost the same way. "one" scores lowest.
 
 # %%
-plotting.plot_weights_bar(scores_2, tokens, title="scores of every token for the query 'journey'")
+plotting.plot_weights_bar(scores_2, tokens, title="scores of every token for the query 'journey'", ylabel="score")
 plt.show()
 
 # %% [markdown]
@@ -260,6 +255,20 @@ checks.check_attention_scores(attention_scores, hidden=True)
 #
 # Negative. Scores can be any real number, which is why the next notebook needs a normalisation
 # that copes with negative values.
+# </details>
+#
+# <details><summary>4. Predict the output: <code>x = torch.tensor([1., 2., 3.])</code>. What do <code>x * x</code>, <code>x @ x</code> and <code>(x * x).sum(dim=-1, keepdim=True)</code> print?</summary>
+#
+# `tensor([1., 4., 9.])`: `*` multiplies entry by entry and keeps the shape `(3,)`.
+# `tensor(14.)`: `@` of two 1-D tensors is their dot product, a 0-dim tensor.
+# `tensor([14.])`: the same sum, but `keepdim=True` keeps a dimension of size 1, shape `(1,)`.
+# </details>
+#
+# <details><summary>5. Find the bug: a student writes <code>scores = inputs.T @ inputs</code> for the <code>(6, 3)</code> sentence. It runs without an error. What is wrong?</summary>
+#
+# The result is `(3, 6) @ (6, 3) -> (3, 3)`: one entry per pair of *dimensions*, summed over the
+# tokens, instead of one per pair of tokens. The transpose is on the wrong side: `inputs @ inputs.T`
+# is `(6, 6)`. Checking the shape against the one you expect, `(T, T)`, catches it at once.
 # </details>
 
 # %% [markdown]
