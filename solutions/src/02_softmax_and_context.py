@@ -99,8 +99,8 @@ print("softmax:    ", e / e.sum())
 
 # %% [markdown]
 # The exponential also **sharpens** the distribution: a score that is larger by 1 gets
-# `e ≈ 2.7` times the weight. Compare sum-normalisation and softmax on the "journey" scores:
-# softmax gives "journey" and "starts" a little more and "one" a little less.
+# `e ≈ 2.7` times the weight. Compare sum-normalisation and softmax on the "journey" scores.
+# Before you run the cell, predict: which tokens gain weight, which lose?
 
 # %%
 weights_2 = torch.exp(scores_2) / torch.exp(scores_2).sum()  # (6,)
@@ -111,12 +111,26 @@ print("PyTorch's torch.softmax agrees:", torch.allclose(weights_2, torch.softmax
 
 # %% [markdown]
 # These are the book's attention weights for "journey": `[0.1385, 0.2379, 0.2333, 0.1240,
-# 0.1082, 0.1581]`. As a bar chart, one bar per key token:
+# 0.1082, 0.1581]`. Softmax gives the two highest scores, "journey" (0.2278 → 0.2379) and
+# "starts" (0.2249 → 0.2333), a little more, and takes it from "Your", "with" and "step". Only
+# "one", the lowest score, does not lose: 0.1077 → 0.1082. Why so little change, and why does
+# "one" gain? Going from `s / Σ s` to `e^s / Σ e^s` multiplies a token's weight by
+# `(e^s / s) / (Σ e^s / Σ s)`, and the denominator is the same for all: here 2.86. Near `s = 1`,
+# `e^s / s` is almost flat (its minimum, `e ≈ 2.72`, is at `s = 1`): for these scores, 0.71 to
+# 1.50, it stays between 2.72 and 2.98. Both ends of the range sit a little above 2.86 ("one":
+# 2.87), the middle a little below, so "one" gains as well. The sharpening shows when scores differ by several units (question 6 below).
+#
+# The two bar charts share their y axis, so equal heights mean equal weights. The differences are
+# a hundredth at most, too small to see there, so the third chart shows them on their own scale:
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 3))
+fig, axes = plt.subplots(1, 3, figsize=(15, 3.2))
 plotting.plot_weights_bar(weights_sum_norm, tokens, title="scores / sum(scores)", ax=axes[0])
 plotting.plot_weights_bar(weights_2, tokens, title="softmax(scores)", ax=axes[1])
+axes[1].sharey(axes[0])
+axes[0].set_ylim(0, 0.3)
+plotting.plot_weights_bar(weights_2 - weights_sum_norm, tokens, title="softmax minus sum-normalised",
+                          ax=axes[2], ylabel="difference", fmt="%+.4f")
 fig.tight_layout()
 plt.show()
 
@@ -414,7 +428,8 @@ for name, s, w in zip(books, book_scores, book_weights):
 # The two machine-learning titles get most of the weight, but no book gets zero.
 
 # %%
-plotting.plot_weights_bar(book_weights, books, title="request 'mostly machine learning': weight per book")
+plotting.plot_weights_bar(book_weights, books, title="request 'mostly machine learning': weight per book",
+                          fmt="%.3f")
 plt.xticks(rotation=20)
 plt.show()
 
@@ -493,7 +508,23 @@ plt.show()
 # the inputs.
 # </details>
 #
-# <details><summary>6. In the library, what would make one book get almost all the weight?</summary>
+# <details><summary>6. Predict the output: <code>torch.softmax(torch.tensor([1., 2., 3.]), dim=-1)</code> and <code>torch.softmax(torch.tensor([10., 20., 30.]), dim=-1)</code>. Same weights?</summary>
+#
+# No. The first gives `[0.0900, 0.2447, 0.6652]`. The second is the same scores times 10: the gaps
+# become 10 instead of 1, and the weights become `[2.1e-09, 4.5e-05, 0.99995]`, almost one-hot.
+# Softmax does not change when you *add* a constant to every score, but it does when you
+# *multiply* them: only the differences between scores count.
+# </details>
+#
+# <details><summary>7. Find the bug: <code>e = torch.exp(x - x.max()); return e / e.sum(dim=-1, keepdim=True)</code> for a <code>(T, T)</code> table. It never overflows. What is wrong?</summary>
+#
+# `x.max()` is the maximum of the whole table, not of each row. The result is still correct on
+# paper, but a row whose scores are all far below that global maximum underflows: every `exp` is
+# 0 and the row becomes `0 / 0 = nan` (section 5). Subtract each row's maximum:
+# `x.amax(dim=-1, keepdim=True)`.
+# </details>
+#
+# <details><summary>8. In the library, what would make one book get almost all the weight?</summary>
 #
 # A much larger score than the others, for example a longer (more insistent) request vector:
 # multiplying the query by 10 multiplies every score by 10, and the softmax becomes nearly
