@@ -344,33 +344,40 @@ print(f"nn.Linear:   min {linear.weight.min():.3f}  max {linear.weight.max():.3f
 # `nn.Linear` draws its weights from `U(-1/sqrt(d_in), 1/sqrt(d_in))`: centred on zero, and the
 # wider the input, the smaller each weight. An output is a sum of `d_in` terms `x_i w_i`; its
 # variance is `d_in · E[w²]`, which is `1/3` for `nn.Linear` whatever `d_in` is, but `d_in / 3 = 256`
-# for `torch.rand` (a standard deviation around 16, and the outputs of one token all share the
-# same large positive-weighted sum):
+# for `torch.rand`: standard deviations of `sqrt(1/3) ≈ 0.58` and `sqrt(256) = 16`. Moreover the
+# outputs of one token all share the same large positive-weighted sum.
+#
+# A standard deviation measured on a few tokens is itself noisy (with 10 tokens this one comes out
+# anywhere between about 11 and 21), so we measure on 2,000 random tokens: a `(2000, 768) @ (768, 64)`
+# product, a few milliseconds.
 
 # %%
-x_big = torch.randn(10, big_in)  # (10, 768): ten tokens
-out_rand = x_big @ W_rand  # (10, 64)
-out_linear = linear(x_big)  # (10, 64)
-print(f"outputs, torch.rand weights: std {out_rand.std():6.2f}")
-print(f"outputs, nn.Linear weights:  std {out_linear.std():6.2f}")
+x_many = torch.randn(2000, big_in)  # (2000, 768): 2,000 random tokens
+out_rand = x_many @ W_rand  # (2000, 64)
+out_linear = linear(x_many)  # (2000, 64)
+print(f"outputs, torch.rand weights: std {out_rand.std():6.2f}   (predicted 16)")
+print(f"outputs, nn.Linear weights:  std {out_linear.std():6.2f}   (predicted {math.sqrt(1 / 3):.2f})")
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.2), sharex=True)
-axes[0].hist(out_rand.flatten().numpy(), bins=40, color="tab:red")
+axes[0].hist(out_rand.flatten().numpy(), bins=60, color="tab:red")
 axes[0].set_title("x @ torch.rand(768, 64)")
-axes[1].hist(out_linear.detach().flatten().numpy(), bins=40, color="tab:blue")
+axes[1].hist(out_linear.detach().flatten().numpy(), bins=60, color="tab:blue")
 axes[1].set_title("nn.Linear(768, 64)(x)")
 for ax in axes:
     ax.set_xlabel("output value (same scale in both panels)")
+    ax.set_ylabel(f"count (of {out_rand.numel():,} outputs)")
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
 # Queries and keys of that size make scores in the hundreds or thousands, even after dividing by
-# `sqrt(64) = 8`, and the softmax turns one-hot (section 3). With `nn.Linear` the weights stay soft:
+# `sqrt(64) = 8`, and the softmax turns one-hot (section 3). With `nn.Linear` the weights stay soft
+# (ten of the tokens, so that a uniform weight is 0.1):
 
 # %%
 torch.manual_seed(3)
+x_big = x_many[:10]  # (10, 768)
 for label, make in [("torch.rand", lambda: torch.rand(big_in, big_out)),
                     ("nn.Linear ", lambda: nn.Linear(big_in, big_out, bias=False).weight.T.detach())]:
     W_q, W_k = make(), make()  # each (768, 64)
@@ -536,6 +543,20 @@ print("same as sa_v2:", torch.allclose(sa_v1(inputs), sa_v2(inputs)))
 #
 # v1 computes `x @ W` with no bias term: there is nowhere to put v2's biases, and without them the
 # outputs differ.
+# </details>
+#
+# <details><summary>7. Find the bug: <code>sa_v1.W_query.data.copy_(sa_v2.W_query.weight)</code> with <code>d_in = d_out = 4</code>. No error is raised. What goes wrong?</summary>
+#
+# `weight` is `(d_out, d_in)`, v1's matrix `(d_in, d_out)`. With `d_in == d_out` both are `(4, 4)`,
+# so the copy works without complaint, but v1 then computes `x @ weight` instead of
+# `x @ weight.T`: different outputs. Only a comparison of outputs (as the check does) finds it;
+# copy `weight.T`.
+# </details>
+#
+# <details><summary>8. Predict the output: with <code>d_k = 100</code>, queries and keys of unit-variance entries, roughly how large is a typical raw score <code>q·k</code>, and a scaled one?</summary>
+#
+# The raw score has variance `d_k = 100`, so a typical size (standard deviation) of 10; divided
+# by `sqrt(100) = 10` it has variance 1, a typical size of 1. Section 3 measured exactly this.
 # </details>
 
 # %% [markdown]
