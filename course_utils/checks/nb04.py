@@ -315,7 +315,8 @@ def check_follows_device(exercise: str, fn: Callable) -> None:
     except Exception as exc:  # noqa: BLE001
         fail(exercise, f"inputs on another device (here 'meta', standing in for a GPU) raised "
                        f"{type(exc).__name__}: {exc}. Build the mask on the scores' device: "
-                       f"torch.ones(T, T, device=scores.device) or causal_mask(T, device=scores.device)")
+                       f"torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1), or move a mask you already have "
+                       f"with .to(scores.device)")
     if isinstance(out, torch.Tensor) and out.device.type != "meta":
         fail(exercise, f"inputs on device 'meta' gave an output on {out.device}: keep every tensor on the inputs' device")
 

@@ -216,7 +216,7 @@ print(causal_mask(4).int())
 # Causal attention weights are computed in this order:
 #
 # 1. **scores** `Q @ K^T`, shape `(..., T, T)`;
-# 2. **scale** by `1/sqrt(d_k)` (notebook 03: keeps the softmax from saturating);
+# 2. **scale**: divide by `sqrt(d_k)` (notebook 03: keeps the softmax from saturating);
 # 3. **mask** the future with `-inf`;
 # 4. **softmax** over the last dimension (the keys);
 # 5. **dropout** (next section), only while training.
@@ -231,7 +231,7 @@ print(causal_mask(4).int())
 # Write `causal_attention_weights(queries, keys)`:
 # - `queries` and `keys` have shape `(..., T, d_k)`, with any number of batch dimensions in `...`
 #   (none, a batch, or a batch and heads);
-# - return the causal attention weights, shape `(..., T, T)`: scaled by `sqrt(d_k)`, future masked
+# - return the causal attention weights, shape `(..., T, T)`: divided by `sqrt(d_k)`, future masked
 #   with `-inf`, softmax over the last dimension. No dropout here.
 #
 # Use `keys.transpose(-2, -1)`, not `keys.T`, so that batch dimensions work (notebook 01).
@@ -531,6 +531,21 @@ print("eval():  two calls equal?", torch.equal(ca_drop(batch), ca_drop(batch)))
 # The top-left `(10, 10)` corner, `self.mask[:10, :10]`, which is exactly the causal mask for 10
 # tokens. Scores are `(b, 10, 10)`, so the shapes match.
 # </details>
+#
+# <details><summary>7. Predict the output: <code>torch.softmax(torch.tensor([[1., 2., 3.]]).masked_fill(causal_mask(3)[1:2], -torch.inf), dim=-1)</code>. (Row 1 of the mask is <code>[False, False, True]</code>.)</summary>
+#
+# `tensor([[0.2689, 0.7311, 0.0000]])`: the third score becomes `-inf` and gets weight exactly 0,
+# and the first two share the weight as `softmax([1, 2])` would: `e / (e + e²)` and `e² / (e + e²)`.
+# </details>
+#
+# <details><summary>8. Find the bug: <code>weights = self.dropout(scores); weights = torch.softmax(weights.masked_fill(mask, -torch.inf), dim=-1)</code>. What is wrong, and would the check notice?</summary>
+#
+# Dropout runs on the scores, before the softmax. A score zeroed by dropout still gets weight
+# `exp(0) / Σ`, so nothing is actually dropped, and the survivors, doubled, make the softmax
+# sharper. The rows still sum to 1 and the output looks plausible; only a comparison in `train()`
+# mode with the same random seed (as the check does) shows the difference. Dropout goes after
+# the softmax.
+# </details>
 
 # %% [markdown]
 # ## Recap
@@ -539,7 +554,7 @@ print("eval():  two calls equal?", torch.equal(ca_drop(batch), ca_drop(batch)))
 # - Mask with `-inf` before softmax: `scores.masked_fill(mask, -inf)` with a boolean mask that is True
 #   above the diagonal, `triu(ones(T, T), diagonal=1)`. It equals zeroing after softmax and
 #   renormalising, but is simpler and numerically safe.
-# - Order: scores, scale by `1/sqrt(d_k)`, mask, softmax, dropout, times values.
+# - Order: scores, divide by `sqrt(d_k)`, mask, softmax, dropout, times values.
 # - Dropout zeroes weights with probability `p` and scales survivors by `1/(1-p)`; only in `train()` mode.
 # - Tensors a module needs but does not train are **buffers** (`register_buffer`): saved in
 #   `state_dict`, moved by `.to(...)`. Cut the mask to the input: `mask[:T, :T]`.
