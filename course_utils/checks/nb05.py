@@ -262,7 +262,8 @@ def _count_diagnose(case: Case, got: object, want: object) -> str | None:
 
 @check
 def check_count_parameters(count_parameters: Callable, hidden: bool = False) -> None:
-    """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention: 2,360,064)."""
+    """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention with
+    ``qkv_bias=False``: 2,360,064; with GPT-2's own QKV biases, 2,362,368)."""
     frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     frozen[0].requires_grad_(False)
     cases = [

@@ -41,7 +41,7 @@ print("torch", torch.__version__)
 #
 # `CausalAttention(d_in, d_out, context_length, dropout)` takes a batch `(b, T, d_in)` and returns
 # context vectors `(b, T, d_out)`. Inside: queries, keys and values `(b, T, d_out)`, scores
-# `(b, T, T)` scaled by `1/sqrt(d_out)`, the future masked with `-inf` using a buffer cut to `[:T, :T]`,
+# `(b, T, T)` divided by `sqrt(d_out)`, the future masked with `-inf` using a buffer cut to `[:T, :T]`,
 # softmax, dropout, and the weighted sum of the values.
 #
 # Here is that class, with the `causal_mask` it builds its buffer with: our answer from notebook 04,
@@ -321,7 +321,7 @@ checks.check_merge_heads(merge_heads, hidden=True)
 #   bias=qkv_bias)`), `self.out_proj = nn.Linear(d_out, d_out)`, `self.dropout = nn.Dropout(dropout)`,
 #   and the `(context_length, context_length)` causal mask as a buffer named `mask`;
 # - `forward(x)`: `(b, T, d_in)` -> `(b, T, d_out)`: project; split into heads `(b, H, T, D)`;
-#   scores `(b, H, T, T)`; scale by `sqrt(head_dim)`; mask (cut to `T`); softmax; dropout; times the
+#   scores `(b, H, T, T)`; divide by `sqrt(head_dim)`; mask (cut to `T`); softmax; dropout; times the
 #   values; merge the heads to `(b, T, d_out)`; `out_proj`.
 #
 # You may call your `split_heads` and `merge_heads`, or write the `view`/`transpose` steps inline.
@@ -482,6 +482,7 @@ checks.check_count_parameters(count_parameters, hidden=True)
 # ### The book's exercise 3.3: GPT-2 sized attention
 #
 # The smallest GPT-2 has 768-dimensional embeddings, 12 heads (of 64) and a context of 1024 tokens.
+# The book's exercise builds it with the default `qkv_bias=False`:
 
 # %%
 gpt2_attention = MultiHeadAttention(d_in=768, d_out=768, context_length=1024, dropout=0.0, num_heads=12)
@@ -490,15 +491,24 @@ print(f"{count_parameters(gpt2_attention):,} trainable parameters")
 # %% [markdown]
 # Where they come from: three projections `768 × 768` without bias, plus `out_proj` with its bias.
 # The mask is a buffer: a million entries, but not trained and not counted.
+#
+# The real GPT-2 **does** have biases on its query, key and value projections (its `c_attn`
+# layer), `3 × 768` more numbers. With `qkv_bias=True`, as when loading GPT-2's weights, the count
+# is 2,362,368:
 
 # %%
 projections = 3 * 768 * 768
+qkv_biases = 3 * 768
 out_proj = 768 * 768 + 768
 mask_entries = gpt2_attention.mask.numel()
 print(f"W_query + W_key + W_value: {projections:>9,}")
 print(f"out_proj:                  {out_proj:>9,}")
-print(f"total:                     {projections + out_proj:>9,}")
+print(f"total, qkv_bias=False:     {projections + out_proj:>9,}")
+print(f"their biases (GPT-2):      {qkv_biases:>9,}")
+print(f"total, qkv_bias=True:      {projections + qkv_biases + out_proj:>9,}")
 print(f"mask buffer (not counted): {mask_entries:>9,}")
+gpt2_with_bias = MultiHeadAttention(768, 768, 1024, 0.0, num_heads=12, qkv_bias=True)
+print(f"count_parameters with qkv_bias=True: {count_parameters(gpt2_with_bias):,}")
 
 # %% [markdown]
 # The wrapper with the same total output size needs heads of `768 // 12 = 64`: the same projection
@@ -550,7 +560,23 @@ print(f"wrapper, 12 heads of 768: {count_parameters(MultiHeadAttentionWrapper(76
 # <details><summary>6. Why doesn't <code>count_parameters</code> count the mask, and what would <code>sum(t.numel() for t in model.state_dict().values())</code> give for GPT-2's attention?</summary>
 #
 # The mask is a buffer: saved with the model but never trained. `state_dict` includes buffers, so that
-# sum gives `2,360,064 + 1,048,576 = 3,408,640`, which overstates the model by a million numbers.
+# sum gives `2,360,064 + 1,048,576 = 3,408,640` (for the book's `qkv_bias=False` version), which
+# overstates the model by a million numbers.
+# </details>
+#
+# <details><summary>7. Predict the output: <code>x = torch.arange(12.).view(1, 2, 6)</code> holds 2 tokens of <code>d_out = 6</code>. What is <code>split_heads(x, 3)[0, 1]</code>, head 1?</summary>
+#
+# `tensor([[2., 3.], [8., 9.]])`, shape `(T, D) = (2, 2)`. Token 0 holds `0..5`, token 1 `6..11`;
+# with 3 heads of size 2, head 1 owns numbers 2-3 of every token: `[2, 3]` from token 0 and
+# `[8, 9]` from token 1.
+# </details>
+#
+# <details><summary>8. Find the bug: in <code>forward</code>, <code>scores = queries @ keys.transpose(2, 3) / self.head_dim</code>. Everything runs. What is wrong, and what would you see?</summary>
+#
+# The scores are divided by `head_dim`, not by `sqrt(head_dim)`: too small by a factor
+# `sqrt(head_dim)` (8 for GPT-2's heads of 64). The softmax becomes flatter, closer to uniform,
+# and the outputs differ from the reference by a smooth amount rather than a crash. Divide by
+# `self.head_dim ** 0.5`.
 # </details>
 
 # %% [markdown]
@@ -564,7 +590,8 @@ print(f"wrapper, 12 heads of 768: {count_parameters(MultiHeadAttentionWrapper(76
 #   `transpose(1, 2).contiguous().view(b, T, d_out)` (or `reshape`) and mixes heads with `out_proj`.
 # - With tied weights and an identity `out_proj` both give the same outputs.
 # - Count trainable parameters with `sum(p.numel() for p in m.parameters() if p.requires_grad)`;
-#   GPT-2 small's attention has 2,360,064.
+#   GPT-2 small's attention has 2,360,064 with the book's `qkv_bias=False`, and 2,362,368 with the
+#   query, key and value biases that the real GPT-2 has.
 #
 # Notebook 06 takes this module to a GPU: one combined QKV projection, `einsum`, and PyTorch's fused
 # `scaled_dot_product_attention`, with careful timing.
