@@ -204,14 +204,18 @@ def plot_embeddings_3d(
 
 def readable_log_axes(ax: "plt.Axes", x_values: Sequence[float] | None = None, base_x: int = 2) -> "plt.Axes":
     """Log axes whose ticks read as plain numbers: ``x`` ticks at ``x_values`` (e.g. 64, 128, 256)
-    on a log base ``base_x`` scale, ``y`` ticks on a log 10 scale with 1-2-5 minor labels."""
+    on a log base ``base_x`` scale, ``y`` ticks on a log 10 scale, with 2 and 5 labelled too when
+    the data (plot it first) span at most three powers of ten."""
     ax.set_xscale("log", base=base_x)
     if x_values is not None:
         ax.set_xticks(list(x_values), [f"{v:g}" for v in x_values])
         ax.xaxis.set_minor_locator(mticker.NullLocator())
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    plain = mticker.FuncFormatter(lambda y, _: f"{y:g}")
+    ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_locator(mticker.LogLocator(base=10, subs=(2.0, 5.0)))
-    ax.yaxis.set_minor_formatter(mticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    low, high = ax.get_ylim()
+    few_decades = low > 0 and high / low <= 1e3
+    ax.yaxis.set_minor_formatter(plain if few_decades else mticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     return ax
