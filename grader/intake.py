@@ -32,7 +32,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4.nbbase import random_cell_id
 
-from grader import course
+from grader import cells, course
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.M | re.S)
 IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints", "__pycache__"}
@@ -85,17 +85,10 @@ def normalise(text: str) -> str:
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _exercise_for_test(test_id: str, exercises: list[str]) -> str:
-    """``test_dot`` -> ``dot``; ``test_softmax_stable_overflow`` -> ``softmax_stable`` (longest prefix)."""
-    rest = test_id[len("test_"):] if test_id.startswith("test_") else test_id
-    candidates = [e for e in exercises if rest == e or rest.startswith(e + "_")]
-    return max(candidates, key=len) if candidates else rest
-
-
-def _top_level_imports(cells: list) -> str:
+def _top_level_imports(nb_cells: list) -> str:
     lines = []
-    for cell in cells:
-        if cell.cell_type != "code" or cell.get("metadata", {}).get("nbgrader"):
+    for cell in nb_cells:
+        if cell.cell_type != "code" or cells.metadata(cell):
             continue
         try:
             tree = ast.parse(cell.source)
@@ -113,23 +106,20 @@ def load_source(name: str) -> SourceNotebook:
     nb = nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4)
     raw = []
     for index, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader")
-        if not meta or not meta.get("grade_id"):
-            continue
-        kind = "test" if meta.get("grade") and not meta.get("solution") else "answer"
-        raw.append((index, cell, meta, kind))
+        if cells.grade_id(cell):
+            raw.append((index, cell, cells.metadata(cell), "test" if cells.is_test(cell) else "answer"))
     exercises = [m["grade_id"] for _, _, m, k in raw if k == "answer"]
-    cells = []
+    found = []
     for index, cell, meta, kind in raw:
         gid = meta["grade_id"]
-        cells.append(SourceCell(
+        found.append(SourceCell(
             grade_id=gid, kind=kind, index=index, source=cell.source, metadata=dict(meta),
-            exercise=gid if kind == "answer" else _exercise_for_test(gid, exercises),
+            exercise=gid if kind == "answer" else (cells.exercise_of_test(gid, exercises) or gid),
             points=float(meta.get("points", 0) or 0)))
     # Never let the prelude rebind an exercise's own name (e.g. an import from the reference).
     imports = "\n".join(line for line in _top_level_imports(nb.cells).splitlines()
                          if not any(re.search(rf"\b{re.escape(e)}\b", line) for e in exercises))
-    return SourceNotebook(name, cells, imports)
+    return SourceNotebook(name, found, imports)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +135,6 @@ class Submission:
     notebook: str | None  # the course notebook it is, or None if unrecognised
     status: str = "ok"
     notes: list[str] = field(default_factory=list)  # intake remarks for the status column
-    superseded: list[Path] = field(default_factory=list)  # older files for the same notebook
 
     @property
     def label(self) -> str:
@@ -181,11 +170,11 @@ def _ignored(rel: Path) -> bool:
 
 
 def discover(submissions: Path) -> list[Submission]:
-    """Every file under ``submissions/<student_id>/`` (nested folders too), with its notebook.
+    """Every file under ``submissions/<student_id>/`` (nested folders too), with its notebook by name.
 
-    Two files of one student for the same notebook: the newest (modification time) is graded and
-    the other is named in its status. Hidden files, ``.ipynb_checkpoints`` and ``__MACOSX`` are
-    skipped; a file directly in ``submissions/`` gets a row saying it is not in a student folder.
+    Hidden files, ``.ipynb_checkpoints`` and ``__MACOSX`` are skipped; a file directly in
+    ``submissions/`` gets a row saying it is not in a student folder. Several files of one student
+    for the same notebook are all returned: ``grader.autograde.take_in`` keeps the newest.
     """
     if not submissions.is_dir():
         raise FileNotFoundError(f"submissions folder {submissions} does not exist")
@@ -193,23 +182,9 @@ def discover(submissions: Path) -> list[Submission]:
     for path in sorted(p for p in submissions.iterdir() if p.is_file() and not p.name.startswith(".")):
         found.append(Submission("", path, None, "not in a student folder: put it in SUBMISSIONS/<student_id>/"))
     for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir() and not _ignored(Path(p.name))):
-        per_notebook: dict[str, list[Submission]] = {}
         for path in sorted(p for p in student_dir.rglob("*") if p.is_file()):
-            if _ignored(path.relative_to(student_dir)):
-                continue
-            sub = Submission(student_dir.name, path, match_notebook(path.name))
-            if sub.notebook:
-                per_notebook.setdefault(sub.notebook, []).append(sub)
-            else:
-                found.append(sub)
-        for subs in per_notebook.values():
-            subs.sort(key=lambda s: (s.path.stat().st_mtime, str(s.path)))
-            newest = subs[-1]
-            newest.superseded = [s.path for s in subs[:-1]]
-            if newest.superseded:
-                newest.notes.append(f"newest of {len(subs)} files graded (ignored: "
-                                    + ", ".join(str(p.relative_to(student_dir)) for p in newest.superseded) + ")")
-            found.append(newest)
+            if not _ignored(path.relative_to(student_dir)):
+                found.append(Submission(student_dir.name, path, match_notebook(path.name)))
     found.sort(key=lambda s: (s.student_id, s.label, str(s.path)))
     return found
 
@@ -302,7 +277,7 @@ def recognise(nb: nbformat.NotebookNode, src: SourceNotebook) -> Recognition:
     foreign: set[str] = set()
     known = {c.grade_id for c in src.cells}
     for index, cell in enumerate(nb.cells):
-        gid = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+        gid = cells.grade_id(cell)
         if gid:
             seen_ids[gid] = seen_ids.get(gid, 0) + 1
             if gid not in known:
@@ -350,103 +325,130 @@ def _code_cell(source: str, metadata: dict) -> nbformat.NotebookNode:
     return cell
 
 
-def repair(nb: nbformat.NotebookNode, src: SourceNotebook) -> tuple[nbformat.NotebookNode, list[str]]:
-    """A copy of ``nb`` with the solution's nbgrader metadata on the right cells; what was repaired.
+def _positions(nb: nbformat.NotebookNode) -> dict[str, int]:
+    """grade id -> index, read from the metadata that :func:`reattach_metadata` put on the cells."""
+    return {gid: i for i, cell in enumerate(nb.cells) if (gid := cells.grade_id(cell))}
 
-    Returns the repaired notebook and a list of short phrases (empty when nothing needed fixing).
-    """
-    rec = recognise(nb, src)
-    repairs: list[str] = []
-    original_meta = {i: (c.get("metadata", {}).get("nbgrader") or {}).get("grade_id") for i, c in enumerate(nb.cells)}
-    lost_meta = [gid for gid, i in rec.answers.items() if original_meta.get(i) != gid]
-    lost_meta += [gid for gid, i in rec.tests.items() if original_meta.get(i) != gid]
 
-    cells: list[nbformat.NotebookNode] = []
-    position: dict[str, int] = {}  # grade id -> index in `cells`
+def _test_cell(test: SourceCell) -> nbformat.NotebookNode:
+    """The solution's test cell, locked, as nbgrader released it."""
+    return _code_cell(test.source, {"deletable": False, "editable": False, "nbgrader": test.metadata})
+
+
+# Each repair is ``(nb, src, rec) -> (nb, notes)``: it takes the notebook as the previous step left
+# it, the solution's cells and what recognition found in the submitted file, and returns a new
+# notebook and the phrases it adds to the status. The steps run in the order of REPAIRS.
+
+
+def reattach_metadata(nb: nbformat.NotebookNode, src: SourceNotebook, rec: Recognition):
+    """Put the solution's nbgrader metadata on the recognised cells, and on no other cell; the
+    recognised test cells get the solution's text (hidden tests included)."""
     answer_at = {i: gid for gid, i in rec.answers.items()}
     test_at = {i: gid for gid, i in rec.tests.items()}
+    out = []
     for index, cell in enumerate(nb.cells):
         new = _plain(cell)
         if index in answer_at:
-            gid = answer_at[index]
-            new.metadata["nbgrader"] = copy.deepcopy(src.answers[gid].metadata)
+            new.metadata["nbgrader"] = copy.deepcopy(src.answers[answer_at[index]].metadata)
         elif index in test_at:
-            gid = test_at[index]
-            test = src.tests[gid]
-            new = _code_cell(test.source, {"deletable": False, "editable": False, "nbgrader": test.metadata})
-        else:
-            gid = None
-        if gid:
-            position[gid] = len(cells)
-        cells.append(new)
+            new = _test_cell(src.tests[test_at[index]])
+        out.append(new)
+    lost = sorted(gid for gid, i in [*rec.answers.items(), *rec.tests.items()]
+                  if cells.grade_id(nb.cells[i]) != gid)
+    notes = []
+    if lost:
+        notes.append("metadata restored (" + ", ".join(lost) + ")")
+    if rec.duplicated:
+        notes.append("duplicated cells ignored (" + ", ".join(sorted(rec.duplicated)) + ")")
+    return _with_cells(nb, out), notes
 
-    # Tests above their answer (cells moved): move them just below the answer.
+
+def move_tests_below_answers(nb: nbformat.NotebookNode, src: SourceNotebook, rec: Recognition):
+    """A test cell above its answer (cells moved around) goes just below the answer."""
+    out = list(nb.cells)
     moved = []
     for test_id in sorted(rec.tests, key=lambda t: src.tests[t].index):
+        where = _positions(_with_cells(nb, out))
         exercise = src.exercise_of_test(test_id)
-        if exercise in position and position[test_id] < position[exercise]:
-            cell = cells.pop(position[test_id])
-            position = {g: (p - 1 if p > position[test_id] else p) for g, p in position.items() if g != test_id}
-            cells.insert(position[exercise] + 1, cell)
-            position = {g: (p + 1 if p > position[exercise] else p) for g, p in position.items()}
-            position[test_id] = position[exercise] + 1
+        if exercise in where and where[test_id] < where[exercise]:
+            cell = out.pop(where[test_id])
+            out.insert(where[exercise], cell)  # the answer moved up by one: this is just below it
             moved.append(test_id)
+    return _with_cells(nb, out), (["moved below their answer: " + ", ".join(moved)] if moved else [])
 
-    # Missing or edited tests: insert the solution's cell after its answer, or after the previous
-    # graded cell of the solution, or at the end.
+
+def restore_missing_tests(nb: nbformat.NotebookNode, src: SourceNotebook, rec: Recognition):
+    """A missing or edited test cell is inserted from the solution: after its answer (and the tests
+    already below it), else after the previous graded cell of the solution, else at the end."""
+    out = list(nb.cells)
     restored = []
     for test in sorted(src.tests.values(), key=lambda t: t.index):
-        if test.grade_id in position:
+        where = _positions(_with_cells(nb, out))
+        if test.grade_id in where:
             continue
-        anchor = position.get(test.exercise)
+        anchor = where.get(test.exercise)
         if anchor is None:
-            earlier = [position[c.grade_id] for c in src.cells if c.index < test.index and c.grade_id in position]
-            anchor = max(earlier) if earlier else len(cells) - 1
-        # after the answer and after any test already placed right below it
+            earlier = [where[c.grade_id] for c in src.cells if c.index < test.index and c.grade_id in where]
+            anchor = max(earlier) if earlier else len(out) - 1
         at = anchor + 1
-        while at < len(cells) and (cells[at].get("metadata", {}).get("nbgrader") or {}).get("grade"):
+        while at < len(out) and cells.metadata(out[at]).get("grade"):
             at += 1
-        cells.insert(at, _code_cell(test.source, {"deletable": False, "editable": False, "nbgrader": test.metadata}))
-        position = {g: (p + 1 if p >= at else p) for g, p in position.items()}
-        position[test.grade_id] = at
+        out.insert(at, _test_cell(test))
         restored.append(test.grade_id)
+    notes = []
+    edited = [t for t in restored if t in rec.edited_tests]
+    missing = [t for t in restored if t not in rec.edited_tests]
+    if edited:
+        notes.append("edited tests restored: " + ", ".join(edited))
+    if missing:
+        notes.append("missing tests restored: " + ", ".join(missing))
+    return _with_cells(nb, out), notes
 
-    # Unique, valid cell ids (copy and paste duplicates them; Colab's may be missing).
+
+def fresh_cell_ids(nb: nbformat.NotebookNode, src: SourceNotebook, rec: Recognition):
+    """Unique, valid cell ids (copy and paste duplicates them; Colab's may be missing)."""
     seen: set[str] = set()
-    for cell in cells:
+    for cell in nb.cells:
         cid = cell.get("id")
         if not cid or cid in seen or not re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", str(cid)):
             cell["id"] = random_cell_id()
         seen.add(cell["id"])
+    return nb, []
 
+
+def note_missing_answers(nb: nbformat.NotebookNode, src: SourceNotebook, rec: Recognition):
+    """No repair: say which exercises have no answer at all (their tests will fail)."""
+    absent = [e for e in src.answers if e not in rec.answers]
+    return nb, (["no answer found for: " + ", ".join(absent)] if absent else [])
+
+
+#: The repairs, in the order they run.
+REPAIRS = [reattach_metadata, move_tests_below_answers, restore_missing_tests, fresh_cell_ids,
+           note_missing_answers]
+
+
+def _with_cells(nb: nbformat.NotebookNode, new_cells: list) -> nbformat.NotebookNode:
     out = nbformat.v4.new_notebook()
     out.metadata = copy.deepcopy(nb.metadata)
     out.nbformat, out.nbformat_minor = 4, 5
-    out.cells = cells
+    out.cells = new_cells
+    return out
 
-    if lost_meta:
-        repairs.append("metadata restored (" + ", ".join(sorted(lost_meta)) + ")")
-    if rec.duplicated:
-        repairs.append("duplicated cells ignored (" + ", ".join(sorted(rec.duplicated)) + ")")
-    if moved:
-        repairs.append("moved below their answer: " + ", ".join(moved))
-    edited = [t for t in restored if t in rec.edited_tests]
-    missing = [t for t in restored if t not in rec.edited_tests]
-    if edited:
-        repairs.append("edited tests restored: " + ", ".join(edited))
-    if missing:
-        repairs.append("missing tests restored: " + ", ".join(missing))
-    absent = [e for e in src.answers if e not in rec.answers]
-    if absent:
-        repairs.append("no answer found for: " + ", ".join(absent))
-    return out, repairs
+
+def repair(nb: nbformat.NotebookNode, src: SourceNotebook) -> tuple[nbformat.NotebookNode, list[str]]:
+    """A copy of ``nb`` with the solution's nbgrader metadata on the right cells; what was repaired.
+
+    Runs :data:`REPAIRS` in order. Returns the repaired notebook and a list of short phrases (empty
+    when nothing needed fixing). ``nb`` itself is never changed.
+    """
+    rec = recognise(nb, src)
+    notes: list[str] = []
+    for step in REPAIRS:
+        nb, more = step(nb, src, rec)
+        notes += more
+    return nb, notes
 
 
 def answer_cells(nb: nbformat.NotebookNode) -> dict[str, int]:
     """grade_id -> index of the answer cells of a repaired notebook."""
-    out = {}
-    for i, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader") or {}
-        if meta.get("solution") and meta.get("grade_id"):
-            out[meta["grade_id"]] = i
-    return out
+    return {cells.grade_id(cell): i for i, cell in enumerate(nb.cells) if cells.is_answer(cell)}

@@ -12,16 +12,20 @@ import linecache
 
 import nbformat
 
+from grader import cells as nbcells
 from grader import course
 
-
-def grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+grade_id = nbcells.grade_id
 
 
-def test_ids_for(exercise: str, grade_ids) -> list[str]:
-    """The test-cell grade ids of an exercise: ``test_<exercise>`` and ``test_<exercise>_*``."""
-    return [g for g in grade_ids if g == f"test_{exercise}" or g.startswith(f"test_{exercise}_")]
+def test_ids_for(exercise: str, grade_ids, notebook: str | None = None) -> list[str]:
+    """The test-cell grade ids of an exercise (``test_<exercise>``, ``test_<exercise>_*``), by the
+    grader's own rule (:func:`grader.cells.exercise_of_test`: the longest exercise name wins)."""
+    if notebook is not None:
+        exercises = course.EXERCISES[notebook]
+    else:
+        exercises = [e for names in course.EXERCISES.values() for e in names]
+    return nbcells.tests_of(exercise, grade_ids, exercises)
 
 
 def solution_notebook(notebook: str) -> nbformat.NotebookNode:
@@ -85,7 +89,7 @@ def check_verdict(notebook: str, exercise: str, answer_source: str) -> tuple[boo
     try:
         with contextlib.redirect_stdout(out):
             run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
-            for gid in test_ids_for(exercise, cells):
+            for gid in test_ids_for(exercise, cells, notebook):
                 run_source(visible_source(cells[gid]), namespace, f"{notebook}:{gid}:visible")
     except Exception as error:  # noqa: BLE001 - the verdict is the result
         return False, f"{type(error).__name__}: {error}"
@@ -98,7 +102,7 @@ def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> N
     base, cells = _executed(notebook)
     namespace = dict(base)
     run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
-    tests = test_ids_for(exercise, cells)
+    tests = test_ids_for(exercise, cells, notebook)
     if not tests:
         raise LookupError(f"{notebook}: no test cells for exercise {exercise!r}")
     for gid in tests:

@@ -78,3 +78,68 @@ def test_rule_violations_zero_only_the_affected_tests():
     src = intake.load_source(cases.NB)
     zero, findings = check_rules(intake.repair(cases.filled(dot=cases.DOT_LIBRARY), src)[0], src)
     assert set(zero) == {"test_dot"} and "torch.dot" in findings[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Each repair on its own (intake.REPAIRS runs them in order).
+
+
+def _step(step, nb):
+    src = intake.load_source(cases.NB)
+    return step(nb, src, intake.recognise(nb, src))
+
+
+def test_reattach_metadata_puts_it_on_recognised_cells_only():
+    nb = cases.strip_metadata(cases.filled())
+    nb.cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade_id": "dot", "solution": True}}))
+    out, notes = _step(intake.reattach_metadata, nb)
+    src = intake.load_source(cases.NB)
+    assert _graded_ids(out) == [c.grade_id for c in src.cells], "one cell per grade id, the stray copy is plain"
+    assert notes and notes[0].startswith("metadata restored (")
+    assert nb.cells[-1].metadata["nbgrader"]["grade_id"] == "dot", "the input notebook is not changed"
+
+
+def test_move_tests_below_answers_moves_only_misplaced_tests():
+    nb, _ = intake.repair(cases.filled(), intake.load_source(cases.NB))
+    ids = _graded_ids(nb)
+    answer, test = ids.index("dot"), ids.index("test_dot")
+    cells = list(nb.cells)
+    graded = [i for i, c in enumerate(cells) if c.metadata.get("nbgrader")]
+    a, t = graded[answer], graded[test]
+    cells.insert(a, cells.pop(t))  # the test now sits just above its answer
+    nb.cells = cells
+    out, notes = _step(intake.move_tests_below_answers, nb)
+    assert notes == ["moved below their answer: test_dot"]
+    assert _graded_ids(out) == ids
+
+
+def test_restore_missing_tests_puts_each_after_its_answer():
+    nb, _ = intake.repair(cases.filled(), intake.load_source(cases.NB))
+    ids = _graded_ids(nb)
+    nb.cells = [c for c in nb.cells if (c.metadata.get("nbgrader") or {}).get("grade_id") != "test_dot"]
+    out, notes = _step(intake.restore_missing_tests, nb)
+    assert notes == ["missing tests restored: test_dot"]
+    assert _graded_ids(out) == ids
+
+
+def test_fresh_cell_ids_makes_them_unique_and_valid():
+    nb = cases.filled()
+    nb.cells[1]["id"] = nb.cells[0]["id"]
+    nb.cells[2]["id"] = "not valid!"
+    out, notes = _step(intake.fresh_cell_ids, nb)
+    ids = [c["id"] for c in out.cells]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", i) for i in ids)
+    assert notes == []
+
+
+def test_note_missing_answers_names_them():
+    nb = cases.filled()
+    nb.cells = [c for c in nb.cells if "def dot(" not in c.source]
+    _, notes = _step(intake.note_missing_answers, nb)
+    assert notes == ["no answer found for: dot"]
+
+
+def test_repairs_run_in_the_listed_order():
+    assert [s.__name__ for s in intake.REPAIRS] == [
+        "reattach_metadata", "move_tests_below_answers", "restore_missing_tests", "fresh_cell_ids",
+        "note_missing_answers"]
