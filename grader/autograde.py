@@ -12,17 +12,25 @@ Layout out:
   ``DIR/nbgrader/``    one nbgrader course folder: ``gradebook.db`` (every student), ``submitted/``
                        (the repaired copies) and ``autograded/``, usable with nbgrader's formgrader
 
-How (see also :mod:`grader.intake`, :mod:`grader.sandbox`, :mod:`grader.execute`):
+How: :func:`autograde` is four steps (see also :mod:`grader.intake`, :mod:`grader.sandbox`,
+:mod:`grader.execute`, and :mod:`grader.config` for every default):
 
-1. Intake, in this process: every file is read defensively and matched to a course notebook by
-   name, else by content; a copy is repaired (nbgrader metadata rebuilt, tests restored) and its
-   answer cells are checked against :mod:`course_utils.rules`. The originals are never written.
-2. Grading, in ``workers`` processes, one student at a time per process: a private nbgrader
+1. :func:`take_in`, in this process: every file is read defensively and matched to a course
+   notebook by name, else by content; a copy is repaired (``intake.REPAIRS``) and its answer cells
+   are checked against :mod:`course_utils.rules`. Of several files of one student for one notebook,
+   the newest is taken. The originals are never written. ``--shard K/N`` keeps one share of the
+   students (:func:`shard_of`, a stable hash of the student id).
+2. :func:`grade`, in ``workers`` processes, one student at a time per process: a private nbgrader
    course folder per student (so no two processes write one SQLite file), nbgrader's own
    ``autograde`` with the kernel sandboxed and time- and memory-limited.
-3. Merge, in this process: each student's grades are written into ``DIR/nbgrader/gradebook.db``
-   and the CSVs. A rule broken in an answer sets that exercise's tests to 0 through nbgrader's
-   manual-score override, with the reason as the grader's comment.
+3. :func:`merge_into_gradebook`, in this process: each student's grades go into the course
+   gradebook (SQLite in ``DIR/nbgrader``, or ``--db-url``). A rule broken in an answer sets that
+   exercise's tests to 0 through nbgrader's manual-score override, with the reason as the
+   grader's comment.
+4. :func:`write_outputs`: the CSVs, ``results.json``, copy detection and the reports.
+
+:func:`merge` (``python -m grader merge``) puts the outputs of sharded runs back together into
+exactly what one unsharded run writes.
 
 Every run rebuilds ``DIR`` from the submissions as they are now, so re-running gives the same
 grades and a newer file from a student replaces the earlier grade.
@@ -32,34 +40,30 @@ from __future__ import annotations
 
 import ast
 import csv
+import hashlib
 import json
 import multiprocessing
 import os
 import shutil
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from traitlets.config import Config
 
 from course_utils import rules
+from grader import cells as nbcells
 from grader import course, intake, similarity
-from grader.config import make_api
+from grader.config import SETTINGS, Settings, gradebook_url, make_api, safe_name
 from grader.intake import IntakeError, Submission
 
 GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file"]
 CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score", "passed", "message"]
 SIMILARITY_COLUMNS = ["notebook", "exercise", "student_a", "student_b", "similarity", "matched_tokens"]
-COURSE_ID = "attention-course"
-
-#: Defaults for the limits; the CLI exposes them.
-CELL_TIMEOUT = 60
-NOTEBOOK_TIMEOUT = 600
-MEMORY = 4 * 1024**3
 
 SANDBOX_REFUSAL = """
 ==============================================================================
@@ -128,14 +132,6 @@ class Job:
     answers: dict[str, str]
 
 
-@dataclass
-class Settings:
-    sandbox: bool = True
-    cell_timeout: int = CELL_TIMEOUT
-    notebook_timeout: int = NOTEBOOK_TIMEOUT
-    memory: int = MEMORY
-
-
 # ---------------------------------------------------------------------------------------------
 # nbgrader set-up
 
@@ -147,7 +143,7 @@ def autograde_config(settings: Settings | None = None) -> Config:
 
     from grader.preprocessors import RestoreImports, StderrIsNotFailure
 
-    settings = settings or Settings()
+    settings = settings or SETTINGS
     config = Config()
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     execute_index = next(i for i, step in enumerate(steps) if step.__name__ == "Execute")
@@ -159,7 +155,7 @@ def autograde_config(settings: Settings | None = None) -> Config:
     config.RobustExecute.kernel_manager_class = "grader.sandbox.SandboxedKernelManager"
     config.RobustExecute.timeout = settings.cell_timeout
     config.RobustExecute.notebook_timeout = settings.notebook_timeout
-    config.RobustExecute.startup_timeout = 120
+    config.RobustExecute.startup_timeout = settings.startup_timeout
     config.SandboxedKernelManager.sandbox = settings.sandbox
     config.SandboxedKernelManager.memory_limit = settings.memory
     return config
@@ -243,8 +239,7 @@ def _unanswered(code: str) -> bool:
 def _course_cells(src_name: str) -> set[str]:
     """Normalised text of the solution notebook's ungraded code cells (the course's own cells)."""
     nb = nbformat.read(course.solutions_dir() / f"{src_name}.ipynb", as_version=4)
-    return {intake.normalise(c.source) for c in nb.cells
-            if c.cell_type == "code" and not c.get("metadata", {}).get("nbgrader")}
+    return {intake.normalise(c.source) for c in nb.cells if c.cell_type == "code" and not nbcells.metadata(c)}
 
 
 def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[dict[str, str], list[str]]:
@@ -259,19 +254,14 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
     course_cells = _course_cells(src.name)
     zero: dict[str, str] = {}
     findings: list[str] = []
-    test_positions = {}
-    for i, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader") or {}
-        if meta.get("grade") and not meta.get("solution"):
-            test_positions[meta["grade_id"]] = i
+    test_positions = {nbcells.grade_id(cell): i for i, cell in enumerate(nb.cells) if nbcells.is_test(cell)}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
-        meta = cell.get("metadata", {}).get("nbgrader") or {}
-        gid = meta.get("grade_id")
-        if meta.get("grade") and not meta.get("solution"):
+        gid = nbcells.grade_id(cell)
+        if nbcells.is_test(cell):
             continue  # the course's own test cell
-        if meta.get("solution") and gid in src.answers:
+        if nbcells.is_answer(cell) and gid in src.answers:
             own, rest = _def_source(cell.source, gid)
             found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid)]
             found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] if rest.strip() else []
@@ -303,7 +293,7 @@ def _visible_tests(src: intake.SourceNotebook) -> dict[str, str]:
     return {gid: intake.strip_hidden(t.source).rstrip() for gid, t in src.tests.items()}
 
 
-def take_in(sub: Submission, index: int, submissions: Path, names: list[str]) -> Job | Result:
+def take_in_one(sub: Submission, index: int, submissions: Path, names: list[str]) -> Job | Result:
     """Read, recognise and repair one submission: a :class:`Job` to grade, or a final row."""
     file = str(sub.path.relative_to(submissions))
     notes = list(sub.notes)
@@ -329,7 +319,7 @@ def take_in(sub: Submission, index: int, submissions: Path, names: list[str]) ->
     if notebook is None:
         guess, score = intake.recognise_any(nb, names)
         if guess is None or score < 2:
-            ids = sorted({(c.get("metadata", {}).get("nbgrader") or {}).get("grade_id") for c in nb.cells} - {None})
+            ids = sorted({nbcells.grade_id(c) for c in nb.cells} - {None})
             if ids:
                 return row("another course's notebook: unknown file name and nbgrader ids "
                            + ", ".join(ids[:5]))
@@ -357,7 +347,7 @@ def _messages(nb: nbformat.NotebookNode) -> dict[str, str]:
     """Test grade_id -> what its check said (error name and message, or its printed lines)."""
     out = {}
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        meta = nbcells.metadata(cell)
         if not (meta.get("grade") and meta.get("grade_id")):
             continue
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
@@ -371,7 +361,7 @@ def _messages(nb: nbformat.NotebookNode) -> dict[str, str]:
 
 
 def _read_grades(root: Path, notebook: str, student: str) -> list[CellResult] | None:
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+    with Gradebook(gradebook_url(root), SETTINGS.course_id) as gb:
         try:
             nb = gb.find_submission_notebook(notebook, notebook, student)
         except MissingEntry:
@@ -386,7 +376,7 @@ def _read_grades(root: Path, notebook: str, student: str) -> list[CellResult] | 
 
 def _apply_zero(root: Path, notebook: str, student: str, zero: dict[str, str]) -> None:
     """nbgrader's manual override: 0 for each test in ``zero``, the reason as a comment."""
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+    with Gradebook(gradebook_url(root), SETTINGS.course_id) as gb:
         nb = gb.find_submission_notebook(notebook, notebook, student)
         for grade in nb.grades:
             if grade.name in zero:
@@ -436,28 +426,61 @@ def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -
                 _apply_zero(root, job.notebook, job.student_id, job.zero)
                 cells = _read_grades(root, job.notebook, job.student_id) or cells
             graded = root / "autograded" / job.student_id / job.notebook / f"{job.notebook}.ipynb"
-            messages = _messages(nbformat.read(graded, as_version=4)) if graded.exists() else {}
+            graded_nb = nbformat.read(graded, as_version=4) if graded.exists() else None
+            messages = _messages(graded_nb) if graded_nb is not None else {}
             for c in cells:
                 c.message = messages.get(c.grade_id, "")
                 if c.grade_id in job.zero:
                     c.comment = job.zero[c.grade_id]
             status_parts.append("ok")
+            events = limit_events(graded_nb) if graded_nb is not None else []
         if job.repairs:
             status_parts.append("repaired: " + ", ".join(job.repairs))
         if job.violations:
             status_parts.append("rule broken: " + " | ".join(job.violations))
-        kernel_notes = sorted({c.message.split(":")[0] for c in cells
-                               if c.message.startswith(("KernelDied", "CellTimeoutError", "NotebookTimeLimit"))})
-        if any(("MemoryError" in c.message or "can't allocate memory" in c.message
-                or "DefaultCPUAllocator" in c.message) for c in cells):
-            kernel_notes.append("memory limit")
-        if kernel_notes:
-            status_parts.append("limits hit: " + ", ".join(kernel_notes))
+        if ok and events:
+            status_parts.append("limits hit: " + ", ".join(events))
         status_parts += job.notes
         score = float(sum(c.score for c in cells))
         results.append(Result(job.student_id, job.notebook, score, src.max_score, "; ".join(status_parts),
                               job.file, cells, job.repairs, job.violations, _visible_tests(src), job.answers))
     return results
+
+
+def _where(cell, index: int) -> str:
+    gid = nbcells.grade_id(cell)
+    if nbcells.is_answer(cell):
+        return f"answer {gid} (cell {index + 1})"
+    if nbcells.is_test(cell):
+        return f"{gid} (cell {index + 1})"
+    return f"cell {index + 1}"
+
+
+def limit_events(nb: nbformat.NotebookNode) -> list[str]:
+    """Every cell of a graded notebook that a limit or an exit stopped, wherever it is: an answer
+    cell that hangs at its top level costs the tests below it as surely as a test that hangs.
+
+    ``"CellTimeoutError in answer dot (cell 5)"``, ``"KernelDied in test_dot (cell 6)"``,
+    ``"memory limit in cell 3"``, ``"SystemExit in cell 9"``, ``"NotebookTimeLimit from cell 12 on"``.
+    """
+    from grader.execute import CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT
+
+    found: list[str] = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "error":
+                continue
+            name, text = out.get("ename", ""), f"{out.get('ename', '')} {out.get('evalue', '')}"
+            if name == NOTEBOOK_TIMEOUT:
+                found.append(f"{NOTEBOOK_TIMEOUT} from {_where(cell, index)} on")
+                return found
+            if name in (CELL_TIMEOUT, KERNEL_DIED, "SystemExit"):
+                found.append(f"{name} in {_where(cell, index)}")
+            elif "MemoryError" in text or "can't allocate memory" in text or "DefaultCPUAllocator" in text:
+                found.append(f"memory limit in {_where(cell, index)}")
+    return list(dict.fromkeys(found))
 
 
 def _last_error_line(result: dict) -> str:
@@ -469,12 +492,18 @@ def _last_error_line(result: dict) -> str:
 # 3. Merge and write
 
 
-def merge_into_gradebook(root: Path, work_root: Path, results: list[Result]) -> None:
-    """Write each graded notebook's scores into the course gradebook and copy its files in."""
+def merge_into_gradebook(root: Path, results: list[Result], files_root: Callable[[Result], Path],
+                         db_url: str | None = None) -> None:
+    """Write each graded notebook's scores into the course gradebook and copy its files in.
+
+    ``files_root(result)`` is the nbgrader course folder that holds that result's ``submitted/``
+    and ``autograded/`` files (a worker's private folder, or a shard's output). ``db_url``: the
+    gradebook's address (default: SQLite in ``root``).
+    """
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not in session.*")  # nbgrader's own SQLAlchemy noise
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+    with Gradebook(gradebook_url(root, db_url), SETTINGS.course_id) as gb:
         for r in results:
             if not r.cells or r.status.startswith("grading failed"):
                 continue
@@ -488,13 +517,15 @@ def merge_into_gradebook(root: Path, work_root: Path, results: list[Result]) -> 
                     grade.auto_score = c.auto_score
                     grade.manual_score = c.manual_score
                     grade.needs_manual_grade = False
+            exercises = list(intake.load_source(r.notebook).answers)
             for comment in nb.comments:
-                reasons = [c.comment for c in r.cells if c.comment and c.grade_id.startswith(f"test_{comment.name}")]
+                reasons = [c.comment for c in r.cells
+                           if c.comment and nbcells.exercise_of_test(c.grade_id, exercises) == comment.name]
                 if reasons:
                     comment.manual_comment = reasons[0]
             gb.db.commit()
             for part in ("submitted", "autograded"):
-                src = work_root / r.student_id / part / r.student_id / r.notebook
+                src = files_root(r) / part / r.student_id / r.notebook
                 if src.exists():
                     shutil.copytree(src, root / part / r.student_id / r.notebook, dirs_exist_ok=True)
 
@@ -568,19 +599,15 @@ def write_reports(out: Path, results: list[Result], similar: list[similarity.Pai
             lines += [f"| {p.notebook} | {p.exercise} | {p.student_b if p.student_a == student else p.student_a} "
                       f"| {p.similarity:.2f} | {p.matched_tokens} |" for p in mine]
             lines.append("")
-        (folder / f"{_safe(student)}.md").write_text("\n".join(lines), encoding="utf-8")
-
-
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
+        (folder / f"{safe_name(student)}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------
-# The command
+# The command: take_in -> grade -> merge -> write_outputs
 
 
 def sandbox_settings(allow_unsandboxed: bool) -> tuple[bool, str]:
-    """(use the sandbox, message); raises SystemExit-worthy ``RuntimeError`` when refused."""
+    """(use the sandbox, message); raises ``PermissionError`` when refused."""
     from grader.sandbox import check_bwrap
 
     ok, why = check_bwrap()
@@ -589,6 +616,33 @@ def sandbox_settings(allow_unsandboxed: bool) -> tuple[bool, str]:
     if not allow_unsandboxed:
         raise PermissionError(SANDBOX_REFUSAL.format(why=why))
     return False, UNSANDBOXED_WARNING.format(why=why)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)``: the K-th of N shares, counted from 0 (a Slurm array index or a
+    Kubernetes completion index as it comes)."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: write K/N, e.g. 0/4 (the first of four shares)") from None
+    if n < 1 or not 0 <= k < n:
+        raise ValueError(f"--shard {text!r}: K must be 0 to N-1 and N at least 1 (K counts from 0)")
+    return k, n
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The share a student belongs to: a stable hash of the student id (the same on every machine
+    and every run, so a re-run or a late submission lands in the same shard)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % shards
+
+
+def _shard_key(sub: Submission, submissions: Path) -> str:
+    # A file outside any student folder has no student id: its path places it instead.
+    return sub.student_id or str(sub.path.relative_to(submissions))
+
+
+def _mtime(path: Path) -> tuple[float, str]:
+    return path.stat().st_mtime, str(path)
 
 
 def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_root: Path,
@@ -617,55 +671,50 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
     return sorted(broken)
 
 
-def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
-              cell_timeout: int = CELL_TIMEOUT, notebook_timeout: int = NOTEBOOK_TIMEOUT,
-              memory: int = MEMORY, progress: bool = True,
-              similarity_max_share: int = similarity.MAX_SHARE) -> int:
-    """Grade every submission; write the CSVs, reports and gradebook. Returns the exit code:
-    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise.
-    ``similarity_max_share``: copy detection ignores code found in more students' answers than this."""
-    submissions, out = Path(submissions).resolve(), Path(out).resolve()
-    try:
-        sandbox, message = sandbox_settings(allow_unsandboxed)
-    except PermissionError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if not sandbox:
-        print(message, file=sys.stderr)
-    if out == submissions or submissions in out.parents:
-        print("--out must not be inside the submissions folder", file=sys.stderr)
-        return 2
-    settings = Settings(sandbox, cell_timeout, notebook_timeout, memory)
-    names = course.available_notebooks()
-    names = [n for n in names if (course.solutions_dir() / f"{n}.ipynb").exists()]
+def take_in(submissions: Path, names: list[str], shard: tuple[int, int] | None = None) -> tuple[list[Job | Result], int]:
+    """Every file of the class (or of one shard), read, recognised and repaired: a :class:`Job` to
+    grade or a final row each, and the number of files seen.
 
+    The one place of the newest-file rule: where a student sent several files that are the same
+    course notebook (by name, or recognised by content), the newest (modification time) is taken
+    and the others are named in its status.
+    """
     subs = intake.discover(submissions)
-    taken = [take_in(sub, i, submissions, names) for i, sub in enumerate(subs)]
-    # A notebook recognised by content for a student who also sent it under its own name: keep one.
-    seen: dict[tuple[str, str], int] = {}
+    if shard is not None:
+        subs = [s for s in subs if shard_of(_shard_key(s, submissions), shard[1]) == shard[0]]
+    taken = [take_in_one(sub, i, submissions, names) for i, sub in enumerate(subs)]
+    groups: dict[tuple[str, str], list[int]] = {}
     for i, t in enumerate(taken):
-        if isinstance(t, Job):
-            key = (t.student_id, t.notebook)
-            if key in seen:
-                older = seen[key]
-                drop, keep = sorted([older, i], key=lambda k: subs[k].path.stat().st_mtime)
-                d = taken[drop]
-                taken[drop] = Result(d.student_id, subs[drop].path.name, 0.0, 0.0,
-                                     f"not graded: a newer file of this student for {d.notebook} was graded",
-                                     d.file)
-                seen[key] = keep
-            else:
-                seen[key] = i
-    jobs = [t for t in taken if isinstance(t, Job)]
+        if t.student_id and t.notebook in names:
+            groups.setdefault((t.student_id, t.notebook), []).append(i)
+    dropped: set[int] = set()
+    for indices in groups.values():
+        if len(indices) < 2:
+            continue
+        indices.sort(key=lambda i: _mtime(subs[i].path))
+        newest, older = indices[-1], indices[:-1]
+        student_dir = submissions / taken[newest].student_id
+        note = (f"newest of {len(indices)} files graded (ignored: "
+                + ", ".join(str(subs[i].path.relative_to(student_dir)) for i in older) + ")")
+        kept = taken[newest]
+        if isinstance(kept, Job):
+            kept.notes.append(note)
+        else:
+            kept.status = "; ".join([kept.status, note])
+        dropped.update(older)
+    return [t for i, t in enumerate(taken) if i not in dropped], len(subs)
 
-    out.mkdir(parents=True, exist_ok=True)
+
+def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress: bool) -> tuple[dict[int, Result], Path]:
+    """Grade every job in ``workers`` processes, one student at a time per process, each in a
+    private nbgrader course folder under ``out/work``. A worker that dies (it should not: student
+    code runs in the kernel, not in the worker) breaks the whole pool; its students are then graded
+    again one at a time, each in a fresh pool. Returns the rows by job and the work folder."""
     root = out / "nbgrader"
-    notebooks = sorted({j.notebook for j in jobs})
-    prepare_course(root, notebooks, settings)
+    prepare_course(root, sorted({j.notebook for j in jobs}), settings)
     shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
     work_root = out / "work"
     shutil.rmtree(work_root, ignore_errors=True)
-
     per_student: dict[str, list[Job]] = {}
     for job in jobs:
         per_student.setdefault(job.student_id, []).append(job)
@@ -682,23 +731,19 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         if bar is not None:
             bar.update(len(js))
 
-    # A worker that dies (it should not: student code runs in the kernel, not in the worker) breaks
-    # the whole pool; its students are then graded again one at a time, each in a fresh pool.
-    retry = _run_pool(per_student, workers, root, work_root, settings, record)
-    for sid in retry:
-        again = _run_pool({sid: per_student[sid]}, 1, root, work_root, settings, record)
-        for sid2 in again:
+    for sid in _run_pool(per_student, workers, root, work_root, settings, record):
+        for sid2 in _run_pool({sid: per_student[sid]}, 1, root, work_root, settings, record):
             js = per_student[sid2]
             record(js, [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
                                "grading failed: the grading process crashed twice", j.file) for j in js])
     if bar is not None:
         bar.close()
+    return graded, work_root
 
-    results = [graded.get(i) or t for i, t in enumerate(taken) if isinstance(t, Result) or i in graded]
+
+def write_outputs(out: Path, results: list[Result], similarity_max_share: int = similarity.MAX_SHARE) -> None:
+    """The CSVs, ``results.json``, copy detection and the reports, from the final rows."""
     results.sort(key=lambda r: (r.student_id, r.notebook, r.file))
-    merge_into_gradebook(root, work_root, results)
-    (root / "gradebook.template.db").unlink(missing_ok=True)
-    shutil.rmtree(work_root, ignore_errors=True)
     write_csvs(out, results)
     write_results(out, results)
     # Copy detection, after the grades are written: its own file and the reports only, never
@@ -710,7 +755,112 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         similar = []
         print(f"copy detection failed ({type(exc).__name__}: {exc}); similarity.csv was not written", file=sys.stderr)
     write_reports(out, results, similar)
+
+
+def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
+              cell_timeout: int | None = None, notebook_timeout: int | None = None,
+              memory: int | None = None, progress: bool = True,
+              similarity_max_share: int = similarity.MAX_SHARE, shard: tuple[int, int] | None = None,
+              db_url: str | None = None) -> int:
+    """Grade every submission (or one shard's: ``shard=(K, N)``); write the CSVs, reports and
+    gradebook. Limits not given come from :data:`grader.config.SETTINGS`. Returns the exit code:
+    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise.
+    ``similarity_max_share``: copy detection ignores code found in more students' answers than this.
+    ``db_url``: where the merged gradebook lives (default: SQLite in ``out/nbgrader``)."""
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    try:
+        sandbox, message = sandbox_settings(allow_unsandboxed)
+    except PermissionError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not sandbox:
+        print(message, file=sys.stderr)
+    if out == submissions or submissions in out.parents:
+        print("--out must not be inside the submissions folder", file=sys.stderr)
+        return 2
+    settings = SETTINGS.with_(sandbox=sandbox, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
+                              memory=memory, db_url=db_url)
+    names = [n for n in course.available_notebooks() if (course.solutions_dir() / f"{n}.ipynb").exists()]
+
+    taken, _ = take_in(submissions, names, shard)
+    jobs = [t for t in taken if isinstance(t, Job)]
+    out.mkdir(parents=True, exist_ok=True)
+    graded, work_root = grade(jobs, out, settings, workers, progress)
+    results = [graded.get(t.sub_index) if isinstance(t, Job) else t for t in taken]
+    lost = sum(1 for r in results if r is None)
+    results = [r for r in results if r is not None]
+
+    root = out / "nbgrader"
+    if settings.db_url:
+        register_assignments(root, sorted({j.notebook for j in jobs}), settings.db_url)
+    merge_into_gradebook(root, results, lambda r: work_root / r.student_id, settings.db_url)
+    (root / "gradebook.template.db").unlink(missing_ok=True)
+    shutil.rmtree(work_root, ignore_errors=True)
+    write_outputs(out, results, similarity_max_share)
     ok = sum(1 for r in results if r.status.startswith("ok"))
-    print(f"graded {ok} of {len(results)} submitted files ({'sandboxed' if sandbox else 'UNSANDBOXED'}); "
+    where = f" (shard {shard[0]}/{shard[1]})" if shard else ""
+    print(f"graded {ok} of {len(results)} submitted files{where} ({'sandboxed' if sandbox else 'UNSANDBOXED'}); "
           f"see {out / 'grades.csv'} and {out / 'reports'}", file=sys.stderr)
-    return 0 if len(results) == len(subs) else 1
+    return 0 if not lost else 1
+
+
+def register_assignments(root: Path, notebooks: list[str], db_url: str) -> None:
+    """Make the gradebook at ``db_url`` know the course's assignments (their cells and points),
+    from the sources already in ``root/source``."""
+    api = make_api(root, db_url=db_url)
+    for name in notebooks:
+        result = api.generate_assignment(name, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader could not register {name} in {db_url}:\n{result.get('error') or result.get('log')}")
+    shutil.rmtree(root / "release", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Putting shards back together
+
+
+def read_results(out: Path) -> list[Result]:
+    """The rows an autograde run wrote to ``out/results.json``."""
+    rows = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    results = []
+    for row in rows:
+        cells = [CellResult(**{k: v for k, v in c.items() if k != "passed"}) for c in row.pop("cells")]
+        results.append(Result(**row, cells=cells))
+    return results
+
+
+def merge(shard_dirs: list[Path], out: Path, similarity_max_share: int = similarity.MAX_SHARE,
+          db_url: str | None = None) -> int:
+    """Combine the ``--out`` folders of sharded runs into ``out``: the CSVs, ``results.json``,
+    reports, copy detection (over the whole class) and one gradebook with every student's
+    submitted and autograded files: what one unsharded run writes. Returns the exit code."""
+    out = Path(out).resolve()
+    shard_dirs = [Path(d).resolve() for d in shard_dirs]
+    missing = [str(d) for d in shard_dirs if not (d / "results.json").exists()]
+    if missing:
+        print("not the output of `python -m grader autograde` (no results.json): " + ", ".join(missing), file=sys.stderr)
+        return 2
+    if out in shard_dirs:
+        print("--out must be a new folder, not one of the shards", file=sys.stderr)
+        return 2
+    results: list[Result] = []
+    home: dict[tuple[str, str, str], Path] = {}
+    for d in shard_dirs:
+        for r in read_results(d):
+            key = (r.student_id, r.notebook, r.file)
+            if key in home:
+                print(f"{r.student_id}/{r.file} is in two shards ({home[key].name}, {d.name}): "
+                      "were they cut with the same N?", file=sys.stderr)
+                return 1
+            home[key] = d / "nbgrader"
+            results.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    root = out / "nbgrader"
+    notebooks = sorted({r.notebook for r in results if r.cells and not r.status.startswith("grading failed")})
+    prepare_course(root, notebooks)
+    if db_url:
+        register_assignments(root, notebooks, db_url)
+    merge_into_gradebook(root, results, lambda r: home[(r.student_id, r.notebook, r.file)], db_url)
+    write_outputs(out, results, similarity_max_share)
+    print(f"merged {len(shard_dirs)} shards: {len(results)} rows; see {out / 'grades.csv'}", file=sys.stderr)
+    return 0

@@ -1,4 +1,4 @@
-"""Command line: ``python -m grader {build,record,release,check-release,autograde,feedback}``."""
+"""Command line: ``python -m grader {build,record,release,check-release,autograde,merge,feedback}``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from grader import course
+from grader.config import SETTINGS
 
 
 def _names(args: argparse.Namespace) -> list[str] | None:
@@ -83,12 +84,24 @@ def cmd_check_release(args: argparse.Namespace) -> int:
 
 
 def cmd_autograde(args: argparse.Namespace) -> int:
-    from grader.autograde import autograde
+    from grader.autograde import autograde, parse_shard
 
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return autograde(Path(args.submissions), Path(args.out), workers=args.workers,
                      allow_unsandboxed=args.allow_unsandboxed, cell_timeout=args.cell_timeout,
                      notebook_timeout=args.notebook_timeout, memory=int(args.memory_gb * 1024**3),
-                     similarity_max_share=args.similarity_max_share)
+                     similarity_max_share=args.similarity_max_share, shard=shard, db_url=args.db_url)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from grader.autograde import merge
+
+    return merge([Path(d) for d in args.shards], Path(args.out), similarity_max_share=args.similarity_max_share,
+                 db_url=args.db_url)
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
@@ -97,6 +110,17 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     written = feedback(Path(args.out))
     print(f"wrote {len(written)} feedback pages under {Path(args.out) / 'feedback'}")
     return 0
+
+
+def similarity_and_db(p: argparse.ArgumentParser) -> None:
+    """Options that ``autograde`` and ``merge`` share."""
+    from grader.similarity import MAX_SHARE
+
+    p.add_argument("--similarity-max-share", type=int, default=MAX_SHARE, metavar="N",
+                   help="copy detection (similarity.csv, instructor only) ignores code found in more than N "
+                        f"students' answers to an exercise, as MOSS does (default {MAX_SHARE})")
+    p.add_argument("--db-url", help="the merged gradebook's database, e.g. postgresql://host/dbname, so several "
+                                    "graders can use formgrader at once (default: SQLite in DIR/nbgrader)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,13 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="students graded in parallel (processes)")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="grade without the bubblewrap sandbox where it cannot run (student code gets your rights)")
-    p.add_argument("--cell-timeout", type=int, default=60, help="seconds per cell before it is interrupted")
-    p.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook in all")
-    p.add_argument("--memory-gb", type=float, default=4.0, help="memory (address space) per student kernel, GiB")
-    p.add_argument("--similarity-max-share", type=int, default=10, metavar="N",
-                   help="copy detection (similarity.csv, instructor only) ignores code found in more than N "
-                        "students' answers to an exercise, as MOSS does (default 10)")
+    p.add_argument("--cell-timeout", type=int, default=SETTINGS.cell_timeout,
+                   help=f"seconds per cell before it is interrupted (default {SETTINGS.cell_timeout})")
+    p.add_argument("--notebook-timeout", type=int, default=SETTINGS.notebook_timeout,
+                   help=f"seconds per notebook in all (default {SETTINGS.notebook_timeout})")
+    p.add_argument("--memory-gb", type=float, default=SETTINGS.memory / 1024**3,
+                   help=f"memory (address space) per student kernel, GiB (default {SETTINGS.memory / 1024**3:g})")
+    p.add_argument("--shard", metavar="K/N",
+                   help="grade only the K-th of N shares of the students (K from 0 to N-1; a stable hash of the "
+                        "student id decides), e.g. $SLURM_ARRAY_TASK_ID/8 or $JOB_COMPLETION_INDEX/8; "
+                        "put the shards together with `python -m grader merge`")
+    similarity_and_db(p)
     p.set_defaults(func=cmd_autograde)
+
+    p = sub.add_parser("merge", help="combine the --out folders of sharded autograde runs into DIR, exactly "
+                                     "as one unsharded run writes it")
+    p.add_argument("shards", nargs="+", help="the --out folders of the shards")
+    p.add_argument("--out", required=True, help="output folder (new)")
+    similarity_and_db(p)
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("feedback", help="DIR/feedback/<student>/<notebook>.html from an autograde run "
                                         "(per test: pass/fail and the check's message; hidden tests' code is never shown)")

@@ -1,9 +1,15 @@
-"""Build nbgrader's API objects on a course folder, with the course's configuration."""
+"""The grader's settings, in one frozen object, and nbgrader's API objects built from them.
+
+Every default lives in :data:`SETTINGS`: the command line's defaults, ``nbgrader_config.py`` (the
+file an instructor also uses with nbgrader by hand), the sandbox and the executor all read it.
+One course id, one gradebook address (:func:`gradebook_url`), one way to make a file name safe.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nbgrader.apps import NbGraderAPI
@@ -13,19 +19,53 @@ from traitlets.config.loader import PyFileConfigLoader
 CONFIG_FILE = Path(__file__).with_name("nbgrader_config.py")
 
 
-def load_config(root: Path) -> Config:
+@dataclass(frozen=True)
+class Settings:
+    """How a class is graded. ``SETTINGS`` holds the defaults; ``replace(SETTINGS, ...)`` changes one."""
+
+    course_id: str = "attention-course"
+    sandbox: bool = True  # run student kernels in bubblewrap
+    cell_timeout: int = 60  # seconds a cell may run before it is interrupted
+    notebook_timeout: int = 600  # seconds for a whole notebook
+    startup_timeout: int = 120  # seconds a kernel may take to start
+    memory: int = 4 * 1024**3  # address-space cap of a student kernel, bytes (0: none)
+    max_output_lines: int = 200  # outputs kept per cell in the graded notebook
+    max_traceback: int = 40  # traceback lines kept per error
+    db_url: str | None = None  # the merged gradebook (default: SQLite in the output folder)
+
+    def with_(self, **changes) -> "Settings":
+        """A copy with ``changes`` (``None`` values are ignored, so CLI options pass through)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+#: The defaults, used wherever a setting is not given.
+SETTINGS = Settings()
+
+
+def gradebook_url(root: Path, db_url: str | None = None) -> str:
+    """The address of a course folder's gradebook: ``db_url`` if given (e.g. PostgreSQL), else
+    ``sqlite:///<root>/gradebook.db``."""
+    return db_url or f"sqlite:///{Path(root) / 'gradebook.db'}"
+
+
+def safe_name(name: str) -> str:
+    """``name`` as a file name: letters, digits, ``-_.`` kept, everything else ``_``."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
+
+
+def load_config(root: Path, db_url: str | None = None) -> Config:
     """The course's nbgrader config with ``CourseDirectory.root`` set to ``root``."""
     config = PyFileConfigLoader(CONFIG_FILE.name, path=str(CONFIG_FILE.parent)).load_config()
     config.CourseDirectory.root = str(root)
-    config.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
+    config.CourseDirectory.db_url = gradebook_url(root, db_url)
     return config
 
 
-def make_api(root: Path, extra: Config | None = None) -> NbGraderAPI:
+def make_api(root: Path, extra: Config | None = None, db_url: str | None = None) -> NbGraderAPI:
     """An ``NbGraderAPI`` working in the nbgrader course folder ``root`` (created if missing)."""
     root.mkdir(parents=True, exist_ok=True)
     ensure_venv_on_path()
-    config = load_config(root)
+    config = load_config(root, db_url)
     if extra is not None:
         config.merge(extra)
     return NbGraderAPI(config=config)

@@ -17,6 +17,7 @@ import json
 import shutil
 from pathlib import Path
 
+from grader.config import safe_name
 from grader.intake import strip_hidden
 
 STYLE = """
@@ -27,10 +28,6 @@ h1{font-size:1.4rem} .score{font-size:1.2rem;font-weight:bold}
 pre{background:#f6f6f6;padding:.5rem;overflow-x:auto;white-space:pre-wrap}
 .note{color:#555}
 """
-
-
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
 
 
 def render(row: dict) -> str:
@@ -75,7 +72,7 @@ def feedback(out: Path) -> list[Path]:
     for row in rows:
         if not row.get("student_id") or not row.get("cells"):
             continue
-        path = folder / _safe(row["student_id"]) / f"{_safe(row['notebook'])}.html"
+        path = folder / safe_name(row["student_id"]) / f"{safe_name(row['notebook'])}.html"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(row), encoding="utf-8")
         written.append(path)

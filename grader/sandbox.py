@@ -27,8 +27,10 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Bool, Integer, List, Unicode
 
+from grader.config import SETTINGS
+
 #: Memory per kernel (address space), bytes. torch needs ~1 GiB of address space to import.
-DEFAULT_MEMORY = 4 * 1024**3
+DEFAULT_MEMORY = SETTINGS.memory
 #: Size of the sandbox's private /tmp (in memory).
 TMP_SIZE = 256 * 1024**2
 #: Largest file the kernel may write, bytes.
