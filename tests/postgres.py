@@ -8,6 +8,7 @@ import glob
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -28,18 +29,18 @@ def _as_server_user(cmd: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def server(folder: Path):
-    """Start a cluster in ``folder``; yield a SQLAlchemy URL of an empty database ``gradebook``."""
+def server():
+    """Start a cluster in a new temporary folder; yield a SQLAlchemy URL of an empty database
+    ``gradebook``. The server is stopped and the folder deleted afterwards."""
     bin_dir = binaries()
     if bin_dir is None:
         raise FileNotFoundError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="course-postgres-"))  # directly in /tmp: the server user can reach it
     data, sock = folder / "data", folder / "socket"
     sock.mkdir()
     if os.geteuid() == 0:
         for path in (folder, sock):
             shutil.chown(path, "postgres", "postgres")
-        os.chmod(folder.parent, 0o755)
     run = lambda *cmd: subprocess.run(_as_server_user([str(bin_dir / cmd[0]), *cmd[1:]]),  # noqa: E731
                                       check=True, capture_output=True, text=True)
     run("initdb", "-D", str(data), "-A", "trust", "-U", "grader", "--no-sync")
@@ -51,3 +52,4 @@ def server(folder: Path):
     finally:
         subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
                        capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

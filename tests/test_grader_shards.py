@@ -157,7 +157,7 @@ def test_one_settings_object_feeds_nbgrader_and_the_command_line():
     assert config.CourseDirectory.db_url == gradebook_url(Path("/tmp/x"))
 
 
-def test_merged_gradebook_in_postgresql_equals_the_sqlite_one(runs, tmp_path_factory):
+def test_merged_gradebook_in_postgresql_equals_the_sqlite_one(runs):
     """Several teaching assistants can use formgrader on one class when the gradebook is a real
     database server: the merge writes the same rows there as one run writes into SQLite."""
     from tests import postgres
@@ -166,7 +166,6 @@ def test_merged_gradebook_in_postgresql_equals_the_sqlite_one(runs, tmp_path_fac
         pytest.skip("PostgreSQL is not installed and could not be (make test installs Debian's postgresql as root)")
     pytest.importorskip("psycopg2", reason="the psycopg2 driver is not installed")
     base, _ = runs
-    folder = tmp_path_factory.mktemp("pg")
-    with postgres.server(folder / "cluster") as url:
+    with postgres.server() as url:
         assert merge([base / f"shard{k}" for k in range(3)], base / "merged_pg", db_url=url) == 0
         assert _gradebook(base / "merged_pg", url) == _gradebook(base / "single")
