@@ -1,5 +1,6 @@
 # One command to set up and run the course, one to set up and pass the tests.
-#   make lab        set up .venv on first use, then start JupyterLab in notebooks/
+#   make lab        set up .venv on first use, then start JupyterLab in notebooks/ and print its URL
+#                   [PORT=8888]
 #   make test       set up .venv on first use, then every check CI runs
 # Instructors:
 #   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel, and the
@@ -18,8 +19,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT ?= grading
 WORKERS ?= 2
+PORT ?= 8888
+ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test build release check-release autograde feedback bench lock sandbox clean
+.PHONY: setup lab test build release check-release autograde feedback bench lock sandbox chromium clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# Containers and cloud machines often run as root, which Jupyter refuses without --allow-root.
+# scripts/lab.py prints the URL with its token, stops with a clear message if PORT is taken, and
+# adds --allow-root when run as root. The browser tests start JupyterLab with the same script.
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+	@$(BIN)/python scripts/lab.py --notebook-dir notebooks --port $(PORT)
 
 # bubblewrap sandboxes student code during autograding; install it where it is missing and we can.
 sandbox:
@@ -42,7 +46,19 @@ sandbox:
 	    echo "bubblewrap (bwrap) is not installed and cannot be installed here: install it with your package manager"; \
 	  fi; }
 
-test: setup sandbox
+# Chromium runs the browser tests (tests/test_browser.py; Playwright's own browser download is not
+# used). Without it those tests skip and say why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (browser tests of the student's JupyterLab)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-color-emoji) >/dev/null; \
+	  else \
+	    echo "chromium is not installed and cannot be installed here: install it with your package manager, or the browser tests skip"; \
+	  fi; }
+
+test: setup sandbox chromium
+	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	$(BIN)/python -m grader check-release
 	$(BIN)/python -m pytest
 
@@ -73,4 +89,4 @@ lock:
 	mv constraints.new constraints.txt && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) grading bench-results release .pytest_cache
+	rm -rf $(VENV) grading bench-results release .pytest_cache test-artifacts
