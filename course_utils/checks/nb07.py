@@ -1,5 +1,330 @@
-"""Self-checks for notebook 07: FlashAttention from scratch."""
+"""Self-checks for notebook 07: FlashAttention from scratch.
+
+Besides comparing outputs with the expected ones, these checks watch how the answer computes
+(:mod:`course_utils.checks.tensors`): an online softmax must reduce one block at a time, never a
+whole row; a tiled attention must never make a ``(T, T)`` tensor (the check names the line that
+did), and a causal one must skip the key blocks wholly in the future instead of computing and
+masking them (the check counts the score entries computed). Known mistakes (the rescaling
+forgotten, the diagonal block not masked, a log-sum-exp without the maximum) are named by their
+outputs; every expected value comes from :func:`expect`, so the student edition holds no answer.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+from typing import Any, Callable
+
+import torch
+
+from course_utils import flash
+from course_utils.checks import expected as _expected
+from course_utils.checks.core import (
+    Case,
+    CheckFailed,
+    _clone,
+    _difference,
+    _hinted,
+    call_student,
+    check,
+    check_rules,
+    compare_function,
+    expect,
+    fail,
+    hidden_cases,
+    mistake_outputs,
+    passed,
+    rand,
+    require_callable,
+    tensor_difference,
+)
+from course_utils.checks.nb02 import softmax_hint
+from course_utils.checks.tensors import Made, TensorWatcher
+from course_utils.data import book_inputs
+
+__all__ = ["check_online_softmax", "check_flash_attention_forward", "check_flash_attention_triton",
+           "full_matrix_problem", "skipped_blocks_problem"]
+
+_INF = float("-inf")
+
+
+# ------------------------------------------------------------------------------------------
+# online_softmax
+# ------------------------------------------------------------------------------------------
+def _online_diagnose(case: Case, got: object, want: object) -> str | None:
+    """NaN where a row's first block is all ``-inf``: the rescaling factor was ``exp(-inf - -inf)``."""
+    x, block = case.args[0], case.args[1]
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point():
+        first = x[..., :block]
+        lost = torch.isnan(got).any(dim=-1) & ~torch.isnan(want).any(dim=-1) & torch.isinf(first).all(dim=-1) \
+            & (first < 0).all(dim=-1)
+        if bool(lost.any()):
+            return ("a row whose first block is all -inf gives NaN: while the running maximum is still -inf, "
+                    "m - m_new is -inf - (-inf) = NaN. Shift by 0 instead of by m_new while m_new is -inf "
+                    "(torch.where), so that exp(m - shift) is exp(-inf) = 0.")
+    return softmax_hint(x, -1, got)
+
+
+def _streaming_problem(watcher: TensorWatcher, block_size: int) -> str | None:
+    """A reduction of a whole row (longer than a block) along the last dimension."""
+    whole = next((r for r in watcher.reductions if r.reduces_last_dim_longer_than(block_size)), None)
+    if whole is None:
+        return None
+    where = f" at {whole.line}" if whole.line else ""
+    return (f"your code reduced a whole row of {whole.in_shape[-1]} columns at once{where} ({whole.op}), but the "
+            f"blocks have only {block_size}. An online softmax never sees a whole row: keep a running maximum m "
+            f"and sum l, update them from one block x[..., start:start + block_size] at a time, and rescale l by "
+            f"exp(m_old - m_new) when the maximum grows.")
+
+
+def _online_cases() -> list[Case]:
+    scores = book_inputs() @ book_inputs()[1]  # (6,): the book's scores of 'journey'
+    return [
+        Case("book: scores of 'journey' (6,), block_size=4", (scores, 4)),
+        Case("book: score table (6, 6), block_size=2", (book_inputs() @ book_inputs().T, 2)),
+        Case("large scores (2, 5) in the 1000s, block_size=2",
+             (torch.tensor([[1000.0, 1001.0, 1002.0, 999.0, 1003.0], [3.0, 1.0, 1000.0, -1000.0, 2.0]]), 2)),
+        Case("(2, 5) whose first block is all -inf, block_size=2",
+             (torch.tensor([[_INF, _INF, 1.0, 2.0, 3.0], [0.5, _INF, 2.0, _INF, -1.0]]), 2)),
+        Case("batch (2, 3, 7), block_size=3", (rand(2, 3, 7, seed=71, low=-4, high=4), 3)),
+    ]
+
+
+@check
+def check_online_softmax(online_softmax: Callable, hidden: bool = False) -> None:
+    """Check ``online_softmax(x, block_size)``: the softmax over the last dimension, block by block."""
+    exercise = "online_softmax"
+    cases = _online_cases() + (hidden_cases(exercise) if hidden else [])
+    compare_function(exercise, online_softmax, cases, diagnose=_online_diagnose, quiet=True)
+    x, block = rand(3, 12, seed=72, low=-3, high=3), 4
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        call_student(exercise, online_softmax, Case("streaming: (3, 12), block_size=4", (x, block)))
+    problem = _streaming_problem(watcher, block)
+    if problem:
+        fail(exercise, problem, Case("streaming: (3, 12), block_size=4", (x, block)))
+    passed(exercise, f"{len(cases)} cases agree with the softmax, and rows are reduced one block at a time "
+                     f"({'; '.join(c.name for c in cases)})")
+
+
+# ------------------------------------------------------------------------------------------
+# What a tiled attention may make: shared by the Python and (for the values) the Triton check
+# ------------------------------------------------------------------------------------------
+def full_matrix_problem(watcher: TensorWatcher, T: int) -> str | None:
+    """The first tensor with two dimensions of at least ``T`` (a ``(T, T)`` scores, weights or mask
+    tensor), described with the line of the student's code that made it; ``None`` if there is none."""
+    big: Made | None = watcher.first_made(lambda m: sum(d >= T for d in m.shape) >= 2)
+    if big is None:
+        return None
+    where = f" at {big.line}" if big.line else ""
+    what = ("a mask" if big.dtype == torch.bool else "the full score matrix (or the weights)")
+    return (f"your code made a tensor of shape {big.shape}{where}: that is {what}, with T = {T} rows and "
+            f"columns. FlashAttention never holds a (T, T) tensor, so its memory grows like T, not T^2: compute "
+            f"one (block_q, block_k) tile of scores at a time, q_blk @ k_blk.transpose(-2, -1), and build the "
+            f"causal mask of a tile from the positions of its rows and columns.")
+
+
+def computed_tiles(T: int, block_q: int, block_k: int) -> tuple[int, int, int]:
+    """``(needed, crossing, total)`` score entries for one head: in the tiles a causal kernel must
+    compute, in those that cross the diagonal, and in all tiles."""
+    grid = flash.causal_block_grid(T, block_q, block_k)
+    needed = crossing = 0
+    for i in range(grid.shape[0]):
+        rows = min(block_q, T - i * block_q)
+        for j in range(grid.shape[1]):
+            cols = min(block_k, T - j * block_k)
+            if grid[i, j] > 0:
+                needed += rows * cols
+            if grid[i, j] == 1:
+                crossing += rows * cols
+    return needed, crossing, T * T
+
+
+def skipped_blocks_problem(watcher: TensorWatcher, T: int, head_dim: int, value_dim: int, block_q: int,
+                           block_k: int, heads: int) -> str | None:
+    """Whether the causal tiles wholly in the future were skipped, read from the score entries computed.
+
+    ``heads`` is the number of (batch, head) pairs. An answer that computes fewer entries (skipping
+    inside the diagonal tiles too) is fine; one that computes every tile, or some future tile, is
+    not. An answer whose products the watcher cannot see (no ``@``) is not judged here.
+    """
+    computed = watcher.score_entries(head_dim, value_dim)
+    if computed == 0:
+        return None
+    needed, _, total = (n * heads for n in computed_tiles(T, block_q, block_k))
+    grid = flash.causal_block_grid(T, block_q, block_k)
+    future = int((grid == 0).sum())
+    if computed <= needed:
+        return None
+    if computed >= total:
+        return (f"no key block was skipped: your code computed all {total:,} scores (every (query block, key block) "
+                f"tile), and {future} of the {grid.numel()} tiles lie wholly in the future, so they are computed "
+                f"only to be masked. In the loop over key blocks, stop at the end of the query block "
+                f"(range(0, q_end, block_k) when causal): those tiles are skipped, not masked, which halves the work.")
+    return (f"your code computed {computed:,} scores, but the causal tiles need only {needed:,}: some key blocks "
+            f"wholly in the future are still computed (an off-by-one in the loop's end?). Stop the key loop at the "
+            f"end of the query block, q_end = min(q_start + block_q, T).")
+
+
+def _pair_difference(want: Any, got: Any, atol: float, rtol: float) -> str | None:
+    """How ``got`` differs from the expected ``(out, lse)``, in words."""
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return (f"expected a pair (out, lse), got {type(got).__name__}"
+                f"{f' of length {len(got)}' if isinstance(got, (tuple, list)) else ''}: return out, lse")
+    for name, w, g in (("out", want[0], got[0]), ("lse", want[1], got[1])):
+        problem = tensor_difference(w, g, atol, rtol)
+        if problem:
+            if name == "lse" and isinstance(g, torch.Tensor) and g.shape == w.shape[:-1] + (1,):
+                problem += " (drop the last dimension: lse is (..., T))"
+            return f"{name}: {problem}"
+    return None
+
+
+def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
+    """The known mistake whose ``(out, lse)`` equals ``got``; else a symptom read off the output."""
+    try:
+        if isinstance(got, (tuple, list)) and len(got) == 2:
+            for hint, output in mistake_outputs(exercise, case):
+                if _pair_difference(output, got, 1e-5, 1e-4) is None:
+                    return hint
+            out, lse = got
+            if isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and \
+                    tensor_difference(want[0], out) is None and lse.shape == want[1].shape:
+                if tensor_difference(want[1], lse) is not None:
+                    return ("the output is right but lse is not: lse = m + log(l), the log of the sum of "
+                            "exp(scaled scores) of each query, with the running maximum m added back.")
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return None
+    return None
+
+
+def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float) -> None:
+    problem = _pair_difference(want, got, atol, rtol)
+    if problem:
+        try:
+            fail(exercise, f"{problem.rstrip('.')}. Input shapes: "
+                           f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
+        except CheckFailed as error:
+            raise _hinted(error, _pair_hint(exercise, case, got, want)) from None
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attention_forward
+# ------------------------------------------------------------------------------------------
+def _qkv(*shape: int, seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(rand(*shape, seed=seed + i, low=-scale, high=scale) for i in range(3))  # type: ignore[return-value]
+
+
+def _flash_cases() -> list[Case]:
+    x = book_inputs()  # (6, 3)
+    return [
+        Case("the book's six tokens as q, k and v (6, 3), block_q=2, block_k=4, causal",
+             (x, x, x, 2, 4), {"causal": True}),
+        Case("(2, 3, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks",
+             (*_qkv(2, 3, 37, 8, seed=701), 8, 16), {"causal": True}),
+        Case("(1, 2, 32, 8), block_q=8, block_k=8, causal", (*_qkv(1, 2, 32, 8, seed=704), 8, 8), {"causal": True}),
+        Case("(2, 20, 8), block_q=16, block_k=6, causal=False", (*_qkv(2, 20, 8, seed=707), 16, 6), {"causal": False}),
+    ]
+
+
+#: The case on which the check counts the scores computed: T = 40 is larger than every other size.
+_STRUCTURE = ("tiles: (2, 40, 4), block_q=8, block_k=16, causal", (2, 40, 4), 8, 16)
+
+
+def check_flash_structure(exercise: str, fn: Callable, case: Case) -> None:
+    """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor; causal tiles skipped."""
+    q, k, v, block_q, block_k = case.args
+    causal = case.kwargs.get("causal", True)
+    T = q.shape[-2]
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        call_student(exercise, fn, Case(case.name, _clone(case.args), dict(case.kwargs)))
+    if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
+        problem = full_matrix_problem(watcher, T)
+        if problem:
+            fail(exercise, problem, case)
+    if causal and T > block_k:
+        heads = math.prod(q.shape[:-2])
+        problem = skipped_blocks_problem(watcher, T, q.shape[-1], v.shape[-1], block_q, block_k, heads)
+        if problem:
+            fail(exercise, problem, case)
+
+
+@check
+def check_flash_attention_forward(flash_attention_forward: Callable, hidden: bool = False) -> None:
+    """Check ``flash_attention_forward(q, k, v, block_q, block_k, causal)``: ``(out, lse)`` equal to
+    attention's, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
+    exercise = "flash_attention_forward"
+    require_callable(exercise, flash_attention_forward)
+    check_rules(exercise, flash_attention_forward)
+    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+    ref = _expected.reference
+    for case in cases:
+        want = expect(exercise, case.key(), lambda: ref(exercise)(*_clone(case.args), **case.kwargs))
+        if _expected.is_recording():
+            mistake_outputs(exercise, case)
+        try:
+            got = call_student(exercise, flash_attention_forward, Case(case.name, _clone(case.args), dict(case.kwargs)))
+        except CheckFailed as error:
+            raise error from None
+        _compare_pair(exercise, case, got, want, 1e-5, 1e-4)
+        check_flash_structure(exercise, flash_attention_forward, case)
+    name, shape, block_q, block_k = _STRUCTURE
+    structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
+    check_flash_structure(exercise, flash_attention_forward, structure)
+    passed(exercise, f"{len(cases)} cases agree with attention (out and lse), no (T, T) tensor is made, and "
+                     f"causal tiles wholly in the future are skipped ({'; '.join(c.name for c in cases)})")
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attention_triton
+# ------------------------------------------------------------------------------------------
+def _triton_cases() -> list[Case]:
+    return [
+        Case("(1, 1, 32, 16), causal, BLOCK_M=BLOCK_N=16", _qkv(1, 1, 32, 16, seed=720),
+             {"causal": True, "block_m": 16, "block_n": 16}),
+        Case("(2, 1, 20, 16), causal=False, BLOCK_M=BLOCK_N=16: T not a multiple of the blocks",
+             _qkv(2, 1, 20, 16, seed=723), {"causal": False, "block_m": 16, "block_n": 16}),
+    ]
+
+
+def _triton_expected(exercise: str, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference ``flash_attention_forward`` on the case, with the kernel's block sizes."""
+    kw = case.kwargs
+    return expect(exercise, case.key(), lambda: _expected.reference("flash_attention_forward")(
+        *_clone(case.args), kw["block_m"], kw["block_n"], causal=kw["causal"]))
+
+
+@check
+def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
+    """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
+
+    On a CPU it runs in Triton's interpreter (exact float32, tolerance 1e-5); on a GPU it is
+    compiled, and float32 products use TF32 tensor cores, so the tolerance is 5e-3. Where Triton is
+    not installed the self-check is skipped with the reason; the grader always has Triton.
+    """
+    exercise = "flash_attention_triton"
+    runs, how = flash.triton_status()
+    if not runs:
+        if hidden:
+            fail(exercise, f"the grader needs Triton to grade this kernel: {how}")
+        print(f"⏭ {exercise}: skipped: {how}.")
+        return
+    require_callable(exercise, kernel)
+    check_rules(exercise, getattr(kernel, "fn", kernel))
+    on_gpu = torch.cuda.is_available()
+    atol = rtol = 5e-3 if on_gpu else 1e-5
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        want = _triton_expected(exercise, case)
+        if _expected.is_recording():
+            mistake_outputs(exercise, case)
+        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+
+        def run(*qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out, lse = flash.launch(kernel, *qkv, **case.kwargs)
+            return out.cpu(), lse.cpu()
+
+        got = call_student(exercise, run, Case(case.name, args))
+        _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
+    passed(exercise, f"{len(cases)} launches agree with attention (out and lse), {how.split(':')[0]} "
+                     f"({'; '.join(c.name for c in cases)})")

@@ -1,0 +1,209 @@
+"""Helpers for notebook 07 (FlashAttention from scratch) that are not an exercise's answer.
+
+- :func:`triton_status`, :func:`import_triton`: whether Triton can run here, and how (compiled
+  on a CUDA GPU, or in Triton's interpreter on a CPU), and the ``triton`` modules, or stand-ins
+  that let a notebook define a kernel it cannot run;
+- :func:`launch`: the host side of the notebook's Triton kernel (shapes, strides, grid);
+- :func:`grading`: whether the notebook runs under the grader (skip slow demonstrations);
+- :func:`measure_peak_memory`: the peak bytes of tensors alive during a call, on any device;
+- :func:`causal_block_grid`: which (query block, key block) tiles a causal kernel computes.
+
+The answers (``online_softmax``, ``flash_attention_forward`` and the kernel's inner loop) are in
+the notebook, never here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from typing import Any, Callable
+
+import torch
+
+from course_utils.checks.tensors import watch
+
+__all__ = ["grading", "triton_status", "import_triton", "use_interpreter_without_gpu", "launch",
+           "measure_peak_memory", "causal_block_grid", "TRITON_HEAD_DIMS"]
+
+#: Head sizes the notebook's kernel accepts: ``tl.arange`` needs a power of two, ``tl.dot`` at least 16.
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def grading() -> bool:
+    """Whether the notebook runs under nbgrader (``NBGRADER_EXECUTION`` is set while it grades or
+    validates): slow demonstrations that grading never needs are skipped then."""
+    return bool(os.environ.get("NBGRADER_EXECUTION"))
+
+
+# --------------------------------------------------------------------------------------------
+# Triton: compiled on a GPU, interpreted on a CPU, skipped where it is not installed
+# --------------------------------------------------------------------------------------------
+def triton_status() -> tuple[bool, str]:
+    """``(runs, how)``: whether Triton kernels can run on this machine, and how, or why not."""
+    if importlib.util.find_spec("triton") is None:
+        return False, ("Triton is not installed here (it is available for Linux only; on Colab and Linux "
+                       "machines `pip install triton`), so the Triton section is skipped")
+    if torch.cuda.is_available():
+        return True, f"compiled for the GPU ({torch.cuda.get_device_name()})"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "no GPU: kernels run in Triton's interpreter (TRITON_INTERPRET=1), in Python, on the CPU"
+    return True, "no GPU: call use_interpreter_without_gpu() before defining a kernel"
+
+
+def use_interpreter_without_gpu() -> bool:
+    """Without a CUDA GPU, run Triton kernels in Triton's interpreter (NumPy on the CPU). Returns
+    whether it did.
+
+    Sets ``TRITON_INTERPRET=1``, which ``@triton.jit`` reads when it decorates a kernel: kernels
+    decorated *afterwards* are interpreted. Triton's own library functions (``tl.zeros``,
+    ``tl.max``, ``tl.sum``) were decorated when ``triton`` was first imported; if that happened
+    before (``torch.compile`` imports it), they are switched to their interpreted versions too.
+    """
+    if torch.cuda.is_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        _interpret_language()
+        _index_scalars_with_numpy_2()
+    return True
+
+
+def _index_scalars_with_numpy_2() -> None:
+    """Let the interpreter use a scalar computed from ``tl.program_id`` as a loop bound.
+
+    The interpreter keeps scalars as one-element arrays of shape ``(1,)`` and turns them into
+    ints with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
+    to Python scalars"), so ``range(0, (start_m + 1) * BLOCK_M, BLOCK_N)`` fails. After the
+    interpreter's own patching, ``__index__`` reads the single element with ``.item()`` instead.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "course_utils_fix", False):
+        return
+
+    def patch(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+
+    patch.course_utils_fix = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patch
+
+
+def _interpret_language() -> None:
+    """Replace the compiled-only (``JITFunction``) helpers of ``triton.language`` by interpreted ones."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for owner in (tl, tl.standard, tl.math, tl.core.tensor):
+        for name, member in list(vars(owner).items()):
+            if isinstance(member, JITFunction) and not isinstance(member, InterpretedFunction):
+                setattr(owner, name, InterpretedFunction(member.fn))
+
+
+class _Constexpr:
+    """Stand-in for ``tl.constexpr`` where Triton is missing: annotations only."""
+
+
+def _stand_ins() -> tuple[Any, Any]:
+    def jit(fn: Callable | None = None, **_: Any) -> Any:
+        return fn if fn is not None else (lambda f: f)
+
+    triton = types.SimpleNamespace(jit=jit, cdiv=lambda a, b: -(-a // b), missing=True)
+    tl = types.SimpleNamespace(constexpr=_Constexpr, float32=None, missing=True)
+    return triton, tl
+
+
+def import_triton() -> tuple[Any, Any]:
+    """``(triton, triton.language)``, or stand-ins whose ``jit`` returns the function unchanged
+    where Triton is not installed, so that a notebook can still define (not run) its kernel."""
+    if importlib.util.find_spec("triton") is None:
+        return _stand_ins()
+    use_interpreter_without_gpu()
+    import triton
+    import triton.language as tl
+
+    use_interpreter_without_gpu()  # now that triton is imported: the interpreter's NumPy 2 fix
+    return triton, tl
+
+
+def _jitted(kernel: Any) -> Any:
+    """``kernel`` ready to launch: a ``@triton.jit`` kernel as it is, a plain function jit-compiled
+    (in the interpreter without a GPU)."""
+    if hasattr(kernel, "__getitem__") and hasattr(kernel, "fn"):
+        return kernel
+    cached = _JIT_CACHE.get(kernel)
+    if cached is None:
+        triton, _ = import_triton()
+        cached = _JIT_CACHE[kernel] = triton.jit(kernel)
+    return cached
+
+
+_JIT_CACHE: dict[Callable, Any] = {}
+
+
+def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+           block_m: int = 16, block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the notebook's FlashAttention kernel on ``q``, ``k``, ``v`` of shape ``(..., T, D)``.
+
+    The host side of a Triton kernel: flatten the batch dimensions into one (``BH``), make the
+    tensors contiguous so that the last dimension has stride 1, allocate the output ``(..., T, D)``
+    (``q``'s dtype) and the log-sum-exp ``(..., T)`` (float32), and launch one program per block of
+    ``block_m`` queries and per (batch, head): the grid ``(cdiv(T, block_m), BH)``. Returns
+    ``(out, lse)``. ``kernel`` is a ``@triton.jit`` function (or a plain one, compiled here).
+    """
+    if q.dim() < 2 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k and v must have the same shape (..., T, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    T, D = q.shape[-2], q.shape[-1]
+    if D not in TRITON_HEAD_DIMS:
+        raise ValueError(f"the kernel needs a head size D in {TRITON_HEAD_DIMS} (a power of two, at least 16 for "
+                         f"tl.dot), got D={D}")
+    for value, name in ((block_m, "block_m"), (block_n, "block_n")):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
+    if torch.cuda.is_available() and q.device.type != "cuda":
+        raise ValueError(f"the inputs are on {q.device}: move them to the GPU the kernel is compiled for")
+    run = _jitted(kernel)
+    batch = q.shape[:-2]
+    q3, k3, v3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v))  # (BH, T, D)
+    out = torch.empty_like(q3)  # (BH, T, D)
+    lse = torch.empty(q3.shape[:-1], device=q.device, dtype=torch.float32)  # (BH, T)
+    grid = (-(-T // block_m), q3.shape[0])
+    run[grid](q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
+              v3.stride(1), out.stride(0), out.stride(1), T, 1.0 / D ** 0.5,
+              HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal))
+    return out.reshape(*batch, T, D), lse.reshape(*batch, T)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory and tiles
+# --------------------------------------------------------------------------------------------
+def measure_peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Peak bytes held at once by the tensors that ``fn(*args, **kwargs)`` makes (its inputs not
+    counted, its result counted), measured by watching every tensor it creates.
+
+    PyTorch has a peak counter for GPU memory only (``torch.cuda.max_memory_allocated``); this one
+    works on any device, a CPU included, by adding up tensor storages as they are made and freed.
+    """
+    _, watcher = watch(fn, *args, with_lines=False, **kwargs)
+    return watcher.peak_bytes
+
+
+def causal_block_grid(T: int, block_q: int, block_k: int) -> torch.Tensor:
+    """``(n_q, n_k)`` int tensor: 2 where a causal kernel computes the tile unmasked (wholly in the
+    past), 1 where it computes and masks it (it crosses the diagonal), 0 where it skips it (wholly
+    in the future). Rows are query blocks of ``block_q``, columns key blocks of ``block_k``."""
+    n_q, n_k = -(-T // block_q), -(-T // block_k)
+    grid = torch.zeros(n_q, n_k, dtype=torch.int64)
+    for i in range(n_q):
+        q_start, q_end = i * block_q, min((i + 1) * block_q, T)
+        for j in range(n_k):
+            k_start, k_end = j * block_k, min((j + 1) * block_k, T)
+            if k_start >= q_end:
+                continue
+            grid[i, j] = 1 if k_end - 1 > q_start else 2
+    return grid

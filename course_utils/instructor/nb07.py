@@ -1,0 +1,196 @@
+"""Notebook 07's hidden cases and known mistakes (instructor only; see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course_utils.checks.core import Case, rand
+from course_utils.instructor import Mistake
+
+_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------------------------
+# Hidden cases
+# --------------------------------------------------------------------------------------------
+def _qkv(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = torch.float32):
+    return tuple(rand(*shape, seed=seed + i, low=-scale, high=scale, dtype=dtype) for i in range(3))
+
+
+def _online_hidden() -> list[Case]:
+    return [
+        Case("block_size=1, (3, 4)", (rand(3, 4, seed=7101, low=-2, high=2), 1)),
+        Case("block_size larger than the row, (2, 5) with block_size=8", (rand(2, 5, seed=7102, low=-2, high=2), 8)),
+        Case("float64 (2, 9) up to 5000, block_size=4", (rand(2, 9, seed=7103, low=-5000, high=5000,
+                                                                dtype=torch.float64), 4)),
+        Case("rows on very different scales, block_size=2",
+             (torch.tensor([[1000.0, 1001.0, 0.0, -3.0], [0.0, 1.0, 2.0, 3.0]]), 2)),
+        Case("maximum in the last block, (1, 10) rising scores, block_size=3",
+             (torch.arange(10.0).mul(7).reshape(1, 10), 3)),
+        Case("-inf in middle and last blocks, (2, 3, 7), block_size=3",
+             (rand(2, 3, 7, seed=7104).masked_fill(rand(2, 3, 7, seed=7105) > 0.4, _INF).index_fill(-1,
+              torch.tensor([0]), 0.25), 3)),
+        Case("two leading blocks of -inf, (1, 6), block_size=2", (torch.tensor([[_INF, _INF, _INF, _INF, 1.0, -1.0]]), 2)),
+    ]
+
+
+def _flash_hidden() -> list[Case]:
+    return [
+        Case("float64 (2, 2, 19, 5), block_q=4, block_k=7, causal", (*_qkv(2, 2, 19, 5, seed=7111,
+                                                                          dtype=torch.float64), 4, 7),
+             {"causal": True}),
+        Case("block_q=1, block_k=1, (5, 3), causal", (*_qkv(5, 3, seed=7114), 1, 1), {"causal": True}),
+        Case("blocks larger than T: (2, 6, 4), block_q=16, block_k=32, causal", (*_qkv(2, 6, 4, seed=7117), 16, 32),
+             {"causal": True}),
+        Case("large scores (1, 3, 24, 16) up to +-8, block_q=8, block_k=5, causal",
+             (*_qkv(1, 3, 24, 16, seed=7120, scale=8.0), 8, 5), {"causal": True}),
+        Case("batch shape (3, 2, 2), T=11, D=6, block_q=3, block_k=4, causal=False",
+             (*_qkv(3, 2, 2, 11, 6, seed=7123), 3, 4), {"causal": False}),
+        Case("default causal: (2, 13, 4), block_q=5, block_k=3", (*_qkv(2, 13, 4, seed=7126), 5, 3)),
+        Case("a single token (1, 1, 8), block_q=4, block_k=4, causal", (*_qkv(1, 1, 8, seed=7129), 4, 4),
+             {"causal": True}),
+    ]
+
+
+def _triton_hidden() -> list[Case]:
+    return [
+        Case("(1, 2, 40, 16), causal, BLOCK_M=BLOCK_N=16", _qkv(1, 2, 40, 16, seed=7131),
+             {"causal": True, "block_m": 16, "block_n": 16}),
+        Case("(1, 1, 48, 32), causal, BLOCK_M=32, BLOCK_N=16", _qkv(1, 1, 48, 32, seed=7134, scale=3.0),
+             {"causal": True, "block_m": 32, "block_n": 16}),
+        Case("(1, 1, 36, 16), causal, BLOCK_M=16, BLOCK_N=32", _qkv(1, 1, 36, 16, seed=7137),
+             {"causal": True, "block_m": 16, "block_n": 32}),
+    ]
+
+
+HIDDEN = {
+    "online_softmax": _online_hidden,
+    "flash_attention_forward": _flash_hidden,
+    "flash_attention_triton": _triton_hidden,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Known mistakes: online_softmax (functions of x, block_size)
+# --------------------------------------------------------------------------------------------
+def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: str = "right") -> torch.Tensor:
+    """An online softmax with one thing changed: how ``l`` is rescaled, or how the output is made."""
+    m = torch.full(x.shape[:-1] + (1,), _INF, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    blocks = []
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        terms = torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        if rescale == "right":
+            l = l * torch.exp(m - shift) + terms
+        elif rescale == "none":
+            l = l + terms
+        elif rescale == "inverted":
+            l = l * torch.exp(shift - torch.where(torch.isinf(m), shift, m)) + terms
+        blocks.append(torch.exp(block - shift) / terms)
+        m = m_new
+    if final == "per block":
+        return torch.cat(blocks, dim=-1)
+    return torch.exp(x - m) / l
+
+
+NOT_RESCALED = ("the running sum l is not rescaled when the maximum grows: the terms already in l were computed "
+                "against the old maximum. Multiply l by exp(m_old - m_new) before adding the new block's sum.")
+ONLINE_MISTAKES = [
+    Mistake(NOT_RESCALED, lambda x, b: _online(x, b, rescale="none")),
+    Mistake("l is rescaled by exp(m_new - m_old), the inverse: it must shrink when the maximum grows, "
+            "l * exp(m_old - m_new).", lambda x, b: _online(x, b, rescale="inverted")),
+    Mistake("each block is normalised by its own sum, so every block sums to 1: the denominator is the sum over the "
+            "whole row, l after the last block, and every entry uses the final maximum m.",
+            lambda x, b: _online(x, b, final="per block")),
+    Mistake("no maximum is subtracted: exp of large scores overflows to inf (NaN after the division). Keep a running "
+            "maximum m and compute exp(x - m).", lambda x, b: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Known mistakes: flash_attention_forward (functions of q, k, v, block_q, block_k, causal)
+# --------------------------------------------------------------------------------------------
+def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
+           mask_diagonal=True, lse="right", normalise=True):
+    """The tiled forward with one thing changed (all defaults: the right answer)."""
+    T, D = q.shape[-2], q.shape[-1]
+    factor = 1 / math.sqrt(D) if scale else 1.0
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    lses = q.new_empty(q.shape[:-1])
+    for q_start in range(0, T, block_q):
+        q_end = min(q_start + block_q, T)
+        q_blk = q[..., q_start:q_end, :] * factor
+        m = torch.full(q_blk.shape[:-1], _INF, dtype=q.dtype)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for k_start in range(0, q_end if causal else T, block_k):
+            k_end = min(k_start + block_k, T)
+            s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)
+            if causal and mask_diagonal and k_end - 1 > q_start:
+                rows = torch.arange(q_start, q_end)[:, None]
+                cols = torch.arange(k_start, k_end)[None, :]
+                s = s.masked_fill(cols > rows, _INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
+            acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k_start:k_end, :]
+            m = m_new
+        out[..., q_start:q_end, :] = acc / l[..., None] if normalise else acc
+        lses[..., q_start:q_end] = {"right": m + torch.log(l), "log l": torch.log(l), "m": m}[lse]
+    return out, lses
+
+
+def _when_it_shows(changed):
+    """``changed`` where it differs from the right answer on this input, else ``None`` (no hint)."""
+    def wrong(q, k, v, block_q, block_k, causal=True):
+        got, right = changed(q, k, v, block_q, block_k, causal), _flash(q, k, v, block_q, block_k, causal)
+        same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4, equal_nan=True) for a, b in zip(got, right))
+        return None if same else got
+    return wrong
+
+
+RESCALE_FORGOTTEN = ("the tiles are right but the rescaling is forgotten: when a key block raises the running "
+                     "maximum, what was summed so far (acc and l) was computed against the old maximum. Multiply "
+                     "both by alpha = exp(m_old - m_new) before adding the new block.")
+ACC_NOT_RESCALED = ("acc is not rescaled: l is multiplied by alpha = exp(m_old - m_new) but the accumulated output is "
+                    "not. Both must be: acc = alpha[..., None] * acc + p @ v_blk.")
+L_NOT_RESCALED = ("l is not rescaled: acc is multiplied by alpha = exp(m_old - m_new) but the running sum is not. "
+                  "Both must be: l = alpha * l + p.sum(-1).")
+DIAGONAL_NOT_MASKED = ("the tiles that cross the diagonal are not masked: skipping the tiles wholly in the future is "
+                       "not enough, a query must not see the later keys of its own diagonal tile. Fill the scores "
+                       "where key position > query position with -inf in those tiles.")
+FLASH_MISTAKES = [
+    Mistake(RESCALE_FORGOTTEN, _when_it_shows(lambda *a: _flash(*a, rescale_acc=False, rescale_l=False))),
+    Mistake(ACC_NOT_RESCALED, _when_it_shows(lambda *a: _flash(*a, rescale_acc=False))),
+    Mistake(L_NOT_RESCALED, _when_it_shows(lambda *a: _flash(*a, rescale_l=False))),
+    Mistake("the scores are not scaled: multiply q (or each tile of scores) by 1/sqrt(D), D = q.shape[-1].",
+            _when_it_shows(lambda *a: _flash(*a, scale=False))),
+    Mistake(DIAGONAL_NOT_MASKED, _when_it_shows(lambda *a: _flash(*a, mask_diagonal=False))),
+    Mistake("lse is log(l) without the maximum: l was summed as exp(s - m), so the log-sum-exp is m + log(l).",
+            _when_it_shows(lambda *a: _flash(*a, lse="log l"))),
+    Mistake("lse is the running maximum m alone: the log-sum-exp is m + log(l).",
+            _when_it_shows(lambda *a: _flash(*a, lse="m"))),
+    Mistake("the output is not divided by l: after the last key block, out = acc / l[..., None].",
+            _when_it_shows(lambda *a: _flash(*a, normalise=False))),
+    Mistake("the causal argument is ignored: with causal=False every query sees every key.",
+            _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, True))),
+]
+
+
+def _for_kernel(mistake: Mistake) -> Mistake:
+    """A mistake of the Python loop, as the Triton check calls it: ``(q, k, v, causal=, block_m=, block_n=)``."""
+    return Mistake(mistake.hint, lambda q, k, v, causal=True, block_m=16, block_n=16:
+                   mistake.wrong(q, k, v, block_m, block_n, causal))
+
+
+MISTAKES = {
+    "online_softmax": ONLINE_MISTAKES,
+    "flash_attention_forward": FLASH_MISTAKES,
+    "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES],
+}
