@@ -112,7 +112,7 @@ def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False)
     """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
     and a clear error when there are more queries than keys."""
     exercise = "decode_causal_mask"
-    cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((1, 5), (3, 7), (4, 4), (2, 3))]
+    cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
     cases += hidden_cases(exercise) if hidden else []
     compare_function(exercise, decode_causal_mask, cases, diagnose=_decode_mask_diagnosis, quiet=True)
     _bool_mask_check(exercise, decode_causal_mask, cases)
@@ -266,7 +266,7 @@ def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want:
                     f"{bad[1] + 1} tokens so far (the cached ones and its own), with the rows "
                     f"{bad[1]}..{bad[2] - 1} of the causal mask, decode_causal_mask({bad[2] - bad[1]}, {bad[2]}).")
     fail(exercise, f"case {case.describe()}: {what}: the outputs differ from forward(x) on the whole sequence: "
-                   f"{problem}{where}" + (f" Hint: {hint}" if hint else ""))
+                   f"{problem.rstrip('.')}.{where}" + (f" Hint: {hint}" if hint else ""))
 
 
 def _check_decode(exercise: str, cls: Callable, case: DecodeCase) -> None:
@@ -327,6 +327,18 @@ def _check_context_limit(exercise: str, student: torch.nn.Module, build: tuple) 
                        f"token returned an output instead of raising an error. The mask (and the model's positions) "
                        f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
                        f"ones exceed context_length.")
+    _require_clear(exercise, exc, f"built with {build}: with {context_length} = context_length tokens in the cache, "
+                                  f"one more token", "the cached tokens plus the new ones exceed context_length")
+
+
+def _require_clear(exercise: str, exc: BaseException, what: str, condition: str) -> None:
+    """An error the student raised on purpose (``ValueError``, or ``AssertionError`` from ``assert``),
+    not one that PyTorch raised by accident of shapes."""
+    if not isinstance(exc, (ValueError, AssertionError)):
+        first = (str(exc).splitlines() or [""])[0]
+        fail(exercise, f"{what} raised {type(exc).__name__}: {first}. That error comes from mismatched shapes, not "
+                       f"from your code, and tells the user nothing: check that yourself and raise a ValueError "
+                       f"saying that {condition}.")
 
 
 def _check_empty_prompt(exercise: str, student: torch.nn.Module, build: tuple) -> None:
@@ -339,6 +351,8 @@ def _check_empty_prompt(exercise: str, student: torch.nn.Module, build: tuple) -
         fail(exercise, f"built with {build}: an empty prompt, shape {tuple(empty.shape)}, with use_cache=True returned "
                        f"an output instead of raising an error. There is nothing to attend to or to cache: raise a "
                        f"ValueError that says the input is empty.")
+    _require_clear(exercise, exc, f"built with {build}: an empty prompt, shape {tuple(empty.shape)}, with "
+                                  f"use_cache=True", "the input has no tokens")
 
 
 def _kv_cases() -> list[DecodeCase]:
@@ -394,7 +408,7 @@ def _repeat_diagnosis(case: Case, got: object, want: object) -> str | None:
     shapes = {(b * n_rep, G, T, D): "the batch (dim 0)", (b, G, T * n_rep, D): "the tokens (dim 2)",
               (b, G, T, D * n_rep): "head_dim (dim 3)"}
     if tuple(got.shape) in shapes:
-        return (f"K and V are repeated on the wrong dimension: {shapes[tuple(got.shape)]} was repeated. Repeat the "
+        return (f"K and V are repeated on the wrong dimension: you repeated {shapes[tuple(got.shape)]}. Repeat the "
                 f"key/value HEADS, dim 1: (b, G, T, D) -> (b, G * n_rep, T, D).")
     return None
 
@@ -448,6 +462,23 @@ def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
     return diagnose
 
 
+def _forward_runs(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
+    """Run each case once in ``eval()`` mode; an error is reported with ``diagnose``'s hint."""
+    build, cases = config
+    student = build_student(exercise, cls, build).eval()
+    for case in cases:
+        try:
+            with torch.no_grad():
+                call_student(exercise, lambda: student(case.args[0].clone()), Case(f"{case.name}, built with {build}"))
+        except CheckFailed as error:
+            hint = diagnose(Case(case.name, case.args, build=build), error.student_error or error, None)
+            if not hint:
+                raise
+            hinted = CheckFailed(f"{error} Hint: {hint}")
+            hinted.student_error = error.student_error
+            raise hinted from None
+
+
 def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
     return [
         ((6, 8, 10, 0.0, 4, 2), [Case("4 query heads, 2 key/value groups, T=10", (rand(2, 10, 6, seed=821),)),
@@ -469,6 +500,7 @@ def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = 
     module_checks(exercise, cls, [build for build, _ in configs] + [dropout_build], _gqa_shapes)
     diagnose = _gqa_error_hint(exercise, cls)
     for config in configs:
+        _forward_runs(exercise, cls, config, diagnose)
         finite_then_values(exercise, cls, config, diagnose)
     for build in [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)] + extra["not_dividing"]:
         torch.manual_seed(123)

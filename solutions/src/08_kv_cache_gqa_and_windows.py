@@ -346,6 +346,7 @@ NEW = 4
 torch.manual_seed(0)
 gen = MultiHeadAttentionKVCache(128, 128, LENGTHS[-1] + NEW, 0.0, 8).eval()
 tokens = torch.rand(1, LENGTHS[-1] + NEW, 128)  # (1, T, d)
+time_per_token(gen, tokens, LENGTHS[0], NEW, use_cache=False, repeats=1)  # warm-up: the first calls are slow
 per_token = {name: [time_per_token(gen, tokens, T, NEW, use_cache) for T in LENGTHS]
              for name, use_cache in (("without cache", False), ("with cache", True))}
 for i, T in enumerate(LENGTHS):
