@@ -67,7 +67,7 @@ EXERCISES: dict[str, tuple[str, ...]] = {
     "04_causal_attention": ("causal_mask", "causal_attention_weights", "CausalAttention"),
     "05_multi_head_attention": (
         "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters"),
-    "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops"),
+    "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware"),
     "07_flash_attention_from_scratch": ("online_softmax", "flash_attention_forward", "flash_attention_triton"),
     "08_kv_cache_gqa_and_windows": (
         "decode_causal_mask", "MultiHeadAttentionKVCache", "repeat_kv", "GroupedQueryAttention", "sliding_window_mask"),

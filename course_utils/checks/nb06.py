@@ -4,29 +4,44 @@ The module checks follow notebook 05's order: parameter shapes (one ``qkv`` laye
 ``qkv_bias``), a finite output, the values compared in ``eval()`` mode with the known mistakes
 named (a wrong layout of ``qkv(x)``, a missing ``is_causal``, SDPA's mask convention), then
 causality, the mask buffer, dropout only in ``train()`` mode, and for SDPA a single call of the
-fused kernel. A wrong FLOP count is named by its ratio to the expected one.
+fused kernel. A wrong FLOP count is named by its ratio to the expected one. A timer runs on a
+simulated device (:class:`FakeDevice`): a GPU whose work finishes only when synchronised, whose first
+calls are slow, and a CPU without CUDA; the device counts calls, synchronisations and clock reads, so
+a missing warm-up or synchronisation is named.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import statistics
+import time
+from dataclasses import dataclass
 from typing import Callable
+from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
     Case,
+    CheckFailed,
     build_student,
     call_student,
     check,
+    check_rules,
     compare_function,
     compare_module,
     fail,
     hidden_cases,
     passed,
     rand,
+    reference_function,
+    require_callable,
 )
+from course_utils.checks.expected import expect
 from course_utils.checks.modules import (
     check_causal_module,
     check_dropout_modes,
@@ -38,7 +53,7 @@ from course_utils.checks.modules import (
 )
 from course_utils.data import book_batch
 
-__all__ = ["check_MultiHeadAttentionCombinedQKV", "check_MHAPyTorchSDPA", "check_attention_flops"]
+__all__ = ["check_MultiHeadAttentionCombinedQKV", "check_MHAPyTorchSDPA", "check_attention_flops", "check_time_cuda_aware"]
 
 
 def _configs() -> list[tuple[tuple, list[Case]]]:
@@ -196,3 +211,195 @@ def check_attention_flops(attention_flops: Callable, hidden: bool = False) -> No
     ]
     compare_function("attention_flops", attention_flops, cases + (hidden_cases("attention_flops") if hidden else []),
                      atol=0.0, rtol=1e-12, diagnose=_flops_diagnose)
+
+
+# ------------------------------------------------------------------------------------------
+# time_cuda_aware
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimerCase:
+    """One run of a timer on a simulated device.
+
+    Attributes:
+        name: what a student reads.
+        warmup, repeats: the arguments the timer is called with.
+        gpu: a simulated GPU (work runs in the background and is finished only by a synchronize) or
+            a CPU without CUDA (work runs at once; ``torch.cuda.synchronize`` raises, as it does there).
+        cold_calls, cold_s: the first ``cold_calls`` calls of ``fn`` take ``cold_s`` seconds each
+            (allocation, kernel choice, compilation).
+        costs_s: the time each later call takes, in turn.
+    """
+
+    name: str
+    warmup: int
+    repeats: int
+    gpu: bool
+    cold_calls: int
+    cold_s: float
+    costs_s: tuple[float, ...]
+
+    def warm_costs(self) -> list[float]:
+        """The costs of the calls a correct timer measures: those after the warm-up."""
+        calls = range(self.warmup, self.warmup + self.repeats)
+        return [self.cost(i) for i in calls]
+
+    def cost(self, call: int) -> float:
+        return self.cold_s if call < self.cold_calls else self.costs_s[(call - self.cold_calls) % len(self.costs_s)]
+
+
+class FakeDevice:
+    """A simulated device and its clock, for checking a timer without a GPU.
+
+    ``fn()`` (:meth:`work`) costs the host :attr:`LAUNCH_S` seconds. On the simulated GPU that is all
+    it costs the host: the work is queued and runs in the background, and only :meth:`synchronize`
+    waits for it, so a clock read right after ``fn()`` measures the launch alone. On the simulated
+    CPU the work is done before ``fn()`` returns. The clock (:meth:`clock`) stands in for
+    ``time.perf_counter`` and counts its reads; calls and synchronisations are counted too.
+    """
+
+    LAUNCH_S = 1e-5
+    START_S = 1000.0
+
+    def __init__(self, case: TimerCase) -> None:
+        self.case = case
+        self.now = self.busy_until = self.START_S
+        self.calls = self.syncs = self.reads = 0
+
+    def clock(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def clock_ns(self) -> int:
+        return int(round(self.clock() * 1e9))
+
+    def work(self) -> None:
+        cost = self.case.cost(self.calls)
+        self.calls += 1
+        if self.case.gpu:
+            start = max(self.now, self.busy_until)
+            self.busy_until = start + cost
+            self.now += self.LAUNCH_S
+        else:
+            self.now += cost
+
+    def synchronize(self, *args, **kwargs) -> None:
+        if not self.case.gpu:
+            raise RuntimeError("Torch not compiled with CUDA enabled (simulated CPU: no GPU to synchronise)")
+        self.syncs += 1
+        self.now = max(self.now, self.busy_until)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """``time``'s clocks read this device's clock, and ``torch.cuda`` is this device (or absent)."""
+        with contextlib.ExitStack() as stack:
+            for name in ("perf_counter", "monotonic", "time"):
+                stack.enter_context(mock.patch.object(time, name, self.clock))
+            for name in ("perf_counter_ns", "monotonic_ns", "time_ns"):
+                stack.enter_context(mock.patch.object(time, name, self.clock_ns))
+            stack.enter_context(mock.patch.object(torch.cuda, "is_available", lambda: self.case.gpu))
+            stack.enter_context(mock.patch.object(torch.cuda, "synchronize", self.synchronize))
+            yield self
+
+
+def run_timer(timer: Callable, case: TimerCase) -> tuple[object, FakeDevice]:
+    """``timer(fn, warmup, repeats)`` on the simulated device of ``case``: its result, and the device."""
+    device = FakeDevice(case)
+    with device.installed():
+        result = timer(device.work, case.warmup, case.repeats)
+    return result, device
+
+
+def _timer_cases() -> list[TimerCase]:
+    return [
+        TimerCase("simulated GPU, warmup=3, repeats=5, three slow first calls", 3, 5, True, 3, 0.5,
+                  (0.010, 0.012, 0.011, 0.050, 0.009)),
+        TimerCase("simulated GPU, warmup=1, repeats=3", 1, 3, True, 1, 0.2, (0.004, 0.002, 0.003)),
+        TimerCase("CPU without CUDA, warmup=2, repeats=3", 2, 3, False, 2, 0.2, (0.003, 0.001, 0.002)),
+    ]
+
+
+def _timer_diagnosis(case: TimerCase, device: FakeDevice, got: float) -> str:
+    """Why a timer's result differs from the median of the warm calls, in words."""
+    warm = case.warm_costs()
+
+    def near(value: float) -> bool:
+        return math.isclose(got, value, rel_tol=1e-6, abs_tol=1e-12)
+
+    if case.gpu and near(FakeDevice.LAUNCH_S):
+        return ("that is the time of the kernel launch only: on a GPU, fn() returns before the work is done. Call "
+                "torch.cuda.synchronize() after fn() and before reading the clock again.")
+    if case.gpu and got < min(warm) / 10:
+        return ("far less than one call takes: the GPU's work was not waited for. Synchronise "
+                "(torch.cuda.synchronize()) before starting and before stopping the clock.")
+    every_call = [case.cost(i) for i in range(case.warmup + case.repeats)]
+    if case.warmup and near(statistics.median(every_call)):
+        return ("that is the median over the warm-up calls too: time only the repeats, and throw the warm-up "
+                "calls' times away.")
+    if near(1e3 * statistics.median(warm)):
+        return "that is the median in milliseconds: return seconds, as time.perf_counter() gives them."
+    if near(statistics.fmean(warm)):
+        return "that is the mean of the repeats: return the median, which ignores an outlier such as a slow repeat."
+    if near(min(warm)):
+        return "that is the fastest repeat: return the median of the repeats, not the minimum."
+    if near(sum(warm)):
+        return "that is the total of the repeats: time each call on its own and return the median."
+    if got >= case.cold_s * 0.99:
+        return "a slow first call was timed: run fn() warmup times before timing, and throw those times away."
+    return "return the median of the repeats' times, in seconds."
+
+
+@check
+def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> None:
+    """The median of the warm calls, in seconds, on a simulated GPU (whose work finishes only when
+    synchronised) and on a CPU without CUDA; ``fn`` called ``warmup + repeats`` times."""
+    exercise = "time_cuda_aware"
+    require_callable(exercise, time_cuda_aware)
+    check_rules(exercise, time_cuda_aware)
+    reference = reference_function(exercise)
+    cases = _timer_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        want = expect(exercise, case.name, lambda: run_timer(reference, case)[0])
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                got, device = run_timer(time_cuda_aware, case)
+        except NotImplementedError:
+            fail(exercise, NOT_IMPLEMENTED)
+        except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
+            if not case.gpu and "CUDA" in str(exc):
+                hint = ("torch.cuda.synchronize() raised on a machine without a GPU: synchronise only when "
+                        "torch.cuda.is_available().")
+            elif "Event" in str(exc) or "CUDA" in str(exc):
+                hint = ("the check simulates a GPU through time.perf_counter() and torch.cuda.synchronize() only "
+                        "(CUDA events and other CUDA calls cannot be simulated): use those two.")
+            else:
+                hint = "fn is called with no arguments: fn()."
+            try:
+                fail(exercise, f"your code raised {type(exc).__name__}: {exc}. Hint: {hint}", Case(case.name))
+            except CheckFailed as error:
+                error.student_error = exc
+                raise error from exc
+        expected_calls = case.warmup + case.repeats
+        if device.calls != expected_calls:
+            why = (" The warm-up calls are missing: call fn() warmup times before timing, and throw those times away."
+                   if device.calls == case.repeats else
+                   " Call fn() warmup times untimed, then once per timed repeat.")
+            fail(exercise, f"fn was called {device.calls} times with warmup={case.warmup}, repeats={case.repeats}; "
+                           f"expected warmup + repeats = {expected_calls}.{why}", Case(case.name))
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            fail(exercise, f"expected a number of seconds (a float), got {type(got).__name__}", Case(case.name))
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+            continue
+        if device.reads == 0:  # then got is a real time, different on every run: not shown
+            fail(exercise, "your timer never read time.perf_counter(), so it did not time the (simulated) device. "
+                           "Read the clock as time.perf_counter() (with `import time`): the check replaces it with "
+                           "the simulated device's clock.", Case(case.name))
+        if case.gpu and device.syncs == 0:
+            fail(exercise, f"expected {want:.6g} s, got {got:.6g} s: torch.cuda.synchronize() was never called on the "
+                           f"(simulated) GPU, so the clock measured the kernel launches, not the work. Synchronise "
+                           f"whenever torch.cuda.is_available(), before starting and before stopping the clock.",
+                 Case(case.name))
+        fail(exercise, f"expected {want:.6g} s, got {got:.6g} s. Hint: {_timer_diagnosis(case, device, got)}",
+             Case(case.name))
+    passed(exercise, f"{len(cases)} simulated devices timed right ({'; '.join(c.name for c in cases)})")

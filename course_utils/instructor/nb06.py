@@ -2,7 +2,9 @@
 
 The mistakes of both module exercises are mistaken classes with the reference's constructor, built
 and run with the same seeds as the reference. ``attention_flops`` has none: its check names a
-wrong count by its ratio to the expected one.
+wrong count by its ratio to the expected one. ``time_cuda_aware`` has none either: its check runs
+the timer on a simulated device that counts calls, synchronisations and clock reads, and names a
+missing warm-up or synchronisation from those counts.
 """
 
 from __future__ import annotations
@@ -70,10 +72,25 @@ def _flops_cases() -> list[Case]:
     ]
 
 
+def _timer_cases() -> list:
+    from course_utils.checks.nb06 import TimerCase
+
+    return [
+        TimerCase("hidden: simulated GPU, warmup=5, repeats=7, five slow first calls", 5, 7, True, 5, 0.3,
+                  (0.020, 0.021, 0.019, 0.200, 0.018, 0.022, 0.0205)),
+        TimerCase("hidden: simulated GPU, warmup=0, repeats=1, no slow call", 0, 1, True, 0, 0.0, (0.007,)),
+        TimerCase("hidden: simulated GPU, two slow repeats among nine", 2, 9, True, 2, 1.0,
+                  (0.005, 0.0051, 0.09, 0.0049, 0.005, 0.08, 0.0052, 0.0048, 0.00505)),
+        TimerCase("hidden: CPU without CUDA, warmup=0, repeats=5", 0, 5, False, 0, 0.0,
+                  (0.002, 0.004, 0.003, 0.001, 0.005)),
+    ]
+
+
 HIDDEN = {
     "MultiHeadAttentionCombinedQKV": _combined_cases,
     "MHAPyTorchSDPA": _sdpa_cases,
     "attention_flops": _flops_cases,
+    "time_cuda_aware": _timer_cases,
 }
 
 

@@ -13,7 +13,8 @@
 # 5. count the FLOPs of attention (`attention_flops`) and compare achieved TFLOP/s with the GPU's peak;
 # 6. see why the naive version is limited by memory: the `T x T` score matrix;
 # 7. find out which SDPA backend ran (flash, memory-efficient, cuDNN, math) and how to choose one;
-# 8. time code properly: warm-up, synchronisation, median of repeats, inference and training, `torch.compile`.
+# 8. time code properly: write a timer that warms up, synchronises and takes the median
+#    (`time_cuda_aware`), then time inference and training, and `torch.compile`.
 #
 # Shapes use these letters: `b` = batch size, `T` = number of tokens, `d_in`/`d_out` = input/output
 # size, `H` = number of heads, `D` = size of one head (`d_out // H`).
@@ -29,13 +30,15 @@
 
 # %%
 import math
+import statistics
+import time
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_utils import bench, checks, data
+from course_utils import bench, checks, data, plotting
 from course_utils.device import describe_device, get_device
 
 _ = torch.manual_seed(123)
@@ -114,14 +117,28 @@ print(mha(batch))
 # `nn.Linear(d_in, 3 * d_out)`: one larger matrix product, which a GPU runs more efficiently than
 # three small ones (fewer kernel launches, better use of the hardware).
 #
-# The output `qkv = self.qkv(x)` has shape `(b, T, 3 * d_out)`. Its last dimension holds, in this
-# order, all of Q (`d_out` numbers), all of K, all of V; and inside each, head 0's `D` numbers,
-# then head 1's, ... So the right view is
+# The output `qkv = self.qkv(x)` has shape `(b, T, 3 * d_out)`. What its last dimension holds
+# depends on how the rows of `self.qkv.weight`, `(3 * d_out, d_in)`, are stacked: output `j` is
+# row `j` times `x`. **In this course** the rows are `W_query`'s, then `W_key`'s, then
+# `W_value`'s (that is how `bench.copy_weights` fills them, below), so the last dimension holds
+# all of Q (`d_out` numbers), all of K, all of V; and inside each, head 0's `D` numbers, then
+# head 1's, ... For that layout the right view is
 #
 # `qkv.view(b, T, 3, H, D)`  — "which of q/k/v" first, then "which head", then the head's numbers.
 #
-# `view(b, T, H, 3, D)` has the same number of elements and raises no error, but it slices the
-# numbers differently: each "head" would get pieces of Q, K and V. Then
+# `view(b, T, H, 3, D)` has the same number of elements and raises no error, but for this layout
+# it slices the numbers differently: each "head" would get pieces of Q, K and V. It is the right
+# view for weights stacked **head by head** (q, k, v of head 0, then of head 1, ...), the layout
+# of GPT-NeoX and Megatron-LM checkpoints. The two you will meet most use ours:
+#
+# - GPT-2's `c_attn` is a `Conv1D` whose weight is stored transposed, `(d_in, 3 * d_out) = (768, 2304)`;
+#   its output columns are all of Q, all of K, all of V (Hugging Face splits them with
+#   `split(768, dim=2)`);
+# - `nn.MultiheadAttention.in_proj_weight` is `(3 * d_out, d_in)` with the rows of `W_q`, `W_k`,
+#   `W_v` stacked in that order (section 5).
+#
+# A view only reinterprets memory: when you load someone else's weights, find out their layout.
+# Then
 #
 # `permute(2, 0, 3, 1, 4)` → `(3, b, H, T, D)`, and `unbind(0)` → three `(b, H, T, D)` tensors.
 #
@@ -150,7 +167,7 @@ print("wrong: queries of head 0 and 1:", wrong[0, 0, :, 0].tolist(), "keys:", wr
 #   not a trainable parameter: notebook 04 showed what breaks without it.
 #
 # `forward(x)`: `x` is `(b, T, d_in)` with `T <= context_length`; return `(b, T, d_out)`. Compute
-# attention exactly as in notebook 05 (scale by `sqrt(D)`, mask the future with `-inf`, softmax,
+# attention exactly as in notebook 05 (divide by `sqrt(D)`, mask the future with `-inf`, softmax,
 # dropout on the weights), without `F.scaled_dot_product_attention`: that is the next exercise.
 
 # %% grade_id="MultiHeadAttentionCombinedQKV"
@@ -217,7 +234,9 @@ print("same output as notebook 05:", torch.allclose(combined(batch), mha(batch),
 # - scores: `einsum("bqhd,bkhd->bhqk", q, k)`: for each batch, head, query `q` and key `k`, sum over `d`;
 # - context: `einsum("bhqk,bkhd->bqhd", weights, v)`: for each query, sum over the keys `k`.
 #
-# No `transpose` needed: the output string says where each dimension goes. Our
+# No `transpose` needed: the output string says where each dimension goes. (With matrix
+# products, `k.mT` is a short way to write `k.transpose(-2, -1)`: the transpose of the last two
+# dimensions, whatever comes before them.) Our
 # `MultiHeadAttentionEinsum`, below, has the same parameters as `MultiHeadAttention` (it inherits
 # its constructor), so the same seed gives the same weights:
 
@@ -244,7 +263,7 @@ print("einsum scores", tuple(scores_einsum.shape), "equal to the matmul version:
 #
 # `F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)` (SDPA)
 # computes `softmax(q @ k^T / sqrt(D) + mask) @ v` for `q`, `k`, `v` of shape `(..., T, D)`. It
-# chooses among several implementations (section 9); the fused ones never store the `(T, T)`
+# chooses among several implementations (section 10); the fused ones never store the `(T, T)`
 # matrix. With `is_causal=True` it applies the causal mask itself:
 
 # %%
@@ -258,7 +277,9 @@ print("is_causal=True equals our masked attention:", torch.allclose(fused, by_ha
 # **Mind the mask convention.** A boolean `attn_mask` for SDPA says where attention is
 # **allowed** (True = may attend). Our `causal_mask` says the opposite (True = the future,
 # blocked). So pass `~causal_mask(T)`. Passing `causal_mask(T)` itself lets every token see only
-# the tokens after it, and leaves the last token nothing to see at all:
+# the tokens after it, and leaves the last token nothing to see at all. Since PyTorch 2.5 SDPA
+# returns zeros for such a fully masked row, on every backend; a plain `torch.softmax` over a row
+# of `-inf` gives NaN instead. The zeros look harmless, which makes the mistake easy to miss:
 
 # %%
 allowed = ~causal_mask(6)  # (T, T), True on and below the diagonal
@@ -267,6 +288,7 @@ inverted = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(6))
 print("attn_mask=~causal_mask equals is_causal=True:", torch.allclose(explicit, fused, atol=1e-6))
 print("attn_mask=causal_mask (wrong way round) equals it:", torch.allclose(inverted, fused, atol=1e-6))
 print("last row of the wrong version (token 5 may see nothing):", inverted[0, 0, 5, :3])
+print("torch.softmax of a fully masked row:", torch.softmax(torch.full((4,), -torch.inf), dim=-1))
 
 # %% [markdown]
 # **Dropout** is an argument, `dropout_p`, not a module: SDPA applies it to the weights inside the
@@ -542,11 +564,14 @@ for spec in dict.fromkeys(bench.GPU_SPECS.values()):
 
 # %% [markdown]
 # Two remarks on reading the table:
-# - data sheets print the tensor-core number *with 2:4 sparsity*, twice the dense number; normal
-#   attention is dense, so halve it (done above);
+# - the A100, H100 and H200 data sheets print the tensor-core number *with 2:4 sparsity* (two of
+#   every four weights zero), twice the dense number; normal attention is dense, so we halved it
+#   (the table shows the dense figures). The T4 (Turing) has no sparsity support: its 65 TFLOP/s
+#   is already dense, and appears unchanged;
 # - the FP32 column is for plain float32. PyTorch uses it for float32 matrix products unless you
-#   allow TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`), which runs them on tensor cores
-#   with a 10-bit mantissa.
+#   allow TF32, with `torch.set_float32_matmul_precision("high")` (or the older
+#   `torch.backends.cuda.matmul.allow_tf32 = True`): then float32 products run on the tensor cores
+#   (Ampere and newer) with a 10-bit mantissa, faster and a little less precise.
 
 # %% [markdown]
 # ## 9. Why the naive version is limited by memory
@@ -591,12 +616,13 @@ for name, dt in (("float32", torch.float32), ("bfloat16 / float16", torch.bfloat
     ax.plot(Ts, [bench.score_matrix_bytes(B_MEM, H_MEM, T, dt) / 1e9 for T in Ts], marker="o", label=f"scores, {name}")
 for spec, style in ((bench.GPU_SPECS["T4"], ":"), (bench.GPU_SPECS["H100"], "--"), (bench.GPU_SPECS["H200"], "-.")):
     ax.axhline(spec.memory_gb, color="gray", linestyle=style, label=f"{spec.name}: {spec.memory_gb:.0f} GB")
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
+plotting.readable_log_axes(ax, Ts)
+ax.tick_params(axis="x", labelrotation=45)
 ax.set_xlabel("sequence length T")
 ax.set_ylabel("GB")
 ax.set_title(f"one (b={B_MEM}, H={H_MEM}, T, T) score tensor")
-ax.legend(fontsize=8)
+ax.legend(fontsize=9)
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -625,13 +651,13 @@ for name in ("notebook 05", "SDPA is_causal"):
 #
 # | backend | what it is | where it runs |
 # |---|---|---|
-# | **flash** | FlashAttention-2: tiles in SRAM, never stores `T x T` | NVIDIA Ampere (A100, RTX 30xx) and newer (H100, H200); FP16/BF16 only; no arbitrary mask. Not on a T4 (Turing). A separate CPU flash kernel exists |
+# | **flash** | FlashAttention-2: tiles in SRAM, never stores `T x T` | NVIDIA Ampere (A100, RTX 30xx) and newer (H100, H200); FP16/BF16 only; on a GPU no arbitrary mask (`is_causal` only). Not on a T4 (Turing). A separate CPU flash kernel exists, and it does accept a mask (see its output below) |
 # | **memory-efficient** | the xFormers kernel, also tiled | most NVIDIA GPUs including the T4; FP32 too; accepts a mask |
-# | **cuDNN** | NVIDIA's fused attention in cuDNN | Hopper (H100/H200) with a recent cuDNN; PyTorch may prefer it there |
+# | **cuDNN** | NVIDIA's fused attention in cuDNN 9 | NVIDIA Ampere and newer (compute capability 8.0+); which GPUs PyTorch tries it on first, before flash, changes between versions (Hopper, H100/H200, first of all) |
 # | **math** | plain PyTorch ops, stores `T x T` | everywhere: the fallback (and on a CPU whenever dropout is on) |
 #
 # So on a Colab T4 in FP16 you get memory-efficient attention, on an A100 or H100 in BF16 flash
-# (or cuDNN), and on a CPU the CPU flash kernel or math. To **force** a backend, wrap the call in
+# or cuDNN, and on a CPU the CPU flash kernel or math. To **force** a backend, wrap the call in
 # `torch.nn.attention.sdpa_kernel(SDPBackend.X)`; if that backend cannot run these inputs, SDPA
 # raises an error instead of silently falling back. `bench.sdpa_backends_available` tries each one:
 
@@ -678,27 +704,106 @@ for label, fn in calls.items():
 #    recorded). Training: forward **and** backward, because the backward costs about twice the
 #    forward.
 #
-# First the cold call against the warm ones, and (on a GPU) what happens without synchronising:
+# ### Exercise 4: `time_cuda_aware`
+#
+# Write the timer yourself. `time_cuda_aware(fn, warmup=3, repeats=10)` returns the **median**
+# time of one call of `fn()`, in **seconds** (a float):
+#
+# 1. call `fn()` `warmup` times without timing them;
+# 2. then `repeats` times: read the clock with `time.perf_counter()`, call `fn()`, read it again,
+#    and keep the difference;
+# 3. when `torch.cuda.is_available()`, call `torch.cuda.synchronize()` right before starting the
+#    clock (so no work queued earlier is charged to this call) and right before stopping it (so
+#    this call's work is finished). On a machine without a GPU, `torch.cuda.synchronize()` raises:
+#    synchronise only where the device needs it;
+# 4. return the median of the `repeats` times (`statistics.median`).
+#
+# `time` and `statistics` are imported at the top of the notebook. Without a GPU, how can the
+# check tell whether you synchronise? It runs your timer on a **simulated GPU**: it replaces
+# `time.perf_counter` by a fake clock and `torch.cuda.synchronize` by a fake device, whose work
+# only finishes when it is synchronised, and whose first calls are slow. An unsynchronised timer
+# measures only the launches there (about 0.01 ms), and a timer without warm-up the slow calls.
+# So write `time.perf_counter()`, not `from time import perf_counter`, and no CUDA events.
+
+# %% grade_id="time_cuda_aware"
+def time_cuda_aware(fn, warmup: int = 3, repeats: int = 10) -> float:
+    """Median seconds of one fn() call: warmup untimed calls, then repeats timed ones, synchronising CUDA."""
+    ### BEGIN SOLUTION
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+    ### END SOLUTION
+
+# %% grade_id="test_time_cuda_aware" points=3
+# Check: on a simulated GPU (work finishes only when synchronised, slow first calls) and a CPU without CUDA.
+checks.check_time_cuda_aware(time_cuda_aware)
+### BEGIN HIDDEN TESTS
+checks.check_time_cuda_aware(time_cuda_aware, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Now the rules on a real model. First the cold call alone; then, after a warm-up, the same warm
+# calls timed without synchronising and with your timer. The warm-up comes first so that the
+# two warm timings differ only in the synchronisation. On a GPU the unsynchronised time is the
+# launch only, far too small; on a CPU there is nothing to wait for, and the two differ only by
+# noise (large on a busy machine: compare the spread printed below).
 
 # %% tags=["nbval-ignore-output"]
-import time
-
 model = correct["notebook 05"]
 x_time = torch.randn(BATCH, SEQ_LENS[-1], D_MODEL, device=device, dtype=DTYPE)
-with torch.no_grad():
+
+
+def forward():
+    with torch.no_grad():
+        return model(x_time)
+
+
+bench.synchronize(device)
+t0 = time.perf_counter()
+forward()
+bench.synchronize(device)
+cold_s = time.perf_counter() - t0  # the first call, with its one-time costs
+
+for _ in range(WARMUP):
+    forward()
+bench.synchronize(device)
+unsynced = []
+for _ in range(REPEATS):
     t0 = time.perf_counter()
-    model(x_time)  # no synchronize: on a GPU this only measures the launch
-    no_sync = time.perf_counter() - t0
-    bench.synchronize(device)
-    warm = bench.time_fn(lambda: model(x_time), device=device, warmup=WARMUP, repeats=REPEATS)
-print(f"without synchronize: {1e3 * no_sync:.3f} ms   (on a GPU: the launch only, far too small)")
-print(f"warm, synchronised:  {warm}")
-print(f"spread of the repeats (max - min) / median: {warm.spread:.0%}")
+    forward()  # no synchronize: on a GPU this only measures the launch
+    unsynced.append(time.perf_counter() - t0)
+bench.synchronize(device)  # let the queued work finish before the next measurement
+synced_s = time_cuda_aware(forward, warmup=WARMUP, repeats=REPEATS)
+
+print(f"first (cold) call:                 {1e3 * cold_s:8.3f} ms")
+print(f"warm, without synchronize (median): {1e3 * statistics.median(unsynced):8.3f} ms   (on a GPU: the launch only)")
+print(f"warm, time_cuda_aware (median):     {1e3 * synced_s:8.3f} ms")
+warm = bench.time_fn(forward, device=device, warmup=WARMUP, repeats=REPEATS)
+print(f"bench.time_fn, for comparison:      {warm}")
+print(f"spread of bench.time_fn's repeats (max - min) / median: {warm.spread:.0%}")
 
 # %% [markdown]
 # Now every correct implementation at every sequence length, inference and training, with
-# `bench.time_fn`. FLOPs from your `attention_flops` (training: 3x the forward, see
-# `bench.training_flops`), TFLOP/s, and the percentage of the peak where the GPU is known.
+# `bench.time_fn`: the same method as your timer, plus CUDA events on a GPU. FLOPs from your
+# `attention_flops` (training: 3x the forward, see `bench.training_flops`), TFLOP/s, and the
+# percentage of the peak where the GPU is known.
+#
+# The 3x is a convention: the backward pass does about twice the forward's matrix products (one
+# for the gradient of each input of a product). FlashAttention's papers count **3.5x** for
+# attention instead, because their backward also recomputes the scores `Q K^T` instead of storing
+# them (2.5x the forward for the backward alone). Two TFLOP/s figures computed with different
+# conventions cannot be compared directly.
 # The TFLOP/s count only the attention core, so at small `T`, where the projections dominate,
 # they understate the work done.
 
@@ -759,18 +864,19 @@ for mode, flops_of in (("inference", lambda f: f), ("training", bench.training_f
 # overheads, so do not draw conclusions from them.
 
 # %% tags=["nbval-ignore-output"]
-fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
 for ax, mode in zip(axes, ("inference", "training")):
     for name in correct:
         points = [(T, results[mode, name, T].median_ms) for T in SEQ_LENS if results[mode, name, T] is not None]
         if points:
             ax.plot(*zip(*points), marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    plotting.readable_log_axes(ax, SEQ_LENS)
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("median time (ms)")
     ax.set_title(f"{mode} on {device.type}, {str(DTYPE).replace('torch.', '')}")
-    ax.legend(fontsize=7)
+handles, labels = axes[0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=10, frameon=False)
+fig.tight_layout(rect=(0, 0.1, 1, 1))  # room for the shared legend below the two panels
 plt.show()
 
 # %% [markdown]
@@ -825,20 +931,23 @@ else:
 #
 # Click a question to see the answer.
 #
-# <details><summary>1. <code>qkv</code> has shape <code>(b, T, 3 * d_out)</code>. Why is <code>view(b, T, 3, H, D)</code> right and <code>view(b, T, H, 3, D)</code> wrong, although both run?</summary>
+# <details><summary>1. <code>qkv</code> has shape <code>(b, T, 3 * d_out)</code>. Why is <code>view(b, T, 3, H, D)</code> right here and <code>view(b, T, H, 3, D)</code> wrong, although both run?</summary>
 #
-# The linear layer's output is laid out as all of Q, then all of K, then all of V (because its
-# weight is `W_query`, `W_key`, `W_value` stacked). The first view reads it that way. The second
-# assumes head-major order (q, k, v of head 0, then head 1, ...) and gives each "query" numbers from
+# Because of how the weight rows are stacked. In this course (and in GPT-2's `c_attn` and
+# `nn.MultiheadAttention.in_proj_weight`) the output is laid out as all of Q, then all of K, then
+# all of V: the weight is `W_query`, `W_key`, `W_value` stacked. The first view reads it that way.
+# The second assumes head-major order (q, k, v of head 0, then head 1, ...), which is right only
+# for weights stacked that way (GPT-NeoX, Megatron-LM); on ours it gives each "query" numbers from
 # Q, K and V. A view only reinterprets memory; it cannot know what the numbers mean.
 # </details>
 #
 # <details><summary>2. You pass <code>attn_mask=causal_mask(T)</code> to <code>F.scaled_dot_product_attention</code>. What happens?</summary>
 #
 # For SDPA a boolean True means "may attend", so every token attends only to the future, and the
-# last token to nothing (its row is all masked; the output there is zeros or NaN depending on the
-# backend). Use `~causal_mask(T)` or, better, `is_causal=True`. `nn.MultiheadAttention` uses the
-# opposite convention (True = blocked).
+# last token to nothing: its row is fully masked, and SDPA returns zeros there (on every backend,
+# since PyTorch 2.5), where `torch.softmax` over a row of `-inf` would give NaN. Use
+# `~causal_mask(T)` or, better, `is_causal=True`. `nn.MultiheadAttention` uses the opposite
+# convention (True = blocked).
 # </details>
 #
 # <details><summary>3. Causal attention with B=1, H=1, T=4, D=2: how many FLOPs?</summary>
@@ -865,6 +974,21 @@ else:
 # Memory-efficient attention. PyTorch's FlashAttention-2 kernel needs an Ampere or newer GPU
 # (compute capability 8.0+); the T4 is Turing (7.5).
 # </details>
+#
+# <details><summary>7. Find the bug: a timer on a GPU reads <code>t0 = time.perf_counter(); model(x); torch.cuda.synchronize(); t1 = time.perf_counter()</code>, right after ten untimed calls of <code>model(x)</code>. The first repeat is far slower than the rest. Why?</summary>
+#
+# The ten warm-up calls were queued, not finished: nothing waited for them. The first repeat's
+# `synchronize` waits for all of them, and charges their time to that repeat. Synchronise before
+# starting the clock too. (The median of several repeats hides one such outlier, which is one
+# reason to take the median; a mean would not.)
+# </details>
+#
+# <details><summary>8. Predict the output: on a GPU, <code>time_cuda_aware(lambda: model(x), 3, 10)</code> gives 2.0 ms at <code>T = 1024</code>. Roughly what do you expect at <code>T = 2048</code> for the naive attention, if the <code>(T, T)</code> work dominates?</summary>
+#
+# About 8 ms: the FLOPs and the size of the score matrix both grow like `T^2`, so doubling `T`
+# quadruples the time. At small `T` the projections (which grow like `T`) and fixed overheads
+# weigh more, and the growth is slower.
+# </details>
 
 # %% [markdown]
 # ## Recap
@@ -878,4 +1002,5 @@ else:
 # - Attention's core costs `4 * B * H * T^2 * D` FLOPs (half when causal); naive attention also
 #   stores `B * H * T^2` scores, which is what limits it on a GPU: memory traffic, then memory size.
 # - Check correctness first, then time with warm-up, synchronisation (or CUDA events) and the
-#   median of repeats; time training as forward plus backward.
+#   median of repeats, as your `time_cuda_aware` does; time training as forward plus backward
+#   (3x the forward's FLOPs by the usual convention, 3.5x in FlashAttention's papers).

@@ -204,6 +204,44 @@ def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     },
 }
 
+# A correct time_cuda_aware.
+_TIMER = '''
+def time_cuda_aware(fn, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+'''
+_SYNC = "        if torch.cuda.is_available():\n            torch.cuda.synchronize()\n"
+_WARMUP = "    for _ in range(warmup):\n        fn()\n"
+
+WRONG["time_cuda_aware"] = {
+    "no warm-up": wrong(_edit(_TIMER, _WARMUP, ""), "warm-up calls are missing"),
+    "never synchronises": wrong(_edit(_TIMER, _SYNC, "", count=2), "torch.cuda.synchronize() was never called"),
+    "synchronises only before starting the clock": wrong(
+        _edit(_TIMER, "        fn()\n" + _SYNC, "        fn()\n"), "launch only"),
+    "synchronises even without a GPU": wrong(
+        _edit(_TIMER, _SYNC, "        torch.cuda.synchronize()\n", count=2), "only when torch.cuda.is_available()"),
+    "the mean, not the median": wrong(_edit(_TIMER, "statistics.median(times)", "statistics.mean(times)"),
+                                      "mean of the repeats"),
+    "the fastest repeat": wrong(_edit(_TIMER, "statistics.median(times)", "min(times)"), "fastest repeat"),
+    "milliseconds": wrong(_edit(_TIMER, "return statistics.median(times)", "return 1000 * statistics.median(times)"),
+                          "milliseconds"),
+    "perf_counter imported by name, so the simulated clock is never read": wrong(
+        "from time import perf_counter\n" + _TIMER.replace("time.perf_counter()", "perf_counter()"),
+        "never read time.perf_counter()"),
+    "the warm-up calls timed too": wrong(_edit(_edit(_TIMER, _WARMUP, ""), "range(repeats)", "range(warmup + repeats)"),
+                                         "warm-up"),
+}
+
 RIGHT = {
     "MultiHeadAttentionCombinedQKV": {
         "chunk(3) on the last dim, then split heads with view/transpose": _combined('''
@@ -272,6 +310,39 @@ def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
         "math.prod": '''
 def attention_flops(batch, num_heads, seq_len, head_dim, causal=True):
     return math.prod([2, 2 if not causal else 1, batch, num_heads, seq_len, seq_len, head_dim])
+''',
+    },
+    "time_cuda_aware": {
+        "a sync helper, perf_counter_ns and torch's median": '''
+def time_cuda_aware(fn, warmup=3, repeats=10):
+    def wait():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    wait()
+    elapsed = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        wait()
+        elapsed.append((time.perf_counter_ns() - t0) / 1e9)
+    return torch.tensor(elapsed, dtype=torch.float64).median().item()
+''',
+        "get_device() decides, every call timed, the warm-up dropped, sorted middle value (odd repeats)": '''
+def time_cuda_aware(fn, warmup=3, repeats=10):
+    on_gpu = get_device().type == "cuda"
+    times = []
+    for _ in range(warmup + repeats):
+        if on_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times[warmup:])[repeats // 2]
 ''',
     },
 }
