@@ -153,6 +153,7 @@ def plot_weights_bar(
     ax.bar_label(bars, fmt=fmt)
     if (w < 0).any():
         ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.margins(y=0.12)  # room for the numbers above (and below) the bars
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     return ax
