@@ -56,6 +56,7 @@ from typing import Iterable, Mapping, Protocol
 import nbformat
 import numpy as np
 
+from grader import cells as nbcells
 from grader import course
 
 #: Length of a fingerprinted run of normalised text (copydetect's "noise threshold").
@@ -225,8 +226,7 @@ def _answer_cell(folder: str, notebook: str, exercise: str) -> str:
         return ""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader") or {}
-        if meta.get("solution") and meta.get("grade_id") == exercise:
+        if nbcells.is_answer(cell) and nbcells.grade_id(cell) == exercise:
             return cell.source
     return ""
 

@@ -66,3 +66,11 @@ def test_exercises_agree_with_reference_checks_and_sources():
         for exercise in course.EXERCISES[notebook]:
             assert hasattr(reference, exercise), f"course_utils.reference has no {exercise}"
             assert hasattr(checks, f"check_{exercise}"), f"course_utils.checks has no check_{exercise}"
+
+
+def test_every_rule_belongs_to_an_exercise():
+    """A rule keyed by a misspelt or renamed exercise would silently never apply."""
+    from course_utils import rules
+
+    exercises = {e for names in course.EXERCISES.values() for e in names}
+    assert set(rules.RULES) <= exercises, set(rules.RULES) - exercises
