@@ -118,7 +118,8 @@ print("PyTorch's torch.softmax agrees:", torch.allclose(weights_2, torch.softmax
 # `(e^s / s) / (Σ e^s / Σ s)`, and the denominator is the same for all: here 2.86. Near `s = 1`,
 # `e^s / s` is almost flat (its minimum, `e ≈ 2.72`, is at `s = 1`): for these scores, 0.71 to
 # 1.50, it stays between 2.72 and 2.98. Both ends of the range sit a little above 2.86 ("one":
-# 2.87), the middle a little below, so "one" gains as well. The sharpening shows when scores differ by several units (question 6 below).
+# 2.87), the middle a little below, so "one" gains as well. The sharpening shows when scores
+# differ by several units (question 6 below).
 #
 # The two bar charts share their y axis, so equal heights mean equal weights. The differences are
 # a hundredth at most, too small to see there, so the third chart shows them on their own scale:
