@@ -755,9 +755,10 @@ checks.check_time_cuda_aware(time_cuda_aware, hidden=True)
 # %% [markdown]
 # Now the rules on a real model. First the cold call alone; then, after a warm-up, the same warm
 # calls timed without synchronising and with your timer. The warm-up comes first so that the
-# two warm timings differ only in the synchronisation. On a GPU the unsynchronised time is the
-# launch only, far too small; on a CPU there is nothing to wait for, and the two differ only by
-# noise (large on a busy machine: compare the spread printed below).
+# two warm timings differ only in the synchronisation; they are taken in turn, 15 pairs or more.
+# On a GPU the unsynchronised time is the launch only, far too small. On a CPU there is nothing to
+# wait for: the two are the same measurement, and any difference between them is noise (large on
+# a busy machine: compare the spread printed last).
 
 # %% tags=["nbval-ignore-output"]
 model = correct["notebook 05"]
@@ -778,17 +779,18 @@ cold_s = time.perf_counter() - t0  # the first call, with its one-time costs
 for _ in range(WARMUP):
     forward()
 bench.synchronize(device)
-unsynced = []
-for _ in range(REPEATS):
+unsynced, synced = [], []
+PAIRS = max(REPEATS, 15)  # cheap here: one forward pass each
+for _ in range(PAIRS):  # the two kinds in turn, so that a busy machine slows both alike
     t0 = time.perf_counter()
     forward()  # no synchronize: on a GPU this only measures the launch
     unsynced.append(time.perf_counter() - t0)
-bench.synchronize(device)  # let the queued work finish before the next measurement
-synced_s = time_cuda_aware(forward, warmup=WARMUP, repeats=REPEATS)
+    bench.synchronize(device)  # let the queued work finish before the next measurement
+    synced.append(time_cuda_aware(forward, warmup=0, repeats=1))  # already warm
 
-print(f"first (cold) call:                 {1e3 * cold_s:8.3f} ms")
+print(f"first (cold) call:                  {1e3 * cold_s:8.3f} ms")
 print(f"warm, without synchronize (median): {1e3 * statistics.median(unsynced):8.3f} ms   (on a GPU: the launch only)")
-print(f"warm, time_cuda_aware (median):     {1e3 * synced_s:8.3f} ms")
+print(f"warm, time_cuda_aware (median):     {1e3 * statistics.median(synced):8.3f} ms")
 warm = bench.time_fn(forward, device=device, warmup=WARMUP, repeats=REPEATS)
 print(f"bench.time_fn, for comparison:      {warm}")
 print(f"spread of bench.time_fn's repeats (max - min) / median: {warm.spread:.0%}")
