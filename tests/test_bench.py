@@ -276,3 +276,57 @@ def test_comparison_classes_call_the_notebook_helpers_by_plain_name():
     for cls in (bench_impls.with_explicit_mask, bench_impls.MHAPyTorchClass, bench_impls.MHAFlexAttention):
         source = inspect.getsource(cls)
         assert "reference" not in source and "bench." not in source, cls.__name__
+
+
+# ------------------------------------------------------------- notebook 07's tiled implementations
+def test_flash_python_matches_notebook05_after_copy_weights():
+    torch.manual_seed(3)
+    args = (16, 16, 40, 0.0, 2)
+    source = reference.MultiHeadAttention(*args).eval()
+    tiled = bench.copy_weights(source, bench_impls.MHAFlashPython(*args)).eval()
+    tiled.block = 16
+    for T in (40, 23):
+        x = torch.rand(2, T, 16)
+        with torch.no_grad():
+            assert bench.verify(source(x), tiled(x), atol=1e-5, rtol=1e-4) is None, T
+
+
+def test_flash_triton_matches_notebook05_in_the_interpreter_and_is_forward_only():
+    pytest.importorskip("triton", reason="Triton is not installed")
+    torch.manual_seed(4)
+    args = (32, 32, 40, 0.0, 2)  # head size 16, the smallest the kernel takes
+    source = reference.MultiHeadAttention(*args).eval()
+    kernel = bench.copy_weights(source, bench_impls.MHAFlashTriton(*args)).eval()
+    kernel.block_m = kernel.block_n = 16
+    x = torch.rand(1, 37, 32)
+    expected = source(x).detach()
+    with torch.no_grad():
+        got = kernel(x.cuda() if torch.cuda.is_available() else x).cpu()
+    tolerance = 5e-3 if torch.cuda.is_available() else 1e-5  # compiled float32 products use TF32
+    assert bench.verify(expected, got, atol=tolerance, rtol=tolerance) is None
+    with pytest.raises(NotImplementedError, match="forward only"):
+        kernel(x.requires_grad_(True))
+
+
+def test_benchmark_times_the_python_loop_on_a_cpu_at_small_t_only(monkeypatch):
+    monkeypatch.setattr(bench_impls, "FLASH_PYTHON_MAX_T", 16)
+    config = bench_impls.BenchConfig("cpu", "float32", batch=1, d_model=16, num_heads=2, seq_lens=[16, 32],
+                                     modes=["inference"], warmup=0, repeats=1)
+    logged = []
+    result = bench_impls.run_benchmark(config, log=logged.append)
+    rows = {(r.impl, r.seq_len): r for r in result.rows}
+    assert rows[("flash_python", 16)].status == "ok" and rows[("flash_python", 16)].median_ms > 0
+    assert rows[("flash_python", 32)].status == "skipped" and "T=16" in rows[("flash_python", 32)].message
+    assert not any(r.impl == "flash_triton" for r in result.rows), "the Triton kernel is timed on a GPU only"
+    assert any("flash_triton skipped" in line and "GPU" in line for line in logged)
+
+
+@GPU_ONLY
+def test_benchmark_times_the_triton_kernel_on_a_gpu():
+    pytest.importorskip("triton", reason="Triton is not installed")
+    config = bench_impls.BenchConfig("cuda", "bfloat16", batch=1, d_model=128, num_heads=2, seq_lens=[256],
+                                     modes=["inference", "training"], warmup=1, repeats=2)
+    rows = {(r.impl, r.mode): r for r in bench_impls.run_benchmark(config, log=lambda line: None).rows}
+    assert rows[("flash_triton", "inference")].status == "ok"
+    assert rows[("flash_triton", "training")].status == "skipped"
+    assert not any(impl == "flash_python" for impl, _ in rows)

@@ -1,7 +1,8 @@
 """The benchmark's implementations and runner: instructor edition only, never released.
 
 ``python -m course_utils.bench`` (``make bench``) runs :func:`main` here. It times every
-implementation of notebook 06 over a sweep of sequence lengths on the best device present, after
+implementation of notebook 06, and notebook 07's tiled ones (the Python loop on a CPU at small
+``T``, the Triton kernel on a GPU), over a sweep of sequence lengths on the best device present, after
 checking each one against notebook 05's ``MultiHeadAttention`` (a wrong implementation is
 reported, never timed), and writes ``attention_bench.json`` and ``attention_bench.png`` into the
 output folder. ``python -m course_utils.bench --help`` lists the options (``--threads 1`` gives
@@ -58,6 +59,10 @@ __all__ = [
     "with_explicit_mask",
     "MHAPyTorchClass",
     "MHAFlexAttention",
+    "MHAFlashPython",
+    "MHAFlashTriton",
+    "FLASH_PYTHON_MAX_T",
+    "flash_status",
     "IMPLEMENTATIONS",
     "BenchConfig",
     "BenchRow",
@@ -198,6 +203,75 @@ class MHAFlexAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
+# Notebook 07's tiled implementations: the Python loop (CPU, small T) and the Triton kernel (GPU)
+# --------------------------------------------------------------------------------------------
+#: The Python loop runs thousands of small operators: it is timed on a CPU up to this length only.
+FLASH_PYTHON_MAX_T = 1024
+
+
+class MHAFlashPython(reference.MHAPyTorchSDPA):
+    """``MHAPyTorchSDPA`` whose core is notebook 07's tiled loop, ``flash_attention_forward``.
+
+    Same parameters and weights as ``MHAPyTorchSDPA``; dropout is not applied (build it with 0.0).
+    Tiles of ``block`` queries by ``block`` keys. Input ``(b, T, d_in)``, output ``(b, T, d_out)``.
+    """
+
+    block = 64
+
+    def skip_reason(self, seq_len: int, device: torch.device) -> str | None:
+        """Why this implementation is not run at ``seq_len`` on ``device`` (``None``: it is)."""
+        if device.type != "cpu":
+            return "the Python loop is timed on a CPU only"
+        if seq_len > FLASH_PYTHON_MAX_T:
+            return f"the Python loop is timed up to T={FLASH_PYTHON_MAX_T} only"
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return reference.flash_attention_forward(q, k, v, self.block, self.block, causal=True)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, T, _ = check_input_3d(x, self.d_in, self.context_length)
+        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.out_proj(merge_heads(self.attend(q, k, v)))  # (b, T, d_out)
+
+
+class MHAFlashTriton(MHAFlashPython):
+    """``MHAPyTorchSDPA`` whose core is notebook 07's Triton kernel (forward only: it has no backward).
+
+    Compiled on a GPU; in Triton's interpreter on a CPU (correct, far too slow to time, so the
+    benchmark adds it on a GPU only). Tiles of ``block_m`` queries by ``block_n`` keys.
+    """
+
+    block_m, block_n = 128, 64
+
+    def skip_reason(self, seq_len: int, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "the Triton kernel is timed on a CUDA GPU only"
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError("notebook 07's Triton kernel is forward only (no backward)")
+        from course_utils import flash
+
+        return flash.launch(reference.flash_attention_triton, q.contiguous(), k.contiguous(), v.contiguous(),
+                            causal=True, block_m=self.block_m, block_n=self.block_n)[0]
+
+
+def flash_status(device: torch.device | str) -> dict[str, str | None]:
+    """``{name: None}`` for each tiled implementation the benchmark runs on ``device``, or the reason it does not."""
+    from course_utils import flash
+
+    device = torch.device(device)
+    runs, how = flash.triton_status()
+    return {
+        "flash_python": None if device.type == "cpu" else "the Python loop is timed on a CPU only",
+        "flash_triton": ("the Triton kernel is timed on a CUDA GPU only" if device.type != "cuda"
+                         else None if runs else how),
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------------
 #: name -> constructor with the book's signature. Flex is added when it runs on the device.
@@ -289,6 +363,11 @@ def build_implementations(config: BenchConfig, log: Callable[[str], None] = prin
         constructors["flex_attention"] = lambda *a: MHAFlexAttention(*a, compile=compiled)
     else:
         log(f"flex_attention skipped: {why}")
+    for name, why in flash_status(device).items():
+        if why is None:
+            constructors[name] = {"flash_python": MHAFlashPython, "flash_triton": MHAFlashTriton}[name]
+        else:
+            log(f"{name} skipped: {why}")
     if config.broken_demo:
         constructors["broken_no_causal"] = _BrokenSDPA
     modules = {}
@@ -327,6 +406,11 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> Be
         x = x.to(dtype)
         fwd = attention_flops(config.batch, config.num_heads, T, config.head_dim, causal=True)
         for name, module in modules.items():
+            reason = module.skip_reason(T, device) if hasattr(module, "skip_reason") else None
+            if reason:
+                for mode in config.modes:
+                    result.rows.append(BenchRow(name, mode, T, "skipped", message=reason))
+                continue
             try:
                 with torch.no_grad():
                     got = module(x)

@@ -1,0 +1,180 @@
+"""Notebook 07's machinery: the references agree with PyTorch's attention, the tensor watcher catches a
+(T, T) tensor and names its line, the counter of computed scores sees skipped causal tiles, peak
+memory is measured, and the Triton kernel runs (interpreted on a CPU) or is skipped with a reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from course_utils import checks, flash
+from course_utils import reference as R
+from course_utils.checks import nb07
+from course_utils.checks.core import CheckFailed
+from course_utils.checks.tensors import TensorWatcher, watch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _qkv(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g, dtype=dtype) for _ in range(3))
+
+
+def _lse(q, k, causal):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return s.logsumexp(-1)
+
+
+# ------------------------------------------------------------------------------ the references
+@pytest.mark.parametrize("shape", [(7, 4), (2, 37, 8), (2, 3, 40, 16), (1, 1, 1, 8)])
+@pytest.mark.parametrize("blocks", [(8, 16), (16, 8), (5, 3), (64, 64), (1, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_forward_agrees_with_sdpa_to_1e5(shape, blocks, causal):
+    q, k, v = _qkv(*shape, seed=sum(shape))
+    out, lse = R.flash_attention_forward(q, k, v, *blocks, causal=causal)
+    assert out.shape == q.shape and lse.shape == q.shape[:-1]
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=1e-5, rtol=0)
+    assert_close(lse, _lse(q, k, causal), atol=1e-5, rtol=0)
+
+
+def test_flash_attention_forward_is_stable_and_differentiable_in_float64():
+    q, k, v = _qkv(2, 9, 4, seed=1, dtype=torch.float64)
+    big = q * 300  # scores in the thousands: exp would overflow without the running maximum
+    out, _ = R.flash_attention_forward(big, k, v, 4, 3)
+    assert_close(out, F.scaled_dot_product_attention(big, k, v, is_causal=True))
+    q, k, v = (t[:, :5].clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: R.flash_attention_forward(a, b, c, 2, 3)[0], (q, k, v))
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 8])
+def test_online_softmax_agrees_with_torch_including_minus_inf_and_large_values(block_size):
+    inf = float("-inf")
+    x = torch.tensor([[inf, inf, 1.0, 1000.0, 2.0], [1000.0, 1001.0, 1002.0, -5.0, inf], [3.0, 1.0, 4.0, 1.0, 5.0]])
+    assert_close(R.online_softmax(x, block_size), torch.softmax(x, dim=-1))
+    batch = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(2)) * 50
+    assert_close(R.online_softmax(batch, block_size), torch.softmax(batch, dim=-1))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q: R.flash_attention_forward(q, q, q, 0, 4), "block_q must be a positive int"),
+    (lambda q: R.flash_attention_forward(q, q, q, 4, 2.5), "block_k must be a positive int"),
+    (lambda q: R.flash_attention_forward(q, q[:3], q[:3], 2, 2), "as many keys as queries"),
+    (lambda q: R.flash_attention_forward(q, q[:, :2], q, 2, 2), "last dimension"),
+    (lambda q: R.online_softmax(q, 0), "block_size must be a positive int"),
+])
+def test_bad_input_gets_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(torch.randn(6, 4))
+
+
+# ------------------------------------------------------------------------------ the watcher
+def _naive(q, k, v):
+    scores = q @ k.transpose(-2, -1)  # the line the check must name
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def test_watcher_catches_a_full_score_matrix_and_names_the_line():
+    q, k, v = _qkv(2, 40, 4)
+    _, watcher = watch(_naive, q, k, v)
+    problem = nb07.full_matrix_problem(watcher, 40)
+    assert problem and "(2, 40, 40)" in problem and "scores = q @ k.transpose(-2, -1)" in problem
+    assert f"line {_naive.__code__.co_firstlineno + 1}" in problem
+
+
+def test_watcher_sees_no_full_matrix_in_the_tiled_reference_and_counts_its_scores():
+    q, k, v = _qkv(2, 40, 4)
+    _, watcher = watch(R.flash_attention_forward, q, k, v, 8, 16)
+    assert nb07.full_matrix_problem(watcher, 40) is None
+    needed, crossing, total = nb07.computed_tiles(40, 8, 16)
+    assert watcher.score_entries(4, 4) == 2 * needed < 2 * total
+    assert nb07.skipped_blocks_problem(watcher, 40, 4, 4, 8, 16, heads=2) is None
+
+
+def test_counter_names_a_loop_that_skips_no_tile_and_one_that_skips_too_few():
+    q, k, v = _qkv(2, 40, 4)
+    _, everything = watch(R.flash_attention_forward, q, k, v, 8, 16, causal=False)
+    assert "no key block was skipped" in nb07.skipped_blocks_problem(everything, 40, 4, 4, 8, 16, heads=2)
+
+    def one_tile_too_many(q, k, v):  # an off-by-one: the key loop runs one block past the query block
+        for start in range(0, 40, 8):
+            stop = min(40, (start // 16 + 2) * 16)
+            for k_start in range(0, stop, 16):
+                q[:, start:start + 8] @ k[:, k_start:k_start + 16].transpose(-2, -1)
+
+    _, extra = watch(one_tile_too_many, q, k, v)
+    assert "still computed" in nb07.skipped_blocks_problem(extra, 40, 4, 4, 8, 16, heads=2)
+
+
+def test_causal_block_grid_for_a_long_sequence():
+    grid = flash.causal_block_grid(4096, 128, 128)
+    assert int((grid > 0).sum()) == 528 and int((grid == 1).sum()) == 32 and int((grid == 0).sum()) == 496
+    assert flash.causal_block_grid(40, 8, 16).tolist()[0] == [1, 0, 0]
+
+
+def test_peak_memory_is_measured_on_the_cpu():
+    q, k, v = _qkv(1, 2, 256, 16)
+    naive = flash.measure_peak_memory(_naive, q, k, v)
+    tiled = flash.measure_peak_memory(R.flash_attention_forward, q, k, v, 32, 32)
+    one_scores = 2 * 256 * 256 * 4
+    assert one_scores <= naive <= 3 * one_scores, "the scores and the weights"
+    assert tiled < one_scores / 4
+    assert flash.measure_peak_memory(lambda t: t.transpose(-2, -1)[0], q) == 0, "a view of an input is not new memory"
+
+
+def test_watcher_sees_reductions_over_a_whole_row():
+    x = torch.randn(3, 12)
+    with TensorWatcher() as watcher:
+        x.amax(dim=-1)
+        x[:, :4].sum(dim=-1)
+    assert [r.reduces_last_dim_longer_than(4) for r in watcher.reductions] == [True, False]
+
+
+# ------------------------------------------------------------------------------ Triton
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_reference_kernel_agrees_with_sdpa():
+    for causal in (True, False):
+        q, k, v = _qkv(2, 1, 37, 16, seed=3)
+        out, lse = flash.launch(R.flash_attention_triton, q, k, v, causal=causal, block_m=16, block_n=16)
+        tolerance = 5e-3 if torch.cuda.is_available() else 1e-5
+        assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=tolerance, rtol=0)
+        assert_close(lse, _lse(q, k, causal), atol=tolerance, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_launch_refuses_sizes_the_kernel_cannot_take():
+    q = torch.randn(1, 8, 12)
+    with pytest.raises(ValueError, match="head size D"):
+        flash.launch(R.flash_attention_triton, q, q, q)
+    q = torch.randn(1, 8, 16)
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        flash.launch(R.flash_attention_triton, q, q, q, block_m=24)
+
+
+def test_without_triton_the_check_is_skipped_with_a_reason_and_grading_fails(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    runs, why = flash.triton_status()
+    assert not runs and "not installed" in why
+    triton, tl = flash.import_triton()
+    kernel = triton.jit(lambda x: x)
+    assert kernel(3) == 3 and tl.constexpr is not None
+    checks.check_flash_attention_triton(kernel)
+    assert "skipped" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="grader needs Triton"):
+        checks.check_flash_attention_triton(kernel, hidden=True)
+
+
+def test_grading_follows_nbgrader_execution(monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    assert not flash.grading()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert flash.grading()
