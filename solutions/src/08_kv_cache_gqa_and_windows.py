@@ -317,9 +317,10 @@ except ValueError as err:
 # ### Time per generated token
 #
 # We generate 4 tokens after prompts of growing length `T`, with and without the cache, on a module
-# with `d = 128` and 8 heads, and report the time **per generated token** (the best of 2 runs). Without the
-# cache, each step runs the whole sequence again: `T` projections and a `(T, T)` score matrix. With
-# it, each step projects **one** token and computes one row of `T` scores.
+# with `d = 128` and 8 heads, and report the time **per generated token** (the best of 2 runs, on
+# one CPU thread). Without the cache, each step runs the whole sequence again: `T` projections and
+# a `(T, T)` score matrix. With it, each step projects **one** token and computes one row of `T`
+# scores.
 
 # %% tags=["nbval-ignore-output"]
 def time_per_token(module: MultiHeadAttentionKVCache, x: torch.Tensor, prompt_len: int, new_tokens: int,
@@ -346,9 +347,12 @@ NEW = 4
 torch.manual_seed(0)
 gen = MultiHeadAttentionKVCache(128, 128, LENGTHS[-1] + NEW, 0.0, 8).eval()
 tokens = torch.rand(1, LENGTHS[-1] + NEW, 128)  # (1, T, d)
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # one thread: steadier numbers when other programs share the CPU
 time_per_token(gen, tokens, LENGTHS[0], NEW, use_cache=False, repeats=1)  # warm-up: the first calls are slow
 per_token = {name: [time_per_token(gen, tokens, T, NEW, use_cache) for T in LENGTHS]
              for name, use_cache in (("without cache", False), ("with cache", True))}
+torch.set_num_threads(threads)
 for i, T in enumerate(LENGTHS):
     print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:7.2f} ms/token, "
           f"with cache {per_token['with cache'][i] * 1e3:6.2f} ms/token")
