@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 from pathlib import Path
 
 import nbformat
@@ -36,8 +37,49 @@ pytestmark = [
     pytest.mark.skipif(not {NB01, NB04} <= set(course.available_notebooks()), reason="notebooks 01 and 04 are not built"),
 ]
 TIMEOUT_MS = 30_000  # a kernel's first cell imports torch; everything else takes well under a second
-GRADE_LIMITS = dict(cell_timeout=30, notebook_timeout=120, memory=2 * 1024**3, progress=False)
+WRONG_QUERY = wrong_answers.load(NB01).WRONG["attention_scores_for_query"]["scores against the first token, not the query"]
 SAVED: dict[str, Path] = {}  # notebook -> the file the round trip saved in the browser
+
+
+class Grading:
+    """The grader (``grader.autograde.autograde``, what `python -m grader autograde` runs) on the files
+    the round trips saved, one student each so that two workers grade them side by side. It starts
+    in a background thread as soon as both files are saved and runs while the browser clicks Validate."""
+
+    def __init__(self):
+        self.thread = self.out = None
+        self.result: dict = {}
+
+    def start(self, lab, base: Path) -> None:
+        if self.thread is not None:
+            return
+        from grader.autograde import autograde
+
+        subs, self.out = base / "submissions", base / "grading"
+        for notebook, path in SAVED.items():
+            (subs / f"browser_{notebook[:2]}").mkdir(parents=True)
+            shutil.copy(path, subs / f"browser_{notebook[:2]}" / f"{notebook}.ipynb")
+
+        def run():
+            try:
+                self.result["code"] = autograde(subs, self.out, workers=2, cell_timeout=30, notebook_timeout=120,
+                                                memory=2 * 1024**3, progress=False)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in wait()
+                self.result["error"] = exc
+
+        self.thread = threading.Thread(target=run, name="autograde", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> Path:
+        self.thread.join(timeout=300)
+        assert not self.thread.is_alive(), "autograde took over 300 s"
+        if "error" in self.result:
+            raise self.result["error"]
+        assert self.result["code"] == 0, f"autograde exited with {self.result['code']}"
+        return self.out
+
+
+GRADING = Grading()
 
 
 def solution(notebook: str, grade_id: str) -> str:
@@ -103,6 +145,8 @@ def lab(tmp_path_factory):
     server = start_lab(folder, ARTIFACTS / "jupyterlab.log", secrets.token_hex(16), env)
     yield server
     server.stop()
+    if GRADING.thread is not None:  # let a grading cut short by a failure finish before the module ends
+        GRADING.thread.join(timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +185,9 @@ def page(window, request):
 
 
 def round_trip(page, lab, notebook: str, exercise: str, above: list[tuple[int, int]], figure: int, wrong: str,
-               right: str, prefix: str) -> None:
-    """The student's path through one exercise, a screenshot per step."""
+               right: str, prefix: str, also: dict[str, str] | None = None) -> None:
+    """The student's path through one exercise, a screenshot per step; ``also`` (grade_id -> source)
+    are typed into other answer cells before saving, without running them."""
     nb = Notebook.open(page, lab, f"{notebook}.ipynb")
     answer = index_of(notebook, exercise)
     check = index_of(notebook, f"test_{exercise}")
@@ -165,17 +210,22 @@ def round_trip(page, lab, notebook: str, exercise: str, above: list[tuple[int, i
     nb.type_into(answer, right)
     nb.run(answer)
     assert_check_message(nb.run(check), "✅")
+    for grade_id, source in (also or {}).items():
+        nb.type_into(index_of(notebook, grade_id), source)
     nb.save()
     nb.shot(f"{prefix}-4-right-answer-saved.png", check)
     SAVED[notebook] = lab.folder / f"{notebook}.ipynb"
     nb.close()
+    if {NB01, NB04} <= set(SAVED):
+        GRADING.start(lab, lab.folder.parent / "graded")
 
 
 def test_dot_round_trip(page, lab):
-    """Notebook 01: the cells above exercise 1 (a 3-D figure), then `dot` as stub, wrong, right."""
+    """Notebook 01: the cells above exercise 1 (a 3-D figure), then `dot` as stub, wrong, right; a
+    wrong `attention_scores_for_query` is typed too, for the feedback page to show its message."""
     bad = wrong_answers.load(NB01).WRONG["dot"]["adds instead of multiplying"]
     round_trip(page, lab, NB01, "dot", above=[(0, index_of(NB01, "dot") - 1)], figure=6, wrong=bad,
-               right=solution(NB01, "dot"), prefix="01-dot")
+               right=solution(NB01, "dot"), prefix="01-dot", also={"attention_scores_for_query": WRONG_QUERY})
 
 
 def test_causal_attention_round_trip(page, lab):
@@ -218,86 +268,6 @@ def test_validate_names_the_failing_test(page, lab):
     nb.close()
 
 
-@pytest.fixture(scope="module")
-def graded(lab, tmp_path_factory):
-    """The files saved in the browser, graded by the course's grader (`python -m grader autograde`),
-    with the one-wrong-answer notebook as a second student."""
-    from grader.autograde import autograde
-
-    missing = {NB01, NB04} - set(SAVED)
-    if missing:
-        pytest.fail(f"the round trip did not save {sorted(missing)}")
-    base = tmp_path_factory.mktemp("graded")
-    subs, out = base / "submissions", base / "grading"
-    (subs / "browser").mkdir(parents=True)
-    (subs / "one_wrong").mkdir()
-    for notebook, path in SAVED.items():
-        shutil.copy(path, subs / "browser" / f"{notebook}.ipynb")
-    shutil.copy(lab.folder / "01_one_wrong.ipynb", subs / "one_wrong" / f"{NB01}.ipynb")
-    assert autograde(subs, out, workers=2, **GRADE_LIMITS) == 0
-    rows = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    return out, {(r["student_id"], r["notebook"]): r for r in rows}
-
-
-@pytest.mark.parametrize("notebook, exercise", [(NB01, "dot"), (NB04, "CausalAttention")])
-def test_saved_file_gets_the_points(graded, notebook, exercise):
-    """The file JupyterLab saved gets full marks for the exercise typed in the browser, nothing for
-    the exercises left as stubs."""
-    row = graded[1][("browser", notebook)]
-    cells = {c["grade_id"]: c for c in row["cells"]}
-    assert cells[f"test_{exercise}"]["passed"] and cells[f"test_{exercise}"]["score"] == cells[f"test_{exercise}"]["max_score"] > 0, cells
-    others = [c for gid, c in cells.items() if gid != f"test_{exercise}"]
-    assert others and all(c["score"] == 0 for c in others), cells
-    assert row["score"] == cells[f"test_{exercise}"]["max_score"], row
-
-
-@pytest.fixture(scope="module")
-def offline(browser):
-    """A browser context that refuses every request but file:// and records what was asked for."""
-    context = browser.new_context(viewport={"width": 1100, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    requested = []
-
-    def refuse(route):
-        requested.append(route.request.url)
-        route.abort()
-
-    context.route(lambda url: not url.startswith("file:"), refuse)
-    yield context, requested
-    context.close()
-
-
-@pytest.mark.parametrize("student, notebook", [("browser", NB01), ("browser", NB04), ("one_wrong", NB01)])
-def test_feedback_page(graded, offline, student, notebook):
-    """`python -m grader feedback`'s page: every test with pass or fail, points and the check's
-    message; no hidden test code; nothing fetched from the network."""
-    from grader.feedback import feedback
-
-    out, rows = graded
-    pages = {p.relative_to(out / "feedback") for p in (out / "feedback").rglob("*.html")} or {
-        p.relative_to(out / "feedback") for p in feedback(out)}
-    assert Path(student, f"{notebook}.html") in pages
-    html = (out / "feedback" / student / f"{notebook}.html").read_text(encoding="utf-8")
-    for external in ("<link", "<script", "@import", "url(", "src="):
-        assert external not in html, f"the page loads {external}...: it must work offline"
-    context, requested = offline
-    page = context.new_page()
-    console = Console().attach(page)
-    page.goto((out / "feedback" / student / f"{notebook}.html").as_uri())
-    page.screenshot(path=str(ARTIFACTS / f"feedback-{student}-{notebook}.png"), full_page=True)
-    text = page.locator("body").inner_text()
-    flat = " ".join(text.split())
-    for cell in rows[(student, notebook)]["cells"]:
-        verdict = "passed" if cell["passed"] else "failed"
-        assert f"{cell['grade_id']}: {verdict} ({cell['score']:g} / {cell['max_score']:g})" in flat, (cell, text)
-        message = " ".join((cell.get("comment") or cell.get("message") or "").split())
-        assert message and message[:80] in flat, (cell, text)
-    assert_no_hidden_tests(text)
-    assert requested == [], requested
-    page.close()
-    console.assert_clean()
-
-
 def test_the_browser_checks_can_fail(page, window, lab):
     """The test of the test: a check cell that shows a traceback wall, and course content whose
     JavaScript logs an error, are caught by the same assertions the tests above rely on."""
@@ -316,3 +286,77 @@ def test_the_browser_checks_can_fail(page, window, lab):
     del console.errors[seen:]  # caught as it should be: not this test's failure
     nb.save()
     nb.close()
+
+
+@pytest.fixture(scope="module")
+def graded(lab):
+    """The grader's results for the files saved in the browser: ``(out, {(student, notebook): row})``."""
+    missing = {NB01, NB04} - set(SAVED)
+    if missing:
+        pytest.fail(f"the round trip did not save {sorted(missing)}")
+    GRADING.start(lab, lab.folder.parent / "graded")
+    out = GRADING.wait()
+    from grader.feedback import feedback
+
+    feedback(out)  # what `python -m grader feedback OUT` does
+    rows = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return out, {(r["student_id"], r["notebook"]): r for r in rows}
+
+
+@pytest.mark.parametrize("notebook, exercise", [(NB01, "dot"), (NB04, "CausalAttention")])
+def test_saved_file_gets_the_points(graded, notebook, exercise):
+    """The file JupyterLab saved gets full marks for the exercise typed in the browser, nothing for
+    the others (stubs, and notebook 01's wrong `attention_scores_for_query`, whose message says why)."""
+    row = graded[1][(f"browser_{notebook[:2]}", notebook)]
+    cells = {c["grade_id"]: c for c in row["cells"]}
+    assert cells[f"test_{exercise}"]["passed"] and cells[f"test_{exercise}"]["score"] == cells[f"test_{exercise}"]["max_score"] > 0, cells
+    others = [c for gid, c in cells.items() if gid != f"test_{exercise}"]
+    assert others and all(c["score"] == 0 for c in others), cells
+    assert row["score"] == cells[f"test_{exercise}"]["max_score"], row
+    if notebook == NB01:
+        query = cells["test_attention_scores_for_query"]
+        assert WRONG_QUERY.hint in (query.get("comment") or "") + (query.get("message") or ""), query
+
+
+@pytest.fixture(scope="module")
+def offline(browser):
+    """A browser context that refuses every request but file:// and records what was asked for."""
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    requested = []
+
+    def refuse(route):
+        requested.append(route.request.url)
+        route.abort()
+
+    context.route(lambda url: not url.startswith("file:"), refuse)
+    yield context, requested
+    context.close()
+
+
+@pytest.mark.parametrize("student, notebook", [("browser_01", NB01), ("browser_04", NB04)])
+def test_feedback_page(graded, offline, student, notebook):
+    """`python -m grader feedback`'s page: every test with pass or fail, points and the check's
+    message; no hidden test code; nothing fetched from the network."""
+    out, rows = graded
+    html = (out / "feedback" / student / f"{notebook}.html").read_text(encoding="utf-8")
+    for external in ("<link", "<script", "@import", "url(", "src="):
+        assert external not in html, f"the page loads {external}...: it must work offline"
+    context, requested = offline
+    page = context.new_page()
+    console = Console().attach(page)
+    page.goto((out / "feedback" / student / f"{notebook}.html").as_uri())
+    page.screenshot(path=str(ARTIFACTS / f"feedback-{student}-{notebook}.png"), full_page=True)
+    text = page.locator("body").inner_text()
+    flat = " ".join(text.split())
+    for cell in rows[(student, notebook)]["cells"]:
+        verdict = "passed" if cell["passed"] else "failed"
+        assert f"{cell['grade_id']}: {verdict} ({cell['score']:g} / {cell['max_score']:g})" in flat, (cell, text)
+        message = " ".join((cell.get("comment") or cell.get("message") or "").split())
+        assert message and message[:80] in flat, (cell, text)
+    if notebook == NB01:
+        assert " ".join(WRONG_QUERY.hint.split()) in flat, text
+    assert_no_hidden_tests(text)
+    assert requested == [], requested
+    page.close()
+    console.assert_clean()
