@@ -290,12 +290,15 @@ class FakeDevice:
 
     @contextlib.contextmanager
     def installed(self):
-        """``time``'s clocks read this device's clock, and ``torch.cuda`` is this device (or absent)."""
+        """``time.perf_counter`` (and ``perf_counter_ns``) read this device's clock, and ``torch.cuda`` is
+        this device (or absent).
+
+        ``time.monotonic`` and ``time.time`` stay real: the kernel's own threads (their event loops)
+        read them, and a fake clock there could stall them.
+        """
         with contextlib.ExitStack() as stack:
-            for name in ("perf_counter", "monotonic", "time"):
-                stack.enter_context(mock.patch.object(time, name, self.clock))
-            for name in ("perf_counter_ns", "monotonic_ns", "time_ns"):
-                stack.enter_context(mock.patch.object(time, name, self.clock_ns))
+            stack.enter_context(mock.patch.object(time, "perf_counter", self.clock))
+            stack.enter_context(mock.patch.object(time, "perf_counter_ns", self.clock_ns))
             stack.enter_context(mock.patch.object(torch.cuda, "is_available", lambda: self.case.gpu))
             stack.enter_context(mock.patch.object(torch.cuda, "synchronize", self.synchronize))
             yield self
