@@ -64,7 +64,7 @@ def use_interpreter_without_gpu() -> bool:
     if torch.cuda.is_available():
         return False
     os.environ["TRITON_INTERPRET"] = "1"
-    if "triton" in sys.modules:
+    if sys.modules.get("triton") is not None and importlib.util.find_spec("triton") is not None:
         _interpret_language()
         _index_scalars_with_numpy_2()
     return True
