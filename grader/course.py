@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-#: The course's notebooks (file stems), as fixed by COURSE_DESIGN.md. Each is one nbgrader assignment.
+#: The course's notebooks (file stems), as fixed by the contract in docs/design.md. Each is one nbgrader assignment.
 NOTEBOOKS: tuple[str, ...] = (
     "01_dot_products",
     "02_softmax_and_context",
@@ -57,7 +57,7 @@ def project_url(label: str) -> str:
 #: Notebooks written for a GPU: their Colab badge says to pick a GPU runtime.
 GPU_NOTEBOOKS: frozenset[str] = frozenset({"06_efficient_attention_gpu", "07_flash_attention_from_scratch"})
 
-#: Graded exercises of each notebook (COURSE_DESIGN.md): answer cells have these grade ids, test
+#: Graded exercises of each notebook (docs/design.md, "The contract"): answer cells have these grade ids, test
 #: cells ``test_<name>``, and ``course_utils.reference`` defines each name.
 EXERCISES: dict[str, tuple[str, ...]] = {
     "01_dot_products": ("dot", "attention_scores_for_query", "attention_scores"),
