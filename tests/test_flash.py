@@ -178,3 +178,38 @@ def test_grading_follows_nbgrader_execution(monkeypatch):
     assert not flash.grading()
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     assert flash.grading()
+
+
+_COMPILE = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)  # a compiled kernel, not an interpreted one
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from course_utils import reference
+
+kernel = triton.jit(reference.flash_attention_triton)
+for dtype, causal in (("bf16", True), ("fp32", False)):
+    signature = {name: "*" + dtype for name in ("Q", "K", "V", "O")}
+    signature["LSE"] = "*fp32"
+    signature.update({name: "i32" for name in ("stride_qb", "stride_qt", "stride_kb", "stride_kt", "stride_vb",
+                                               "stride_vt", "stride_ob", "stride_ot", "T")})
+    signature["scale"] = "fp32"
+    signature.update({name: "constexpr" for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL")})
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={"HEAD_DIM": 64, "BLOCK_M": 128, "BLOCK_N": 64, "CAUSAL": causal})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 80, 32))
+    print(dtype, causal, "cubin" in compiled.asm)
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_reference_kernel_compiles_for_a_gpu_without_one():
+    """The interpreter runs Python, not the compiler: compile the kernel for an A100 (sm_80) too, in bf16
+    (the benchmark) and float32 (a student's self-check on a GPU). Triton's bundled ptxas needs no GPU."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["bf16", "True", "True", "fp32", "False", "True"], done.stdout
