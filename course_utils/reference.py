@@ -47,6 +47,7 @@ __all__ = [
     "merge_heads",
     "MultiHeadAttention",
     "MultiHeadAttentionEinsum",
+    "split_qkv",
     "MultiHeadAttentionCombinedQKV",
     "MHAPyTorchSDPA",
     "count_parameters",
@@ -437,6 +438,18 @@ class MultiHeadAttentionEinsum(MultiHeadAttention):
         return self.out_proj(context)
 
 
+def split_qkv(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One combined projection ``(b, T, 3 * d_out)`` -> queries, keys and values, each
+    ``(b, num_heads, T, d_out // num_heads)``.
+
+    The weight rows are stacked ``[W_query; W_key; W_value]`` (as ``nn.MultiheadAttention``'s
+    ``in_proj_weight`` and GPT-2's ``c_attn`` are), so the last dimension splits as ``(3, H, D)``.
+    """
+    b, T, three_d = qkv.shape
+    qkv = qkv.view(b, T, 3, num_heads, three_d // (3 * num_heads))  # (b, T, 3, H, D)
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, b, H, T, D) -> 3 x (b, H, T, D)
+
+
 class MultiHeadAttentionCombinedQKV(nn.Module):
     """Multi-head causal attention with one ``(d_in -> 3 * d_out)`` projection for Q, K and V.
 
@@ -460,10 +473,7 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        qkv = self.qkv(x)  # (b, T, 3 * d_out)
-        qkv = qkv.view(b, T, 3, self.num_heads, self.head_dim)  # (b, T, 3, H, D)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, b, H, T, D)
-        queries, keys, values = qkv.unbind(0)  # each (b, H, T, D)
+        queries, keys, values = split_qkv(self.qkv(x), self.num_heads)  # each (b, H, T, D)
         scores = queries @ keys.transpose(-2, -1)  # (b, H, T, T)
         scores = scores.masked_fill(self.mask[:T, :T], float("-inf"))
         weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
@@ -495,8 +505,7 @@ class MHAPyTorchSDPA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        queries, keys, values = qkv.unbind(0)  # each (b, H, T, D)
+        queries, keys, values = split_qkv(self.qkv(x), self.num_heads)  # each (b, H, T, D)
         dropout_p = self.dropout if self.training else 0.0
         context = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p, is_causal=True)
         return self.out_proj(merge_heads(context))  # (b, T, d_out)

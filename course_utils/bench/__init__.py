@@ -17,7 +17,8 @@ Shape letters: ``b`` batch, ``T`` tokens, ``d`` model size, ``H`` heads, ``D`` h
 
 The package's modules, one job each: ``timing`` (warm-up, synchronisation, median), ``peaks``
 (FLOPs, throughput, GPU peaks), ``memory`` (peak memory, score-matrix size), ``correctness`` (the gate
-before timing), ``sdpa`` (which backend ran, FlexAttention, shared weights) and ``cli`` (the command).
+before timing), ``sdpa`` (which backend ran, FlexAttention, shared weights), ``runner`` (check, then
+time, a set of implementations; the table and the figure) and ``cli`` (the command).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from __future__ import annotations
 from course_utils.bench.cli import main
 from course_utils.bench.correctness import IncorrectImplementation, checked_time, verify
 from course_utils.bench.memory import MemoryReport, max_seq_len_for_scores, peak_memory, score_matrix_bytes
+from course_utils.bench.runner import (
+    BenchConfig,
+    BenchResult,
+    BenchRow,
+    forgetting_causal,
+    format_table,
+    plot_results,
+    run,
+)
 from course_utils.bench.peaks import GPU_SPECS, GpuSpec, gpu_spec, peak_tflops, percent_of_peak, tflops_per_s, training_flops
 from course_utils.bench.sdpa import (
     SDPA_KERNELS,
@@ -60,5 +70,12 @@ __all__ = [
     "flex_attention_status",
     "causal_mask_mod",
     "copy_weights",
+    "BenchConfig",
+    "BenchRow",
+    "BenchResult",
+    "run",
+    "format_table",
+    "plot_results",
+    "forgetting_causal",
     "main",
 ]

@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import platform
 import sys
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 from unittest import mock
@@ -37,18 +35,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_utils import reference
-from course_utils.bench import (
-    causal_mask_mod,
-    copy_weights,
-    flex_attention_status,
-    gpu_spec,
-    peak_memory,
-    peak_tflops,
-    percent_of_peak,
-    tflops_per_s,
-    time_fn,
-    training_flops,
-    verify,
+from course_utils.bench import causal_mask_mod, copy_weights, flex_attention_status
+from course_utils.bench.runner import (
+    BenchConfig,
+    BenchResult,
+    BenchRow,
+    as_dtype,
+    forgetting_causal,
+    format_table,
+    plot_results,
+    run,
 )
 from course_utils.device import describe_device, get_device
 from course_utils.reference import causal_mask, merge_heads
@@ -194,6 +190,8 @@ class MHAFlexAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = check_input_3d(x, self.d_in, self.context_length)
+        # Written out, not the answers' split_qkv helper: notebook 06 shows this class, and the split
+        # is part of that notebook's own exercise, which a shown class must not give away.
         qkv = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (b, H, T, D)
         with warnings.catch_warnings():
@@ -231,7 +229,7 @@ class MHAFlashPython(reference.MHAPyTorchSDPA):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = check_input_3d(x, self.d_in, self.context_length)
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = reference.split_qkv(self.qkv(x), self.num_heads)  # each (b, H, T, D)
         return self.out_proj(merge_heads(self.attend(q, k, v)))  # (b, T, d_out)
 
 
@@ -285,74 +283,13 @@ IMPLEMENTATIONS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-class _BrokenSDPA(reference.MHAPyTorchSDPA):
-    """A deliberately wrong implementation (forgets ``is_causal``), to show the correctness gate."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, T, _ = x.shape
-        q, k, v = self.qkv(x).view(b, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self.out_proj(merge_heads(F.scaled_dot_product_attention(q, k, v)))
-
-
-@dataclass
-class BenchConfig:
-    """Sizes and settings of one benchmark run."""
-
-    device: str
-    dtype: str
-    batch: int
-    d_model: int
-    num_heads: int
-    seq_lens: list[int]
-    modes: list[str]
-    warmup: int
-    repeats: int
-    compile: bool = False
-    broken_demo: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-
-@dataclass
-class BenchRow:
-    """One (implementation, mode, T) measurement, or why there is none."""
-
-    impl: str
-    mode: str
-    seq_len: int
-    status: str  # "ok", "wrong" (failed the correctness gate), "error" (raised), "skipped" (not supported here)
-    median_ms: float | None = None
-    min_ms: float | None = None  # the fastest repeat: a hint of how noisy the machine was
-    flops: int | None = None
-    tflops: float | None = None
-    percent_of_peak: float | None = None
-    peak_memory_bytes: int | None = None
-    message: str = ""
-
-
-@dataclass
-class BenchResult:
-    config: BenchConfig
-    environment: dict
-    rows: list[BenchRow] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"environment": self.environment, "config": asdict(self.config),
-                "results": [asdict(r) for r in self.rows]}
-
-
-def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if name not in table:
-        raise ValueError(f"dtype must be one of {sorted(table)}, got {name!r}")
-    return table[name]
+#: A deliberately wrong implementation (``is_causal`` lost), to show the correctness gate.
+_BrokenSDPA = forgetting_causal(reference.MHAPyTorchSDPA)
 
 
 def build_implementations(config: BenchConfig, log: Callable[[str], None] = print) -> dict[str, nn.Module]:
     """Every implementation, with weights copied from one seeded notebook-05 module, in ``config.dtype``."""
-    device, dtype = torch.device(config.device), _dtype(config.dtype)
+    device, dtype = torch.device(config.device), as_dtype(config.dtype)
     args = (config.d_model, config.d_model, max(config.seq_lens), 0.0, config.num_heads)
     torch.manual_seed(123)
     source = reference.MultiHeadAttention(*args)
@@ -380,158 +317,12 @@ def build_implementations(config: BenchConfig, log: Callable[[str], None] = prin
 
 
 def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> BenchResult:
-    """Check, then time, every implementation at every sequence length and mode.
-
-    The expected output at each ``T`` comes from the notebook-05 module in float32. An
-    implementation that disagrees gets ``status="wrong"`` and is not timed; one that raises gets
-    ``status="error"``; the rest are timed with :func:`time_fn`.
-    """
-    device, dtype = torch.device(config.device), _dtype(config.dtype)
-    environment = {
-        "device": describe_device(device),
-        "device_type": device.type,
-        "dtype": config.dtype,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_threads": torch.get_num_threads(),
-        "peak_tflops": peak_tflops(device, dtype),
-        "peak_source": (gpu_spec(device).source if gpu_spec(device) else None),
-    }
-    result = BenchResult(config, environment)
+    """Check, then time, every implementation at every sequence length and mode (see
+    :func:`course_utils.bench.runner.run`); the expected output is notebook 05's module in float32,
+    or SDPA's where that does not fit in memory."""
     modules = build_implementations(config, log)
-    gen = torch.Generator().manual_seed(0)
-    for T in config.seq_lens:
-        x = torch.randn(config.batch, T, config.d_model, generator=gen).to(device)
-        expected = _expected_output(modules, x, dtype, log)
-        x = x.to(dtype)
-        fwd = attention_flops(config.batch, config.num_heads, T, config.head_dim, causal=True)
-        for name, module in modules.items():
-            reason = module.skip_reason(T, device) if hasattr(module, "skip_reason") else None
-            if reason:
-                for mode in config.modes:
-                    result.rows.append(BenchRow(name, mode, T, "skipped", message=reason))
-                continue
-            try:
-                with torch.no_grad():
-                    got = module(x)
-            except Exception as exc:  # noqa: BLE001 - out of memory included: reported, not fatal
-                _free_memory(device)
-                for mode in config.modes:
-                    result.rows.append(BenchRow(name, mode, T, "error", message=f"{type(exc).__name__}: {exc}"[:200]))
-                continue
-            problem = verify(expected, got)
-            if problem:
-                for mode in config.modes:
-                    result.rows.append(BenchRow(name, mode, T, "wrong", message=problem[:200]))
-                continue
-            for mode in config.modes:
-                result.rows.append(_measure(name, module, x, mode, fwd, device, dtype, config))
-        log(f"T={T}: done")
-    return result
-
-
-def _expected_output(modules: dict[str, nn.Module], x: torch.Tensor, dtype: torch.dtype,
-                     log: Callable[[str], None]) -> torch.Tensor:
-    """The notebook-05 module's output in float32; if its (T, T) matrices do not fit in memory,
-    the SDPA module's output in float32 (both were checked against each other at smaller T)."""
-    for name in ("notebook05_mha", "sdpa_is_causal"):
-        module = modules[name]
-        try:
-            with torch.no_grad():
-                return module.float()(x)
-        except torch.cuda.OutOfMemoryError:
-            _free_memory(x.device)
-            log(f"T={x.shape[1]}: {name} in float32 ran out of memory for the expected output; trying the next")
-        finally:
-            module.to(dtype)
-    raise RuntimeError(f"no reference output fits in memory at T={x.shape[1]}")
-
-
-def _free_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _measure(name, module, x, mode, fwd_flops, device, dtype, config) -> BenchRow:
-    if mode == "inference":
-        def step():
-            with torch.no_grad():
-                return module(x)
-        flops = fwd_flops
-    elif mode == "training":
-        xg = x.detach().clone().requires_grad_(True)
-
-        def step():
-            out = module(xg)
-            out.float().sum().backward()
-            return out
-        flops = training_flops(fwd_flops)
-    else:
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    try:
-        timing = time_fn(step, device=device, warmup=config.warmup, repeats=config.repeats)
-        memory = peak_memory(step, device)
-    except NotImplementedError as exc:  # e.g. FlexAttention has no backward on a CPU
-        return BenchRow(name, mode, x.shape[1], "skipped", message=f"not supported here: {exc}"[:200])
-    except Exception as exc:  # noqa: BLE001 - out of memory included: reported, not fatal
-        _free_memory(device)
-        return BenchRow(name, mode, x.shape[1], "error", message=f"{type(exc).__name__}: {exc}"[:200])
-    finally:
-        module.zero_grad(set_to_none=True)
-    achieved = tflops_per_s(flops, timing.median_s)
-    return BenchRow(name, mode, x.shape[1], "ok", timing.median_ms, 1e3 * min(timing.times_s), flops, achieved,
-                    percent_of_peak(achieved, peak_tflops(device, dtype)), memory.peak_bytes)
-
-
-def format_table(result: BenchResult, mode: str, baseline: str = "sdpa_is_causal") -> str:
-    """Median ms per implementation (rows) and T (columns), plus each one's time relative to
-    ``baseline`` at the largest T (``2.0x`` = twice as slow)."""
-    rows = [r for r in result.rows if r.mode == mode]
-    seq_lens = sorted({r.seq_len for r in rows})
-    impls = list(dict.fromkeys(r.impl for r in rows))
-    cell = {(r.impl, r.seq_len): r for r in rows}
-    t_max = seq_lens[-1] if seq_lens else 0
-    base = cell.get((baseline, t_max))
-    header = f"{'implementation':24s}" + "".join(f"{'T=' + str(t):>11s}" for t in seq_lens) + f"{'vs SDPA @T=' + str(t_max):>17s}"
-    lines = [f"{mode} (median ms; TFLOP/s at T={t_max} in brackets)", header, "-" * len(header)]
-    for impl in impls:
-        line = f"{impl:24s}"
-        for t in seq_lens:
-            r = cell.get((impl, t))
-            line += f"{(f'{r.median_ms:.3f}' if r and r.status == 'ok' else (r.status.upper() if r else '-')):>11s}"
-        r = cell.get((impl, t_max))
-        if r and r.status == "ok" and base and base.status == "ok":
-            line += f"{r.median_ms / base.median_ms:>8.2f}x [{r.tflops:.3g}]".rjust(17)
-        elif r and r.status != "ok":
-            line += f"  {r.message[:60]}"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def plot_results(result: BenchResult, path: Path) -> None:
-    """Median time vs T, log-log, one panel per mode; saved as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    modes = list(dict.fromkeys(r.mode for r in result.rows))
-    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6 * max(1, len(modes)), 4.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        rows = [r for r in result.rows if r.mode == mode and r.status == "ok"]
-        for impl in dict.fromkeys(r.impl for r in rows):
-            pts = sorted((r.seq_len, r.median_ms) for r in rows if r.impl == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel("median time (ms)")
-        ax.set_title(f"{mode}: {result.environment['device']}, {result.environment['dtype']}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    flops = lambda b, h, t, d: attention_flops(b, h, t, d, causal=True)  # noqa: E731
+    return run(modules, config, flops, expected_from=("notebook05_mha", "sdpa_is_causal"), log=log)
 
 
 def default_config(device: torch.device, dtype: str | None = None) -> BenchConfig:

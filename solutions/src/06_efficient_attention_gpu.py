@@ -478,24 +478,11 @@ correct = {name: m for name, m in models.items() if verdicts[name] is None}
 
 # %% [markdown]
 # The gate also catches a bug. Here is SDPA with `is_causal` forgotten: your `MHAPyTorchSDPA`, run
-# with an SDPA that drops the `is_causal=True` it is given. `bench.checked_time` refuses to time it
-# and says why.
+# with an SDPA that drops the `is_causal=True` it is given (`bench.forgetting_causal` plants that
+# bug in any class). `bench.checked_time` refuses to time it and says why.
 
 # %%
-from unittest import mock
-
-
-class ForgotCausal(MHAPyTorchSDPA):
-    def forward(self, x):
-        sdpa = F.scaled_dot_product_attention
-
-        def sdpa_forgetting_causal(*args, is_causal=False, **kwargs):
-            return sdpa(*args, **kwargs)  # no is_causal
-
-        with mock.patch.object(F, "scaled_dot_product_attention", sdpa_forgetting_causal):
-            return super().forward(x)
-
-
+ForgotCausal = bench.forgetting_causal(MHAPyTorchSDPA)  # your class, with is_causal=True lost on the way to SDPA
 broken = bench.copy_weights(mha, ForgotCausal(3, 2, 6, 0.0, 2))
 try:
     bench.checked_time(lambda: broken(batch), mha(batch).detach(), name="ForgotCausal")
@@ -796,10 +783,13 @@ print(f"bench.time_fn, for comparison:      {warm}")
 print(f"spread of bench.time_fn's repeats (max - min) / median: {warm.spread:.0%}")
 
 # %% [markdown]
-# Now every correct implementation at every sequence length, inference and training, with
-# `bench.time_fn`: the same method as your timer, plus CUDA events on a GPU. FLOPs from your
-# `attention_flops` (training: 3x the forward, see `bench.training_flops`), TFLOP/s, and the
-# percentage of the peak where the GPU is known.
+# Now every correct implementation at every sequence length, inference and training. You timed one
+# call by hand above; from here the course's runner does the same for all of them:
+# `bench.run(models, config, flops, expected_from)` checks each module against the expected output
+# at every `T` (a wrong one is reported, never timed), then times it with `bench.time_fn` (the same
+# method as your timer, plus CUDA events on a GPU). FLOPs come from your `attention_flops`
+# (training: 3x the forward, see `bench.training_flops`), then TFLOP/s and the percentage of the
+# peak where the GPU is known. `bench.format_table` prints the medians.
 #
 # The 3x is a convention: the backward pass does about twice the forward's matrix products (one
 # for the gradient of each input of a product). FlashAttention's papers count **3.5x** for
@@ -810,55 +800,16 @@ print(f"spread of bench.time_fn's repeats (max - min) / median: {warm.spread:.0%
 # they understate the work done.
 
 # %% tags=["nbval-ignore-output"]
-def time_inference(model: nn.Module, x: torch.Tensor) -> bench.Timing:
-    def step():
-        with torch.no_grad():
-            return model(x)
-    return bench.time_fn(step, device=device, warmup=WARMUP, repeats=REPEATS)
-
-
-def time_training(model: nn.Module, x: torch.Tensor) -> bench.Timing:
-    x = x.detach().requires_grad_(True)
-    def step():
-        model(x).float().sum().backward()
-    timing = bench.time_fn(step, device=device, warmup=WARMUP, repeats=REPEATS)
-    model.zero_grad(set_to_none=True)
-    return timing
-
-
+config = bench.BenchConfig(str(device), str(DTYPE).replace("torch.", ""), batch=BATCH, d_model=D_MODEL,
+                           num_heads=NUM_HEADS, seq_lens=SEQ_LENS, modes=["inference", "training"],
+                           warmup=WARMUP, repeats=REPEATS)
 peak = bench.peak_tflops(device, DTYPE)
 print(f"peak for {DTYPE}: {peak if peak is not None else 'unknown (not a GPU in the table)'}")
-results = {}  # (mode, name, T) -> Timing, or None when it could not run
-skipped = set()
-for T in SEQ_LENS:
-    x_T = torch.randn(BATCH, T, D_MODEL, device=device, dtype=DTYPE)
-    fwd = attention_flops(BATCH, NUM_HEADS, T, HEAD_DIM)
-    for name, model in correct.items():
-        for mode, timer in (("inference", time_inference), ("training", time_training)):
-            try:
-                results[mode, name, T] = timer(model, x_T)
-            except (RuntimeError, NotImplementedError) as exc:  # out of memory; eager Flex has no backward
-                results[mode, name, T] = None
-                if ON_GPU:
-                    torch.cuda.empty_cache()
-                if (name, mode) not in skipped:
-                    print(f"{name}, {mode}, from T={T}: not timed ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})")
-                skipped.add((name, mode))
-
-for mode, flops_of in (("inference", lambda f: f), ("training", bench.training_flops)):
-    T_max = SEQ_LENS[-1]
-    base = results[mode, "SDPA is_causal", T_max]  # SDPA never stores T x T: it fits where the others fit
-    print(f"\n{mode}: median ms per T, and at T={T_max}: TFLOP/s, % of peak, time / SDPA")
-    print(f"{'':22s}" + "".join(f"{'T=' + str(T):>10s}" for T in SEQ_LENS) + f"{'TFLOP/s':>9s}{'% peak':>8s}{'/SDPA':>7s}")
-    for name in correct:
-        row = [results[mode, name, T] for T in SEQ_LENS]
-        line = f"{name:22s}" + "".join(f"{t.median_ms:10.3f}" if t else f"{'-':>10s}" for t in row)
-        if row[-1] is not None:
-            achieved = bench.tflops_per_s(flops_of(attention_flops(BATCH, NUM_HEADS, T_max, HEAD_DIM)), row[-1].median_s)
-            pct = bench.percent_of_peak(achieved, peak)
-            line += f"{achieved:9.3f}{(f'{pct:.1f}' if pct is not None else 'n/a'):>8s}"
-            line += f"{row[-1].median_s / base.median_s:7.2f}" if base else ""
-        print(line)
+result = bench.run(correct, config, flops=attention_flops, expected_from=["notebook 05", "SDPA is_causal"],
+                   log=lambda line: None)
+for mode in config.modes:
+    print()
+    print(bench.format_table(result, mode, baseline="SDPA is_causal"))  # SDPA never stores T x T
 
 # %% [markdown]
 # The same numbers as a figure. On a GPU the naive versions grow like `T^2` in time *and* memory,
@@ -866,19 +817,7 @@ for mode, flops_of in (("inference", lambda f: f), ("training", bench.training_f
 # overheads, so do not draw conclusions from them.
 
 # %% tags=["nbval-ignore-output"]
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-for ax, mode in zip(axes, ("inference", "training")):
-    for name in correct:
-        points = [(T, results[mode, name, T].median_ms) for T in SEQ_LENS if results[mode, name, T] is not None]
-        if points:
-            ax.plot(*zip(*points), marker="o", label=name)
-    plotting.readable_log_axes(ax, SEQ_LENS)
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("median time (ms)")
-    ax.set_title(f"{mode} on {device.type}, {str(DTYPE).replace('torch.', '')}")
-handles, labels = axes[0].get_legend_handles_labels()
-fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=10, frameon=False)
-fig.tight_layout(rect=(0, 0.1, 1, 1))  # room for the shared legend below the two panels
+bench.plot_results(result)
 plt.show()
 
 # %% [markdown]
@@ -907,7 +846,9 @@ else:
         if problem:
             print(f"{name}: compiled version is wrong ({problem}); not timed")
             continue
-        eager, fast = time_inference(correct[name], x_T), time_inference(compiled, x_T)
+        with torch.no_grad():
+            eager = bench.time_fn(lambda: correct[name](x_T), device=device, warmup=WARMUP, repeats=REPEATS)
+            fast = bench.time_fn(lambda: compiled(x_T), device=device, warmup=WARMUP, repeats=REPEATS)
         print(f"{name:16s} T={T}: eager {eager.median_ms:8.3f} ms, compiled {fast.median_ms:8.3f} ms "
               f"(first call incl. compilation {compile_s:.1f} s)")
 
