@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,22 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 LAB_SCRIPT = ROOT / "scripts" / "lab.py"
 
-# Console errors that JupyterLab or its extensions print on their own, whatever the notebook holds.
-# Anything else printed as a console error (or thrown) fails the test: it came from the course.
+# Console errors that are not the course's fault. JupyterLab 4.6 with nbgrader 0.9.6's extensions
+# printed none of their own in these tests (checked with an empty list), so only the Colab badge is
+# here. Anything else printed as a console error (or thrown) fails the test.
 KNOWN_NOISE = [
-    # The "Open in Colab" badge at the top of every notebook is an image on colab.research.google.com;
-    # the test machine is offline, so it cannot load (a student online sees it).
-    (re.compile(r"ERR_NAME_NOT_RESOLVED|ERR_INTERNET_DISCONNECTED.*colab-badge\.svg|colab-badge\.svg"),
+    # The "Open in Colab" badge at the top of every notebook is an image on colab.research.google.com.
+    # The test machine is offline, so it cannot load; a student online sees it. Only that address is
+    # excused: any other failed request (a figure, a script, a style sheet) still fails the test.
+    (re.compile(r"^console\.error: Failed to load resource: net::ERR_[A-Z_]+ "
+                r"\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)$"),
      "the Colab badge is an external image and this machine is offline"),
-    # Chromium asks for /favicon.ico next to the page on file:// pages (the feedback page has none).
-    (re.compile(r"favicon\.ico"), "the browser's own favicon request"),
-    # JupyterLab's language server client asks jupyter_lsp for servers; none is configured.
-    (re.compile(r"lsp|language server", re.I), "jupyter-lsp has no language server configured"),
-    # nbgrader's assignment-list and course-list plugins ask for an exchange that a student's own
-    # machine does not have (the course hands in files, not through an nbgrader exchange).
-    (re.compile(r"assignments|course_list|formgrader|exchange", re.I), "nbgrader's exchange is not set up"),
-    # Status 404 on the workspace/settings API the first time a fresh workspace is opened.
-    (re.compile(r"api/workspaces|lab/api/settings", re.I), "a fresh JupyterLab workspace"),
 ]
 
 
@@ -64,12 +59,19 @@ class Lab:
         return f"{self.base}/{path}?token={self.token}"
 
     def stop(self) -> None:
+        """Stop JupyterLab; it shuts its kernels down cleanly in a few seconds, which the tests do not
+        wait for (a background thread does, and kills it if it hangs)."""
         self.process.terminate()  # scripts/lab.py passes it on to Jupyter
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+
+        def reap():
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process.stdout.close()
+
+        threading.Thread(target=reap, name="stop-jupyterlab", daemon=True).start()
 
 
 def start_lab(folder: Path, log: Path, token: str, env: dict[str, str]) -> Lab:
@@ -197,7 +199,7 @@ class Notebook:
         self.page.keyboard.press("Control+a")
         # insert_text types the text as one input, so the editor's auto-indent on Enter does not
         # indent the already indented lines a second time.
-        self.page.keyboard.insert_text(source)
+        self.page.keyboard.insert_text(source.strip("\n"))
         self.page.keyboard.press("Escape")
 
     def validate(self) -> str:

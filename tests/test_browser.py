@@ -13,7 +13,6 @@ checks fail. Without Chromium (``make chromium`` installs it) the module skips a
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import secrets
@@ -34,10 +33,12 @@ NB01, NB04 = "01_dot_products", "04_causal_attention"
 pytestmark = [
     pytest.mark.skipif(chromium_path() is None, reason="Chromium is not installed: `make chromium` installs it "
                        "(as root, with apt-get), or install the `chromium` package yourself"),
-    pytest.mark.skipif(not {NB01, NB04} <= set(course.available_notebooks()), reason="notebooks 01 and 04 are not built"),
+    pytest.mark.skipif(not {NB01, NB04} <= set(course.available_notebooks()),
+                       reason="notebooks 01 and 04 are not built"),
 ]
 TIMEOUT_MS = 30_000  # a kernel's first cell imports torch; everything else takes well under a second
-WRONG_QUERY = wrong_answers.load(NB01).WRONG["attention_scores_for_query"]["scores against the first token, not the query"]
+WRONG_QUERY = wrong_answers.load(NB01).WRONG["attention_scores_for_query"][
+    "scores against the first token, not the query"]
 SAVED: dict[str, Path] = {}  # notebook -> the file the round trip saved in the browser
 
 
@@ -116,12 +117,10 @@ BROKEN = [
 
 
 def prepare(folder: Path) -> None:
-    """Extra notebooks next to the student's: 01 with every answer right, 01 with one wrong answer
-    (for Validate and the feedback page), and a broken notebook for the test of the test."""
+    """Extra notebooks next to the student's: 01 with every answer right (for Validate), and a broken
+    notebook for the test of the test."""
     answers = {ex: solution(NB01, ex) for ex in course.EXERCISES[NB01]}
     nbformat.write(with_answers(NB01, answers), folder / "01_all_right.ipynb")
-    wrong = wrong_answers.load(NB01).WRONG["attention_scores"]["uses .T, which breaks batches"]
-    nbformat.write(with_answers(NB01, {**answers, "attention_scores": wrong}), folder / "01_one_wrong.ipynb")
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in BROKEN],
                                             metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                                      "language": "python"}}),
@@ -185,9 +184,10 @@ def page(window, request):
 
 
 def round_trip(page, lab, notebook: str, exercise: str, above: list[tuple[int, int]], figure: int, wrong: str,
-               right: str, prefix: str, also: dict[str, str] | None = None) -> None:
-    """The student's path through one exercise, a screenshot per step; ``also`` (grade_id -> source)
-    are typed into other answer cells before saving, without running them."""
+               case: str, right: str, prefix: str, also: dict[str, str] | None = None) -> None:
+    """The student's path through one exercise, a screenshot per step. ``case``: words of the wrong
+    answer's message that name the failing case; ``also`` (grade_id -> source) are typed into other
+    answer cells before saving, without running them."""
     nb = Notebook.open(page, lab, f"{notebook}.ipynb")
     answer = index_of(notebook, exercise)
     check = index_of(notebook, f"test_{exercise}")
@@ -204,7 +204,7 @@ def round_trip(page, lab, notebook: str, exercise: str, above: list[tuple[int, i
 
     nb.type_into(answer, wrong)
     nb.run(answer)
-    assert_check_message(nb.run(check), "❌", wrong.hint)
+    assert_check_message(nb.run(check), "❌", case, wrong.hint)
     nb.shot(f"{prefix}-3-wrong-answer.png", check)
 
     nb.type_into(answer, right)
@@ -225,7 +225,8 @@ def test_dot_round_trip(page, lab):
     wrong `attention_scores_for_query` is typed too, for the feedback page to show its message."""
     bad = wrong_answers.load(NB01).WRONG["dot"]["adds instead of multiplying"]
     round_trip(page, lab, NB01, "dot", above=[(0, index_of(NB01, "dot") - 1)], figure=6, wrong=bad,
-               right=solution(NB01, "dot"), prefix="01-dot", also={"attention_scores_for_query": WRONG_QUERY})
+               case="on case 'book: x^1 . x^2'", right=solution(NB01, "dot"), prefix="01-dot",
+               also={"attention_scores_for_query": WRONG_QUERY})
 
 
 def test_causal_attention_round_trip(page, lab):
@@ -234,7 +235,7 @@ def test_causal_attention_round_trip(page, lab):
     batch = next(i for i, c in enumerate(nbformat.read(ROOT / "notebooks" / f"{NB04}.ipynb", 4).cells)
                  if c.source.startswith("batch = data.book_batch()"))
     round_trip(page, lab, NB04, "CausalAttention", above=[(0, 8), (batch, batch)], figure=8, wrong=bad,
-               right=solution(NB04, "CausalAttention"), prefix="04-causal")
+               case="built with (3, 2, 6, 0.5)", right=solution(NB04, "CausalAttention"), prefix="04-causal")
 
 
 def assert_no_hidden_tests(text: str) -> None:
@@ -254,14 +255,19 @@ def test_validate_passes_a_right_notebook(page, lab):
 
 
 def test_validate_names_the_failing_test(page, lab):
-    """Validate on notebook 01 with a wrong `attention_scores`: it names that test and shows the
-    check's message, and no hidden test."""
-    nb = Notebook.open(page, lab, "01_one_wrong.ipynb")
+    """Validate on notebook 01 as the round trip saved it (`dot` right, `attention_scores_for_query`
+    wrong, `attention_scores` untouched): it names the two failing checks with their messages, not
+    `dot`'s, and shows no hidden test."""
+    if NB01 not in SAVED:
+        pytest.fail("the round trip of notebook 01 did not save it")
+    nb = Notebook.open(page, lab, f"{NB01}.ipynb")
     text = nb.validate()
     nb.shot("validate-2-failed.png")
-    assert text.count("The following cell failed") == 1, text
-    assert "checks.check_attention_scores(attention_scores)" in text, text
-    assert "❌" in text and "transpose(-2, -1)" in text, text
+    assert text.count("The following cell failed") == 2, text
+    assert "checks.check_attention_scores_for_query(attention_scores_for_query)" in text, text
+    assert "❌" in text and " ".join(WRONG_QUERY.hint.split()) in " ".join(text.split()), text
+    assert "checks.check_attention_scores(attention_scores)" in text and "not implemented yet" in text, text
+    assert "check_dot" not in text, text
     assert "Traceback" not in text, text
     assert_no_hidden_tests(text)
     nb.close_dialog()
@@ -309,10 +315,11 @@ def test_saved_file_gets_the_points(graded, notebook, exercise):
     the others (stubs, and notebook 01's wrong `attention_scores_for_query`, whose message says why)."""
     row = graded[1][(f"browser_{notebook[:2]}", notebook)]
     cells = {c["grade_id"]: c for c in row["cells"]}
-    assert cells[f"test_{exercise}"]["passed"] and cells[f"test_{exercise}"]["score"] == cells[f"test_{exercise}"]["max_score"] > 0, cells
+    typed = cells[f"test_{exercise}"]
+    assert typed["passed"] and typed["score"] == typed["max_score"] > 0, cells
     others = [c for gid, c in cells.items() if gid != f"test_{exercise}"]
     assert others and all(c["score"] == 0 for c in others), cells
-    assert row["score"] == cells[f"test_{exercise}"]["max_score"], row
+    assert row["score"] == typed["max_score"], row
     if notebook == NB01:
         query = cells["test_attention_scores_for_query"]
         assert WRONG_QUERY.hint in (query.get("comment") or "") + (query.get("message") or ""), query
