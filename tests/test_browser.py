@@ -17,6 +17,8 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -25,7 +27,8 @@ import pytest
 
 from grader import course
 from tests import wrong_answers
-from tests.browser_lab import ARTIFACTS, ROOT, Console, Notebook, assert_check_message, chromium_path, start_lab
+from tests.browser_lab import (ARTIFACTS, LAB_SCRIPT, ROOT, Console, Notebook, assert_check_message, chromium_path,
+                               start_lab)
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 
@@ -183,6 +186,17 @@ def page(window, request):
     console.assert_clean(since=seen)
 
 
+def test_lab_says_when_its_port_is_taken(lab):
+    """`make lab` on a port that is in use (here, the running JupyterLab's) ends with one clear line
+    naming the port and what to do, and exit code 1: no traceback, no JupyterLab on another port."""
+    port = lab.base.rsplit(":", 1)[1]
+    run = subprocess.run([sys.executable, str(LAB_SCRIPT), "--notebook-dir", str(lab.folder), "--port", port,
+                          "--no-browser"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run
+    assert f"Port {port} is already in use" in run.stderr and f"make lab PORT={int(port) + 1}" in run.stderr, run
+    assert "Traceback" not in run.stderr + run.stdout and run.stdout == "", run
+
+
 def round_trip(page, lab, notebook: str, exercise: str, above: list[tuple[int, int]], figure: int, wrong: str,
                case: str, right: str, prefix: str, also: dict[str, str] | None = None) -> None:
     """The student's path through one exercise, a screenshot per step. ``case``: words of the wrong
@@ -285,7 +299,7 @@ def test_the_browser_checks_can_fail(page, window, lab):
         assert_check_message(wall, "✅")
 
     seen = len(console.errors)
-    with page.expect_console_message(lambda msg: msg.type == "error"):
+    with page.expect_console_message(lambda msg: msg.type == "error" and "broken course content" in msg.text):
         nb.run(1)
     with pytest.raises(AssertionError, match="broken course content"):
         console.assert_clean(since=seen)
