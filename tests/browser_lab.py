@@ -225,6 +225,8 @@ class Notebook:
         """Screenshot of the window (scrolled to cell ``index``) into ``ARTIFACTS/name``."""
         if index is not None:
             self.cell(index).scroll_into_view_if_needed()
+        # Cells scrolled into view are painted on the next frames (JupyterLab's content-visibility).
+        self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         path = ARTIFACTS / name
         self.page.screenshot(path=str(path))
         return path
