@@ -106,6 +106,17 @@ RULES: dict[str, Rule] = {
         require_loop=True,
         why="write the tiled loop yourself: running maximum, sum and output, rescaled as each key block arrives.",
     ),
+    # Notebook 09: the block and the model are built from the course's own parts, not PyTorch's ready-made layers.
+    **{
+        name: Rule(
+            forbidden_calls=("TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+                             "TransformerDecoder", "MultiheadAttention", "multi_head_attention_forward"),
+            why="build it from notebook 05's MultiHeadAttention (or your own attention on "
+                "F.scaled_dot_product_attention), LayerNorm and Linear layers; PyTorch's ready-made transformer "
+                "layers skip the point.",
+        )
+        for name in ("TransformerBlock", "TinyGPT")
+    },
 }
 
 

@@ -1,5 +1,626 @@
-"""Self-checks for notebook 09: the capstone, a tiny causal transformer."""
+"""Self-checks for notebook 09: the capstone, a tiny causal transformer.
+
+Positions (``sinusoidal_positions``, ``LearnedPositionalEmbedding``), the pre-LayerNorm
+``TransformerBlock``, the whole ``TinyGPT`` and one optimisation step, ``train_step``.
+
+The module checks build your class, check its parameter shapes (naming a missing LayerNorm, a
+feed-forward of the wrong width, a head with a bias, tied weights), then **copy the reference's
+weights into it** in parameter order, so that your own initialisation never matters, and compare
+outputs in ``eval()`` mode and, with dropout, in ``train()`` mode under the same seed. ``TinyGPT``
+must also be causal as a whole: no logit may change when only later tokens change.
+
+``train_step`` runs on a small stand-in language model (an embedding and a linear layer: no
+attention, so nothing of an answer) with an optimizer that records the gradients it is given when
+``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
+gradients the optimizer stepped with, and the parameters after each step.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import copy
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from course_utils.checks import expected as _expected
+from course_utils.checks import modules
+from course_utils.checks.core import (
+    NOT_IMPLEMENTED,
+    Case,
+    CheckFailed,
+    _compare_forward,
+    _difference,
+    _hinted,
+    build_student,
+    call_student,
+    check,
+    check_rules,
+    compare_function,
+    describe_shape,
+    expect,
+    expected_parameter_shapes,
+    explain,
+    fail,
+    hidden_cases,
+    mistake_outputs,
+    passed,
+    rand,
+    require_callable,
+    tensor_difference,
+)
+
+__all__ = [
+    "check_sinusoidal_positions",
+    "check_LearnedPositionalEmbedding",
+    "check_TransformerBlock",
+    "check_TinyGPT",
+    "check_train_step",
+]
+
+
+def tokens(b: int, T: int, vocab_size: int, seed: int) -> torch.Tensor:
+    """Random token ids ``(b, T)`` from their own generator."""
+    return torch.randint(0, vocab_size, (b, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------------------
+# sinusoidal_positions
+# ------------------------------------------------------------------------------------------
+def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    P, d = want.shape
+    if tuple(got.shape) == (d, P) and d != P:
+        return "rows are positions and columns are dimensions: return (num_positions, d_model)."
+    if got.shape != want.shape:
+        return None
+    if torch.allclose(got[0], torch.zeros(d)):
+        return ("row 0 is all zeros: cos(0) = 1, so position 0 is [0, 1, 0, 1, ...]. Are the odd columns filled with "
+                "cos?")
+    return None
+
+
+@check
+def check_sinusoidal_positions(sinusoidal_positions: Callable, hidden: bool = False) -> None:
+    """Check ``sinusoidal_positions(num_positions, d_model)`` -> ``(num_positions, d_model)``."""
+    exercise = "sinusoidal_positions"
+    cases = [
+        Case("num_positions=6, d_model=4", (6, 4)),
+        Case("num_positions=16, d_model=32 (the trained model's size)", (16, 32)),
+        Case("one position, d_model=2", (1, 2)),
+    ]
+    compare_function(exercise, sinusoidal_positions, cases + (hidden_cases(exercise) if hidden else []),
+                     atol=1e-4, rtol=1e-4, diagnose=_sinusoid_diagnose)
+    try:
+        sinusoidal_positions(4, 5)
+    except ValueError:
+        pass
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"sinusoidal_positions(4, 5) raised {type(exc).__name__}: {exc}. An odd d_model cannot hold "
+                       f"sin and cos pairs: raise a ValueError that says so")
+    else:
+        fail(exercise, "sinusoidal_positions(4, 5) returned a result: sin and cos come in pairs, so an odd d_model "
+                       "must raise a ValueError")
+    passed(exercise, "an odd d_model raises a ValueError")
+
+
+# ------------------------------------------------------------------------------------------
+# Modules with the same test weights copied in
+# ------------------------------------------------------------------------------------------
+def set_test_weights(module: nn.Module) -> nn.Module:
+    """Overwrite every parameter of ``module``, in creation order, with fixed random test values.
+
+    Parameter ``i`` gets uniform values from its own seed: a matrix in ``±1/sqrt(columns)``, a vector
+    (a bias, a LayerNorm's weight or bias) in ``±1``. Two modules whose parameters have the same shapes
+    in the same order get the same weights, whatever their own initialisation did; the LayerNorms
+    no longer start as the identity, so using one norm for another shows.
+    """
+    with torch.no_grad():
+        for i, parameter in enumerate(module.parameters()):
+            bound = 1.0 / parameter.shape[-1] ** 0.5 if parameter.dim() > 1 else 1.0
+            parameter.copy_(rand(*parameter.shape, seed=9700 + i, low=-bound, high=bound))
+    return module
+
+
+def expected_output(exercise: str, case: Case) -> object:
+    """The reference module's output on a module case, with the test weights (live or recorded)."""
+    from course_utils.checks.core import construct, module_output
+
+    return expect(exercise, case.key(), lambda: module_output(
+        set_test_weights(construct(_expected.reference(exercise), case.build)), case))
+
+
+def student_with_test_weights(exercise: str, cls: Callable, build: tuple) -> nn.Module:
+    """Build the student's module (its parameter shapes checked) and load the test weights into it."""
+    return set_test_weights(build_student(exercise, cls, build))
+
+
+def compare_modules(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
+                    diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
+    """For each ``(build, cases)``: the student's module with the test weights must give the expected
+    outputs in ``eval()`` mode and, when the build's dropout (its last argument) is positive, in
+    ``train()`` mode under the same seed. Returns the number of outputs compared."""
+    count = 0
+    for build, cases in configs:
+        student = student_with_test_weights(exercise, cls, build)
+        for mode in ("eval", "train") if build[-1] > 0 else ("eval",):
+            for case in cases:
+                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
+                want = expected_output(exercise, mcase)
+                if _expected.is_recording():
+                    mistake_outputs(exercise, mcase)
+                _compare_forward(exercise, student, want, mcase, atol, rtol, diagnose)
+                count += 1
+    return count
+
+
+class OneDevice(torch.overrides.TorchFunctionMode):
+    """Raise when an operation mixes a tensor on the CPU with one on another device, as CUDA would.
+
+    A module moved to ``"meta"`` (a device without data) stands in for one moved to a GPU; some
+    operations accept a CPU index with a meta weight, which a GPU would refuse. A CPU scalar (0-dim)
+    is allowed, as on a GPU.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {t.device.type for t in _tensors((args, kwargs)) if t.dim() > 0 or t.device.type != "cpu"}
+        if len(devices) > 1:
+            raise RuntimeError(f"{getattr(func, '__name__', func)} got tensors on different devices: "
+                               f"{' and '.join(sorted(devices))}")
+        return func(*args, **kwargs)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def moves_with_module(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
+    """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
+    after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run."""
+    student.eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        base = student(x)
+    s64 = copy.deepcopy(student).to(torch.float64)
+    x64 = x.to(torch.float64) if x.is_floating_point() else x
+    try:
+        with torch.no_grad():
+            out = s64(x64)
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: after module.to(torch.float64) the forward pass raised {type(exc).__name__}: {exc}. "
+                       f"Do not fix a dtype inside forward; let everything follow the module")
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or tensor_difference(base, out, atol=1e-4) is not None:
+        fail(exercise, f"{where}: after module.to(torch.float64) the output is not the float32 output in float64 "
+                       f"(dtype {getattr(out, 'dtype', type(out).__name__)}). Let every tensor follow the module")
+    meta = copy.deepcopy(student).to("meta")
+    try:
+        with OneDevice():
+            meta(x.to("meta"))
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
+                       f"{type(exc).__name__}: {exc}. Create every tensor forward needs on the input's device "
+                       f"(torch.arange(T, device=x.device)), or make it a buffer")
+
+
+def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[list, list, tuple], "str | None"]) -> None:
+    want = expected_parameter_shapes(exercise, build)
+    got = modules.student_shapes(exercise, cls, build)
+    if got is None or got == want:
+        return
+    problem = name(got, want, build)
+    if problem is None and sorted(got) == sorted(want):
+        problem = "the right parameters, created in another order: create the layers in the order the exercise gives"
+    if problem:
+        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
+
+
+def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
+    student.eval()
+    try:
+        torch.manual_seed(7)
+        student(x)
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception:  # noqa: BLE001 - any clear error will do
+        return
+    fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length, returned an output "
+                   f"instead of raising an error")
+
+
+# ------------------------------------------------------------------------------------------
+# LearnedPositionalEmbedding
+# ------------------------------------------------------------------------------------------
+def _learned_shapes(got: list, want: list, build: tuple) -> str | None:
+    context_length, d_model = build
+    if not got:
+        return ("the module has no parameters: the position vectors must be trained. Hold them in "
+                "nn.Embedding(context_length, d_model) (or an nn.Parameter)")
+    if got == [(d_model, context_length)]:
+        return "the table is (d_model, context_length): one ROW per position, nn.Embedding(context_length, d_model)"
+    return None
+
+
+def _learned_diagnose(case: Case, got: object, want: object) -> str | None:
+    if isinstance(got, BaseException) or not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return None
+    x = case.args[0]
+    b, T, d = x.shape
+    if tuple(got.shape) == (T, d):
+        return "you return the position vectors alone: add them to x, x + positions, to get (b, T, d_model)."
+    if got.shape == want.shape and tensor_difference(want - x, got) is None:
+        return "you return the position vectors alone (broadcast to x's shape): add them to x."
+    if got.shape == want.shape and tensor_difference(x, got) is None:
+        return "the output equals the input: add the position vectors to x."
+    return None
+
+
+@check
+def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidden: bool = False) -> None:
+    """Check ``LearnedPositionalEmbedding(context_length, d_model)``: ``(b, T, d_model)`` -> ``x + positions``."""
+    exercise = "LearnedPositionalEmbedding"
+    cls = LearnedPositionalEmbedding
+    extra = hidden_cases(exercise) if hidden else []
+    configs = [
+        ((8, 4), [Case("(3, 5, 4), T < context_length", (rand(3, 5, 4, seed=9012),)),
+                  Case("(2, 8, 4), T = context_length", (rand(2, 8, 4, seed=9011),)),
+                  Case("(1, 1, 4), one token", (rand(1, 1, 4, seed=9013),))]),
+        ((16, 32), [Case("(2, 16, 32), the trained model's size", (rand(2, 16, 32, seed=9014),))]),
+    ] + extra
+    require_callable(exercise, cls)
+    check_rules(exercise, cls)
+    for build, _ in configs:
+        _shape_check(exercise, cls, build, _learned_shapes)
+    count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
+    first = student_with_test_weights(exercise, cls, (8, 4))
+    _too_long_raises(exercise, first, rand(1, 9, 4, seed=9015), "built with (8, 4)")
+    moves_with_module(exercise, first, rand(2, 5, 4, seed=9016), "built with (8, 4)")
+    passed(exercise, f"{count} outputs agree with the reference (x plus position vectors 0..T-1); too long an input "
+                     f"raises; the positions follow the module to another device")
+
+
+# ------------------------------------------------------------------------------------------
+# TransformerBlock
+# ------------------------------------------------------------------------------------------
+def _block_shapes(got: list, want: list, build: tuple) -> str | None:
+    d_model = build[0]
+    widths = {n for shape in got if len(shape) == 2 for n in shape} - {d_model}
+    if widths and widths != {4 * d_model}:
+        return (f"the feed-forward's hidden layer has {sorted(widths)} units: it must have 4 * d_model = {4 * d_model} "
+                f"(nn.Linear(d_model, 4 * d_model), GELU, nn.Linear(4 * d_model, d_model))")
+    if len(got) < len(want) and sum(s == (d_model,) for s in got) < sum(s == (d_model,) for s in want) and \
+            [s for s in got if len(s) == 2] == [s for s in want if len(s) == 2]:
+        return ("a LayerNorm is missing: a pre-LN block has two, norm1 before the attention and norm2 before the "
+                "feed-forward network (each has a weight and a bias of size d_model)")
+    if sorted(got) == sorted(want):
+        return ("the right parameters, created in another order: create norm1, att, norm2, ff in this order (the "
+                "check loads its test weights in parameter order)")
+    return None
+
+
+_BLOCK_TRAIN_HINT = ("eval() mode agrees but train() mode does not: dropout goes on the attention weights (inside "
+                     "MultiHeadAttention) and on the output of each branch, attention and feed-forward, before it is "
+                     "added back to x; nowhere else, each once.")
+
+
+def _block_diagnose(exercise: str, cls: Callable) -> Callable:
+    causal = modules.not_causal(exercise, cls)
+
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        if case.mode == "train" and isinstance(got, torch.Tensor):
+            return _BLOCK_TRAIN_HINT
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape:
+            x = case.args[0]
+            if tensor_difference(want - x, got, atol=1e-4) is None:
+                return "the input is not added back: return x + the branches' outputs (the residual connections)."
+        return causal(case, got, want)
+    return diagnose
+
+
+@check
+def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> None:
+    """Check ``TransformerBlock(d_model, num_heads, context_length, dropout)``: ``(b, T, d) -> (b, T, d)``."""
+    exercise = "TransformerBlock"
+    cls = TransformerBlock
+    extra = hidden_cases(exercise) if hidden else []
+    configs = [
+        ((8, 2, 6, 0.0), [Case("(2, 6, 8), T = context_length", (rand(2, 6, 8, seed=9021, low=-2, high=2),)),
+                          Case("(2, 4, 8), T < context_length", (rand(2, 4, 8, seed=9022, low=-2, high=2),))]),
+        ((8, 2, 6, 0.25), [Case("(2, 6, 8) with dropout 0.25", (rand(2, 6, 8, seed=9023, low=-2, high=2),))]),
+        ((12, 3, 5, 0.0), [Case("(3, 5, 12), three heads", (rand(3, 5, 12, seed=9024, low=-2, high=2),))]),
+    ] + extra
+    require_callable(exercise, cls)
+    check_rules(exercise, cls)
+    for build, _ in configs:
+        _shape_check(exercise, cls, build, _block_shapes)
+    diagnose = _block_diagnose(exercise, cls)
+    first = student_with_test_weights(exercise, cls, (8, 2, 6, 0.0))
+    x = rand(2, 6, 8, seed=9021, low=-2, high=2)
+    modules.check_finite(exercise, first, x, "built with (8, 2, 6, 0.0)")
+    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
+    modules.check_causal_module(exercise, first, x)
+    dropped = student_with_test_weights(exercise, cls, (8, 2, 6, 0.25))
+    modules.check_dropout_modes(exercise, dropped, x, "built with (8, 2, 6, 0.25)")
+    moves_with_module(exercise, first, rand(2, 4, 8, seed=9026), "built with (8, 2, 6, 0.0)")
+    passed(exercise, f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
+                     f"drops out only in train() mode and moves with .to()")
+
+
+# ------------------------------------------------------------------------------------------
+# TinyGPT
+# ------------------------------------------------------------------------------------------
+def _gpt_shapes(got: list, want: list, build: tuple) -> str | None:
+    vocab_size, d_model = build[0], build[1]
+    if len(got) == len(want) + 1 and got[:-1] == want and got[-1] == (vocab_size,):
+        return "out_head has a bias: nn.Linear(d_model, vocab_size, bias=False)"
+    if len(got) == len(want) - 1 and got == want[:-1]:
+        return ("out_head is missing (or shares the token embedding's weight): the last layer is its own "
+                "nn.Linear(d_model, vocab_size, bias=False)")
+    if len(got) == len(want) - 2 and got[-1] == want[-1] and got[:-1] == want[:-3]:
+        return "the final LayerNorm is missing: normalise once more after the last block, before out_head"
+    if len(got) == len(want) - 1 and got[0] == want[0] and got[1:] == want[2:]:
+        return ("the position embedding is missing: add self.pos_emb = LearnedPositionalEmbedding(context_length, "
+                "d_model) (or nn.Embedding) right after the token embedding")
+    if got and got[0] == (d_model, vocab_size):
+        return "the token embedding is (d_model, vocab_size): it has one row per token, nn.Embedding(vocab_size, d_model)"
+    return None
+
+
+def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+            return None
+        if got.shape == want.shape and got.min() >= 0 and torch.allclose(got.sum(-1), torch.ones(got.shape[:-1])):
+            return ("every row sums to 1: return the logits of out_head; cross_entropy applies the softmax itself "
+                    "(and more stably).")
+        if case.mode == "train":
+            return ("eval() mode agrees but train() mode does not: dropout goes on the embeddings (tokens plus "
+                    "positions) before the first block, and inside every block; not after the final norm.")
+        leak = _causal_problem(exercise, construct_copy(exercise, cls, case.build), case.args[0])
+        return f"your model is not causal: {leak}" if leak else None
+    return diagnose
+
+
+def construct_copy(exercise: str, cls: Callable, build: tuple) -> nn.Module:
+    return student_with_test_weights(exercise, cls, build).eval()
+
+
+def _causal_problem(exercise: str, model: nn.Module, idx: torch.Tensor) -> str | None:
+    """Where the logits at some position change when only later tokens change, or ``None``."""
+    model.eval()
+    vocab_size = int(idx.max()) + 1
+    with torch.no_grad():
+        base = call_student(exercise, model, Case("causality", (idx.clone(),)))
+        T = idx.shape[1]
+        for t in range(T - 1):
+            changed = idx.clone()
+            changed[:, t + 1:] = (changed[:, t + 1:] + 1 + tokens(*changed[:, t + 1:].shape, max(vocab_size - 1, 1),
+                                                                    seed=9090 + t)) % vocab_size
+            out = call_student(exercise, model, Case("causality", (changed,)))
+            if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
+                return None
+            diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
+            if diff.max() > 1e-5:
+                pos = int(diff.amax(dim=(0, 2)).argmax())
+                return (f"the logits at position {pos} changed when only tokens {t + 1}..{T - 1} changed (largest "
+                        f"change {diff.max().item():.3g}). Every block must be causal, and nothing else may mix "
+                        f"positions.")
+    return None
+
+
+@check
+def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
+    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout)``: ids -> logits."""
+    exercise = "TinyGPT"
+    cls = TinyGPT
+    extra = hidden_cases(exercise) if hidden else []
+    configs = [
+        ((11, 8, 2, 2, 6, 0.0), [Case("ids (2, 6), T = context_length", (tokens(2, 6, 11, seed=9031),)),
+                                 Case("ids (3, 4), T < context_length", (tokens(3, 4, 11, seed=9032),))]),
+        ((11, 8, 2, 2, 6, 0.2), [Case("ids (2, 6) with dropout 0.2", (tokens(2, 6, 11, seed=9033),))]),
+        ((7, 12, 3, 1, 5, 0.0), [Case("one block of three heads, ids (2, 5)", (tokens(2, 5, 7, seed=9034),))]),
+    ] + extra
+    require_callable(exercise, cls)
+    check_rules(exercise, cls)
+    for build, _ in configs:
+        _shape_check(exercise, cls, build, _gpt_shapes)
+    diagnose = _gpt_diagnose(exercise, cls)
+    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
+    first = construct_copy(exercise, cls, (11, 8, 2, 2, 6, 0.0))
+    leak = _causal_problem(exercise, first, tokens(2, 6, 11, seed=9035))
+    if leak:
+        fail(exercise, f"the future leaks: {leak}")
+    dropped = student_with_test_weights(exercise, cls, (11, 8, 2, 2, 6, 0.2))
+    modules.check_dropout_modes(exercise, dropped, tokens(2, 6, 11, seed=9033), "built with (11, 8, 2, 2, 6, 0.2)")
+    _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), "built with (11, 8, 2, 2, 6, 0.0)")
+    moves_with_module(exercise, first, tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
+    passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode; no position "
+                     f"sees a later token; too long an input raises")
+
+
+# ------------------------------------------------------------------------------------------
+# train_step
+# ------------------------------------------------------------------------------------------
+class StandInLM(nn.Module):
+    """A stand-in language model for checking ``train_step``: ``(b, T)`` ids -> ``(b, T, vocab)`` logits.
+
+    An embedding, tanh, and a linear layer: each position sees only its own token, which is all a
+    check of the loss, the gradients and the step needs (and it holds nothing of an answer).
+    """
+
+    def __init__(self, vocab_size: int, d: int, dropout: float = 0.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(d, vocab_size)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(torch.tanh(self.embed(idx))))
+
+
+def recording(optimizer_class: type) -> type:
+    """``optimizer_class`` that keeps a copy of every parameter's gradient when ``step()`` is called."""
+    class Recording(optimizer_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen: list[list[torch.Tensor | None]] = []
+
+        def step(self, closure=None):  # noqa: D401 - torch's signature
+            self.seen.append([None if p.grad is None else p.grad.detach().clone()
+                              for group in self.param_groups for p in group["params"]])
+            return super().step(closure)
+
+    Recording.__name__ = optimizer_class.__name__
+    return Recording
+
+
+OPTIMIZERS = {"SGD": lambda params: recording(torch.optim.SGD)(params, lr=0.5),
+              "SGD with momentum": lambda params: recording(torch.optim.SGD)(params, lr=0.3, momentum=0.9),
+              "AdamW": lambda params: recording(torch.optim.AdamW)(params, lr=0.05)}
+
+
+def step_batch(b: int, T: int, vocab_size: int, answer_from: int | Sequence[int], seed: int) -> tuple:
+    """``(inputs, targets, answer_mask)``: random ids, random targets, answers from ``answer_from`` on
+    (one start for all rows, or one per row)."""
+    inputs = tokens(b, T, vocab_size, seed)
+    targets = tokens(b, T, vocab_size, seed + 50)
+    starts = torch.tensor([answer_from] * b if isinstance(answer_from, int) else list(answer_from))
+    answer_mask = torch.arange(T).unsqueeze(0) >= starts.unsqueeze(1)  # (b, T)
+    return inputs, targets, answer_mask
+
+
+def step_trace(train_step: Callable, spec: dict) -> dict:
+    """Run ``train_step`` ``spec["steps"]`` times on a fresh stand-in model; what happened at each step.
+
+    ``spec``: ``vocab_size``, ``d``, ``b``, ``T``, ``answer_from`` (an int or one per row), ``optimizer``
+    (a key of :data:`OPTIMIZERS`), ``steps``, ``seed`` and optionally ``dropout``. Returns
+    ``{"loss": [...], "grads": [[...], ...], "params": [[...], ...], "names": [...]}`` (the gradients
+    the optimizer stepped with, and the parameters after each step; ``None`` for a missing gradient).
+    """
+    torch.manual_seed(spec["seed"])
+    model = StandInLM(spec["vocab_size"], spec["d"], spec.get("dropout", 0.0))
+    model.train()
+    optimizer = OPTIMIZERS[spec["optimizer"]](model.parameters())
+    trace: dict = {"loss": [], "grads": [], "params": [], "names": [n for n, _ in model.named_parameters()]}
+    for k in range(spec["steps"]):
+        batch = step_batch(spec["b"], spec["T"], spec["vocab_size"], spec["answer_from"], spec["seed"] + 10 * k)
+        steps_before = len(optimizer.seen)
+        torch.manual_seed(spec["seed"] + 100 + k)
+        loss = train_step(model, batch, optimizer)
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            loss = loss.detach().item()
+        trace["loss"].append(loss)
+        trace["grads"].append(optimizer.seen[-1] if len(optimizer.seen) > steps_before else None)
+        trace["params"].append([p.detach().clone() for p in model.parameters()])
+    return trace
+
+
+def _step_spec_name(spec: dict) -> str:
+    return (f"{spec['optimizer']}, batch ({spec['b']}, {spec['T']}), answers from position {spec['answer_from']}, "
+            f"{spec['steps']} steps")
+
+
+def _trace_problem(want: dict, got: dict) -> tuple[str, int] | None:
+    """The first difference between two traces, in words, and the step where it is."""
+    for k, (w_loss, g_loss) in enumerate(zip(want["loss"], got["loss"])):
+        step = f"step {k + 1}"
+        if not isinstance(g_loss, (int, float)) or isinstance(g_loss, bool):
+            return (f"train_step returned {type(g_loss).__name__}; return the loss as a number (loss.item()) or a "
+                    f"one-element tensor", k)
+        if abs(g_loss - w_loss) > 1e-4 + 1e-4 * abs(w_loss):
+            return f"{step}: the returned loss is {g_loss:.6g}, expected {w_loss:.6g}", k
+        if (want["grads"][k] is None) != (got["grads"][k] is None):
+            return (f"{step}: optimizer.step() was never called" if got["grads"][k] is None else
+                    f"{step}: optimizer.step() was called, but it should not have been"), k
+        for name, w, g in zip(want["names"], want["grads"][k] or [], got["grads"][k] or []):
+            if (w is None) != (g is None):
+                return (f"{step}: when optimizer.step() ran, {name} had no gradient (None): call "
+                        f"optimizer.zero_grad() BEFORE loss.backward(), and loss.backward() before optimizer.step()"
+                        if g is None else f"{step}: {name} has a gradient where none was expected"), k
+            if w is None:
+                continue
+            problem = tensor_difference(w, g)
+            if problem:
+                return f"{step}: the gradient of {name} that optimizer.step() used differs: {problem}", k
+        for name, w, g in zip(want["names"], want["params"][k], got["params"][k]):
+            problem = tensor_difference(w, g)
+            if problem:
+                return f"{step}: the parameter {name} after the step differs: {problem}", k
+    return None
+
+
+def _same_trace(a: dict, b: dict) -> bool:
+    return _trace_problem(a, b) is None
+
+
+def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
+    """Name a mistake from its symptoms (answer-free)."""
+    grads_w, grads_g = want["grads"][k], got["grads"][k]
+    if grads_g is None:
+        return "call optimizer.step() after loss.backward()."
+    if k > 0 and grads_w is not None and all(g is not None for g in grads_g):
+        summed = [w + p for w, p in zip(grads_w, want["grads"][k - 1])]
+        if all(tensor_difference(s, g) is None for s, g in zip(summed, grads_g)):
+            return ("the gradients of step 2 are those of steps 1 and 2 added up: call optimizer.zero_grad() in every "
+                    "step (loss.backward() adds to .grad).")
+    if all(g is not None and not g.abs().any() for g in grads_g):
+        return ("every gradient was zero when optimizer.step() ran: call optimizer.zero_grad() BEFORE loss.backward(), "
+                "not between backward and step.")
+    if got["loss"] and isinstance(got["loss"][k], (int, float)) and k == 0:
+        same_params = all(torch.equal(a, b) for a, b in zip(got["params"][0], want["params"][0]))
+        if not same_params and abs(got["loss"][0] - want["loss"][0]) < 1e-4 * (1 + abs(want["loss"][0])):
+            return "the loss is right but the step is not: step once with the gradients of this loss."
+    return None
+
+
+@check
+def check_train_step(train_step: Callable, hidden: bool = False) -> None:
+    """Check ``train_step(model, batch, optimizer)`` on a stand-in model: loss, gradients, parameters."""
+    exercise = "train_step"
+    require_callable(exercise, train_step)
+    check_rules(exercise, train_step)
+    specs = [
+        {"vocab_size": 7, "d": 6, "b": 3, "T": 6, "answer_from": 3, "optimizer": "SGD", "steps": 2, "seed": 9041},
+        {"vocab_size": 5, "d": 4, "b": 2, "T": 5, "answer_from": [1, 4], "optimizer": "AdamW", "steps": 2,
+         "seed": 9042},
+    ] + (hidden_cases(exercise) if hidden else [])
+    for spec in specs:
+        case = Case(_step_spec_name(spec), (spec,))
+        want = expect(exercise, case.key(), lambda: step_trace(_expected.reference(exercise), spec))
+        if _expected.is_recording():
+            mistake_outputs(exercise, case)
+        try:
+            got = step_trace(train_step, spec)
+        except NotImplementedError:
+            fail(exercise, NOT_IMPLEMENTED)
+        except Exception as exc:  # noqa: BLE001
+            try:
+                fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+            except CheckFailed as error:
+                error.student_error = exc
+                raise error from exc
+        found = _trace_problem(want, got)
+        if found is None:
+            continue
+        problem, k = found
+        hint = None
+        for mistake_hint, output in mistake_outputs(exercise, case):
+            if _same_trace(output, got):
+                hint = mistake_hint
+                break
+        hint = hint or _step_diagnose(want, got, k, spec)
+        try:
+            fail(exercise, problem.rstrip(".") + ".", case)
+        except CheckFailed as error:
+            raise _hinted(error, hint) from None
+    passed(exercise, f"{len(specs)} runs of two steps agree with the reference: the loss on the answer positions, "
+                     f"the gradients the optimizer stepped with, and the parameters after each step")

@@ -1,0 +1,373 @@
+"""Notebook 09's hidden cases and known mistakes (instructor only; see the package docstring).
+
+The mistakes of ``sinusoidal_positions`` are functions of ``(num_positions, d_model)``; those of the
+modules are mistaken classes with the reference's constructor that load the checks' test weights
+(:func:`course_utils.checks.nb09.set_test_weights`) as the checked modules do; those of
+``train_step`` are traces (:func:`course_utils.checks.nb09.step_trace`) of a mistaken step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils import reference
+from course_utils.checks.core import Case, rand
+from course_utils.checks.nb09 import set_test_weights, step_trace, tokens
+from course_utils.instructor import Mistake
+
+
+# ------------------------------------------------------------------------------------------
+# Hidden cases (seeds 9900-9999 and names starting "hidden:": used nowhere in the student edition)
+# ------------------------------------------------------------------------------------------
+def _sinusoid_cases() -> list[Case]:
+    return [
+        Case("hidden: 50 positions, d_model=64", (50, 64)),
+        Case("hidden: 3 positions, d_model=10", (3, 10)),
+        Case("hidden: 100 positions, d_model=2", (100, 2)),
+    ]
+
+
+def _learned_cases() -> list:
+    return [
+        ((5, 6), [Case("hidden: (4, 3, 6)", (rand(4, 3, 6, seed=9901),)),
+                  Case("hidden: (1, 5, 6), T = context_length", (rand(1, 5, 6, seed=9902),))]),
+        ((1, 3), [Case("hidden: context_length 1", (rand(2, 1, 3, seed=9903),))]),
+    ]
+
+
+def _block_cases() -> list:
+    return [
+        ((16, 4, 7, 0.1), [Case("hidden: four heads with dropout, (2, 7, 16)", (rand(2, 7, 16, seed=9911, low=-2, high=2),)),
+                           Case("hidden: T=1", (rand(3, 1, 16, seed=9912, low=-2, high=2),))]),
+        ((6, 1, 4, 0.0), [Case("hidden: one head, (2, 4, 6)", (rand(2, 4, 6, seed=9913, low=-3, high=3),))]),
+    ]
+
+
+def _gpt_cases() -> list:
+    return [
+        ((13, 16, 4, 3, 8, 0.1), [Case("hidden: three blocks, dropout 0.1, ids (2, 8)", (tokens(2, 8, 13, seed=9921),)),
+                                  Case("hidden: one token", (tokens(3, 1, 13, seed=9922),))]),
+        ((5, 6, 1, 1, 4, 0.0), [Case("hidden: one head, one block, ids (4, 3)", (tokens(4, 3, 5, seed=9923),))]),
+    ]
+
+
+def _step_cases() -> list[dict]:
+    return [
+        {"vocab_size": 9, "d": 5, "b": 4, "T": 7, "answer_from": [0, 2, 5, 6], "optimizer": "SGD with momentum",
+         "steps": 3, "seed": 9931},
+        {"vocab_size": 6, "d": 3, "b": 1, "T": 9, "answer_from": 8, "optimizer": "SGD", "steps": 2, "seed": 9932},
+        {"vocab_size": 8, "d": 6, "b": 3, "T": 5, "answer_from": 2, "optimizer": "AdamW", "steps": 2, "seed": 9933,
+         "dropout": 0.3},
+    ]
+
+
+HIDDEN = {
+    "sinusoidal_positions": _sinusoid_cases,
+    "LearnedPositionalEmbedding": _learned_cases,
+    "TransformerBlock": _block_cases,
+    "TinyGPT": _gpt_cases,
+    "train_step": _step_cases,
+}
+
+
+# ------------------------------------------------------------------------------------------
+# sinusoidal_positions: mistaken functions
+# ------------------------------------------------------------------------------------------
+def _angles(num_positions: int, d_model: int, start: int = 0, exponent=None) -> torch.Tensor:
+    positions = torch.arange(start, start + num_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
+    power = exponent(two_i, d_model) if exponent else two_i / d_model
+    return positions / 10000.0 ** power  # (P, d/2)
+
+
+def _interleave(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    return torch.stack([first, second], dim=-1).flatten(-2)  # (P, d/2, 2) -> (P, d)
+
+
+def _sinusoid(num_positions, d_model, **kw):
+    a = _angles(num_positions, d_model, **kw)
+    return _interleave(torch.sin(a), torch.cos(a))
+
+
+SINUSOID_MISTAKES = [
+    Mistake("sin and cos are swapped: even columns (0, 2, ...) hold sin, odd columns (1, 3, ...) hold cos.",
+            lambda P, d: _interleave(torch.cos(_angles(P, d)), torch.sin(_angles(P, d)))),
+    Mistake("the sines fill the first half of the columns and the cosines the second half: interleave them, "
+            "sin in column 2i and cos in column 2i + 1 (encodings[:, 0::2] and encodings[:, 1::2]).",
+            lambda P, d: torch.cat([torch.sin(_angles(P, d)), torch.cos(_angles(P, d))], dim=1)),
+    Mistake("the exponent is i / d_model for the pair index i: it must be 2i / d_model (the column index of the sine, "
+            "divided by d_model), so torch.arange(0, d_model, 2) / d_model.",
+            lambda P, d: _sinusoid(P, d, exponent=lambda two_i, dm: two_i / 2 / dm)),
+    Mistake("the positions multiply 10000^(2i/d_model) instead of dividing by it: the angle is pos / 10000^(2i/d_model), "
+            "so the frequencies fall from 1 to about 1/10000 across the columns.",
+            lambda P, d: _sinusoid(P, d, exponent=lambda two_i, dm: -two_i / dm)),
+    Mistake("the positions start at 1: position 0 is the first token, so use torch.arange(num_positions).",
+            lambda P, d: _sinusoid(P, d, start=1)),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# Modules: mistaken classes that load the checks' test weights
+# ------------------------------------------------------------------------------------------
+def _tested(cls: type) -> type:
+    """``cls`` whose constructor ends by loading the checks' test weights."""
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        set_test_weights(self)
+    return type(cls.__name__, (cls,), {"__init__": __init__})
+
+
+class _Learned(reference.LearnedPositionalEmbedding):
+    def positions(self, T: int, device) -> torch.Tensor:
+        return torch.arange(T, device=device)
+
+    def forward(self, x):
+        return x + self.embedding(self.positions(x.shape[1], x.device))
+
+
+def _learned(name: str, **methods) -> type:
+    return _tested(type(name, (_Learned,), methods))
+
+
+LEARNED_MISTAKES = [
+    Mistake("the positions are reversed: the first token gets position vector 0, so look up torch.arange(T).",
+            _learned("Reversed", positions=lambda self, T, device: torch.arange(T - 1, -1, -1, device=device))),
+    Mistake("the positions start at 1: the first token gets row 0 of the table, torch.arange(T).",
+            _learned("FromOne", positions=lambda self, T, device: torch.arange(1, T + 1, device=device))),
+    Mistake("the last T rows of the table are used: the first token gets row 0, so look up torch.arange(T) (rows "
+            "0..T-1).", _learned("LastRows", positions=lambda self, T, device: torch.arange(
+                self.context_length - T, self.context_length, device=device))),
+]
+
+
+class _Block(reference.TransformerBlock):
+    """The reference block, one step per method, so that a mistake changes one step."""
+
+    def attention_branch(self, x):
+        return self.drop_resid(self.att(self.norm1(x)))
+
+    def ff_branch(self, x):
+        return self.drop_resid(self.ff(self.norm2(x)))
+
+    def forward(self, x):
+        x = x + self.attention_branch(x)
+        return x + self.ff_branch(x)
+
+
+def _block(name: str, **methods) -> type:
+    return _tested(type(name, (_Block,), methods))
+
+
+def _post_ln(self, x):
+    x = self.norm1(x + self.drop_resid(self.att(x)))
+    return self.norm2(x + self.drop_resid(self.ff(x)))
+
+
+def _norm_after_branch(self, x):
+    x = x + self.drop_resid(self.norm1(self.att(x)))
+    return x + self.drop_resid(self.norm2(self.ff(x)))
+
+
+def _relu_ff(self, x):
+    h = torch.relu(self.ff[0](self.norm2(x)))
+    return self.drop_resid(self.ff[2](h))
+
+
+def _dropout_after_add(self, x):
+    x = self.drop_resid(x + self.att(self.norm1(x)))
+    return self.drop_resid(x + self.ff(self.norm2(x)))
+
+
+POST_LN = ("the LayerNorm comes after the residual addition (post-LN, the original 2017 transformer): this block is "
+           "pre-LN, like GPT-2: x = x + att(norm1(x)), then x = x + ff(norm2(x)).")
+NO_RESIDUAL_ATT = ("the residual connection around the attention is missing: add the branch's output back to its "
+                   "input, x = x + dropout(att(norm1(x))).")
+NO_RESIDUAL_FF = ("the residual connection around the feed-forward network is missing: return x + "
+                  "dropout(ff(norm2(x))), not the branch alone.")
+
+BLOCK_MISTAKES = [
+    Mistake(NO_RESIDUAL_ATT, _block("NoResidualAtt", forward=lambda self, x: (lambda h: h + self.ff_branch(h))(
+        self.attention_branch(x)))),
+    Mistake(NO_RESIDUAL_FF, _block("NoResidualFF", forward=lambda self, x: self.ff_branch(x + self.attention_branch(x)))),
+    Mistake("no residual connections at all: each branch's output is added back to its input, x = x + branch(x).",
+            _block("NoResidual", forward=lambda self, x: self.ff_branch(self.attention_branch(x)))),
+    Mistake(POST_LN, _block("PostLN", forward=_post_ln)),
+    Mistake("the LayerNorm is applied to the branch's output instead of its input: normalise first, "
+            "x + dropout(att(norm1(x))).", _block("NormAfterBranch", forward=_norm_after_branch)),
+    Mistake("the feed-forward network uses ReLU: GPT-2's uses GELU (nn.GELU()) between its two layers.",
+            _block("ReLU", ff_branch=_relu_ff)),
+    Mistake("norm1 is used before both branches: norm2 belongs before the feed-forward network.",
+            _block("Norm1Twice", ff_branch=lambda self, x: self.drop_resid(self.ff(self.norm1(x))))),
+    Mistake("norm1 and norm2 are swapped: norm1 goes before the attention, norm2 before the feed-forward network.",
+            _block("NormsSwapped", attention_branch=lambda self, x: self.drop_resid(self.att(self.norm2(x))),
+                   ff_branch=lambda self, x: self.drop_resid(self.ff(self.norm1(x))))),
+    Mistake("dropout is applied after the residual addition: drop the branch's output BEFORE adding it to x, so "
+            "that the residual path itself is never dropped.", _block("DropoutAfterAdd", forward=_dropout_after_add)),
+    Mistake("the residual branches have no dropout: x = x + dropout(att(norm1(x))) and x + dropout(ff(norm2(x))).",
+            _block("NoResidualDropout", attention_branch=lambda self, x: self.att(self.norm1(x)),
+                   ff_branch=lambda self, x: self.ff(self.norm2(x)))),
+]
+
+
+class _GPT(reference.TinyGPT):
+    """The reference model, one step per method."""
+
+    def embed(self, idx):
+        return self.pos_emb(self.tok_emb(idx))
+
+    def forward(self, idx):
+        x = self.blocks(self.drop_emb(self.embed(idx)))
+        return self.out_head(self.final_norm(x))
+
+
+def _gpt(name: str, **methods) -> type:
+    return _tested(type(name, (_GPT,), methods))
+
+
+def _positions_after_blocks(self, idx):
+    x = self.blocks(self.drop_emb(self.tok_emb(idx)))
+    return self.out_head(self.final_norm(self.pos_emb(x)))
+
+
+def _positions_after_dropout(self, idx):
+    x = self.blocks(self.pos_emb(self.drop_emb(self.tok_emb(idx))))
+    return self.out_head(self.final_norm(x))
+
+
+POSITIONS_AFTER_BLOCKS = ("the positions are added after the blocks: the attention then never sees them and cannot "
+                          "tell the order of the tokens. Add them to the token embeddings, before the first block.")
+
+GPT_MISTAKES = [
+    Mistake(POSITIONS_AFTER_BLOCKS, _gpt("PositionsAfterBlocks", forward=_positions_after_blocks)),
+    Mistake("no positions are added: the model sees the tokens only. Add self.pos_emb's vectors to the token "
+            "embeddings.", _gpt("NoPositions", embed=lambda self, idx: self.tok_emb(idx))),
+    Mistake("the final LayerNorm is not applied: logits = out_head(final_norm(x)).",
+            _gpt("NoFinalNorm", forward=lambda self, idx: self.out_head(self.blocks(self.drop_emb(self.embed(idx)))))),
+    Mistake("the logits are passed through a softmax: return the raw logits; F.cross_entropy applies log-softmax "
+            "itself.", _gpt("Softmax", forward=lambda self, idx: torch.softmax(_GPT.forward(self, idx), dim=-1))),
+    Mistake("the token embeddings are scaled by sqrt(d_model) (as in the 2017 transformer): GPT-2 adds them to the "
+            "positions unscaled.", _gpt("Scaled", embed=lambda self, idx: self.pos_emb(
+                self.tok_emb(idx) * math.sqrt(self.tok_emb.embedding_dim)))),
+    Mistake("dropout acts on the token embeddings before the positions are added: drop the sum, "
+            "drop_emb(tokens + positions).", _gpt("DropoutBeforePositions", forward=_positions_after_dropout)),
+    Mistake("the embeddings get no dropout: x = drop_emb(tok_emb(idx) + positions) before the first block.",
+            _gpt("NoEmbeddingDropout", forward=lambda self, idx: self.out_head(self.final_norm(self.blocks(
+                self.embed(idx)))))),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# train_step: traces of mistaken steps
+# ------------------------------------------------------------------------------------------
+def _all_positions(model, batch, optimizer):
+    inputs, targets, _ = batch
+    logits = model(inputs)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _no_zero_grad(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[mask], targets[mask])
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _no_step(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[mask], targets[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    return loss.item()
+
+
+def _zero_grad_before_step(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[mask], targets[mask])
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()
+    return loss.item()
+
+
+def _summed(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[mask], targets[mask], reduction="sum")
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _unshifted(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[mask], inputs[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _prompt_only(model, batch, optimizer):
+    inputs, targets, mask = batch
+    if mask.all():
+        return None
+    loss = F.cross_entropy(model(inputs)[~mask], targets[~mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _loss_before_step_after(model, batch, optimizer):
+    inputs, targets, mask = batch
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(inputs)[mask], targets[mask])
+    loss.backward()
+    optimizer.step()
+    return F.cross_entropy(model(inputs)[mask], targets[mask]).item()
+
+
+def _traced(step):
+    def trace(spec):
+        result = step_trace(step, spec)
+        return None if any(loss is None for loss in result["loss"]) else result
+    return trace
+
+
+STEP_MISTAKES = [
+    Mistake("the loss is taken over every position, the prompt's digits too: they are random and cannot be "
+            "predicted. Take the loss on the answer positions only: logits[answer_mask], targets[answer_mask].",
+            _traced(_all_positions)),
+    Mistake("the loss is taken on the prompt positions instead of the answer positions: select "
+            "logits[answer_mask], targets[answer_mask].", _traced(_prompt_only)),
+    Mistake("optimizer.zero_grad() is never called, so every backward adds to the gradients of the steps before: call "
+            "optimizer.zero_grad() in every step, before loss.backward().", _traced(_no_zero_grad)),
+    Mistake("optimizer.step() is never called: the gradients are computed but the parameters never change.",
+            _traced(_no_step)),
+    Mistake("optimizer.zero_grad() runs between loss.backward() and optimizer.step(): it wipes the gradients the "
+            "step needs. Call optimizer.zero_grad() BEFORE loss.backward().", _traced(_zero_grad_before_step)),
+    Mistake("the loss is summed over the answer tokens: take their mean (F.cross_entropy's default reduction).",
+            _traced(_summed)),
+    Mistake("the targets are the inputs themselves: the model must predict the NEXT token, which is in targets.",
+            _traced(_unshifted)),
+    Mistake("the returned loss is computed again after the step: return the loss you stepped with, loss.item().",
+            _traced(_loss_before_step_after)),
+]
+
+
+MISTAKES = {
+    "sinusoidal_positions": SINUSOID_MISTAKES,
+    "LearnedPositionalEmbedding": LEARNED_MISTAKES,
+    "TransformerBlock": BLOCK_MISTAKES,
+    "TinyGPT": GPT_MISTAKES,
+    "train_step": STEP_MISTAKES,
+}

@@ -1,0 +1,702 @@
+# %% [markdown]
+# # 09 · Capstone: train a tiny transformer with your own attention
+#
+# Every attention weight you have drawn so far came from **random** weights. In this notebook a
+# model finally learns. You will put notebook 05's multi-head attention into a complete GPT-style
+# model, train it on your CPU in a few seconds, and look at what its heads learned to attend to.
+#
+# The task is **reversing a sequence of digits**: after `3 1 4 1 5 9 2 6 |` the model must write
+# `6 2 9 5 1 4 1 3`. It cannot be solved without attention (the next digit sits somewhere else in
+# the sequence) or without positions (you must know *where* it sits).
+#
+# **In this notebook you will**
+# 1. see that attention alone cannot tell word order: it is **permutation-equivariant**;
+# 2. give tokens positions, fixed (`sinusoidal_positions`) or learned (`LearnedPositionalEmbedding`);
+# 3. build a pre-LayerNorm transformer block (`TransformerBlock`) and a whole model (`TinyGPT`);
+# 4. write one training step with the loss on the answer only (`train_step`), and train;
+# 5. show that the same model without positions, or with attention replaced by an average, fails;
+# 6. find the head that does the reversal in the trained model's attention maps.
+#
+# Shapes use these letters: `b` = batch size, `T` = number of tokens, `d` = `d_model` (the size of
+# every token's vector), `H` = number of heads, `V` = vocabulary size, `L` = number of blocks.
+#
+# How to work: fill in each cell that says `# YOUR CODE HERE`, run it, then run the check cell
+# below it. A ✅ means your code agrees with ours on several inputs; a ❌ tells you what differs.
+
+# %% setup=true
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_utils import checks, tasks, training
+
+torch.manual_seed(123)
+print("torch", torch.__version__)
+
+# %% [markdown]
+# ## 0. Where notebook 05 left us
+#
+# `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)` maps `(b, T, d_in)` to
+# `(b, T, d_out)`: queries, keys and values split into `H` heads of `d_out // H`, scores divided by
+# `sqrt(head_dim)`, the future masked with a buffer, softmax, dropout on the weights, the heads merged
+# and mixed by `out_proj`. Here it is with its helpers: our answers from notebooks 04 and 05, shown
+# so that this notebook never depends on your own earlier answers. Run the cell.
+
+# %% shows="causal_mask split_heads merge_heads MultiHeadAttention"
+# Our answers from notebooks 04 and 05.
+import math
+
+import torch
+import torch.nn as nn
+
+from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
+# ## 1. Attention cannot tell order
+#
+# Look at what attention computes for token `i`: a weighted sum of the values, with weights from
+# `query_i · key_j`. Nothing in it says *where* token `j` is. Shuffle the tokens, and every token
+# finds the same keys and values as before, only in another order; a sum does not care about order.
+#
+# So without a mask, shuffling the input shuffles the output **the same way** and changes nothing
+# else: attention is **permutation-equivariant**. Let us check it with a `MultiHeadAttention` whose
+# mask we switch off (every entry False: every token sees every token).
+
+# %%
+torch.manual_seed(123)
+full = MultiHeadAttention(d_in=4, d_out=4, context_length=5, dropout=0.0, num_heads=2)
+full.mask.fill_(False)  # no mask: bidirectional attention
+x = torch.randn(1, 5, 4)  # (b, T, d): five tokens
+perm = torch.tensor([3, 0, 4, 1, 2])  # a shuffle of the five positions
+
+out = full(x)  # (1, 5, 4)
+out_of_shuffled = full(x[:, perm])  # the tokens shuffled, then attention
+print("attention(shuffled x) == shuffled attention(x):", torch.allclose(out_of_shuffled, out[:, perm], atol=1e-6))
+
+# %% [markdown]
+# The causal mask breaks the symmetry only a little. Token `i` sees tokens `0..i`, but it sees them
+# as a **bag**: shuffle the tokens before it and its own output does not change.
+
+# %%
+torch.manual_seed(123)
+causal = MultiHeadAttention(d_in=4, d_out=4, context_length=5, dropout=0.0, num_heads=2)
+prefix_shuffled = torch.tensor([2, 0, 3, 1, 4])  # the first four tokens shuffled, the last one kept
+last = causal(x)[:, -1]  # (1, 4): the last token's output
+last_after_shuffle = causal(x[:, prefix_shuffled])[:, -1]
+print("last token's output unchanged:", torch.allclose(last, last_after_shuffle, atol=1e-6))
+
+# %% [markdown]
+# For our task this is fatal. After `3 1 4 |` a model must write `4`, the digit just before the
+# separator; after `4 1 3 |` it must write `3`. A one-block model without positions sees the same bag
+# `{1, 3, 4, |}` at the separator both times, so it gives the same answer both times: it is wrong on
+# at least one. We must tell the model where each token is.
+
+# %% [markdown]
+# ## 2. Positions
+#
+# The fix is simple: add to every token's vector a vector that depends on its **position**, before
+# the first block. Token `3` at position 0 and token `3` at position 2 then have different vectors,
+# and the queries and keys can use the difference. There are two common choices: fixed vectors from
+# a formula, and learned ones.
+#
+# ### Fixed: sinusoids
+#
+# The original transformer ("Attention Is All You Need", 2017) uses sines and cosines of different
+# frequencies. For position `pos` and column pair `i` (columns `2i` and `2i + 1`):
+#
+# $$PE[pos, 2i] = \sin\left(\frac{pos}{10000^{2i / d}}\right), \qquad
+#   PE[pos, 2i + 1] = \cos\left(\frac{pos}{10000^{2i / d}}\right)$$
+#
+# The first pair of columns turns fast (one radian per position), the last pair very slowly, like
+# the hands of a clock. Every position gets a different vector, with values in `[-1, 1]`, for any
+# number of positions; and a shift by `k` positions is the same rotation of each column pair for
+# every `pos`, which makes relative offsets easy to compute from these vectors.
+
+# %% [markdown]
+# ### Exercise 1: `sinusoidal_positions`
+#
+# Write `sinusoidal_positions(num_positions, d_model)` returning the `(num_positions, d_model)`
+# float tensor above: row `pos` for position `pos = 0, 1, ...`; sines in the even columns, cosines in
+# the odd ones. Raise a `ValueError` if `d_model` is odd (sin and cos come in pairs).
+#
+# Hint: `torch.arange(0, d_model, 2)` gives the column numbers `2i`; build a `(num_positions, 1)`
+# column of positions and a `(d_model // 2,)` row of frequencies, and let broadcasting make the
+# `(num_positions, d_model // 2)` angles. `pe[:, 0::2] = ...` fills the even columns.
+
+# %% grade_id="sinusoidal_positions"
+def sinusoidal_positions(num_positions: int, d_model: int) -> torch.Tensor:
+    """(num_positions, d_model): sin in the even columns, cos in the odd columns."""
+    ### BEGIN SOLUTION
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model must be even (sin and cos come in pairs), got {d_model}")
+    pos = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (d/2,)
+    angles = pos / 10000 ** (two_i / d_model)  # (P, d/2)
+    pe = torch.zeros(num_positions, d_model)  # (P, d)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe
+    ### END SOLUTION
+
+# %% grade_id="test_sinusoidal_positions" points=2
+# Check: three sizes, and an odd d_model.
+checks.check_sinusoidal_positions(sinusoidal_positions)
+### BEGIN HIDDEN TESTS
+checks.check_sinusoidal_positions(sinusoidal_positions, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Each row is one position's vector; each column a wave over the positions, slower to the right.
+
+# %%
+pe = sinusoidal_positions(64, 32)  # (64, 32)
+fig, (ax_map, ax_waves) = plt.subplots(1, 2, figsize=(11, 3.8))
+image = ax_map.imshow(pe.numpy(), cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+ax_map.set_xlabel("column (dimension of the vector)")
+ax_map.set_ylabel("position")
+ax_map.set_title("sinusoidal_positions(64, 32)")
+fig.colorbar(image, ax=ax_map, label="value")
+for column in (0, 6, 14, 30):
+    ax_waves.plot(pe[:, column].numpy(), label=f"column {column}")
+ax_waves.set_xlabel("position")
+ax_waves.set_ylabel("value")
+ax_waves.set_title("some columns: fast on the left, slow on the right")
+ax_waves.legend(fontsize=8, loc="lower left")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Add the positions to the inputs of section 1, and the symmetry is gone: the shuffled input now
+# gives other outputs, not the old ones shuffled.
+
+# %%
+with_positions = x + sinusoidal_positions(5, 4)  # (1, 5, 4) + (5, 4)
+shuffled_with_positions = x[:, perm] + sinusoidal_positions(5, 4)  # positions stay in place
+print("still equivariant:", torch.allclose(full(shuffled_with_positions), full(with_positions)[:, perm], atol=1e-6))
+
+# %% [markdown]
+# ### Learned: one trained vector per position
+#
+# GPT-2 does something simpler: a table of `context_length` vectors, one per position, trained with
+# the rest of the model. That is an `nn.Embedding(context_length, d_model)` looked up with the
+# positions `0, 1, ..., T-1` instead of token ids. It cannot handle more positions than it was built
+# for, but it learns whatever position code the task needs.
+
+# %% [markdown]
+# ### Exercise 2: `LearnedPositionalEmbedding`
+#
+# Write `LearnedPositionalEmbedding(context_length, d_model)`:
+# - `__init__`: `self.embedding = nn.Embedding(context_length, d_model)`;
+# - `forward(x)`: `x` is `(b, T, d_model)` (token embeddings); return `x` plus the vectors of
+#   positions `0..T-1`, shape `(b, T, d_model)`. Make the positions with
+#   `torch.arange(T, device=x.device)`, so that the module works on any device. An input longer than
+#   `context_length` must raise an error (`nn.Embedding` raises one for a position it has no row
+#   for; a `ValueError` that says so is clearer).
+
+# %% grade_id="LearnedPositionalEmbedding"
+class LearnedPositionalEmbedding(nn.Module):
+    """x (b, T, d_model) -> x + the learned vectors of positions 0..T-1."""
+
+    def __init__(self, context_length: int, d_model: int):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.context_length = context_length
+        self.embedding = nn.Embedding(context_length, d_model)  # (context_length, d_model)
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        T = x.shape[1]
+        if T > self.context_length:
+            raise ValueError(f"{T} tokens, but only {self.context_length} positions")
+        positions = torch.arange(T, device=x.device)  # (T,)
+        return x + self.embedding(positions)  # (b, T, d) + (T, d)
+        ### END SOLUTION
+
+# %% grade_id="test_LearnedPositionalEmbedding" points=2
+# Check: outputs for several lengths, too long an input, and a move to another device.
+checks.check_LearnedPositionalEmbedding(LearnedPositionalEmbedding)
+### BEGIN HIDDEN TESTS
+checks.check_LearnedPositionalEmbedding(LearnedPositionalEmbedding, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Before training the table is random (`nn.Embedding` starts from a standard normal); training will
+# shape it. The module adds `context_length * d_model` trained numbers:
+
+# %%
+positions = LearnedPositionalEmbedding(context_length=16, d_model=32)
+print("table:", tuple(positions.embedding.weight.shape), "->", positions.embedding.weight.numel(), "parameters")
+print("output:", tuple(positions(torch.zeros(2, 10, 32)).shape))  # (b, T, d): 10 of the 16 positions used
+
+# %% [markdown]
+# ## 3. The transformer block
+#
+# A transformer is a stack of identical **blocks**. Each block has two parts, and each part is a
+# **residual branch**: its output is *added* to its input, so the block only has to learn a change,
+# and gradients reach the lower blocks through the additions unchanged.
+#
+# 1. **Attention** lets each token collect information from earlier tokens.
+# 2. A **feed-forward network** then works on each token alone: `Linear(d, 4d)`, GELU, `Linear(4d, d)`.
+#    The 4x wider middle layer is where GPT-2 keeps most of its parameters.
+#
+# Each branch first normalises its input with `nn.LayerNorm(d)` (every token's vector to mean 0 and
+# variance 1, then a trained scale and shift). GPT-2 normalises **before** each branch
+# ("pre-LN"): the residual path from the input to the output passes no norm, which makes deep stacks
+# train stably. The 2017 transformer normalised after the addition ("post-LN").
+#
+# ```
+# x ─┬─ norm1 ─ attention ─ dropout ─(+)─┬─ norm2 ─ feed-forward ─ dropout ─(+)─ out
+#    └───────────────────────────────────┘└──────────────────────────────────────┘
+# ```
+
+# %% [markdown]
+# ### Exercise 3: `TransformerBlock`
+#
+# Write `TransformerBlock(d_model, num_heads, context_length, dropout)`, `(b, T, d)` -> `(b, T, d)`.
+# Create, **in this order** (the check loads its test weights in parameter order):
+# - `self.norm1 = nn.LayerNorm(d_model)`;
+# - `self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)` (section 0);
+# - `self.norm2 = nn.LayerNorm(d_model)`;
+# - `self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))`;
+# - `self.drop_resid = nn.Dropout(dropout)`, for the output of each branch.
+#
+# `forward(x)`: `x = x + drop_resid(att(norm1(x)))`, then `x + drop_resid(ff(norm2(x)))`.
+#
+# You may write your own attention module on `F.scaled_dot_product_attention` (notebook 06) instead
+# of `MultiHeadAttention`, if it has the same layers in the same order (`W_query`, `W_key`,
+# `W_value`, `out_proj`) and attributes `num_heads` and `head_dim`: section 9 reads them.
+
+# %% grade_id="TransformerBlock"
+class TransformerBlock(nn.Module):
+    """Pre-LN block: x + attention(norm1(x)), then x + ff(norm2(x)); (b, T, d) -> (b, T, d)."""
+
+    def __init__(self, d_model: int, num_heads: int, context_length: int, dropout: float):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.norm1 = nn.LayerNorm(d_model)
+        self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.drop_resid = nn.Dropout(dropout)
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        x = x + self.drop_resid(self.att(self.norm1(x)))  # (b, T, d)
+        return x + self.drop_resid(self.ff(self.norm2(x)))  # (b, T, d)
+        ### END SOLUTION
+
+# %% grade_id="test_TransformerBlock" points=4
+# Check: parameter shapes, outputs in eval() and train() mode, causality, dropout, .to().
+checks.check_TransformerBlock(TransformerBlock)
+### BEGIN HIDDEN TESTS
+checks.check_TransformerBlock(TransformerBlock, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# A block keeps the shape, so blocks stack. Where are its parameters?
+
+# %%
+block = TransformerBlock(d_model=32, num_heads=2, context_length=16, dropout=0.0)
+for name, part in (("norm1", block.norm1), ("att", block.att), ("norm2", block.norm2), ("ff", block.ff)):
+    print(f"{name:6s} {sum(p.numel() for p in part.parameters()):6,} parameters")
+print("output:", tuple(block(torch.randn(2, 16, 32)).shape))  # (b, T, d)
+
+# %% [markdown]
+# The feed-forward network has twice the attention's parameters (`8d²` against `4d²`), as in GPT-2.
+
+# %% [markdown]
+# ## 4. The whole model
+#
+# A GPT maps token ids `(b, T)` to **logits** `(b, T, V)`: at every position, one score per
+# vocabulary entry for the *next* token.
+#
+# 1. token embeddings `(b, T, d)`, plus position vectors;
+# 2. dropout; the `L` blocks;
+# 3. a final LayerNorm (the last block's output has passed no norm since its residual additions);
+# 4. a linear **head** `d -> V` without bias: the logits.
+#
+# Because every block is causal and everything else works on each token alone, the logits at
+# position `t` depend on tokens `0..t` only: the model can be trained on all positions at once and
+# still never cheats by looking ahead.
+
+# %% [markdown]
+# ### Exercise 4: `TinyGPT`
+#
+# Write `TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout)`. Create, in
+# this order:
+# - `self.tok_emb = nn.Embedding(vocab_size, d_model)`;
+# - `self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)` (exercise 2);
+# - `self.drop_emb = nn.Dropout(dropout)`;
+# - `self.blocks = nn.Sequential(...)` of `num_layers` new `TransformerBlock(d_model, num_heads,
+#   context_length, dropout)`;
+# - `self.final_norm = nn.LayerNorm(d_model)`;
+# - `self.out_head = nn.Linear(d_model, vocab_size, bias=False)`.
+#
+# `forward(idx)`: `idx` holds token ids `(b, T)`; return the logits `(b, T, vocab_size)` (no
+# softmax: the loss applies it).
+
+# %% grade_id="TinyGPT"
+class TinyGPT(nn.Module):
+    """Token ids (b, T) -> next-token logits (b, T, vocab_size)."""
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, context_length: int,
+                 dropout: float):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        self.drop_emb = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(
+            *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])
+        self.final_norm = nn.LayerNorm(d_model)
+        self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+        ### END SOLUTION
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        x = self.drop_emb(self.pos_emb(self.tok_emb(idx)))  # (b, T, d): tokens plus positions
+        x = self.blocks(x)  # (b, T, d)
+        return self.out_head(self.final_norm(x))  # (b, T, V)
+        ### END SOLUTION
+
+# %% grade_id="test_TinyGPT" points=4
+# Check: parameter shapes, logits in eval() and train() mode, causality of the whole model.
+checks.check_TinyGPT(TinyGPT)
+### BEGIN HIDDEN TESTS
+checks.check_TinyGPT(TinyGPT, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. The task: reverse the digits
+#
+# `course_utils.tasks` draws sequences on the fly. Each is 8 random digits, the separator `|`
+# (token 10), and the digits reversed: 17 tokens. The model reads a sequence without its last token
+# (16 inputs) and must predict, at every position, the next token (16 targets: the same sequence
+# shifted by one).
+#
+# Only the tokens after the separator can be predicted: the first 8 digits are random. So the loss
+# counts the **answer positions** only, where `answer_mask` is True: the separator and the answer so
+# far, each predicting the next answer digit.
+
+# %%
+task = tasks.ReversalTask(num_digits=8, held_out_size=1000, seed=0)
+example = task.batch(2, torch.Generator().manual_seed(1))  # (inputs, targets, answer_mask), each (2, 16)
+print("inputs: ", tasks.as_text(example.inputs[0]))
+print("targets:", tasks.as_text(example.targets[0]))
+print("answer: ", " ".join("^" if m else "." for m in example.answer_mask[0].tolist()))
+print("shapes:", tuple(example.inputs.shape), tuple(example.targets.shape), tuple(example.answer_mask.shape),
+      example.answer_mask.dtype)
+
+# %% [markdown]
+# Why attention must do the work: the input at position `t` (8 to 15) must be followed by the
+# digit at position `15 - t`. Copying a token from another position is exactly what attention does,
+# and only attention moves information between positions. The position to copy from depends on
+# where you are, so the model also needs positions; and the digit is random, so no rule of thumb
+# helps. A model has to look back at the right place every time: the **anti-diagonal** of the
+# attention map.
+#
+# The 1000 held-out sequences (seed 0) never appear in training: `task.batch` draws again any row
+# that equals one of them.
+
+# %% [markdown]
+# ## 6. One training step
+#
+# Training repeats one step: run the model, measure how wrong its next-token predictions are with
+# the **cross-entropy** loss (the average of `-log p(right token)`), let `backward()` compute the
+# gradient of that loss for every parameter, and let the optimizer move the parameters a little
+# against it.
+#
+# Two things to get right:
+# - `loss.backward()` **adds** to each parameter's `.grad`. Call `optimizer.zero_grad()` once per
+#   step, before `backward()`, or every step also applies all the old gradients.
+# - Boolean indexing picks the answer positions: `logits[answer_mask]` is `(n, V)` and
+#   `targets[answer_mask]` is `(n,)`, for the `n` True entries.
+
+# %% [markdown]
+# ### Exercise 5: `train_step`
+#
+# Write `train_step(model, batch, optimizer)`: `batch` is `(inputs, targets, answer_mask)`.
+# 1. `logits = model(inputs)`, `(b, T, V)`;
+# 2. the loss: `F.cross_entropy` of the logits and targets at the answer positions only;
+# 3. `optimizer.zero_grad()`, `loss.backward()`, `optimizer.step()`;
+# 4. return the loss as a Python float (`loss.item()`).
+
+# %% grade_id="train_step"
+def train_step(model: nn.Module, batch: tuple, optimizer: torch.optim.Optimizer) -> float:
+    """One step on the answer positions; returns the loss."""
+    ### BEGIN SOLUTION
+    inputs, targets, answer_mask = batch
+    logits = model(inputs)  # (b, T, V)
+    loss = F.cross_entropy(logits[answer_mask], targets[answer_mask])  # (n, V) against (n,)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+    ### END SOLUTION
+
+# %% grade_id="test_train_step" points=3
+# Check: two steps on a small stand-in model: the loss, the gradients the optimizer used, the new parameters.
+checks.check_train_step(train_step)
+### BEGIN HIDDEN TESTS
+checks.check_train_step(train_step, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 7. Training
+#
+# The loop is given (`training.train` in `course_utils/training.py`, about 30 lines: read it). Each
+# step draws 64 new sequences and calls your `train_step` with the AdamW optimizer (learning rate
+# 0.003); every 50 steps it measures the **exact-answer accuracy** on the held-out sequences: the
+# fraction whose 8 answer digits are *all* right.
+#
+# **While grading, nothing is trained.** The grader sets the environment variable
+# `NBGRADER_EXECUTION`; then `training.train` returns at once and says so. No graded cell needs a
+# trained model, and grading stays fast. On your own machine everything below runs.
+#
+# The model: `d_model = 32`, 2 heads, 2 blocks, about 26,000 parameters; no dropout (the data is
+# endless, so the model cannot overfit it). We train on the CPU: a model this small is no faster on
+# a GPU. Seed 0 for the weights and for the batches.
+
+# %%
+print("grading now:", training.grading())
+config = dict(vocab_size=tasks.VOCAB_SIZE, d_model=32, num_heads=2, num_layers=2,
+              context_length=task.context_length, dropout=0.0)
+SEED, STEPS = 0, 300
+torch.manual_seed(SEED)
+model = TinyGPT(**config)
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
+
+# %%
+# NBVAL_IGNORE_OUTPUT: the progress bar and the time depend on the machine
+run = training.train(model, train_step, task, steps=STEPS, seed=SEED, eval_every=50)
+print(f"{STEPS} steps in {run.seconds:.1f} s")
+
+# %% [markdown]
+# Loss and held-out accuracy (the runs are deterministic on a given machine):
+
+# %%
+for step, accuracy in run.accuracy.items():
+    print(f"step {step:4d}: loss {run.losses[step - 1]:.3f}, held-out exact-answer accuracy {accuracy:6.1%}")
+print(f"final held-out accuracy: {run.final_accuracy:.1%}")
+
+# %% [markdown]
+# The loss stays near `ln 10 ≈ 2.3` (a guess among 10 digits) for a while, then drops steeply:
+# the model has found *where* to look. That sudden drop is typical of attention learning to copy.
+
+# %% [markdown]
+# ## 8. Without positions, or without attention, it fails
+#
+# Two changes to the same model, trained the same way for half as many steps (enough to see):
+# - **no positions**: the position vectors are set to zero and frozen;
+# - **a mean instead of attention**: every block's `att` is replaced by the plain average of the
+#   tokens so far, the same weights `1/(t+1)` for every earlier token, whatever they hold.
+#
+# The given `CausalMean` module keeps the shapes, so the rest of the model is unchanged.
+
+# %%
+class CausalMean(nn.Module):
+    """Uniform causal 'attention': token t gets the mean of tokens 0..t. (b, T, d) -> (b, T, d)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)  # (1, T, 1)
+        return x.cumsum(dim=1) / counts  # (b, T, d)
+
+
+def without_positions(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in model.pos_emb.parameters():
+            p.zero_()
+            p.requires_grad_(False)
+    return model
+
+
+def with_mean_attention(model: nn.Module) -> nn.Module:
+    for block in model.blocks:
+        block.att = CausalMean()
+    return model
+
+# %%
+# NBVAL_IGNORE_OUTPUT: progress bars and times depend on the machine
+SHORT = STEPS // 2
+torch.manual_seed(SEED)
+no_positions = without_positions(TinyGPT(**config))
+run_no_positions = training.train(no_positions, train_step, task, steps=SHORT, seed=SEED, eval_every=50,
+                                  desc="no positions")
+torch.manual_seed(SEED)
+mean_attention = with_mean_attention(TinyGPT(**config))
+run_mean = training.train(mean_attention, train_step, task, steps=SHORT, seed=SEED, eval_every=50,
+                          desc="mean attention")
+
+# %%
+runs = {"TinyGPT": run, "no positions": run_no_positions, "mean instead of attention": run_mean}
+print(f"held-out exact-answer accuracy after {SHORT} steps:")
+for name, r in runs.items():
+    print(f"  {name:26s} {r.accuracy.get(SHORT, math.nan):6.1%}   (loss {r.losses[SHORT - 1] if r.losses else math.nan:.3f})")
+training.plot_losses(runs)
+plt.show()
+
+# %% [markdown]
+# Both stay far from the real model. Without positions, one block could never work (section 1: the
+# separator sees a bag); with two blocks the causal mask leaks a little order (a token's output
+# depends on how many tokens came before it), and a long run slowly finds some of it, but nothing
+# like the real model. With a mean, each token receives the same blur of all earlier tokens and cannot
+# pick out the one digit it needs.
+
+# %% [markdown]
+# ## 9. What did the heads learn?
+#
+# `training.attention_maps(model, inputs)` runs the model and recomputes every block's attention
+# weights from its own `W_query` and `W_key`, as in notebook 05's section 8:
+# `(L, b, H, T, T)`. To find the head that does the reversal we measure, for each head, the mean
+# weight that answer position `t` puts on the digit it must copy next, position `15 - t` (the
+# anti-diagonal), over 200 held-out sequences.
+
+# %%
+held_out = task.held_out()
+maps = training.attention_maps(model, held_out.inputs[:200])  # (L, 200, H, T, T)
+score = training.reversal_score(maps, task.num_digits)  # (L, H)
+for layer in range(score.shape[0]):
+    print(f"layer {layer}: " + "  ".join(f"head {h}: {score[layer, h]:.2f}" for h in range(score.shape[1])))
+best = divmod(int(score.argmax()), score.shape[1])  # (layer, head)
+print(f"the reversal head: layer {best[0]}, head {best[1]}")
+
+# %% [markdown]
+# Every head of the trained model on one held-out sequence (rows: queries, columns: the tokens they
+# attend to; the framed head is the one named above):
+
+# %%
+text = tasks.as_text(held_out.inputs[0]).split()
+training.plot_heads(maps[:, 0], text, f"trained: {' '.join(text)}", highlight=best)
+plt.show()
+
+# %% [markdown]
+# Look at the bottom half of each map: the separator and the answer so far, the rows that predict the
+# answer. The weight sits on the **anti-diagonal**: the separator looks at the last digit, the first
+# answer digit at the second-to-last, and so on, exactly the digit to write next. A score near 1
+# means a head copies from the right digit almost every time; the framed head does it best. In a
+# model this small several heads learn the same pattern (the scores above say how well), which
+# makes the model robust; bigger models on harder tasks split the work between heads. The top half
+# (the random digits) does not matter: nothing is predicted there.
+#
+# Compare with notebook 05's "What do the heads look at?": there the weights were random and the
+# patterns meant nothing. Here is the **same model before training** (the same seed gives the same
+# starting weights): diffuse rows that spread over the earlier tokens, and no anti-diagonal.
+
+# %%
+torch.manual_seed(SEED)
+untrained = TinyGPT(**config)
+maps_before = training.attention_maps(untrained, held_out.inputs[:200])
+print("reversal score before training:", [round(v, 2) for v in training.reversal_score(maps_before, task.num_digits).flatten().tolist()])
+training.plot_heads(maps_before[:, 0], text, "the same model before training")
+plt.show()
+
+# %% [markdown]
+# ## 10. Generation
+#
+# Generation writes one token at a time: run the model on the sequence so far, append the most likely
+# next token, repeat. `training.generate` does it by **full recompute**: each step runs the whole
+# sequence again. Notebook 08's KV cache keeps the keys and values of the earlier tokens instead, so
+# that each step computes only the new token.
+
+# %%
+prompts = held_out.inputs[:5, : task.num_digits + 1]  # (5, 9): the digits and the separator
+written = training.generate(model, prompts, max_new_tokens=task.num_digits)  # (5, 17)
+for row, digits in zip(written, prompts):
+    answer = row[task.num_digits + 1:]
+    right = torch.equal(answer, digits[: task.num_digits].flip(0))
+    print(tasks.as_text(row), " ✓" if right else " ✗")
+
+# %% [markdown]
+# ## Check your understanding
+#
+# Click a question to see the answer.
+#
+# <details><summary>1. Predict the output: a <b>one-block</b> <code>TinyGPT</code> without positions
+# reads <code>1 2 3 |</code> and <code>3 2 1 |</code>. Are its logits at the separator the same? At the first
+# token? Run the cell below to check.</summary>
+#
+# At the separator they are **the same**: it attends to the bag `{1, 2, 3, |}` and its own vector,
+# identical in both. At the first token they differ: it sees only itself, `1` in one case and `3` in
+# the other. With two or more blocks the separator's logits can differ, because the first block's
+# outputs already depend on how many tokens came before each one.
+# </details>
+
+# %%
+torch.manual_seed(SEED)
+one_block = without_positions(TinyGPT(**{**config, "num_layers": 1})).eval()
+a = one_block(torch.tensor([[1, 2, 3, tasks.SEP]]))  # (1, 4, V)
+b = one_block(torch.tensor([[3, 2, 1, tasks.SEP]]))
+print("same logits at the separator:", torch.allclose(a[0, 3], b[0, 3], atol=1e-6))
+print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1e-6))
+
+# %% [markdown]
+# <details><summary>2. Find the bug: <code>loss.backward(); optimizer.zero_grad(); optimizer.step()</code>.
+# What happens in training?</summary>
+#
+# `zero_grad` wipes the gradients that `backward` just computed, so `step` sees zeros (or `None`,
+# the default since PyTorch 2.0) and the parameters do not move: the loss stays at its starting
+# value. Zero the gradients **before** `backward`.
+# </details>
+#
+# <details><summary>3. Why is the loss taken on the answer positions only?</summary>
+#
+# The first 8 digits are random: no model can predict them better than 1 in 10. Their loss would
+# stay near `ln 10` whatever the model does, adding noise to the gradient and hiding the progress on
+# the part that can be learned.
+# </details>
+#
+# <details><summary>4. Why add the positions before the first block, not after the last one?</summary>
+#
+# Attention decides where to look from the queries and keys, which are computed from the block's
+# input. Positions added after the blocks reach only the head: every attention layer stays blind to
+# order, and the model fails just like the one without positions.
+# </details>
+#
+# <details><summary>5. The block is pre-LN. What would change with <code>x = norm1(x + att(x))</code>?</summary>
+#
+# That is post-LN (the 2017 transformer): every residual addition is followed by a norm, so the
+# path from input to output passes a norm in every block. Deep post-LN stacks need a learning-rate
+# warm-up to train; pre-LN keeps a clean residual path and trains without one. Both compute
+# different functions, so the check tells them apart.
+# </details>
+#
+# <details><summary>6. Held-out accuracy is measured with one forward pass, not with generation. Why
+# is that the same?</summary>
+#
+# The forward pass predicts each answer digit from the *true* earlier digits. If all of a
+# sequence's predictions are right, generation, which feeds back its own predictions, feeds back
+# exactly the true digits, and so writes the same answer. If one prediction is wrong, both count
+# the sequence as wrong.
+# </details>
+#
+# <details><summary>7. Could sinusoidal positions replace the learned ones here?</summary>
+#
+# Yes: both give every position its own vector. `sinusoidal_positions(T, d)` added to the token
+# embeddings (as a buffer, not a parameter) also trains on this task. Learned positions are what
+# GPT-2 uses; sinusoids need no parameters and exist for any position.
+# </details>
+
+# %% [markdown]
+# ## Recap
+#
+# - Attention without positions is permutation-equivariant; with a causal mask each token still sees
+#   its prefix as a bag. Position vectors, added to the token embeddings before the first block, fix it.
+# - Sinusoidal positions: `sin` and `cos` of `pos / 10000^(2i/d)` in column pairs. Learned positions: an
+#   `nn.Embedding(context_length, d)` looked up with `arange(T)`.
+# - A pre-LN block: `x + dropout(att(norm1(x)))`, then `x + dropout(ff(norm2(x)))`, with a 4x-wide
+#   GELU feed-forward network. A GPT: embeddings plus positions, dropout, blocks, a final norm, a head.
+# - A training step: logits, cross-entropy on the answer positions, `zero_grad`, `backward`, `step`.
+# - The trained model reverses unseen sequences; without positions or with a mean instead of attention
+#   it does not. One head's map shows the anti-diagonal: the model learned where to look.
+#
+# Where next: feed the generation loop with notebook 08's KV cache, try the copy task (`digits |
+# digits`) and watch a diagonal appear instead, or make the sequences longer than the positions the
+# model was trained on and see learned positions fail.
