@@ -111,6 +111,8 @@ def build_edition(names: list[str] | None = None, out: Path | None = None) -> Pa
     (out / "README.md").write_text((TEMPLATES / "README.md").read_text(encoding="utf-8")
                                    .replace("{notebook_table}", _notebook_table(names)), encoding="utf-8")
     shutil.copy2(TEMPLATES / "Makefile", out / "Makefile")
+    (out / "scripts").mkdir()
+    shutil.copy2(root / "scripts" / "lab.py", out / "scripts" / "lab.py")  # make lab: the URL, a taken port
     shutil.copy2(TEMPLATES / "gitignore", out / ".gitignore")
     shutil.copy2(root / "constraints.txt", out / "constraints.txt")
     (out / "requirements.txt").write_text(_requirements(), encoding="utf-8")

@@ -43,7 +43,7 @@ def test_edition_holds_the_student_side_only(edition):
     assert not (folder / "course_utils" / "instructor").exists()
     assert "raise ImportError" in (folder / "course_utils" / "reference.py").read_text()
     assert sorted(p.stem for p in (folder / "course_utils" / "expected").glob("*.pt")) == NOTEBOOKS
-    for name in ("README.md", "Makefile", "pyproject.toml", "requirements.txt", "constraints.txt"):
+    for name in ("README.md", "Makefile", "pyproject.toml", "requirements.txt", "constraints.txt", "scripts/lab.py"):
         assert (folder / name).is_file(), f"the student edition has no {name}"
     assert f"torch=={torch.__version__.split('+')[0]}" in (folder / "requirements.txt").read_text()
     import zipfile
