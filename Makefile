@@ -22,7 +22,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test build release check-release autograde feedback bench lock sandbox chromium clean
+.PHONY: setup lab test test-tools build release check-release autograde feedback bench lock sandbox chromium clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +58,25 @@ chromium:
 	    echo "chromium is not installed and cannot be installed here: install it with your package manager, or the browser tests skip"; \
 	  fi; }
 
-test: setup sandbox chromium
+# Everything make test needs from the system, installed in one apt-get call where it is missing and
+# we can (root with apt-get): bubblewrap (the grader's sandbox), chromium and an emoji font (browser
+# tests), postgresql (the gradebook server test). Elsewhere: a message, and those tests skip saying why.
+test-tools:
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium fonts-noto-color-emoji"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing (sandbox, browser tests, gradebook server)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) \
+	      >/dev/null 2>&1 || echo "apt-get could not install$$missing: the tests that need them skip and say why"; \
+	  else \
+	    echo "not installed:$$missing; install them with your package manager, or the tests that need them skip"; \
+	  fi; \
+	fi
+
+test: setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	$(BIN)/python -m grader check-release
 	$(BIN)/python -m pytest
