@@ -475,7 +475,8 @@ model = TinyGPT(**config)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
 # %%
-# NBVAL_IGNORE_OUTPUT: the progress bar and the time depend on the machine
+# NBVAL_IGNORE_OUTPUT
+# (nbval skips this cell's output: the progress bar and the time depend on the machine)
 run = training.train(model, train_step, task, steps=STEPS, seed=SEED, eval_every=50)
 print(f"{STEPS} steps in {run.seconds:.1f} s")
 
@@ -524,7 +525,8 @@ def with_mean_attention(model: nn.Module) -> nn.Module:
     return model
 
 # %%
-# NBVAL_IGNORE_OUTPUT: progress bars and times depend on the machine
+# NBVAL_IGNORE_OUTPUT
+# (nbval skips this cell's output: the progress bars and times depend on the machine)
 SHORT = STEPS // 2
 torch.manual_seed(SEED)
 no_positions = without_positions(TinyGPT(**config))
