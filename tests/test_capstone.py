@@ -7,6 +7,7 @@ when its printed accuracy changes).
 
 from __future__ import annotations
 
+import math
 import re
 
 import nbformat
@@ -97,3 +98,57 @@ def test_the_stored_notebook_reaches_95_percent_on_held_out_sequences():
     assert float(final.group(1)) >= 95.0
     failed = re.findall(r"(no positions|mean instead of attention)\s+([\d.]+)%", text)
     assert len(failed) == 2 and all(float(acc) < 50.0 for _, acc in failed), failed
+
+
+# ---------------------------------------------------------------- the references themselves
+def test_sinusoids_follow_the_formula_and_refuse_an_odd_size():
+    pe = reference.sinusoidal_positions(50, 8)
+    for pos, i in ((0, 0), (1, 0), (7, 1), (49, 3)):
+        angle = pos / 10000 ** (2 * i / 8)
+        assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+        assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+    with pytest.raises(ValueError, match="even"):
+        reference.sinusoidal_positions(4, 5)
+
+
+def test_the_block_is_pytorchs_pre_ln_encoder_layer_with_a_causal_mask():
+    d, H, T = 12, 3, 7
+    torch.manual_seed(0)
+    ours = reference.TransformerBlock(d, H, T, 0.0).eval()
+    theirs = torch.nn.TransformerEncoderLayer(d, H, dim_feedforward=4 * d, dropout=0.0, activation="gelu",
+                                              batch_first=True, norm_first=True).eval()
+    with torch.no_grad():
+        att = ours.att
+        theirs.self_attn.in_proj_weight.copy_(torch.cat([att.W_query.weight, att.W_key.weight, att.W_value.weight]))
+        theirs.self_attn.in_proj_bias.zero_()
+        theirs.self_attn.out_proj.load_state_dict(att.out_proj.state_dict())
+        theirs.linear1.load_state_dict(ours.ff[0].state_dict())
+        theirs.linear2.load_state_dict(ours.ff[2].state_dict())
+        theirs.norm1.load_state_dict(ours.norm1.state_dict())
+        theirs.norm2.load_state_dict(ours.norm2.state_dict())
+    x = torch.randn(2, T, d)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(ours(x), theirs(x, src_mask=mask), atol=1e-5, rtol=1e-4)
+
+
+def test_tiny_gpt_is_causal_and_refuses_too_long_input():
+    model = _tiny_model().eval()
+    idx = torch.randint(0, tasks.VOCAB_SIZE, (2, 6), generator=torch.Generator().manual_seed(0))
+    changed = idx.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1) % tasks.VOCAB_SIZE
+    torch.testing.assert_close(model(idx)[:, :4], model(changed)[:, :4])
+    assert not torch.allclose(model(idx)[:, 4:], model(changed)[:, 4:])
+    with pytest.raises(ValueError, match="num_tokens > context_length"):
+        model(torch.zeros(1, 7, dtype=torch.long))
+
+
+def test_train_step_uses_the_answer_positions_only():
+    model = _tiny_model()
+    batch = tasks.ReversalTask(3, 4).batch(5, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(batch.inputs)
+        expected = torch.nn.functional.cross_entropy(logits[:, 3:].flatten(0, 1), batch.targets[:, 3:].flatten())
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = reference.train_step(model, batch, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert isinstance(loss, float) and loss == pytest.approx(expected.item(), rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
