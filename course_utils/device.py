@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -39,3 +41,10 @@ def describe_device(device: torch.device | str) -> str:
     if device.type == "cpu":
         return f"cpu: {torch.get_num_threads()} threads"
     return device.type
+
+
+def under_grader() -> bool:
+    """Whether nbgrader is running this notebook: it sets ``NBGRADER_EXECUTION`` while it autogrades
+    or validates. Notebooks skip slow demonstrations that no graded cell needs (training, timing
+    sweeps) then, and say so."""
+    return bool(os.environ.get("NBGRADER_EXECUTION"))

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from course_utils.checks.tensors import watch
+from course_utils.device import under_grader
 
 __all__ = ["grading", "triton_status", "import_triton", "use_interpreter_without_gpu", "launch",
            "measure_peak_memory", "causal_block_grid", "TRITON_HEAD_DIMS"]
@@ -31,10 +32,8 @@ __all__ = ["grading", "triton_status", "import_triton", "use_interpreter_without
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
 
-def grading() -> bool:
-    """Whether the notebook runs under nbgrader (``NBGRADER_EXECUTION`` is set while it grades or
-    validates): slow demonstrations that grading never needs are skipped then."""
-    return bool(os.environ.get("NBGRADER_EXECUTION"))
+#: Whether nbgrader runs the notebook (slow demonstrations are skipped then): the course's one test.
+grading = under_grader
 
 
 # --------------------------------------------------------------------------------------------
