@@ -478,7 +478,8 @@ print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 # NBVAL_IGNORE_OUTPUT
 # (nbval skips this cell's output: the progress bar and the time depend on the machine)
 run = training.train(model, train_step, task, steps=STEPS, seed=SEED, eval_every=50)
-print(f"{STEPS} steps in {run.seconds:.1f} s")
+if not run.skipped:
+    print(f"{STEPS} steps in {run.seconds:.1f} s")
 
 # %% [markdown]
 # Loss and held-out accuracy (the runs are deterministic on a given machine):
