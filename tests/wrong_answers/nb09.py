@@ -331,7 +331,7 @@ def train_step(model, batch, optimizer):
     loss.backward()
     optimizer.step()
     model.zero_grad()
-    return float(loss)
+    return float(loss.detach())
 ''',
     },
 }
