@@ -572,13 +572,14 @@ best = divmod(int(score.argmax()), score.shape[1])  # (layer, head)
 print(f"the reversal head: layer {best[0]}, head {best[1]}")
 
 # %% [markdown]
-# Every head of the trained model on one held-out sequence (rows: queries, columns: the tokens they
+# Every head of the trained model on two held-out sequences (rows: queries, columns: the tokens they
 # attend to; the framed head is the one named above):
 
 # %%
-text = tasks.as_text(held_out.inputs[0]).split()
-training.plot_heads(maps[:, 0], text, f"trained: {' '.join(text)}", highlight=best)
-plt.show()
+for example in (0, 1):
+    text = tasks.as_text(held_out.inputs[example]).split()
+    training.plot_heads(maps[:, example], text, f"trained: {' '.join(text)}", highlight=best)
+    plt.show()
 
 # %% [markdown]
 # Look at the bottom half of each map: the separator and the answer so far, the rows that predict the
@@ -598,6 +599,7 @@ torch.manual_seed(SEED)
 untrained = TinyGPT(**config)
 maps_before = training.attention_maps(untrained, held_out.inputs[:200])
 print("reversal score before training:", [round(v, 2) for v in training.reversal_score(maps_before, task.num_digits).flatten().tolist()])
+text = tasks.as_text(held_out.inputs[0]).split()
 training.plot_heads(maps_before[:, 0], text, "the same model before training")
 plt.show()
 
