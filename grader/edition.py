@@ -31,7 +31,7 @@ from grader import course
 #: Parts of ``course_utils`` that hold answers, hidden cases or known mistakes: never released.
 INSTRUCTOR_ONLY = ("reference.py", "instructor")
 #: Exact versions a student needs, taken from constraints.txt (their dependencies are constrained too).
-STUDENT_REQUIREMENTS = ("torch", "numpy", "matplotlib", "jupyterlab", "ipykernel")
+STUDENT_REQUIREMENTS = ("torch", "numpy", "matplotlib", "tqdm", "jupyterlab", "ipykernel")
 TEMPLATES = Path(__file__).with_name("templates") / "student"
 MARKER = ".student-edition"
 
