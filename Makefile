@@ -46,7 +46,7 @@ sandbox:
 	    echo "bubblewrap (bwrap) is not installed and cannot be installed here: install it with your package manager"; \
 	  fi; }
 
-# Chromium runs the browser tests (tests/test_browser.py; Playwright's own browser download is not
+# Chromium runs the browser tests (tests/release/test_browser.py; Playwright's own browser download is not
 # used). Without it those tests skip and say why.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \

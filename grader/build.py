@@ -12,7 +12,7 @@ diffs, reviewable in a pull request. Cell markers carry the nbgrader role in sho
                                            each named class or function, read from course_utils.reference
                                            (or ``module:Name`` from another module) when the notebook is
                                            built. Only earlier notebooks' answers may be shown this way;
-                                           the leak scan (tests/test_editions.py) holds that.
+                                           the leak scan (tests/release/test_editions.py) holds that.
 
 :func:`build` turns that into nbgrader's cell metadata, executes the notebook top to bottom in a
 fresh kernel (nbclient), and writes ``solutions/NN_name.ipynb`` with its outputs.

@@ -2,7 +2,7 @@
 
     python scripts/lab.py [--notebook-dir notebooks] [--port 8888] [--no-browser]
 
-``make lab`` runs this, and so do the browser tests (tests/test_browser.py), so what the tests open
+``make lab`` runs this, and so do the browser tests (tests/release/test_browser.py), so what the tests open
 is what a student opens. The token is ``$JUPYTER_TOKEN`` when set, else a new random one; it is
 passed to Jupyter through the environment, not the command line (where ``ps`` would show it).
 

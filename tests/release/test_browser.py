@@ -26,8 +26,8 @@ import nbformat
 import pytest
 
 from grader import course
-from tests import wrong_answers
-from tests.browser_lab import (ARTIFACTS, LAB_SCRIPT, ROOT, Console, Notebook, assert_check_message, chromium_path,
+from tests.fixtures import answers as wrong_answers
+from tests.support.browser_lab import (ARTIFACTS, LAB_SCRIPT, ROOT, Console, Notebook, assert_check_message, chromium_path,
                                start_lab)
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")

@@ -9,7 +9,7 @@ import pytest
 
 from grader import course, intake
 from grader.autograde import check_rules
-from tests import submissions as cases
+from tests.fixtures import submissions as cases
 
 pytestmark = pytest.mark.skipif("01_dot_products" not in course.available_notebooks(),
                                 reason="notebook 01 is not built")

@@ -1,4 +1,4 @@
-"""Helpers for tests/test_browser.py: JupyterLab as `make lab` starts it, driven with Playwright.
+"""Helpers for tests/release/test_browser.py: JupyterLab as `make lab` starts it, driven with Playwright.
 
 Selectors are JupyterLab 4's own class names (``.jp-Cell``, ``.jp-InputPrompt``, ``.cm-content``).
 The browser is Debian's ``chromium`` (``make chromium`` installs it); Playwright's own browser
@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 LAB_SCRIPT = ROOT / "scripts" / "lab.py"
 

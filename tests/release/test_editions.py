@@ -21,7 +21,7 @@ from course_utils import reference
 from course_utils.checks import expected
 from grader import course, leaks, record
 from grader.edition import build_edition
-from tests import harness, studentenv
+from tests.support import harness, studentenv
 
 NOTEBOOKS = course.available_notebooks()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from grader import course
-from tests import harness
-from tests.wrong_answers import Wrong, load
+from tests.support import harness
+from tests.fixtures.answers import Wrong, load
 
 NOTEBOOKS = course.available_notebooks()
 
@@ -25,7 +25,7 @@ def _cases(kind: str):
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_every_exercise_has_wrong_and_right_answers(notebook):
     module = load(notebook)
-    assert module is not None, f"tests/wrong_answers has no module for {notebook}"
+    assert module is not None, f"tests/fixtures/answers has no module for {notebook}"
     for exercise in harness.exercises(notebook):
         assert len(module.WRONG.get(exercise, {})) >= 3, f"{notebook}: fewer than 3 wrong answers for {exercise}"
         assert module.RIGHT.get(exercise), f"{notebook}: no correct alternative for {exercise}"

@@ -2,7 +2,7 @@
 
 For every notebook: the solution submitted as a student gets full marks; the untouched student
 notebook gets 0 on every test cell and still gets its rows; each set of known-wrong answers
-(tests/wrong_answers) loses points on the exercises it breaks; correct alternatives get full marks.
+(tests/fixtures/answers) loses points on the exercises it breaks; correct alternatives get full marks.
 All submissions are graded in one ``autograde`` call, as an instructor would.
 """
 
@@ -17,8 +17,8 @@ import pytest
 
 from grader import course
 from grader.autograde import autograde
-from tests import harness
-from tests.wrong_answers import load
+from tests.support import harness
+from tests.fixtures.answers import load
 
 #: ``COURSE_E2E_NOTEBOOKS="07 08"`` grades only those notebooks (while writing one); default: all.
 NOTEBOOKS = [n for n in course.available_notebooks()
@@ -44,9 +44,9 @@ def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.Notebo
 #: submission can carry only one answer per exercise, so a notebook costs one run per answer of its
 #: deepest exercise. ``make test`` sends the first WRONG_DEPTH wrong and RIGHT_DEPTH right answers of
 #: each exercise through nbgrader (long-standing fixtures first): enough to show that the sandboxed,
-#: nbgrader-scored pipeline takes and gives points as the test cells say. tests/test_hidden_tests.py
+#: nbgrader-scored pipeline takes and gives points as the test cells say. tests/grader_answers/test_hidden_tests.py
 #: runs every answer, in-process, through the same test cells (hidden ones included), and
-#: tests/test_parity.py checks every message. ``COURSE_E2E_DEPTH=all`` grades every answer here too.
+#: tests/checks/test_parity.py checks every message. ``COURSE_E2E_DEPTH=all`` grades every answer here too.
 _DEPTH = os.environ.get("COURSE_E2E_DEPTH", "")
 WRONG_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 4)
 RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 2)

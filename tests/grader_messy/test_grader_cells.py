@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from grader import cells, course, intake
-from tests import harness
+from tests.support import harness
 
 
 def _cell(**meta):

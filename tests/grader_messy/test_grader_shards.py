@@ -15,7 +15,7 @@ from nbgrader.api import Gradebook
 from grader import course
 from grader.autograde import autograde, limit_events, merge, parse_shard, shard_of
 from grader.config import SETTINGS, gradebook_url
-from tests import submissions as cases
+from tests.fixtures import submissions as cases
 
 pytestmark = pytest.mark.skipif(cases.NB not in course.available_notebooks(), reason="notebook 01 is not built")
 
@@ -160,7 +160,7 @@ def test_one_settings_object_feeds_nbgrader_and_the_command_line():
 def test_merged_gradebook_in_postgresql_equals_the_sqlite_one(runs):
     """Several teaching assistants can use formgrader on one class when the gradebook is a real
     database server: the merge writes the same rows there as one run writes into SQLite."""
-    from tests import postgres
+    from tests.support import postgres
 
     if postgres.binaries() is None:
         pytest.skip("PostgreSQL is not installed and could not be (make test installs Debian's postgresql as root)")

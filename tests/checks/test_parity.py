@@ -1,6 +1,6 @@
 """The student edition's self-checks say exactly what the instructor edition's say.
 
-Every answer in tests/wrong_answers, wrong and right, goes through the visible checks twice: with
+Every answer in tests/fixtures/answers, wrong and right, goes through the visible checks twice: with
 expected values computed live from the reference (instructor edition) and read from a fresh
 recording (student edition). Verdict and message must be identical: the recording holds every
 value the checks need, including the outputs of the known mistakes that name a student's error.
@@ -12,8 +12,8 @@ import pytest
 
 from course_utils.checks import expected
 from grader import course, record
-from tests import harness
-from tests.wrong_answers import load
+from tests.support import harness
+from tests.fixtures.answers import load
 
 NOTEBOOKS = course.available_notebooks()
 

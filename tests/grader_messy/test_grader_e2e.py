@@ -1,4 +1,4 @@
-"""End to end: a class of messy and adversarial submissions (tests/submissions) graded in one run.
+"""End to end: a class of messy and adversarial submissions (tests/fixtures/submissions) graded in one run.
 
 One ``autograde`` call with two workers grades every case; the tests below check each row's
 score and status, that nothing outside the sandbox was read, deleted or left running, that the
@@ -22,7 +22,7 @@ import pytest
 from grader import course
 from grader.autograde import autograde
 from grader.feedback import feedback
-from tests import submissions as cases
+from tests.fixtures import submissions as cases
 
 pytestmark = pytest.mark.skipif("01_dot_products" not in course.available_notebooks(),
                                 reason="notebook 01 is not built")
@@ -69,7 +69,7 @@ def test_every_file_gets_one_row_and_exit_0(graded):
 
 
 def test_case_outcomes(graded):
-    """Every case's score, per-test scores and status words (the list is in tests/submissions)."""
+    """Every case's score, per-test scores and status words (the list is in tests/fixtures/submissions)."""
     problems = []
     for key, expect in sorted(graded["plan"].items()):
         row = graded["grades"][key]
@@ -121,7 +121,7 @@ def test_rule_reasons_match_the_self_check(graded):
     """The grader's reason is the one the student's own self-check gives for the same code."""
     from course_utils.checks.core import CheckFailed, check_rules
 
-    from tests.harness import run_source
+    from tests.support.harness import run_source
 
     namespace: dict = {}
     run_source("import torch\n" + cases.DOT_LIBRARY, namespace, "library_call")

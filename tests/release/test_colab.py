@@ -15,7 +15,7 @@ import nbformat
 import pytest
 
 from grader import course
-from tests import studentenv
+from tests.support import studentenv
 
 NOTEBOOKS = course.available_notebooks()
 KEPT = ("torch", "numpy", "matplotlib")

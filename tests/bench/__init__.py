@@ -1,0 +1,1 @@
+"""The benchmark: correctness before timing, FLOPs and peaks, the runner."""

@@ -1,0 +1,1 @@
+"""The self-checks students run: messages, recorded expectations, plotting, each notebook's check machinery."""

@@ -1,0 +1,1 @@
+"""The reference answers: against PyTorch, the book's numbers, gradcheck, bad input."""
