@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 # tests/fixtures/submissions/ holds deliberately broken student files for the grader's tests; they are
 # data, not notebooks for nbval to execute.
-collect_ignore_glob = ["submissions/*"]
+collect_ignore_glob = ["fixtures/*"]
 
 
 @pytest.fixture(scope="session")
