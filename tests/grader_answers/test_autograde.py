@@ -40,16 +40,17 @@ def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.Notebo
     return student
 
 
-#: Each graded submission runs its whole notebook in a sandboxed kernel (3 to 8 s each), and one
+#: Each graded submission runs its whole notebook in a sandboxed kernel (3 to 11 s each), and one
 #: submission can carry only one answer per exercise, so a notebook costs one run per answer of its
-#: deepest exercise. ``make test`` sends the first WRONG_DEPTH wrong and RIGHT_DEPTH right answers of
-#: each exercise through nbgrader (long-standing fixtures first): enough to show that the sandboxed,
-#: nbgrader-scored pipeline takes and gives points as the test cells say. tests/grader_answers/test_hidden_tests.py
-#: runs every answer, in-process, through the same test cells (hidden ones included), and
-#: tests/checks/test_parity.py checks every message. ``COURSE_E2E_DEPTH=all`` grades every answer here too.
+#: deepest exercise. ``make test`` sends the first WRONG_DEPTH wrong answers and the first
+#: RIGHT_DEPTH right ones of every exercise through nbgrader (the issue's own mistakes first): with
+#: the solution and the untouched notebook, four graded runs per notebook show that the sandboxed,
+#: nbgrader-scored pipeline takes and gives points as the test cells say. Every answer goes through
+#: the same test cells (hidden ones included) in tests/grader_answers/test_hidden_tests.py, and every
+#: message in tests/checks/test_parity.py. ``COURSE_E2E_DEPTH=all`` (or a number) grades more here.
 _DEPTH = os.environ.get("COURSE_E2E_DEPTH", "")
-WRONG_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 4)
-RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 2)
+WRONG_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 1)
+RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 1)
 
 
 def _variants(kind: str, name: str) -> list[dict[str, str]]:
