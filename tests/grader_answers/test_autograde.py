@@ -42,15 +42,16 @@ def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.Notebo
 
 #: Each graded submission runs its whole notebook in a sandboxed kernel (3 to 11 s each), and one
 #: submission can carry only one answer per exercise, so a notebook costs one run per answer of its
-#: deepest exercise. ``make test`` sends the first WRONG_DEPTH wrong answers and the first
-#: RIGHT_DEPTH right ones of every exercise through nbgrader (the issue's own mistakes first): with
-#: the solution and the untouched notebook, four graded runs per notebook show that the sandboxed,
-#: nbgrader-scored pipeline takes and gives points as the test cells say. Every answer goes through
-#: the same test cells (hidden ones included) in tests/grader_answers/test_hidden_tests.py, and every
-#: message in tests/checks/test_parity.py. ``COURSE_E2E_DEPTH=all`` (or a number) grades more here.
+#: deepest exercise. ``make test`` sends, per notebook, the solution, the untouched notebook and the
+#: first WRONG_DEPTH wrong answers of every exercise (the issue's own mistakes first) through
+#: nbgrader: three graded runs per notebook show that the sandboxed, nbgrader-scored pipeline gives
+#: full marks and takes points as the test cells say. Every right and wrong answer goes through the
+#: same test cells (hidden ones included) and the same rules in
+#: tests/grader_answers/test_hidden_tests.py, and every message in tests/checks/test_parity.py.
+#: ``COURSE_E2E_DEPTH=all`` (or a number) also sends that many right and wrong answers here.
 _DEPTH = os.environ.get("COURSE_E2E_DEPTH", "")
 WRONG_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 1)
-RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 1)
+RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 0)
 
 
 def _variants(kind: str, name: str) -> list[dict[str, str]]:
