@@ -22,7 +22,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test test-tools build release check-release autograde feedback bench lock sandbox chromium clean
+.PHONY: setup lab test test-tools build release check-release autograde feedback bench lock sandbox clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,18 +44,6 @@ sandbox:
 	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
 	  else \
 	    echo "bubblewrap (bwrap) is not installed and cannot be installed here: install it with your package manager"; \
-	  fi; }
-
-# Chromium runs the browser tests (tests/release/test_browser.py; Playwright's own browser download is not
-# used). Without it those tests skip and say why.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing chromium (browser tests of the student's JupyterLab)"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	      chromium fonts-noto-color-emoji) >/dev/null 2>&1 || echo "apt-get could not install chromium: the browser tests will skip"; \
-	  else \
-	    echo "chromium is not installed and cannot be installed here: install it with your package manager, or the browser tests skip"; \
 	  fi; }
 
 # Everything make test needs from the system, installed in one apt-get call where it is missing and

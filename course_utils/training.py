@@ -25,10 +25,9 @@ except ImportError:  # pragma: no cover - tqdm is in the course environment and 
     _tqdm = None
 
 
-def grading() -> bool:
-    """Whether this notebook runs under the grader (nbgrader sets ``NBGRADER_EXECUTION``): the course's
-    one test, :func:`course_utils.device.under_grader`."""
-    return under_grader()
+#: Whether this notebook runs under the grader (nbgrader sets ``NBGRADER_EXECUTION``): the course's
+#: one test, :func:`course_utils.device.under_grader`.
+grading = under_grader
 
 
 def model_device(model: nn.Module) -> torch.device:

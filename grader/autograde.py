@@ -161,20 +161,29 @@ def autograde_config(settings: Settings | None = None) -> Config:
     return config
 
 
-def prepare_course(root: Path, notebooks: list[str], settings: Settings | None = None):
-    """A fresh nbgrader course folder at ``root`` with each notebook registered as an assignment."""
+def prepare_course(root: Path, notebooks: list[str], settings: Settings | None = None) -> None:
+    """A fresh nbgrader course folder at ``root``: the solution notebooks as its sources, each
+    registered as an assignment in the folder's SQLite gradebook."""
     if root.exists():
         shutil.rmtree(root)
-    api = make_api(root, autograde_config(settings))
     for name in notebooks:
         src = course.solutions_dir() / f"{name}.ipynb"
         (root / "source" / name).mkdir(parents=True)
         shutil.copy2(src, root / "source" / name / src.name)
+    register_assignments(root, notebooks, config=autograde_config(settings))
+
+
+def register_assignments(root: Path, notebooks: list[str], db_url: str | None = None,
+                         config: Config | None = None) -> None:
+    """Make a gradebook know the course's assignments (their cells and points) from the sources in
+    ``root/source``: the SQLite one in ``root``, or the one at ``db_url`` (e.g. PostgreSQL)."""
+    api = make_api(root, config, db_url=db_url)
+    for name in notebooks:
         result = api.generate_assignment(name, force=True, create=True)
         if not result["success"]:
-            raise RuntimeError(f"nbgrader could not register {name}:\n{result.get('error') or result.get('log')}")
+            where = f" in {db_url}" if db_url else ""
+            raise RuntimeError(f"nbgrader could not register {name}{where}:\n{result.get('error') or result.get('log')}")
     shutil.rmtree(root / "release", ignore_errors=True)
-    return api
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,17 +811,6 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     print(f"graded {ok} of {len(results)} submitted files{where} ({'sandboxed' if sandbox else 'UNSANDBOXED'}); "
           f"see {out / 'grades.csv'} and {out / 'reports'}", file=sys.stderr)
     return 0 if not lost else 1
-
-
-def register_assignments(root: Path, notebooks: list[str], db_url: str) -> None:
-    """Make the gradebook at ``db_url`` know the course's assignments (their cells and points),
-    from the sources already in ``root/source``."""
-    api = make_api(root, db_url=db_url)
-    for name in notebooks:
-        result = api.generate_assignment(name, force=True, create=True)
-        if not result["success"]:
-            raise RuntimeError(f"nbgrader could not register {name} in {db_url}:\n{result.get('error') or result.get('log')}")
-    shutil.rmtree(root / "release", ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

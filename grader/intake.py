@@ -325,9 +325,9 @@ def _code_cell(source: str, metadata: dict) -> nbformat.NotebookNode:
     return cell
 
 
-def _positions(nb: nbformat.NotebookNode) -> dict[str, int]:
+def _positions(nb_cells: list) -> dict[str, int]:
     """grade id -> index, read from the metadata that :func:`reattach_metadata` put on the cells."""
-    return {gid: i for i, cell in enumerate(nb.cells) if (gid := cells.grade_id(cell))}
+    return {gid: i for i, cell in enumerate(nb_cells) if (gid := cells.grade_id(cell))}
 
 
 def _test_cell(test: SourceCell) -> nbformat.NotebookNode:
@@ -368,7 +368,7 @@ def move_tests_below_answers(nb: nbformat.NotebookNode, src: SourceNotebook, rec
     out = list(nb.cells)
     moved = []
     for test_id in sorted(rec.tests, key=lambda t: src.tests[t].index):
-        where = _positions(_with_cells(nb, out))
+        where = _positions(out)
         exercise = src.exercise_of_test(test_id)
         if exercise in where and where[test_id] < where[exercise]:
             cell = out.pop(where[test_id])
@@ -383,7 +383,7 @@ def restore_missing_tests(nb: nbformat.NotebookNode, src: SourceNotebook, rec: R
     out = list(nb.cells)
     restored = []
     for test in sorted(src.tests.values(), key=lambda t: t.index):
-        where = _positions(_with_cells(nb, out))
+        where = _positions(out)
         if test.grade_id in where:
             continue
         anchor = where.get(test.exercise)

@@ -8,7 +8,7 @@ the feedback pages are opened in the browser. nbgrader's Validate button is clic
 a wrong notebook. Screenshots of every step go to ``test-artifacts/browser/`` (``make test`` says so).
 
 A test of the test shows that a traceback wall and a console error from a notebook make these
-checks fail. Without Chromium (``make chromium`` installs it) the module skips and says why.
+checks fail. Without Chromium (``make test-tools`` installs it) the module skips and says why.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ playwright = pytest.importorskip("playwright.sync_api", reason="playwright is no
 
 NB01, NB04 = "01_dot_products", "04_causal_attention"
 pytestmark = [
-    pytest.mark.skipif(chromium_path() is None, reason="Chromium is not installed: `make chromium` installs it "
+    pytest.mark.skipif(chromium_path() is None, reason="Chromium is not installed: `make test-tools` installs it "
                        "(as root, with apt-get), or install the `chromium` package yourself"),
     pytest.mark.skipif(not {NB01, NB04} <= set(course.available_notebooks()),
                        reason="notebooks 01 and 04 are not built"),

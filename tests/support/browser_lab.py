@@ -1,7 +1,7 @@
 """Helpers for tests/release/test_browser.py: JupyterLab as `make lab` starts it, driven with Playwright.
 
 Selectors are JupyterLab 4's own class names (``.jp-Cell``, ``.jp-InputPrompt``, ``.cm-content``).
-The browser is Debian's ``chromium`` (``make chromium`` installs it); Playwright's own browser
+The browser is Debian's ``chromium`` (``make test-tools`` installs it); Playwright's own browser
 download is never used.
 """
 
