@@ -66,10 +66,13 @@ test-tools:
 	  fi; \
 	fi
 
+# pytest on TEST_WORKERS processes (tests/conftest.py says how files are shared out), each of whose
+# kernels computes on one thread: two processes of two spinning threads each on two cores are slower.
+TEST_WORKERS ?= 2
 test: setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	$(BIN)/python -m grader check-release
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 build: setup
 	$(BIN)/python -m grader build $(NOTEBOOKS)
