@@ -57,11 +57,11 @@ from traitlets.config import Config
 
 from course_utils import rules
 from grader import cells as nbcells
-from grader import course, intake, similarity
+from grader import course, intake, integrity, similarity
 from grader.config import SETTINGS, Settings, gradebook_url, make_api, safe_name
 from grader.intake import IntakeError, Submission
 
-GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file"]
+GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file", "integrity"]
 CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score", "passed", "message"]
 SIMILARITY_COLUMNS = ["notebook", "exercise", "student_a", "student_b", "similarity", "matched_tokens"]
 
@@ -540,12 +540,15 @@ def merge_into_gradebook(root: Path, results: list[Result], files_root: Callable
 
 
 def write_csvs(out: Path, results: list[Result]) -> None:
+    """``grades.csv`` (with the instructor-only ``integrity`` column: :mod:`grader.integrity`) and ``cells.csv``."""
     out.mkdir(parents=True, exist_ok=True)
+    flags = integrity.flags(results)
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(GRADES_COLUMNS)
         for r in results:
-            writer.writerow([r.student_id, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status, r.file])
+            writer.writerow([r.student_id, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status, r.file,
+                             integrity.column(flags, r.student_id, r.notebook)])
     with open(out / "cells.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CELLS_COLUMNS)
@@ -578,7 +581,9 @@ def write_similarity(out: Path, pairs: list[similarity.Pair]) -> None:
 
 def write_reports(out: Path, results: list[Result], similar: list[similarity.Pair] | None = None) -> None:
     """``DIR/reports/<student>.md``: per notebook, the file, status, repairs, findings, each test;
-    then the student's pairs in ``similar``, if any, under "Similarity (instructor only)"."""
+    then the student's pairs in ``similar``, if any, under "Similarity (instructor only)", and the
+    dynamic code in their answers, if any, under "Integrity (instructor only)"."""
+    flags = integrity.flags(results)
     folder = out / "reports"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -608,6 +613,7 @@ def write_reports(out: Path, results: list[Result], similar: list[similarity.Pai
             lines += [f"| {p.notebook} | {p.exercise} | {p.student_b if p.student_a == student else p.student_a} "
                       f"| {p.similarity:.2f} | {p.matched_tokens} |" for p in mine]
             lines.append("")
+        lines += integrity.report_section(flags, student)
         (folder / f"{safe_name(student)}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
