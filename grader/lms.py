@@ -133,7 +133,9 @@ class View:
 
 
 def _ignored(path: str) -> bool:
-    return any(part.startswith(".") or part in intake.IGNORED_PARTS for part in PurePosixPath(path).parts)
+    """Hidden files and the folders :mod:`grader.intake` skips (``..`` is not hidden: it is a row)."""
+    return any((part.startswith(".") and part not in (".", "..")) or part in intake.IGNORED_PARTS
+               for part in PurePosixPath(path).parts)
 
 
 def _zip_entries(path: Path) -> list[Entry]:
