@@ -27,9 +27,9 @@ saw in the notebook), or a rule broken in the answer (the self-check shows the s
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
-import re
 import shutil
 import stat
 import sys
@@ -43,8 +43,6 @@ from grader import course
 
 #: The variable that points ``run_autograder`` at another root than ``/autograder`` (tests).
 ROOT_VARIABLE = "AUTOGRADER_ROOT"
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-CELL_LINE = re.compile(r"Cell In\s*\[\s*\d*\s*\],\s*line (\d+)")
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 SETUP_SH = """#!/usr/bin/env bash
@@ -140,18 +138,37 @@ def hidden_lines(source: str) -> set[int]:
     return lines
 
 
-def failed_in_visible_part(cell) -> bool:
-    """Whether a graded test cell's error was raised on a line outside its hidden tests (the
-    visible check, which the student ran in the notebook too). ``False`` when it did not fail, or
-    when the line cannot be told."""
+def _check_calls(source: str) -> int:
+    """How many ``check_*(...)`` calls the code ``source`` makes (as written, loops counted once)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return 0
+    count = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            count += name.startswith("check_")
+    return count
+
+
+def failed_in_visible_part(cell, visible_source: str) -> bool:
+    """Whether a graded test cell failed in its visible check (the part the student ran in the
+    notebook) rather than in its hidden tests.
+
+    A check prints one ``✅`` line when it passes and raises when it fails, and the hidden tests
+    run only after every visible check passed. So the cell failed in its visible part when it
+    printed fewer ``✅`` lines than ``visible_source`` (the test cell without its hidden tests)
+    makes check calls. Any doubt (no error, visible code that is not a check) answers ``False``,
+    which keeps the result hidden until the grades are published.
+    """
+    ticks = 0
     for output in cell.get("outputs", []):
-        if output.get("output_type") != "error":
-            continue
-        text = ANSI.sub("", "\n".join(output.get("traceback", [])))
-        match = CELL_LINE.search(text)
-        if match is None:
-            return False
-        return int(match.group(1)) not in hidden_lines(cell.source)
+        if output.get("output_type") == "stream":
+            ticks += sum(1 for line in output.get("text", "").splitlines() if line.lstrip().startswith("✅"))
+        elif output.get("output_type") == "error":
+            return ticks < _check_calls(visible_source)
     return False
 
 
@@ -193,7 +210,8 @@ def results_for(rows: list[dict], notebook: str, graded_nb: Path) -> dict:
         has_hidden = bool(hidden_lines(test.source))
         cell = graded.get(test.grade_id)
         shown_now = (not has_hidden or bool(c.get("comment"))
-                     or (not passed and cell is not None and failed_in_visible_part(cell)))
+                     or (not passed and cell is not None
+                         and failed_in_visible_part(cell, intake.strip_hidden(test.source))))
         entries.append({"name": f"{test.exercise}: {test.grade_id}", "number": str(i),
                         "score": float(c["score"]), "max_score": float(c["max_score"]),
                         "status": "passed" if passed else "failed",
