@@ -1,10 +1,13 @@
 """``python -m grader autograde SUBMISSIONS --out DIR [--workers N]``: grade a class with nbgrader.
 
 Layout in:  ``SUBMISSIONS/<student_id>/<notebook>.ipynb`` (any subset of the course's notebooks;
-nested folders and names such as ``Copy of 01_dot_products (1).ipynb`` are fine).
+nested folders and names such as ``Copy of 01_dot_products (1).ipynb`` are fine), or a Canvas,
+Moodle or nbgrader download (``.zip`` or unpacked), which :mod:`grader.lms` lays out that way in
+``DIR/intake`` first (``--layout``); the ``file`` column then names the file in the download.
 
 Layout out:
-  ``DIR/grades.csv``   one row per submitted file (per notebook and student), with a ``status``
+  ``DIR/grades.csv``   one row per submitted file (per notebook and student), with a ``status``,
+                       ``late`` and the student's name where the LMS download gives them
   ``DIR/cells.csv``    one row per graded test cell
   ``DIR/results.json`` everything above plus each test's message (used by ``grader feedback``)
   ``DIR/reports/<student>.md``  what was graded, repaired, flagged, per test
