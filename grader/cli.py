@@ -275,8 +275,12 @@ def export_options(p: argparse.ArgumentParser, flag: bool = True) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from grader.lms import LAYOUTS
 
-    parser = Parser(prog="python -m grader", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m grader",
+                    description="Build and release the course's notebooks; grade a class (from student folders or "
+                                "a Canvas, Moodle or nbgrader download), merge shards, write feedback pages, export "
+                                "grades to Canvas, and build a Gradescope autograder.",
+                    epilog="A bad argument is one line on stderr and exit code 2; GRADER_DEBUG=1 shows the "
+                           "traceback of an unexpected error.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("build", help="solutions/src/*.py -> solutions/*.ipynb, executed top to bottom")

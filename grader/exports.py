@@ -61,6 +61,7 @@ def read_titles(pairs: list[str] | None = None, files: list[Path] | None = None)
 
 
 def read_grades(grading: Path) -> list[dict[str, str]]:
+    """The rows of ``grading/grades.csv``."""
     path = Path(grading) / "grades.csv"
     if not path.is_file():
         raise ExportError(f"{path} not found: run `python -m grader autograde ... --out {grading}` first")

@@ -47,7 +47,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -197,6 +196,7 @@ def _unsafe(parts: tuple[str, ...]) -> bool:
 
 
 def place_canvas(path: str) -> Placed:
+    """A Canvas download's file: ``<name>[_LATE]_<user id>_<attachment id>_<file>`` at the top."""
     parts = PurePosixPath(path).parts
     if len(parts) != 1:
         return Placed(why="not a Canvas submission file: Canvas puts every file at the top of its zip")
@@ -220,6 +220,7 @@ def place_canvas(path: str) -> Placed:
 
 
 def place_moodle(path: str) -> Placed:
+    """A Moodle download's file: ``<Full Name>_<id>_assignsubmission_<plugin>_`` then ``/<file>`` or ``<file>``."""
     parts = PurePosixPath(path).parts
     m = MOODLE_PREFIX.match(parts[0])
     if not m:
@@ -236,6 +237,7 @@ def place_moodle(path: str) -> Placed:
 
 
 def place_nbgrader(path: str) -> Placed:
+    """nbgrader's exchange: ``submitted/<student>/<assignment>/<file>``."""
     parts = PurePosixPath(path).parts
     if len(parts) < 4 or parts[0] != "submitted":
         return Placed(why="the nbgrader layout does not explain this path "
@@ -244,6 +246,7 @@ def place_nbgrader(path: str) -> Placed:
 
 
 def place_folders(path: str) -> Placed:
+    """The grader's own layout: ``<student_id>/<file>``."""
     parts = PurePosixPath(path).parts
     if len(parts) < 2:
         return Placed(why="not in a student folder: put it in SUBMISSIONS/<student_id>/")
@@ -386,7 +389,3 @@ def describe(view: View) -> str:
     extra = f", {odd} file{'s' if odd != 1 else ''} it does not explain (rows say why)" if odd else ""
     return f"{view.layout} layout: {len(view.files)} files of {len(students)} students{extra}"
 
-
-if __name__ == "__main__":  # pragma: no cover - a quick look at a download
-    v = open_download(Path(sys.argv[1]), Path(sys.argv[2]))
-    print(describe(v))
