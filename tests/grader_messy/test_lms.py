@@ -221,3 +221,20 @@ def test_the_file_column_names_files_of_the_download(canvas_graded):
     with zipfile.ZipFile(next(canvas_graded["base"].glob("*.zip"))) as z:
         names = set(z.namelist())
     assert {r["file"] for r in _rows(canvas_graded["out"] / "grades.csv")} <= names
+
+
+def test_a_download_cut_into_shards_merges_into_one_run(tmp_path):
+    """``--shard`` works on the students of a download as on folders (Moodle's participant ids here;
+    nothing in it needs grading): the merged shards equal one run, names and all."""
+    from grader.autograde import autograde, merge
+
+    download, _ = downloads.moodle(tmp_path)
+    limits = dict(allow_unsandboxed=True, progress=False)
+    assert autograde(download, tmp_path / "single", **limits) == 0
+    for k in (0, 1):
+        assert autograde(download, tmp_path / f"shard{k}", shard=(k, 2), **limits) == 0
+    assert merge([tmp_path / "shard0", tmp_path / "shard1"], tmp_path / "merged") == 0
+    for name in ("grades.csv", "results.json"):
+        assert (tmp_path / "merged" / name).read_text() == (tmp_path / "single" / name).read_text(), name
+    names = {r["student_id"]: r["student_name"] for r in _rows(tmp_path / "merged" / "grades.csv")}
+    assert names == {"31": "Ada Lovelace", "32": "Bob Smith", "33": "Cy Young", "": ""}
