@@ -43,6 +43,8 @@ from grader import course
 
 #: The variable that points ``run_autograder`` at another root than ``/autograder`` (tests).
 ROOT_VARIABLE = "AUTOGRADER_ROOT"
+#: The student's folder in the grader's SUBMISSIONS view of one Gradescope submission.
+STUDENT = "student"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 SETUP_SH = """#!/usr/bin/env bash
@@ -191,7 +193,10 @@ def results_for(rows: list[dict], notebook: str, graded_nb: Path) -> dict:
     tests = sorted(src.tests.values(), key=lambda t: t.index)
     mine = [r for r in rows if r["notebook"] == notebook and r.get("cells")]
     others = [r for r in rows if r not in mine]
-    notes = [f"{r['file']}: {r['status']}" for r in others]
+    def file(row: dict) -> str:  # as the student named it (the grader saw it in a folder "student/")
+        return row["file"].split("/", 1)[1] if row["file"].startswith(f"{STUDENT}/") else row["file"]
+
+    notes = [f"{file(r)}: {r['status']}" for r in others]
     if not mine:
         why = "; ".join(notes) or "no file was handed in"
         return {"output": f"{notebook} was not graded: no notebook of it was found in your submission ({why}). "
@@ -217,7 +222,7 @@ def results_for(rows: list[dict], notebook: str, graded_nb: Path) -> dict:
                         "status": "passed" if passed else "failed",
                         "output": (c.get("comment") or c.get("message") or "").strip(),
                         "visibility": "visible" if shown_now else "after_published"})
-    output = f"{row['file']}: {row['status']}"
+    output = f"{file(row)}: {row['status']}"
     if notes:
         output += "\nAlso handed in: " + "; ".join(notes)
     return {"output": output, "tests": entries, "stdout_visibility": "hidden"}
@@ -231,7 +236,7 @@ def grade_submission(root: Path, notebook: str) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="gradescope-"))
     try:
-        student = work / "submissions" / "student"
+        student = work / "submissions" / STUDENT
         student.mkdir(parents=True)
         submission = root / "submission"
         for path in sorted(submission.rglob("*")) if submission.is_dir() else []:
@@ -249,7 +254,7 @@ def grade_submission(root: Path, notebook: str) -> dict:
         print(f"grader exit code {code}; rows:")
         for r in rows:
             print(f"  {r['file']}: {r['notebook']} {r['score']:g}/{r['max_score']:g} ({r['status']})")
-        return results_for(rows, notebook, out / "nbgrader" / "autograded" / "student" / notebook / f"{notebook}.ipynb")
+        return results_for(rows, notebook, out / "nbgrader" / "autograded" / STUDENT / notebook / f"{notebook}.ipynb")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

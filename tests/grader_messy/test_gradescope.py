@@ -97,6 +97,7 @@ def test_one_entry_per_test_cell_with_the_check_s_message(graded):
     assert (dot["score"], dot["status"]) == (0.0, "failed") and "❌" in dot["output"]
     assert (query["score"], query["status"]) == (2.0, "passed")
     assert (scores["score"], scores["status"]) == (0.0, "failed") and "❌" in scores["output"]
+    assert results["output"].startswith("my homework.ipynb: ok; recognised by content as 01_dot_products")
 
 
 def test_visible_checks_show_at_once_and_hidden_tests_after_publishing(graded):
@@ -121,7 +122,7 @@ def test_a_submission_without_the_notebook_gets_zero_and_says_why(autograder_zip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jsonschema.validate(results, SCHEMA)
     assert all(t["score"] == 0 and t["status"] == "failed" and t["visibility"] == "visible" for t in results["tests"])
-    assert "answers.pdf: not a notebook (.pdf file)" in results["output"]
+    assert "(answers.pdf: not a notebook (.pdf file))" in results["output"]
 
 
 def test_where_a_test_cell_failed_is_read_from_its_checks():
