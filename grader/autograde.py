@@ -854,6 +854,8 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         print(remark, file=sys.stderr)
     if view.files:
         print(lms.describe(view), file=sys.stderr)
+    else:  # read where it is: no view of an earlier run's download stays beside these grades
+        shutil.rmtree(out / "intake", ignore_errors=True)
     taken, seen = take_in(view.root, names, shard, view)
     if not seen:
         print(f"no submitted files in {submissions}: writing an empty result", file=sys.stderr)
