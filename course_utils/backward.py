@@ -22,7 +22,8 @@ import torch.nn as nn
 
 from course_utils.checks.tensors import TensorWatcher
 
-__all__ = ["Saved", "saved_for_backward", "peak_memory_with_backward", "CoreAttention", "swap_attention_core"]
+__all__ = ["Saved", "saved_for_backward", "peak_memory_with_backward", "CoreAttention", "swap_attention_core",
+           "launch_backward"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,45 @@ def swap_attention_core(model: nn.Module, core: Callable[[torch.Tensor, torch.Te
     for block in blocks:
         block.att = CoreAttention(block.att, core)
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# Triton: the host side of the backward kernel for dK and dV
+# --------------------------------------------------------------------------------------------
+def launch_backward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                    lse: torch.Tensor, do: torch.Tensor, causal: bool = True, block_m: int = 16,
+                    block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the notebook's Triton backward kernel for ``dk`` and ``dv``: ``(..., T, D)`` tensors and the
+    forward's ``lse`` ``(..., T)``.
+
+    The host side: ``delta = rowsum(do * o)`` ``(BH, T)`` in float32, every tensor flattened to
+    ``(BH, T, D)`` and made contiguous (one pair of strides for all), ``dk`` and ``dv`` allocated, and one
+    program launched per block of ``block_n`` keys and per (batch, head): the grid ``(cdiv(T, block_n),
+    BH)``. Returns ``(dk, dv)``, shaped like ``k`` and ``v``. On a CPU the kernel runs in Triton's
+    interpreter (see :func:`course_utils.flash.use_interpreter_without_gpu`).
+    """
+    from course_utils import flash
+
+    if q.dim() < 2 or any(t.shape != q.shape for t in (k, v, o, do)):
+        raise ValueError(f"q, k, v, o and do must have the same shape (..., T, D), got "
+                         f"{[tuple(t.shape) for t in (q, k, v, o, do)]}")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
+    T, D = q.shape[-2], q.shape[-1]
+    if D not in flash.TRITON_HEAD_DIMS:
+        raise ValueError(f"the kernel needs a head size D in {flash.TRITON_HEAD_DIMS} (a power of two, at least 16 "
+                         f"for tl.dot), got D={D}")
+    for value, name in ((block_m, "block_m"), (block_n, "block_n")):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
+    if torch.cuda.is_available() and q.device.type != "cuda":
+        raise ValueError(f"the inputs are on {q.device}: move them to the GPU the kernel is compiled for")
+    run = flash._jitted(kernel)
+    q3, k3, v3, do3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v, do))  # (BH, T, D)
+    delta = (do.float() * o.float()).sum(dim=-1).reshape(-1, T).contiguous()  # (BH, T)
+    lse2 = lse.float().reshape(-1, T).contiguous()  # (BH, T)
+    dk, dv = torch.empty_like(k3), torch.empty_like(v3)  # (BH, T, D)
+    grid = (-(-T // block_n), q3.shape[0])
+    run[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1), T, 1.0 / D ** 0.5,
+              HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal))
+    return dk.reshape(k.shape), dv.reshape(v.shape)

@@ -1066,3 +1066,53 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.block_q, ctx.block_k, ctx.causal)
         return dq, dk, dv, None, None, None  # no gradient for causal, block_q, block_k
+
+
+__all__ += ["flash_attention_backward_triton"]
+
+
+def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, stride_t, T, scale,
+                                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    CAUSAL: tl.constexpr):
+    """The Triton kernel of FlashAttention-2's backward for ``dK`` and ``dV`` (undecorated: ``triton.jit`` it).
+
+    One program owns ``BLOCK_N`` keys of one (batch, head): it loads its key and value block once, keeps
+    ``dk`` and ``dv`` ``(BLOCK_N, HEAD_DIM)`` in float32 while the query blocks stream past, and writes
+    them once. ``Q``, ``K``, ``V``, ``DO``, ``DK``, ``DV`` are ``(BH, T, HEAD_DIM)`` with strides
+    ``(stride_b, stride_t, 1)``; ``LSE`` and ``DELTA = rowsum(dO * O)`` are ``(BH, T)`` float32. Launch on
+    the grid ``(cdiv(T, BLOCK_N), BH)`` with ``course_utils.backward.launch_backward``.
+    """
+    start_n = tl.program_id(0)  # which block of keys
+    bh = tl.program_id(1)  # which (batch, head)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    base = bh * stride_b
+    k = tl.load(K + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # earlier query blocks see none of these keys
+    for start_m in range(lo, T, BLOCK_M):
+        rows = start_m + offs_m  # (BLOCK_M,) query positions
+        q = tl.load(Q + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                    other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                     other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        keep = (rows[:, None] < T) & (offs_n[None, :] < T)  # padding rows and columns get no weight
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N): the weights, rebuilt
+        dv += tl.dot(tl.trans(p).to(do.dtype), do)  # (BLOCK_N, HEAD_DIM)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q) * scale  # (BLOCK_N, HEAD_DIM)
+    tl.store(DK + base + offs_n[:, None] * stride_t + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=offs_n[:, None] < T)
+    tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=offs_n[:, None] < T)

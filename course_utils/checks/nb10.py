@@ -8,6 +8,8 @@
 - ``FlashAttention``: a ``torch.autograd.Function``; its output and gradients against autograd's,
   what it keeps for the backward (exactly ``q``, ``k``, ``v``, the output and ``lse``: no ``P``),
   ``torch.autograd.gradcheck`` in float64, and SDPA's gradients in float32 at ``T = 256``.
+- ``flash_attention_backward_triton``: the Triton kernel for ``dK`` and ``dV``, launched with
+  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU.
 
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
@@ -21,6 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from course_utils import flash
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
     Case,
@@ -43,7 +46,7 @@ from course_utils.checks.nb07 import computed_tiles, full_matrix_problem
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
-           "attention_with_grads", "forward_statistics", "tiles_problem"]
+           "check_flash_attention_backward_triton", "attention_with_grads", "forward_statistics", "tiles_problem"]
 
 GRADS = ("dq", "dk", "dv")
 
@@ -401,3 +404,62 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
     passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
                      f"forward keeps exactly q, k, v, o and lse; gradcheck passes; and the gradients equal SDPA's "
                      f"at T = 256 in float32, causal and not")
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attention_backward_triton
+# ------------------------------------------------------------------------------------------
+def kernel_case(name: str, shape: tuple, seed: int, causal: bool, block_m: int, block_n: int,
+                scale: float = 1.0) -> Case:
+    """A case of the kernel: ``(q, k, v, o, lse, do)`` in float32, ``causal``, ``block_m``, ``block_n``."""
+    q, k, v, do = _inputs(*shape, seed=seed, scale=scale, dtype=torch.float32)
+    o, lse = forward_statistics(q, k, v, causal)
+    return Case(name, (q, k, v, o, lse, do), {"causal": causal, "block_m": block_m, "block_n": block_n})
+
+
+def _triton_cases() -> list[Case]:
+    return [
+        kernel_case("(1, 1, 32, 16), causal, BLOCK_M=BLOCK_N=16", (1, 1, 32, 16), 1071, True, 16, 16),
+        kernel_case("(2, 1, 20, 16), causal=False, BLOCK_M=BLOCK_N=16: T not a multiple of the blocks",
+                    (2, 1, 20, 16), 1075, False, 16, 16),
+    ]
+
+
+@check
+def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> None:
+    """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
+    :func:`course_utils.backward.launch_backward`, against autograd's gradients.
+
+    On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
+    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
+    self-check is skipped with the reason; the grader always has Triton.
+    """
+    from course_utils.backward import launch_backward
+
+    exercise = "flash_attention_backward_triton"
+    runs, how = flash.triton_status()
+    if not runs:
+        if hidden:
+            fail(exercise, f"the grader needs Triton to grade this kernel: {how}")
+        print(f"⏭ {exercise}: skipped: {how}.")
+        return
+    require_callable(exercise, kernel)
+    check_rules(exercise, getattr(kernel, "fn", kernel))
+    on_gpu = torch.cuda.is_available()
+    atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        q, k, v, o, lse, do = case.args
+        want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
+        _record_mistakes(exercise, case)
+        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            dk, dv = launch_backward(kernel, *tensors, **case.kwargs)
+            return dk.cpu(), dv.cpu()
+
+        got = call_student(exercise, run, Case(case.name, args))
+        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
+    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
+                     f"({'; '.join(c.name for c in cases)})")

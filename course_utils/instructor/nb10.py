@@ -7,7 +7,7 @@ import math
 import torch
 
 from course_utils.checks.core import Case
-from course_utils.checks.nb10 import _backward_case, _inputs, forward_statistics
+from course_utils.checks.nb10 import _backward_case, _inputs, forward_statistics, kernel_case
 from course_utils.instructor import Mistake
 
 _INF = float("-inf")
@@ -55,10 +55,20 @@ def _function_hidden() -> list[Case]:
     ]
 
 
+def _triton_hidden() -> list[Case]:
+    return [
+        kernel_case("(1, 2, 40, 16), causal, BLOCK_M=BLOCK_N=16", (1, 2, 40, 16), 10171, True, 16, 16),
+        kernel_case("(1, 1, 48, 32), causal, BLOCK_M=32, BLOCK_N=16", (1, 1, 48, 32), 10175, True, 32, 16,
+                    scale=2.0),
+        kernel_case("(1, 1, 36, 16), causal, BLOCK_M=16, BLOCK_N=32", (1, 1, 36, 16), 10179, True, 16, 32),
+    ]
+
+
 HIDDEN = {
     "attention_backward_reference": _reference_hidden,
     "flash_attention_backward": _flash_hidden,
     "FlashAttention": _function_hidden,
+    "flash_attention_backward_triton": _triton_hidden,
 }
 
 
@@ -208,8 +218,18 @@ FUNCTION_MISTAKES = [
 ]
 
 
+def _for_kernel(mistake: Mistake) -> Mistake:
+    """A mistake of the tiled loop, as the Triton check calls it: ``(q, k, v, o, lse, do, causal=, block_m=,
+    block_n=)`` -> ``(dk, dv)``."""
+    def wrong(q, k, v, o, lse, do, causal=True, block_m=16, block_n=16):
+        got = mistake.wrong(q, k, v, o, lse, do, block_m, block_n, causal)
+        return None if got is None else got[1:]
+    return Mistake(mistake.hint, wrong)
+
+
 MISTAKES = {
     "attention_backward_reference": REFERENCE_MISTAKES,
     "flash_attention_backward": FLASH_MISTAKES,
     "FlashAttention": FUNCTION_MISTAKES,
+    "flash_attention_backward_triton": [_for_kernel(m) for m in FLASH_MISTAKES if m.hint != DQ_LAST_BLOCK],
 }

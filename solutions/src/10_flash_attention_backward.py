@@ -19,6 +19,8 @@
 # 4. **measure** what the forward pass keeps for the backward, yours against autograd's;
 # 5. train the tiny GPT of notebook 09 with your `FlashAttention` as its attention core, and compare it
 #    with PyTorch's kernel: the same accuracy, the loss curves on top of each other, and the time.
+# 6. going further: write the key-block loop for `dK` and `dV` as a **Triton** kernel,
+#    `flash_attention_backward_triton` (it runs in Triton's interpreter on a CPU).
 #
 # Shapes use these letters: `b` = batch size, `H` = number of heads, `T` = number of tokens,
 # `D` = size of one head. Attention inputs are `(..., T, D)`: any batch dimensions in front.
@@ -538,6 +540,117 @@ else:
 # readable: it is the specification a fast kernel is tested against.
 
 # %% [markdown]
+# ## 6. Going further: dK and dV in Triton
+#
+# Notebook 07 wrote the forward loop as a Triton kernel. The backward's key-block loop maps onto Triton
+# the same way: **one program per key block** and (batch, head), grid `(number of key blocks, b * H)`.
+# Program `(j, bh)` loads `K_j` and `V_j` once, keeps `dk` and `dv` `(BLOCK_N, HEAD_DIM)` in its
+# registers while the query blocks stream past, and writes them once at the end: exactly why
+# FlashAttention-2 puts the key blocks outside. (`dQ` would need atomics or a second kernel; it is left
+# out here.) On a CPU it runs in Triton's interpreter, as in notebook 07; where Triton is not installed
+# this section is skipped and says so. The host side (`delta = rowsum(dO ∘ O)` computed with PyTorch,
+# the strides, the grid) is `backward.launch_backward(kernel, q, k, v, o, lse, do, causal, block_m,
+# block_n)`: read it in `course_utils/backward.py`.
+
+# %%
+flash.use_interpreter_without_gpu()  # no GPU: TRITON_INTERPRET=1, before any kernel is defined
+triton, tl = flash.import_triton()  # without Triton: stand-ins that let the next cell define the kernel
+TRITON_RUNS, TRITON_HOW = flash.triton_status()
+print("Triton:", TRITON_HOW)
+
+# %% [markdown]
+# ### Exercise 4: `flash_attention_backward_triton`
+#
+# The kernel below is given except for the body of the loop over query blocks. What it has when the
+# loop starts, for its `BLOCK_N` key positions `offs_n`:
+#
+# - `k`, `v` `(BLOCK_N, HEAD_DIM)`, this program's keys and values, already loaded;
+# - `dk`, `dv` `(BLOCK_N, HEAD_DIM)`, float32 zeros: add to them;
+# - `offs_m = tl.arange(0, BLOCK_M)`, `offs_d = tl.arange(0, HEAD_DIM)`, `base = bh * stride_b`; the
+#   loop runs `start_m` over the query blocks, from the first one that sees these keys when `CAUSAL`.
+#
+# In the loop body, your Python tile in Triton:
+#
+# 1. `rows = start_m + offs_m`; load `q` and `do` `(BLOCK_M, HEAD_DIM)` as `k` is loaded above (with
+#    `rows` for `offs_n` and `mask=rows[:, None] < T`), and `lse` and `delta` `(BLOCK_M,)` with
+#    `tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)` (the same from `DELTA`);
+# 2. `s = tl.dot(q, tl.trans(k)) * scale`, `(BLOCK_M, BLOCK_N)`;
+# 3. the weights: `keep = (rows[:, None] < T) & (offs_n[None, :] < T)`, and when `CAUSAL`
+#    `keep = keep & (offs_n[None, :] <= rows[:, None])`; then `p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)`;
+# 4. `dv += tl.dot(tl.trans(p), do)`, `dp = tl.dot(do, tl.trans(v))`, `ds = p * (dp - delta[:, None])`,
+#    `dk += tl.dot(tl.trans(ds), q) * scale`.
+#
+# After the loop the kernel stores `dk` and `dv`. If this section is skipped on your machine, write
+# the body anyway: the grader runs it.
+
+# %% grade_id="flash_attention_backward_triton"
+@triton.jit
+def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, stride_t, T, scale,
+                                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    CAUSAL: tl.constexpr):
+    start_n = tl.program_id(0)  # which block of keys
+    bh = tl.program_id(1)  # which (batch, head)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    base = bh * stride_b
+    k = tl.load(K + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # earlier query blocks see none of these keys
+    for start_m in range(lo, T, BLOCK_M):
+        ### BEGIN SOLUTION
+        rows = start_m + offs_m  # (BLOCK_M,) query positions
+        q = tl.load(Q + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                    other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                     other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        keep = (rows[:, None] < T) & (offs_n[None, :] < T)
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N)
+        dv += tl.dot(tl.trans(p), do)  # (BLOCK_N, HEAD_DIM)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk += tl.dot(tl.trans(ds), q) * scale  # (BLOCK_N, HEAD_DIM)
+        ### END SOLUTION
+    tl.store(DK + base + offs_n[:, None] * stride_t + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=offs_n[:, None] < T)
+    tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=offs_n[:, None] < T)
+
+# %% grade_id="test_flash_attention_backward_triton" points=3
+# Check: your kernel, launched with backward.launch_backward, against autograd (dk and dv), causal or not.
+checks.check_flash_attention_backward_triton(flash_attention_backward_triton)
+### BEGIN HIDDEN TESTS
+checks.check_flash_attention_backward_triton(flash_attention_backward_triton, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your kernel next to your Python loop (in the interpreter, a tiny size: it runs each program in Python):
+
+# %%
+if TRITON_RUNS:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = torch.randn(4, 1, 2, 40, 16, device=device).unbind(0)  # each (1, 2, 40, 16)
+    o, lse = flash_attention_forward(q, k, v, 16, 16)
+    dk_triton, dv_triton = backward.launch_backward(flash_attention_backward_triton, q, k, v, o, lse, do,
+                                                    causal=True, block_m=16, block_n=16)
+    _, dk_python, dv_python = flash_attention_backward(q, k, v, o, lse, do, 16, 16)
+    tol = 5e-3 if device == "cuda" else 1e-5  # compiled, float32 products use TF32 tensor cores
+    print(f"Triton's dk and dv equal your loop's within {tol:g}:",
+          torch.allclose(dk_triton, dk_python, atol=tol, rtol=0) and torch.allclose(dv_triton, dv_python, atol=tol,
+                                                                                     rtol=0))
+else:
+    print("skipped:", TRITON_HOW)
+
+# %% [markdown]
 # ## Check your understanding
 #
 # Click a question to see the answer.
@@ -618,3 +731,5 @@ print("every row of dS sums to 0 (within 1e-12):", bool(ds.sum(-1).abs().max() <
 #   tensors linear in `T`, as PyTorch's SDPA does.
 # - **Your kernel trains a model:** the same loss curve and accuracy as SDPA; slower in Python, because
 #   every tile pays per-call overhead that a fused kernel does not.
+# - **Triton:** one program per key block and (batch, head) keeps `dk` and `dv` on chip and writes them
+#   once; `dQ` would need atomics or a second kernel.

@@ -1,10 +1,12 @@
 """Notebook 10's machinery: the backward references agree with autograd and PyTorch's SDPA, the
 autograd.Function keeps only q, k, v, o and lse and passes gradcheck, the tile counter sees skipped
-causal tiles in a backward, what autograd keeps is measured, and the capstone's core swap keeps the
-model's weights and trains like SDPA."""
+causal tiles in a backward, what autograd keeps is measured, the capstone's core swap keeps the
+model's weights and trains like SDPA, and the Triton kernel for dK and dV agrees with autograd in the
+interpreter and compiles for an A100 without a GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -12,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from course_utils import backward, tasks
+from course_utils import backward, checks, flash, tasks
 from course_utils import reference as R
 from course_utils.checks import nb10
+from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb07 import computed_tiles
 from course_utils.checks.tensors import watch
 
@@ -188,3 +191,75 @@ def test_a_model_on_the_flash_core_trains_like_one_on_sdpa():
         generator = torch.Generator().manual_seed(0)
         losses.append([R.train_step(model, task.batch(16, generator), optimizer) for _ in range(5)])
     assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------ Triton
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+@pytest.mark.parametrize("causal, shape, blocks", [(True, (2, 1, 37, 16), (16, 16)), (False, (1, 2, 20, 32), (16, 32)),
+                                                   (True, (1, 1, 48, 16), (32, 16))])
+def test_reference_backward_kernel_agrees_with_autograd(causal, shape, blocks):
+    flash.use_interpreter_without_gpu()
+    q, k, v, do = _inputs(*shape, seed=sum(shape), dtype=torch.float32)
+    o, lse = nb10.forward_statistics(q, k, v, causal)
+    dk, dv = backward.launch_backward(R.flash_attention_backward_triton, q, k, v, o, lse, do, causal, *blocks)
+    _, _, dk_want, dv_want = nb10.attention_with_grads(q, k, v, do, causal)
+    tolerance = 5e-3 if torch.cuda.is_available() else 1e-5
+    assert_close(dk, dk_want, atol=tolerance, rtol=0)
+    assert_close(dv, dv_want, atol=tolerance, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_launch_backward_refuses_sizes_the_kernel_cannot_take():
+    q = torch.randn(1, 8, 12)
+    with pytest.raises(ValueError, match="head size D"):
+        backward.launch_backward(R.flash_attention_backward_triton, q, q, q, q, q[..., 0], q)
+    q = torch.randn(1, 8, 16)
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        backward.launch_backward(R.flash_attention_backward_triton, q, q, q, q, q[..., 0], q, block_n=24)
+    with pytest.raises(ValueError, match="lse must have shape"):
+        backward.launch_backward(R.flash_attention_backward_triton, q, q, q, q, q, q)
+
+
+def test_without_triton_the_kernel_check_is_skipped_with_a_reason_and_grading_fails(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    checks.check_flash_attention_backward_triton(lambda *a: None)
+    assert "skipped" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="grader needs Triton"):
+        checks.check_flash_attention_backward_triton(lambda *a: None, hidden=True)
+
+
+_COMPILE = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)  # a compiled kernel, not an interpreted one
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from course_utils import reference
+
+kernel = triton.jit(reference.flash_attention_backward_triton)
+for dtype, causal in (("bf16", True), ("fp32", False)):
+    signature = {name: "*" + dtype for name in ("Q", "K", "V", "DO", "DK", "DV")}
+    signature.update({"LSE": "*fp32", "DELTA": "*fp32", "stride_b": "i32", "stride_t": "i32", "T": "i32",
+                      "scale": "fp32"})
+    signature.update({name: "constexpr" for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL")})
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": causal})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 80, 32))
+    print(dtype, causal, "cubin" in compiled.asm)
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_reference_backward_kernel_compiles_for_a_gpu_without_one():
+    """The interpreter runs Python, not the compiler: compile the kernel for an A100 (sm_80) too, in bf16
+    and float32. Triton's bundled ptxas needs no GPU."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["bf16", "True", "True", "fp32", "False", "True"], done.stdout
