@@ -231,8 +231,8 @@ plt.show()
 # The check compares with autograd for several shapes and block sizes (the last block of a loop may be
 # shorter), watches every tensor your code makes (no `(T, T)` tensor, not even a mask) and counts the
 # score entries you compute: the causal tiles in the future must be skipped, and each tile is computed
-# once (one pass: no second pass for `dq`). Autograd, the softmax and your `attention_backward_reference`
-# are not allowed here.
+# once (one pass: no second pass for `dq`). Autograd, the softmax, `logsumexp` and your
+# `attention_backward_reference` are not allowed here.
 
 # %% grade_id="flash_attention_backward"
 def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -318,7 +318,9 @@ for block_q, block_k in [(8, 8), (16, 32), (50, 7), (64, 64)]:
 # The check compares the output and the gradients with autograd's in float64, looks at what the
 # forward keeps (no `P`: no `(T, T)` tensor, neither saved nor as an attribute of `ctx`), runs
 # `torch.autograd.gradcheck`, and compares with PyTorch's SDPA in float32 at `T = 256`, causal and
-# not, with blocks that do not divide 256.
+# not, with blocks that do not divide 256. Autograd (`backward`, `torch.autograd.grad`), SDPA, a softmax
+# and the untiled `attention_backward_reference` are not allowed in the class: each would bring back
+# the `(T, T)` matrix.
 
 # %% grade_id="FlashAttention"
 class FlashAttention(torch.autograd.Function):
