@@ -956,3 +956,163 @@ def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 10: the FlashAttention backward pass
+# --------------------------------------------------------------------------------------------
+__all__ += ["attention_backward_reference", "flash_attention_backward", "FlashAttention"]
+
+
+def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                                 causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of ``o = softmax(q k^T / sqrt(D)) v`` from the plain, untiled formulas.
+
+    ``q``, ``k`` are ``(..., T, D)``, ``v`` is ``(..., T, Dv)`` and ``do`` (the gradient of the loss
+    with respect to ``o``) is ``(..., T, Dv)``. Returns ``(dq, dk, dv)``, shaped like ``q``, ``k``,
+    ``v``. Every ``(T, T)`` matrix is built: this is the formula to test a tiled version against.
+    """
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (do, "do")):
+        check_rank_at_least(t, 2, name)
+    check_same_last_dim(q, k, "q", "k")
+    if do.shape[-2:] != (q.shape[-2], v.shape[-1]):
+        raise ValueError(f"do must have the output's shape (..., T, Dv) = (..., {q.shape[-2]}, {v.shape[-1]}), "
+                         f"got {tuple(do.shape)}")
+    T, D = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(D)
+    s = q @ k.transpose(-2, -1) * scale  # (..., T, T)
+    if causal:
+        s = s.masked_fill(causal_mask(T, device=q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (..., T, T)
+    o = p @ v  # (..., T, Dv)
+    dv = p.transpose(-2, -1) @ do  # (..., T, Dv)
+    dp = do @ v.transpose(-2, -1)  # (..., T, T)
+    delta = (do * o).sum(dim=-1, keepdim=True)  # (..., T, 1): rowsum(dO * O) = rowsum(P * dP)
+    ds = p * (dp - delta)  # (..., T, T): the softmax's backward
+    dq = ds @ k * scale  # (..., T, D)
+    dk = ds.transpose(-2, -1) @ q * scale  # (..., T, D)
+    return dq, dk, dv
+
+
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                             lse: torch.Tensor, do: torch.Tensor, block_q: int, block_k: int,
+                             causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward pass, tile by tile: ``(dq, dk, dv)`` without any ``(T, T)`` tensor.
+
+    ``q``, ``k``, ``v``, ``o``, ``do`` are ``(..., T, D)``; ``lse`` ``(..., T)`` is the forward's
+    log-sum-exp. Each tile of weights is rebuilt from the scores, ``P = exp(S - lse)``. The outer loop
+    runs over key blocks, so that a key block's ``dk`` and ``dv`` are summed over the query blocks in
+    the inner loop and written once; ``dq`` gets a share from every key block (on a GPU: a second
+    pass, or atomic adds). With ``causal=True``, query blocks wholly before a key block are skipped.
+    """
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")):
+        check_rank_at_least(t, 2, name)
+    check_same_last_dim(q, k, "q", "k")
+    T, Tk, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    if causal and Tk != T:
+        raise ValueError(f"causal attention here needs as many keys as queries, got {T} queries and {Tk} keys")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
+    scale = 1.0 / math.sqrt(D)
+    delta = (do * o).sum(dim=-1)  # (..., T): D_i = rowsum(dO * O), one number per query
+    dq = torch.zeros_like(q)  # (..., T, D)
+    dk = torch.zeros_like(k)  # (..., Tk, D)
+    dv = torch.zeros_like(v)  # (..., Tk, Dv)
+    for k_start in range(0, Tk, block_k):
+        k_end = min(k_start + block_k, Tk)
+        k_blk, v_blk = k[..., k_start:k_end, :], v[..., k_start:k_end, :]  # (..., Bk, D), (..., Bk, Dv)
+        dk_blk = torch.zeros_like(k_blk)  # (..., Bk, D)
+        dv_blk = torch.zeros_like(v_blk)  # (..., Bk, Dv)
+        first = (k_start // block_q) * block_q if causal else 0  # earlier query blocks see none of these keys
+        for q_start in range(first, T, block_q):
+            q_end = min(q_start + block_q, T)
+            q_blk, do_blk = q[..., q_start:q_end, :], do[..., q_start:q_end, :]  # (..., Bq, D), (..., Bq, Dv)
+            s = q_blk @ k_blk.transpose(-2, -1) * scale  # (..., Bq, Bk)
+            if causal and k_end - 1 > q_start:  # the tile crosses the diagonal
+                rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
+                cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
+                s = s.masked_fill(cols > rows, float("-inf"))
+            p = torch.exp(s - lse[..., q_start:q_end, None])  # (..., Bq, Bk): the weights, rebuilt
+            dv_blk = dv_blk + p.transpose(-2, -1) @ do_blk  # (..., Bk, Dv)
+            dp = do_blk @ v_blk.transpose(-2, -1)  # (..., Bq, Bk)
+            ds = p * (dp - delta[..., q_start:q_end, None])  # (..., Bq, Bk)
+            dq[..., q_start:q_end, :] += ds @ k_blk * scale  # (..., Bq, D): a share from this key block
+            dk_blk = dk_blk + ds.transpose(-2, -1) @ q_blk * scale  # (..., Bk, D)
+        dk[..., k_start:k_end, :] = dk_blk
+        dv[..., k_start:k_end, :] = dv_blk
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Attention with FlashAttention's memory: ``FlashAttention.apply(q, k, v, causal, block_q, block_k)``.
+
+    ``q``, ``k``, ``v`` ``(..., T, D)`` -> the output ``(..., T, D)``. The forward pass is the tiled
+    :func:`flash_attention_forward` and keeps only ``q``, ``k``, ``v``, the output and the log-sum-exp
+    for the backward pass, which is :func:`flash_attention_backward`: no ``(T, T)`` tensor is kept.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, block_q: int = 32,
+                block_k: int = 32) -> torch.Tensor:
+        o, lse = flash_attention_forward(q, k, v, block_q, block_k, causal)  # (..., T, D), (..., T)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.block_q, ctx.block_k, ctx.causal)
+        return dq, dk, dv, None, None, None  # no gradient for causal, block_q, block_k
+
+
+__all__ += ["flash_attention_backward_triton"]
+
+
+def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, stride_t, T, scale,
+                                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    CAUSAL: tl.constexpr):
+    """The Triton kernel of FlashAttention-2's backward for ``dK`` and ``dV`` (undecorated: ``triton.jit`` it).
+
+    One program owns ``BLOCK_N`` keys of one (batch, head): it loads its key and value block once, keeps
+    ``dk`` and ``dv`` ``(BLOCK_N, HEAD_DIM)`` in float32 while the query blocks stream past, and writes
+    them once. ``Q``, ``K``, ``V``, ``DO``, ``DK``, ``DV`` are ``(BH, T, HEAD_DIM)`` with strides
+    ``(stride_b, stride_t, 1)``; ``LSE`` and ``DELTA = rowsum(dO * O)`` are ``(BH, T)`` float32. Launch on
+    the grid ``(cdiv(T, BLOCK_N), BH)`` with ``course_utils.backward.launch_backward``.
+    """
+    start_n = tl.program_id(0)  # which block of keys
+    bh = tl.program_id(1)  # which (batch, head)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    base = bh * stride_b
+    k = tl.load(K + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # earlier query blocks see none of these keys
+    for start_m in range(lo, T, BLOCK_M):
+        rows = start_m + offs_m  # (BLOCK_M,) query positions
+        q = tl.load(Q + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                    other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                     other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        keep = (rows[:, None] < T) & (offs_n[None, :] < T)  # padding rows and columns get no weight
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N): the weights, rebuilt
+        dv += tl.dot(tl.trans(p).to(do.dtype), do)  # (BLOCK_N, HEAD_DIM)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q) * scale  # (BLOCK_N, HEAD_DIM)
+    tl.store(DK + base + offs_n[:, None] * stride_t + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=offs_n[:, None] < T)
+    tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=offs_n[:, None] < T)
