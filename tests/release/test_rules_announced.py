@@ -7,8 +7,7 @@ exercise itself, not only in an earlier exercise's text or in the failure messag
 above its answer cell (up to the previous code cell) must name every forbidden function, the ``@``
 operator when it is forbidden, and "loop" when a loop is required.
 
-Names are compared without case and underscores, so that ``softmax`` also announces ``nn.Softmax``
-and ``log_softmax`` announces ``nn.LogSoftmax``.
+A module's name is also announced by its function's (``log_softmax`` announces ``nn.LogSoftmax``).
 """
 
 from __future__ import annotations
@@ -48,14 +47,20 @@ def _exercise_texts(notebook: str) -> dict[str, str]:
     return texts
 
 
-def _normal(text: str) -> str:
-    return text.lower().replace("_", "").replace("\\", "")
+def _snake(name: str) -> str:
+    """``LogSoftmax`` -> ``log_softmax``: the function form of a module's name."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def missing_announcements(rule: rules.Rule, text: str) -> list[str]:
-    """The parts of ``rule`` that ``text`` does not announce."""
-    words = set(re.findall(r"[a-z0-9]+", _normal(text)))
-    missing = [f"`{name}`" for name in rule.forbidden_calls if _normal(name) not in words]
+    """The parts of ``rule`` that ``text`` does not announce.
+
+    A name counts when it appears as a word with its own spelling (``MultiHeadAttention``, the course's
+    class, does not announce ``nn.MultiheadAttention``), or, for a module, as its function
+    (``log_softmax`` announces ``nn.LogSoftmax``).
+    """
+    words = set(re.findall(r"[A-Za-z0-9_]+", text))
+    missing = [f"`{name}`" for name in rule.forbidden_calls if name not in words and _snake(name) not in words]
     if rule.forbid_matmul_operator and "`@`" not in text:
         missing.append("the `@` operator")
     if rule.require_loop and not re.search(r"\bloops?\b", text, re.IGNORECASE):
@@ -88,3 +93,5 @@ def test_the_reader_sees_a_rule_that_is_missing():
         "`logsumexp`", "the `@` operator", "a required loop"]
     assert missing_announcements(rule, "No `softmax`, no `logsumexp`, no `@`; write a `for` loop.") == []
     assert missing_announcements(rules.Rule(forbidden_calls=("LogSoftmax",)), "no `F.log_softmax`") == []
+    assert missing_announcements(rules.Rule(forbidden_calls=("MultiheadAttention",)),
+                                 "extend your `MultiHeadAttention`") == ["`MultiheadAttention`"]
