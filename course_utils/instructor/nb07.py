@@ -118,7 +118,8 @@ ONLINE_MISTAKES = [
 # Known mistakes: flash_attention_forward (functions of q, k, v, block_q, block_k, causal)
 # --------------------------------------------------------------------------------------------
 def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
-           mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end"):
+           mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end",
+           p_shift="new"):
     """The tiled forward with one thing changed (all defaults: the right answer).
 
     ``mask``: ``"global"`` (right), ``"local"`` (tile-local positions), ``">="`` (the diagonal masked
@@ -146,7 +147,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
                 s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new[..., None])
+            p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
             l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
             acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k_start:k_end, :]
             m = m_new
@@ -227,6 +228,11 @@ FLASH_MISTAKES = [
             "the ones that cross the diagonal.",
             _when_it_shows(lambda *a: _flash(*a, stop="q_start"))),
 ]
+
+FLASH_MISTAKES.append(Mistake(
+    "p is computed against the old maximum: p = exp(s - m) before m is updated. On the first key block m is "
+    "still -inf, so s - m = inf and everything turns NaN. Compute m_new first, then p = exp(s - m_new[..., None]).",
+    _when_it_shows(lambda *a: _flash(*a, p_shift="old"))))
 
 #: Mistakes only a kernel makes: the loads of the last, shorter key block are masked, its scores are not.
 KERNEL_MISTAKES = [
