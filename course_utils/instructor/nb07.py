@@ -93,9 +93,9 @@ def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: 
             l = l + terms
         elif rescale == "inverted":
             l = l * torch.exp(shift - torch.where(torch.isinf(m), shift, m)) + terms
-        blocks.append(torch.exp(block - shift) / terms)
+        blocks.append(torch.exp(block - shift) / (terms if final == "per block" else l))
         m = m_new
-    if final == "per block":
+    if final in ("per block", "running"):
         return torch.cat(blocks, dim=-1)
     return torch.exp(x - m) / l
 
@@ -109,6 +109,10 @@ ONLINE_MISTAKES = [
     Mistake("each block is normalised by its own sum, so every block sums to 1: the denominator is the sum over the "
             "whole row, l after the last block, and every entry uses the final maximum m.",
             lambda x, b: _online(x, b, final="per block")),
+    Mistake("each block's output is written with the running m and l of that moment, in one pass: a later block "
+            "can still raise the maximum, and it always adds to the sum. Every entry needs the final m and l: after "
+            "the last block, return exp(x - m) / l (a second pass over x).",
+            lambda x, b: _online(x, b, final="running")),
     Mistake("no maximum is subtracted: exp of large scores overflows to inf (NaN after the division). Keep a running "
             "maximum m and compute exp(x - m).", lambda x, b: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)),
 ]
@@ -220,6 +224,9 @@ FLASH_MISTAKES = [
             _when_it_shows(lambda *a: _flash(*a, lse="m base 2"))),
     Mistake("lse takes log2(l) where the natural log is needed: lse = m + log(l), both in natural-log units.",
             _when_it_shows(lambda *a: _flash(*a, lse="log2 l"))),
+    Mistake("the scores are multiplied by sqrt(D) instead of divided by it: scale them by 1/sqrt(D).",
+            _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, causal,
+                                                                       factor=math.sqrt(q.shape[-1])))),
     Mistake("the scores are scaled by 1/D (or by 1/sqrt(D) twice): scale them once, by 1/sqrt(D).",
             _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, causal,
                                                                        factor=1 / q.shape[-1]))),
