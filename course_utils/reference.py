@@ -597,7 +597,8 @@ def flash_attention_forward(
     ``causal``). Returns the output ``(..., T, Dv)`` and the log-sum-exp of each query's scaled
     scores ``(..., T)``, which the backward pass needs. No tensor larger than ``(..., block_q,
     block_k)`` is ever made: for each block of ``block_q`` queries, the key/value blocks stream past
-    with a running maximum ``m``, sum ``l`` and unnormalised output ``acc``, each rescaled by
+    with a running maximum ``m``, sum ``l`` and unnormalised output ``acc`` (float32 at least,
+    whatever the inputs' dtype; ``lse`` is returned in that dtype), each rescaled by
     ``exp(m_old - m_new)`` when the maximum grows. With ``causal=True``, key blocks that start after
     the block's last query are skipped (never computed); only blocks that cross the diagonal are masked.
     """
@@ -613,19 +614,21 @@ def flash_attention_forward(
     if causal and Tk != T:
         raise ValueError(f"causal attention here needs as many keys as queries, got {T} queries and {Tk} keys")
     scale = 1.0 / math.sqrt(D)
+    # The statistics and the accumulator in float32 at least: in bfloat16 a long running sum loses terms.
+    stats = torch.promote_types(q.dtype, torch.float32)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     out = q.new_empty(batch + (T, v.shape[-1]))  # (..., T, Dv)
-    lse = q.new_empty(batch + (T,))  # (..., T)
+    lse = q.new_empty(batch + (T,), dtype=stats)  # (..., T)
     for q_start in range(0, T, block_q):
         q_end = min(q_start + block_q, T)
-        q_blk = q[..., q_start:q_end, :] * scale  # (..., Bq, D)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
+        q_blk = q[..., q_start:q_end, :].to(stats) * scale  # (..., Bq, D)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=stats, device=q.device)  # (..., Bq)
         l = torch.zeros_like(m)  # (..., Bq)
-        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., Bq, Dv)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=stats, device=q.device)  # (..., Bq, Dv)
         k_stop = q_end if causal else Tk  # a key block starting at q_end or later is wholly in the future
         for k_start in range(0, k_stop, block_k):
             k_end = min(k_start + block_k, Tk)
-            s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)  # (..., Bq, Bk)
+            s = q_blk @ k[..., k_start:k_end, :].to(stats).transpose(-2, -1)  # (..., Bq, Bk)
             if causal and k_end - 1 > q_start:  # the block crosses the diagonal: mask its future part
                 rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
                 cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
@@ -634,9 +637,9 @@ def flash_attention_forward(
             alpha = torch.exp(m - m_new)  # (..., Bq): rescales what was summed against the old maximum
             p = torch.exp(s - m_new[..., None])  # (..., Bq, Bk)
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]  # (..., Bq, Dv)
+            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :].to(stats)  # (..., Bq, Dv)
             m = m_new
-        out[..., q_start:q_end, :] = acc / l[..., None]
+        out[..., q_start:q_end, :] = (acc / l[..., None]).to(out.dtype)
         lse[..., q_start:q_end] = m + torch.log(l)
     return out, lse
 
@@ -662,8 +665,27 @@ def flash_attention_triton(Q, K, V, O, LSE, stride_qb, stride_qt, stride_kb, str
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running maximum
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # unnormalised output
-    hi = (start_m + 1) * BLOCK_M if CAUSAL else T  # key blocks from hi on are wholly in the future
-    for start_n in range(0, hi, BLOCK_N):
+    # Stage 1: the key blocks no query of this block can see past (causal: wholly before its first
+    # query; not causal: the full blocks), with no mask at all. Stage 2: the rest, which cross the
+    # diagonal or the end of the sequence, masked by global positions.
+    if CAUSAL:
+        lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N  # key blocks before lo end before the first query
+        hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # key blocks from hi on are wholly in the future
+    else:
+        lo = T // BLOCK_N * BLOCK_N  # the full key blocks
+        hi = T
+    for start_n in range(0, lo, BLOCK_N):
+        cols = start_n + offs_n  # (BLOCK_N,) key positions
+        k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,)
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :],
                     mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
