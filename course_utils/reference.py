@@ -918,16 +918,23 @@ class TransformerBlock(nn.Module):
 class TinyGPT(nn.Module):
     """A GPT-style causal language model: token ids ``(b, T)`` -> next-token logits ``(b, T, vocab_size)``.
 
-    Token embeddings plus learned positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
-    LayerNorm and a linear head without bias, created in that order.
+    Token embeddings plus positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
+    LayerNorm and a linear head without bias, created in that order. ``positions="learned"`` (the
+    default) adds a :class:`LearnedPositionalEmbedding`; ``positions="sinusoidal"`` adds the fixed
+    :func:`sinusoidal_positions` instead (a buffer, no parameters).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, context_length: int,
-                 dropout: float):
+                 dropout: float, positions: str = "learned"):
         super().__init__()
+        from course_utils.training import FixedPositions  # the given wrapper of a fixed table
+
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
         self.context_length = context_length
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        self.pos_emb = (LearnedPositionalEmbedding(context_length, d_model) if positions == "learned"
+                        else FixedPositions(sinusoidal_positions(context_length, d_model)))
         self.drop_emb = nn.Dropout(dropout)
         self.blocks = nn.Sequential(
             *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])

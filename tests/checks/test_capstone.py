@@ -152,3 +152,143 @@ def test_train_step_uses_the_answer_positions_only():
     loss = reference.train_step(model, batch, torch.optim.SGD(model.parameters(), lr=0.1))
     assert isinstance(loss, float) and loss == pytest.approx(expected.item(), rel=1e-5)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# ---------------------------------------------------------------- one mistake, one exercise (issue 19)
+def _notebook_with(helper: str, source: str) -> tuple[dict, dict]:
+    """The graded notebook's namespace with ``helper``'s answer replaced by ``source``, and the notebook's
+    own TinyGPT defined again in it (so that its code looks its helpers up in this namespace)."""
+    from tests.support import harness
+
+    base, cells = harness._executed(NOTEBOOK)
+    namespace = dict(base)
+    harness.run_source(source, namespace, f"{NOTEBOOK}:{helper}:wrong")
+    harness.run_source(cells["TinyGPT"], namespace, f"{NOTEBOOK}:TinyGPT")
+    return namespace, cells
+
+
+def _run_tests(namespace: dict, cells: dict, exercise: str, visible_only: bool = False) -> None:
+    from tests.support import harness
+
+    for gid in harness.test_ids_for(exercise, cells, NOTEBOOK):
+        source = harness.visible_source(cells[gid]) if visible_only else cells[gid]
+        harness.run_source(source, namespace, f"{NOTEBOOK}:{gid}")
+
+
+HELPER_MISTAKES = [("LearnedPositionalEmbedding", "positions reversed"),
+                   ("LearnedPositionalEmbedding", "no ValueError past context_length"),
+                   ("TransformerBlock", "LayerNorm after instead of before (post-LN)"),
+                   ("TransformerBlock", "residual missing around the attention"),
+                   ("sinusoidal_positions", "sin and cos swapped")]
+
+
+@pytest.mark.parametrize("helper, label", HELPER_MISTAKES)
+def test_a_wrong_helper_costs_only_its_own_points(helper, label):
+    from tests.fixtures.answers import nb09
+
+    namespace, cells = _notebook_with(helper, nb09.WRONG[helper][label])
+    students = namespace[helper]
+    with pytest.raises(AssertionError):
+        _run_tests(namespace, cells, helper)  # the helper loses its points
+    for exercise in ("TinyGPT", "TransformerBlock", "train_step"):
+        if exercise != helper:
+            _run_tests(namespace, cells, exercise)  # visible and hidden tests: full marks
+    assert namespace[helper] is students  # the student's own version is back for the demos
+    if helper != "sinusoidal_positions":
+        torch.manual_seed(0)
+        model = namespace["TinyGPT"](tasks.VOCAB_SIZE, 8, 2, 1, 6, 0.0)
+        used = model.pos_emb if helper == "LearnedPositionalEmbedding" else model.blocks[0]
+        assert type(used) is students
+
+
+@pytest.mark.parametrize("helper, label", HELPER_MISTAKES[:1] + HELPER_MISTAKES[2:3])
+def test_the_student_editions_check_names_the_broken_helper(helper, label):
+    from course_utils.checks import expected
+    from tests.fixtures.answers import nb09
+
+    namespace, cells = _notebook_with(helper, nb09.WRONG[helper][label])
+    with expected.using(expected.RECORDED), pytest.raises(AssertionError) as info:
+        _run_tests(namespace, cells, "TinyGPT", visible_only=True)
+    message = str(info.value)
+    assert f"your TinyGPT uses your {helper}, which does not pass its own check yet" in message
+    assert "costs TinyGPT no points" in message
+    assert namespace[helper] is not getattr(reference, helper)
+
+
+def test_a_tiny_gpt_that_relies_on_its_own_helpers_attributes_still_passes():
+    """An answer may reach into its own helper (a table it named ``pos``): it is tried with it too."""
+    from tests.fixtures.answers import nb09
+
+    helper = nb09._LEARNED.replace("self.embedding", "self.pos")
+    own = """
+        x = self.tok_emb(idx)
+        T = x.shape[1]
+        if isinstance(self.pos_emb, training.FixedPositions):
+            x = self.pos_emb(x)
+        else:
+            if T > self.pos_emb.pos.num_embeddings:
+                raise ValueError(f"{T} tokens, but context_length is {self.pos_emb.pos.num_embeddings}")
+            x = x + self.pos_emb.pos.weight[:T]
+"""
+    gpt = nb09._GPT.replace("        x = self.pos_emb(self.tok_emb(idx))\n", own.lstrip("\n"))
+    assert gpt != nb09._GPT
+    namespace, cells = _notebook_with("LearnedPositionalEmbedding", helper)
+    from tests.support import harness
+
+    harness.run_source(gpt, namespace, f"{NOTEBOOK}:TinyGPT:own")
+    _run_tests(namespace, cells, "TinyGPT")
+
+
+# ---------------------------------------------------------------- rules announced, one error standard
+def test_every_rule_of_notebook_09_is_announced_in_its_exercise_text():
+    from course_utils import rules
+
+    nb = nbformat.read(course.notebooks_dir() / f"{NOTEBOOK}.ipynb", as_version=4)
+    for exercise in course.EXERCISES[NOTEBOOK]:
+        rule = rules.RULES.get(exercise)
+        if rule is None:
+            continue
+        heading = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                       and re.search(rf"### Exercise \d+: `{exercise}`", c.source))
+        text = []
+        for cell in nb.cells[heading:]:
+            if cell.cell_type != "markdown":
+                break
+            text.append(cell.source)
+        text = "\n".join(text)
+        for name in rule.forbidden_calls:
+            assert name in text, f"{exercise}: the exercise text does not announce that {name} is forbidden"
+
+
+def test_too_long_inputs_raise_a_value_error_that_names_the_limit():
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="5"):
+        reference.LearnedPositionalEmbedding(5, 4)(torch.zeros(1, 6, 4))
+    with pytest.raises(ValueError, match="6"):
+        reference.TinyGPT(tasks.VOCAB_SIZE, 8, 2, 1, 6, 0.0, positions="sinusoidal")(torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="learned"):
+        reference.TinyGPT(tasks.VOCAB_SIZE, 8, 2, 1, 6, 0.0, positions="rotary")
+
+
+def test_sinusoidal_positions_are_a_fixed_buffer_of_the_model():
+    torch.manual_seed(0)
+    model = reference.TinyGPT(tasks.VOCAB_SIZE, 8, 2, 1, 6, 0.0, positions="sinusoidal")
+    assert not any(name.startswith("pos_emb") for name, _ in model.named_parameters())
+    torch.testing.assert_close(model.pos_emb.table, reference.sinusoidal_positions(6, 8))
+    x = torch.zeros(2, 4, 8)
+    torch.testing.assert_close(model.pos_emb(x), reference.sinusoidal_positions(4, 8).expand(2, 4, 8))
+
+
+def test_train_step_that_returns_the_loss_tensor_fails_and_says_why():
+    from course_utils import checks
+
+    def returns_tensor(model, batch, optimizer):
+        inputs, targets, mask = batch
+        loss = torch.nn.functional.cross_entropy(model(inputs)[mask], targets[mask])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    with pytest.raises(AssertionError, match="still holds its computation graph"):
+        checks.check_train_step(returns_tensor)
