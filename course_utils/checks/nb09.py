@@ -268,7 +268,8 @@ def _learned_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
-_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+                        r"non-singleton dimension (\d+)")
 
 
 def _learned_error(case: Case, error: BaseException) -> str | None:
@@ -281,13 +282,16 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
                 "(x holds the token vectors).")
     match = _BROADCAST.search(text)
     if match:
-        sizes = {int(match.group(1)), int(match.group(2))}
-        if b in sizes and b != T:
+        sizes, dim = {int(match.group(1)), int(match.group(2))}, int(match.group(3))
+        if dim == 1 and sizes == {b, T}:
             return (f"the position vectors have {b} rows, the batch size: the number of tokens is x.shape[1] (x is "
                     f"(b, T, d_model)), so look up torch.arange(x.shape[1]).")
-        if context_length in sizes and context_length != T:
+        if dim == 1 and sizes == {context_length, T}:
             return (f"all {context_length} rows of the table are added to {T} tokens: take the first T, the vectors "
                     f"of positions 0..T-1.")
+        if dim == 0 and sizes == {b, T}:
+            return ("the position vectors line up with the batch axis: (T, d_model) broadcasts against x's "
+                    "(b, T, d_model) as it is (or unsqueeze(0) to (1, T, d_model)); (T, 1, d_model) does not.")
     return None
 
 
@@ -744,6 +748,19 @@ def _trace_problem(want: dict, got: dict) -> tuple[str, int] | None:
     return None
 
 
+def _step_error_hint(error: BaseException) -> str | None:
+    """A raw PyTorch error inside ``train_step``, translated into what it means."""
+    text = str(error)
+    if "does not require grad" in text:
+        return ("the loss has no computation graph: the forward pass ran under torch.no_grad() (or the logits were "
+                "detached, or the loss was made from loss.item()). Compute the loss from model(inputs) with "
+                "gradients on, then call loss.backward().")
+    if "Expected input batch_size" in text or "size mismatch" in text or "must match the size" in text:
+        return ("the logits and the targets do not line up: select the same positions from both, "
+                "logits[answer_mask] (n, V) and targets[answer_mask] (n,).")
+    return None
+
+
 def _same_trace(a: dict, b: dict) -> bool:
     return _trace_problem(a, b) is None
 
@@ -790,10 +807,10 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
             fail(exercise, NOT_IMPLEMENTED)
         except Exception as exc:  # noqa: BLE001
             try:
-                fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+                fail(exercise, f"your code raised {type(exc).__name__}: {exc}.", case)
             except CheckFailed as error:
                 error.student_error = exc
-                raise error from exc
+                raise _hinted(error, _step_error_hint(exc)) from exc
         found = _trace_problem(want, got)
         if found is None:
             returned = next((r for r in got["returned"] if r != "float"), "float")

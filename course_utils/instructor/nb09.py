@@ -325,6 +325,9 @@ GPT_MISTAKES = [
             "counts: x = block(x) in the loop.", _gpt("EachBlockFromEmbeddings", forward=_each_block_from_embeddings)),
     Mistake("final_norm is applied after every block: apply it once, after the last block (each block's residual "
             "path stays free of norms).", _gpt("NormAfterEveryBlock", forward=_norm_after_every_block)),
+    Mistake("the token embeddings are added twice: pos_emb(x) already returns x + the position vectors, so "
+            "x = pos_emb(tok_emb(idx)), not tok_emb(idx) + pos_emb(tok_emb(idx)).",
+            _gpt("TokensTwice", embed=lambda self, idx: self.tok_emb(idx) + self.pos_emb(self.tok_emb(idx)))),
     Mistake("the blocks run in reverse order: x passes blocks[0] first, then blocks[1], ...",
             _gpt("BlocksReversed", forward=_blocks_reversed)),
 ]
@@ -478,8 +481,9 @@ STEP_MISTAKES = [
             "optimizer.zero_grad() in every step, before loss.backward().", _traced(_no_zero_grad)),
     Mistake("optimizer.step() is never called: the gradients are computed but the parameters never change.",
             _traced(_no_step)),
-    Mistake("optimizer.zero_grad() runs between loss.backward() and optimizer.step(): it wipes the gradients the "
-            "step needs. Call optimizer.zero_grad() BEFORE loss.backward().", _traced(_zero_grad_before_step)),
+    Mistake("the gradients were gone when optimizer.step() ran: either loss.backward() is never called, or "
+            "optimizer.zero_grad() runs between loss.backward() and optimizer.step() and wipes them. Call "
+            "optimizer.zero_grad() BEFORE loss.backward(), then optimizer.step().", _traced(_zero_grad_before_step)),
     Mistake("the loss is summed over the answer tokens: take their mean (F.cross_entropy's default reduction).",
             _traced(_summed)),
     Mistake("the targets are the inputs themselves: the model must predict the NEXT token, which is in targets.",

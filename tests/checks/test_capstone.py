@@ -292,3 +292,31 @@ def test_train_step_that_returns_the_loss_tensor_fails_and_says_why():
 
     with pytest.raises(AssertionError, match="still holds its computation graph"):
         checks.check_train_step(returns_tensor)
+
+
+def test_graded_by_nbgrader_a_wrong_embedding_costs_only_its_own_points(tmp_path):
+    """The same through the real pipeline (a sandboxed IPython kernel, nbgrader's scores): a notebook
+    whose only mistake is in LearnedPositionalEmbedding keeps every point of TinyGPT, TransformerBlock
+    and train_step."""
+    import csv
+
+    from grader.autograde import autograde
+    from tests.fixtures.answers import nb09
+    from tests.grader_answers.test_autograde import _student_version_with
+    from tests.support import harness
+
+    folder = tmp_path / "submissions" / "student"
+    folder.mkdir(parents=True)
+    nb = _student_version_with(NOTEBOOK, {"LearnedPositionalEmbedding": nb09.WRONG["LearnedPositionalEmbedding"][
+        "positions reversed"]})
+    nbformat.write(nb, folder / f"{NOTEBOOK}.ipynb")
+    assert autograde(tmp_path / "submissions", tmp_path / "out", workers=1) == 0
+    with open(tmp_path / "out" / "cells.csv", newline="") as f:
+        cells = {r["grade_id"]: (float(r["score"]), float(r["max_score"])) for r in csv.DictReader(f)}
+    for exercise in course.EXERCISES[NOTEBOOK]:
+        ids = harness.test_ids_for(exercise, cells, NOTEBOOK)
+        score, max_score = sum(cells[i][0] for i in ids), sum(cells[i][1] for i in ids)
+        if exercise == "LearnedPositionalEmbedding":
+            assert score < max_score
+        else:
+            assert score == max_score, f"{exercise} lost points for the embedding's mistake: {cells}"
