@@ -46,12 +46,13 @@ class FixedPositions(nn.Module):
         self.context_length = table.shape[0]
         self.register_buffer("table", table.detach().clone().float(), persistent=False)  # (context_length, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``x + table[start : start + T]``; ``start`` > 0 when decoding with a KV cache."""
         T = x.shape[1]
-        if T > self.context_length:
-            raise ValueError(f"{T} tokens, but only {self.context_length} positions (context_length = "
-                             f"{self.context_length})")
-        return x + self.table[:T].to(x.dtype)  # (b, T, d) + (T, d)
+        if start < 0 or start + T > self.context_length:
+            raise ValueError(f"positions {start}..{start + T - 1} do not fit: only {self.context_length} positions "
+                             f"(context_length = {self.context_length})")
+        return x + self.table[start:start + T].to(x.dtype)  # (b, T, d) + (T, d)
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -320,3 +320,64 @@ def test_graded_by_nbgrader_a_wrong_embedding_costs_only_its_own_points(tmp_path
             assert score < max_score
         else:
             assert score == max_score, f"{exercise} lost points for the embedding's mistake: {cells}"
+
+
+# ---------------------------------------------------------------- generation with notebook 08's KV cache (issue 20)
+def _random_gpt(positions: str = "learned", context_length: int = 12) -> torch.nn.Module:
+    torch.manual_seed(3)
+    return reference.TinyGPT(tasks.VOCAB_SIZE, 16, 2, 2, context_length, 0.0, positions=positions).eval()
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_the_cached_model_gives_the_full_forward_logits(positions):
+    model = _random_gpt(positions)
+    idx = torch.randint(0, tasks.VOCAB_SIZE, (3, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        model.reset_cache()
+        parts = [model(idx[:, :4], use_cache=True), model(idx[:, 4:5], use_cache=True),
+                 model(idx[:, 5:8], use_cache=True), model(idx[:, 8:], use_cache=True)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
+    assert model.num_cached == 10
+    model.reset_cache()
+    assert model.num_cached == 0 and all(block.att.num_cached == 0 for block in model.blocks)
+
+
+def test_greedy_generation_writes_the_same_tokens_with_and_without_the_cache():
+    model = _random_gpt()
+    prompt = torch.randint(0, tasks.VOCAB_SIZE, (4, 5), generator=torch.Generator().manual_seed(2))
+    cached = reference.generate(model, prompt, 7, temperature=0.0)
+    recomputed = reference.generate(model, prompt, 7, temperature=0.0, use_cache=False)
+    assert cached.shape == (4, 12) and torch.equal(cached[:, :5], prompt)
+    assert torch.equal(cached, recomputed)
+    assert torch.equal(cached, training.generate(model, prompt, 7))  # the given full-recompute greedy loop
+    assert torch.equal(reference.generate(model, prompt, 7, temperature=0.8, top_k=1), cached)  # top-1 is greedy
+
+
+def test_sampling_is_seeded_and_top_k_keeps_k_tokens():
+    model = _random_gpt()
+    prompt = torch.randint(0, tasks.VOCAB_SIZE, (64, 3), generator=torch.Generator().manual_seed(4))
+    runs = []
+    for use_cache in (True, True, False):
+        torch.manual_seed(11)
+        runs.append(reference.generate(model, prompt, 6, temperature=1.5, use_cache=use_cache))
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    assert not torch.equal(runs[0], reference.generate(model, prompt, 6, temperature=0.0))
+    torch.manual_seed(12)
+    two = reference.generate(model, prompt, 1, temperature=5.0, top_k=2)[:, -1]  # (64,)
+    with torch.no_grad():
+        allowed = model(prompt)[:, -1].topk(2).indices  # (64, 2)
+    assert (two[:, None] == allowed).any(dim=1).all()
+
+
+def test_generation_past_context_length_raises_a_value_error_that_names_it():
+    model = _random_gpt(context_length=12)
+    prompt = torch.zeros(1, 5, dtype=torch.long)
+    assert reference.generate(model, prompt, 8, temperature=0.0).shape == (1, 13)  # reads 12 tokens: fits
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match="context_length is 12"):
+            reference.generate(model, prompt, 9, temperature=0.0, use_cache=use_cache)
+    with pytest.raises(ValueError, match="temperature"):
+        reference.generate(model, prompt, 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        reference.generate(model, prompt, 2, top_k=0)
