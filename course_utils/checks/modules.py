@@ -367,7 +367,7 @@ def _functions_of(obj: object) -> list:
         return []
     found = []
     for klass in obj.__mro__:
-        if klass.__module__ in ("builtins", "torch.nn.modules.module") or klass.__module__.startswith("torch."):
+        if klass is object or str(klass.__module__).startswith("torch"):
             continue
         for value in vars(klass).values():
             if isinstance(value, (staticmethod, classmethod)):
@@ -391,12 +391,23 @@ def _names_in(code) -> set[str]:
 def helpers_used(obj: object, names: Sequence[str]) -> list[tuple[dict, str]]:
     """Which of ``names`` the code of ``obj`` looks up as globals, and in which namespace (the notebook's):
     ``[(namespace, name), ...]``."""
+    import inspect
+
     used: dict[tuple[int, str], tuple[dict, str]] = {}
-    for function in _functions_of(obj):
+    todo, seen = list(_functions_of(obj)), set()
+    while todo:
+        function = todo.pop()
+        if id(function) in seen or len(seen) > 50:
+            continue
+        seen.add(id(function))
         namespace = function.__globals__
-        for name in _names_in(function.__code__) & set(names):
+        found = _names_in(function.__code__)
+        for name in found & set(names):
             if name in namespace:
                 used[(id(namespace), name)] = (namespace, name)
+        # a helper function of the student's own that the code calls (make_block() -> TransformerBlock(...))
+        todo += [namespace[n] for n in found - set(names)
+                 if inspect.isfunction(namespace.get(n)) and namespace[n].__globals__ is namespace]
     return list(used.values())
 
 

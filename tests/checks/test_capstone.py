@@ -381,3 +381,14 @@ def test_generation_past_context_length_raises_a_value_error_that_names_it():
         reference.generate(model, prompt, 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):
         reference.generate(model, prompt, 2, top_k=0)
+
+
+def test_helpers_reached_through_the_students_own_functions_are_replaced_too():
+    from course_utils.checks import modules
+
+    namespace: dict = {"TransformerBlock": object(), "LearnedPositionalEmbedding": object()}
+    exec("def make_block():\n    return TransformerBlock()\n"  # noqa: S102 - a student's cell
+         "class Model:\n    def __init__(self):\n        self.blocks = [make_block() for _ in range(2)]\n",
+         namespace)
+    used = {name for _, name in modules.helpers_used(namespace["Model"], ["TransformerBlock", "LearnedPositionalEmbedding"])}
+    assert used == {"TransformerBlock"}
