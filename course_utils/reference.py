@@ -67,6 +67,7 @@ __all__ = [
     "TransformerBlock",
     "TinyGPT",
     "train_step",
+    "generate",
 ]
 
 
@@ -910,9 +911,12 @@ class LearnedPositionalEmbedding(nn.Module):
         self.context_length = context_length
         self.embedding = nn.Embedding(context_length, d_model)  # (context_length, d_model), N(0, 1) at first
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``x + position vectors start .. start+T-1``; ``start`` > 0 when decoding with a KV cache."""
         b, T, _ = check_input_3d(x, self.embedding.embedding_dim, self.context_length)
-        positions = torch.arange(T, device=x.device)  # (T,)
+        if start < 0 or start + T > self.context_length:
+            raise ValueError(f"positions {start}..{start + T - 1} do not fit: context_length is {self.context_length}")
+        positions = torch.arange(start, start + T, device=x.device)  # (T,)
         return x + self.embedding(positions)  # (b, T, d) + (T, d) -> (b, T, d)
 
 
@@ -921,47 +925,124 @@ class TransformerBlock(nn.Module):
 
     ``x + dropout(attention(norm1(x)))``, then ``x + dropout(feed_forward(norm2(x)))``; the
     feed-forward network is ``Linear(d, 4d)``, GELU, ``Linear(4d, d)``. Layers are created in the
-    order ``norm1, att, norm2, ff``.
+    order ``norm1, att, norm2, ff``. The attention is notebook 08's :class:`MultiHeadAttentionKVCache`
+    (the same parameters and outputs as :class:`MultiHeadAttention`): ``forward(x, use_cache=True)``
+    treats ``x`` as the next tokens of the sequence its cache holds.
     """
 
     def __init__(self, d_model: int, num_heads: int, context_length: int, dropout: float):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.att = MultiHeadAttentionKVCache(d_model, d_model, context_length, dropout, num_heads)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
         self.drop_resid = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_resid(self.att(self.norm1(x)))  # (b, T, d): attention, then the residual
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        h = self.norm1(x)
+        h = self.att(h, use_cache=True) if use_cache else self.att(h)  # (b, T, d)
+        x = x + self.drop_resid(h)  # (b, T, d): attention, then the residual
         return x + self.drop_resid(self.ff(self.norm2(x)))  # (b, T, d): feed-forward, then the residual
 
 
 class TinyGPT(nn.Module):
     """A GPT-style causal language model: token ids ``(b, T)`` -> next-token logits ``(b, T, vocab_size)``.
 
-    Token embeddings plus learned positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
-    LayerNorm and a linear head without bias, created in that order.
+    Token embeddings plus positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
+    LayerNorm and a linear head without bias, created in that order. ``positions="learned"`` (the
+    default) adds a :class:`LearnedPositionalEmbedding`; ``positions="sinusoidal"`` adds the fixed
+    :func:`sinusoidal_positions` instead (a buffer, no parameters).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, context_length: int,
-                 dropout: float):
+                 dropout: float, positions: str = "learned"):
         super().__init__()
+        from course_utils.training import FixedPositions  # the given wrapper of a fixed table
+
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
         self.context_length = context_length
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        self.pos_emb = (LearnedPositionalEmbedding(context_length, d_model) if positions == "learned"
+                        else FixedPositions(sinusoidal_positions(context_length, d_model)))
         self.drop_emb = nn.Dropout(dropout)
         self.blocks = nn.Sequential(
             *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])
         self.final_norm = nn.LayerNorm(d_model)
         self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.num_cached = 0  # tokens held by the blocks' KV caches (forward with use_cache=True)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """Logits ``(b, T, vocab_size)``. With ``use_cache=True``, ``idx`` holds the NEXT tokens of the
+        sequence the caches hold: they get positions ``num_cached ..`` and attend to every cached token."""
         if idx.dim() != 2:
             raise ValueError(f"TinyGPT expects token ids of shape (batch, num_tokens), got shape {tuple(idx.shape)}")
-        x = self.pos_emb(self.tok_emb(idx))  # (b, T, d_model): tokens plus positions
-        x = self.blocks(self.drop_emb(x))  # (b, T, d_model)
+        if not use_cache:
+            x = self.pos_emb(self.tok_emb(idx))  # (b, T, d_model): tokens plus positions
+            x = self.blocks(self.drop_emb(x))  # (b, T, d_model)
+            return self.out_head(self.final_norm(x))  # (b, T, vocab_size)
+        start = self.num_cached
+        x = self.drop_emb(self.pos_emb(self.tok_emb(idx), start=start))  # positions start .. start+T-1
+        for block in self.blocks:
+            x = block(x, use_cache=True)  # (b, T, d_model)
+        self.num_cached = start + idx.shape[1]
         return self.out_head(self.final_norm(x))  # (b, T, vocab_size)
+
+    def reset_cache(self) -> None:
+        """Empty every block's KV cache: the next ``use_cache=True`` call starts a new sequence."""
+        self.num_cached = 0
+        for block in self.blocks:
+            block.att.reset_cache()
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Write ``max_new_tokens`` tokens after ``prompt_ids`` ``(b, T0)``; returns ``(b, T0 + max_new_tokens)``.
+
+    ``temperature == 0``: greedy (the most likely token). Otherwise the logits are divided by
+    ``temperature``, cut to the ``top_k`` largest when given, and a token is sampled from their
+    softmax with the global random generator (seed it with ``torch.manual_seed``). With
+    ``use_cache=True`` the model reads the prompt once (``model(prompt, use_cache=True)`` after
+    ``model.reset_cache()``) and then only each new token; without, it reads the whole sequence at
+    every step. Greedy generation writes the same tokens both ways. Every token the model reads needs
+    a position: ``T0 + max_new_tokens - 1 > context_length`` raises a ``ValueError``.
+    """
+    if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+        raise ValueError(f"prompt_ids must be (batch, num_tokens) with at least one token, got {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be None or at least 1, got {top_k}")
+    context_length = model.context_length
+    read = prompt_ids.shape[1] + max_new_tokens - 1  # the last new token is never read
+    if read > context_length:
+        raise ValueError(f"the prompt's {prompt_ids.shape[1]} tokens and {max_new_tokens} new ones need {read} "
+                         f"positions, but context_length is {context_length}")
+    model.eval()
+    tokens = prompt_ids
+    if use_cache:
+        model.reset_cache()
+    for step in range(max_new_tokens):
+        if use_cache:
+            new = tokens if step == 0 else tokens[:, -1:]  # the prompt, then one token at a time
+            logits = model(new, use_cache=True)[:, -1]  # (b, V): the last position predicts the next token
+        else:
+            logits = model(tokens)[:, -1]  # (b, V): the whole sequence again
+        if temperature == 0:
+            next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (b, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))  # keep the k largest
+            next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)  # (b, 1)
+        tokens = torch.cat([tokens, next_token], dim=1)  # (b, T + 1)
+    if use_cache:
+        model.reset_cache()
+    return tokens
 
 
 def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
