@@ -205,7 +205,9 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
         try:
-            fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+            said = str(exc).strip()
+            said += "" if said.endswith((".", "!", "?")) or not said else "."  # a hint may follow
+            fail(exercise, f"your code raised {type(exc).__name__}: {said}", case)
         except CheckFailed as error:
             error.student_error = exc
             raise error from exc

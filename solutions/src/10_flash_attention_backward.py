@@ -456,11 +456,11 @@ if peaks is not None:
 # ## 5. The capstone on your own kernel
 #
 # Now let your `FlashAttention` train a model. Here is notebook 09's `TinyGPT` with its parts and its
-# `train_step`: our answers from notebooks 04, 05 and 09, shown so that nothing depends on your
+# `train_step`: our answers from notebooks 04, 05, 08 and 09, shown so that nothing depends on your
 # earlier answers. Run the cell.
 
-# %% shows="causal_mask split_heads merge_heads MultiHeadAttention LearnedPositionalEmbedding TransformerBlock TinyGPT train_step"
-# Our answers from notebooks 04, 05 and 09.
+# %% shows="causal_mask split_heads merge_heads MultiHeadAttention MultiHeadAttentionKVCache sinusoidal_positions LearnedPositionalEmbedding TransformerBlock TinyGPT train_step"
+# Our answers from notebooks 04, 05, 08 and 09.
 import math
 
 import torch
