@@ -168,6 +168,37 @@ class _DiagonalHidden(_Cache):
         return mask
 
 
+class _MaskFirstCallOnly(_Cache):
+    def rows(self, start, end, num_keys):
+        if start == 0:
+            return self.mask[start:end, :num_keys]
+        return torch.zeros(end - start, num_keys, dtype=torch.bool, device=self.mask.device)
+
+
+class _RowsOffByOne(_Cache):
+    def rows(self, start, end, num_keys):
+        return self.mask[start + 1:end + 1, :num_keys]
+
+
+class _StartFromHeads(_Cache):
+    @property
+    def num_cached(self):
+        return 0 if self.cache_k is None else self.cache_k.shape[1]
+
+
+class _CacheScaledByDout(_Cache):
+    def forward(self, x, use_cache=False):
+        if not use_cache:
+            return reference.MultiHeadAttention.forward(self, x)
+        start, T = self.num_cached, x.shape[1]
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        keys, values = self.keys_for_scores(reference.split_heads(self.W_key(x), self.num_heads),
+                                            reference.split_heads(self.W_value(x), self.num_heads))
+        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        weights = torch.softmax(scores / math.sqrt(self.d_out), dim=-1)
+        return self.out_proj(reference.merge_heads(weights @ values))
+
+
 KV_MISTAKES = [
     Mistake(TOP_LEFT.replace("the mask is aligned", "with the cache, the mask is aligned").replace(
         "triu with diagonal = num_keys - num_queries + 1.", "use rows start..start+T-1 of the causal mask, "
@@ -178,6 +209,15 @@ KV_MISTAKES = [
             "(the earlier tokens' keys and values and their own).", _CacheIgnored),
     Mistake("a new token does not see its own key: the last column of its mask row must be False (it sees keys "
             "0..start).", _DiagonalHidden),
+    Mistake("the causal mask is applied only on the first call (the prompt): a later chunk of several new tokens "
+            "needs it too, or its first tokens see the ones after them. Mask every call with rows start..start+T-1 "
+            "of the causal mask, decode_causal_mask(T, start + T).", _MaskFirstCallOnly),
+    Mistake("the mask rows are shifted by one position: query i of a chunk sits at position start + i, so its row "
+            "of the causal mask is start + i. Use rows start..start+T-1, not start+1..start+T.", _RowsOffByOne),
+    Mistake("the number of cached tokens is read on the wrong dimension: cache_k is (b, num_heads, t, head_dim), so "
+            "start = cache_k.shape[2] (the tokens), not shape[1] (the heads).", _StartFromHeads),
+    Mistake("with use_cache=True the scores are divided by sqrt(d_out); each head's dot products have head_dim "
+            "terms: divide by sqrt(head_dim), as forward does.", _CacheScaledByDout),
 ]
 
 
@@ -189,8 +229,23 @@ TILED = ("the heads are tiled, not repeated in a row: x.repeat(1, n_rep, 1, 1) g
          "x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, n_rep, T, D).reshape(b, G * n_rep, T, D).")
 
 
+TOKENS_INTERLEAVED = ("the copies were made along the token axis and then reshaped into heads (the head and token "
+                      "axes flattened together): each output head holds a mix of tokens, and in attention a query "
+                      "would see the wrong tokens, even future ones. Repeat along dim 1, the heads, before any "
+                      "reshape: x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, n_rep, T, D)"
+                      ".reshape(b, G * n_rep, T, D).")
+
+
+def _tokens_interleaved(x: torch.Tensor, n: int) -> torch.Tensor | None:
+    b, G, T, D = x.shape
+    if n == 1 or T == 1:
+        return None
+    return x.repeat_interleave(n, dim=2).reshape(b, G * n, T, D)  # (b, G, T*n, D) read as (b, G*n, T, D)
+
+
 REPEAT_MISTAKES = [
     Mistake(TILED, lambda x, n: None if n == 1 or x.shape[1] == 1 else x.repeat(1, n, 1, 1)),
+    Mistake(TOKENS_INTERLEAVED, _tokens_interleaved),
 ]
 
 
@@ -201,14 +256,17 @@ class _GQA(reference.GroupedQueryAttention):
     def repeat(self, t):
         return reference.repeat_kv(t, self.group_size)
 
+    def split_kv(self, t):
+        return reference.split_heads(t, self.num_kv_groups)
+
     def scale(self):
         return math.sqrt(self.head_dim)
 
     def forward(self, x):
         b, T, _ = x.shape
         q = reference.split_heads(self.W_query(x), self.num_heads)
-        k = self.repeat(reference.split_heads(self.W_key(x), self.num_kv_groups))
-        v = self.repeat(reference.split_heads(self.W_value(x), self.num_kv_groups))
+        k = self.repeat(self.split_kv(self.W_key(x)))
+        v = self.repeat(self.split_kv(self.W_value(x)))
         s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
         w = self.dropout(torch.softmax(s / self.scale(), dim=-1))
         return self.out_proj(reference.merge_heads(w @ v))
@@ -234,12 +292,28 @@ class _GQANoOutProj(_GQA):
         return reference.merge_heads(torch.softmax(s / self.scale(), dim=-1) @ v)
 
 
+class _GQAViewWithoutTranspose(_GQA):
+    def split_kv(self, t):
+        b, T, _ = t.shape
+        return t.reshape(b, self.num_kv_groups, T, self.head_dim)  # (b, T, G*D) read as (b, G, T, D): scrambled
+
+
+class _GQATokensInterleaved(_GQA):
+    def repeat(self, t):
+        return _tokens_interleaved(t, self.group_size)
+
+
 GQA_MISTAKES = [
     Mistake(TILED.replace("x.repeat", "keys.repeat").replace("the heads are tiled", "the key/value heads are tiled"),
             _GQATiled),
     Mistake("the scores are divided by sqrt(d_out); each head's dot products have head_dim terms: divide by "
             "sqrt(head_dim).", _GQAScaledByDout),
     Mistake("out_proj is created but not applied: return self.out_proj(context).", _GQANoOutProj),
+    Mistake("the keys and values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) "
+            "straight from (b, T, num_kv_groups * head_dim), which mixes tokens and heads: view(b, T, num_kv_groups, "
+            "head_dim), then transpose(1, 2).", _GQAViewWithoutTranspose),
+    Mistake(TOKENS_INTERLEAVED.replace("x.repeat", "keys.repeat").replace("x[:, :, None]", "keys[:, :, None]"),
+            _GQATokensInterleaved),
 ]
 
 

@@ -28,6 +28,7 @@
 
 # %%
 import math
+import statistics
 import time
 
 import matplotlib.pyplot as plt
@@ -173,14 +174,14 @@ lower_right = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_rig
 print("causal_lower_right equals decode_causal_mask:", torch.allclose(lower_right, right, atol=1e-6))
 
 # %% [markdown]
-# Side by side, for 3 new queries and 7 keys (yellow = may attend):
+# Side by side, for 3 new queries and 7 keys:
 
 # %%
-top_left = torch.tril(torch.ones(3, 7, dtype=torch.bool))  # what is_causal=True uses for (3, 7)
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
-plotting.plot_attention((~decode_causal_mask(3, 7)).float(), title="decode mask: bottom right (correct)", ax=axes[0],
-                        vmin=0, vmax=1)
-plotting.plot_attention(top_left.float(), title="is_causal=True: top left (wrong here)", ax=axes[1], vmin=0, vmax=1)
+top_left = torch.tril(torch.ones(3, 7, dtype=torch.bool))  # (3, 7), True = may attend: what is_causal=True uses
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.2))
+plotting.plot_mask(~decode_causal_mask(3, 7), ("hidden", "may attend"), title="decode mask: bottom right (correct)",
+                   ax=axes[0])
+plotting.plot_mask(top_left, ("hidden", "may attend"), title="is_causal=True: top left (wrong here)", ax=axes[1])
 for ax in axes:
     ax.set_yticks(range(3), [f"query {4 + i}" for i in range(3)])
 fig.tight_layout()
@@ -209,7 +210,8 @@ plt.show()
 #
 # Keep the cache in **buffers** (notebook 04): `self.register_buffer("cache_k", None, persistent=False)`
 # makes `cache_k` a buffer that starts empty (`None`), moves with `.to(device)`, and is not saved in
-# `state_dict` (it is not part of the model). Assigning `self.cache_k = tensor` later fills it.
+# `state_dict` (it is not part of the model). Assigning `self.cache_k = tensor` later fills it, and it
+# stays a buffer. The check tests both: the filled cache must be a buffer, and not in `state_dict()`.
 
 # %% [markdown]
 # ### Exercise 2: `MultiHeadAttentionKVCache`
@@ -220,12 +222,19 @@ plt.show()
 # - `__init__`: register the buffers `cache_k` and `cache_v`, both `None` at first;
 # - `reset_cache()`: set both back to `None`;
 # - `forward(x, use_cache=False)`: without the cache, notebook 05's forward (given, and it must leave
-#   the cache alone); with `use_cache=True`, steps 1-6 above. Raise a `ValueError` when `x` has no
-#   tokens (an empty prompt), and when `start + T > context_length` (the mask and the model's
-#   positions stop there).
+#   the cache alone); with `use_cache=True`, steps 1-6 above.
+# - Errors: raise a `ValueError` (not an `assert`) when `x` has no tokens (an empty prompt), and a
+#   `ValueError` whose message names the limit, `context_length`, when `start + T > context_length`
+#   (the mask and the model's positions stop there). PyTorch's own shape errors do not count.
 #
-# A prompt, then one token at a time, must give **exactly** the outputs of `forward` on the whole
-# sequence. You may call your `decode_causal_mask`, `split_heads` and `merge_heads`.
+# A prompt, then one token at a time or chunks of several tokens, must give **exactly** the outputs of
+# `forward` on the whole sequence. You may call your `decode_causal_mask`, `split_heads` and
+# `merge_heads`; the check runs your class with **our** `decode_causal_mask`, so that a mistake in
+# Exercise 1 costs only Exercise 1's points.
+#
+# Rules: do not use `nn.MultiheadAttention`, `F.multi_head_attention_forward` or `flex_attention`:
+# extend notebook 05's `MultiHeadAttention` yourself. `F.scaled_dot_product_attention` is allowed, with
+# the right mask.
 
 # %% grade_id="MultiHeadAttentionKVCache"
 class MultiHeadAttentionKVCache(MultiHeadAttention):
@@ -272,8 +281,9 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
         ### END SOLUTION
 
 # %% grade_id="test_MultiHeadAttentionKVCache" points=6
-# Check: forward without the cache; a prompt then tokens (and chunks) with the cache against one full
-# forward, batch 1 and more, float64; reset_cache(); errors past context_length and for an empty prompt.
+# Check: forward without the cache; with the cache, a prompt then one token at a time, and a prompt then
+# chunks of 2 and 1 tokens, against one full forward (batch 1 and more, float64); reset_cache(); the
+# cache in buffers, not in state_dict; a ValueError past context_length and for an empty prompt.
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache)
 ### BEGIN HIDDEN TESTS
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache, hidden=True)
@@ -295,11 +305,12 @@ with torch.no_grad():
         pieces.append(cached(x[:, t:t + 1], use_cache=True))  # one token: (2, 1, 8)
 step_by_step = torch.cat(pieces, dim=1)  # (2, 10, 8)
 print("cache holds:", tuple(cached.cache_k.shape), "= (b, H, tokens, D)")
-print("largest difference to the full forward:", (step_by_step - whole).abs().max().item())
+print("same outputs as the full forward (to 1e-6):", torch.allclose(step_by_step, whole, atol=1e-6))
 
 # %% [markdown]
-# The same numbers up to float32 rounding (the products are summed in another order). One more token
-# than `context_length` is refused:
+# The same numbers up to float32 rounding (the products are summed in another order, so the last
+# bits may differ: compare with a tolerance, never with `==`). One more token than `context_length`
+# is refused:
 
 # %%
 try:
@@ -311,66 +322,134 @@ except ValueError as err:
 # %% [markdown]
 # ### Time per generated token
 #
-# We generate 4 tokens after prompts of growing length `T`, with and without the cache, on a module
-# with `d = 128` and 8 heads, and report the time **per generated token** (the best of 2 runs, on
-# one CPU thread). Without the cache, each step runs the whole sequence again: `T` projections and
-# a `(T, T)` score matrix. With it, each step projects **one** token and computes one row of `T`
-# scores.
+# We generate 16 tokens after prompts of growing length `T`, with and without the cache, on a module
+# with `d = 128` and 8 heads, and report the time **per generated token**: the median of 7 runs, on
+# one CPU thread. Each run sweeps all the lengths, so a moment when another program slows the machine
+# down hits every length alike, and the median ignores the odd slow run. Without the cache,
+# each step runs the whole sequence again: `T` projections and a `(T, T)` score matrix. With it, each
+# step projects **one** token and computes one row of `T` scores.
 
 # %% tags=["nbval-ignore-output"]
 def time_per_token(module: MultiHeadAttentionKVCache, x: torch.Tensor, prompt_len: int, new_tokens: int,
-                   use_cache: bool, repeats: int = 2) -> float:
-    """Best of `repeats` runs: seconds per token to generate `new_tokens` after `prompt_len` tokens of x."""
-    best = math.inf
+                   use_cache: bool) -> float:
+    """One run: seconds per token to generate `new_tokens` after `prompt_len` tokens of x."""
     with torch.no_grad():
-        for _ in range(repeats):
+        if use_cache:
+            module.reset_cache()
+            module(x[:, :prompt_len], use_cache=True)  # reading the prompt is not timed
+        start = time.perf_counter()
+        for t in range(prompt_len, prompt_len + new_tokens):
             if use_cache:
-                module.reset_cache()
-                module(x[:, :prompt_len], use_cache=True)  # reading the prompt is not timed
-            start = time.perf_counter()
-            for t in range(prompt_len, prompt_len + new_tokens):
-                if use_cache:
-                    module(x[:, t:t + 1], use_cache=True)  # (1, 1, d): the new token only
-                else:
-                    module(x[:, :t + 1])  # (1, t + 1, d): everything again
-            best = min(best, (time.perf_counter() - start) / new_tokens)
-    return best
+                module(x[:, t:t + 1], use_cache=True)  # (1, 1, d): the new token only
+            else:
+                module(x[:, :t + 1])  # (1, t + 1, d): everything again
+        return (time.perf_counter() - start) / new_tokens
 
 
 LENGTHS = (16, 32) if under_grader() else (32, 64, 128, 256, 512)  # a short sweep while grading
-NEW = 4
+NEW, REPEATS = 16, (2 if under_grader() else 7)
+WAYS = {"without cache": False, "with cache": True}
 torch.manual_seed(0)
 gen = MultiHeadAttentionKVCache(128, 128, LENGTHS[-1] + NEW, 0.0, 8).eval()
 tokens = torch.rand(1, LENGTHS[-1] + NEW, 128)  # (1, T, d)
 threads = torch.get_num_threads()
 torch.set_num_threads(1)  # one thread: steadier numbers when other programs share the CPU
-time_per_token(gen, tokens, LENGTHS[0], NEW, use_cache=False, repeats=1)  # warm-up: the first calls are slow
-per_token = {name: [time_per_token(gen, tokens, T, NEW, use_cache) for T in LENGTHS]
-             for name, use_cache in (("without cache", False), ("with cache", True))}
+for use_cache in WAYS.values():  # warm-up: the first calls are slow
+    time_per_token(gen, tokens, LENGTHS[-1], NEW, use_cache)
+runs = {name: {T: [] for T in LENGTHS} for name in WAYS}
+for _ in range(REPEATS):  # each run sweeps every length
+    for name, use_cache in WAYS.items():
+        for T in LENGTHS:
+            runs[name][T].append(time_per_token(gen, tokens, T, NEW, use_cache))
+per_token = {name: [statistics.median(runs[name][T]) for T in LENGTHS] for name in WAYS}
 torch.set_num_threads(threads)
 for i, T in enumerate(LENGTHS):
-    print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:7.2f} ms/token, "
-          f"with cache {per_token['with cache'][i] * 1e3:6.2f} ms/token")
+    print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:6.2g} ms/token, "
+          f"with cache {per_token['with cache'][i] * 1e3:6.2g} ms/token")
+
+# %% [markdown]
+# ### What `torch.cat` costs: a static cache
+#
+# `torch.cat([self.cache_k, keys], dim=2)` cannot grow a tensor in place: it allocates a new one of
+# `start + T` tokens and **copies the whole cache** into it, at every step. Generating `n` tokens
+# copies about `n² / 2` cached tokens in all: the same growth we wanted to get rid of, with a
+# smaller constant. Production code (Hugging Face's `StaticCache`, vLLM, llama.cpp) allocates the
+# cache **once**, for `context_length` tokens, and writes each new token into its slot:
+#
+# - `cache_k[:, :, start:start + T] = keys` copies only the `T` new tokens;
+# - attention reads `cache_k[:, :, :start + T]`, a view of the filled slots (no copy).
+#
+# The price: the memory of a full context is reserved up front, even for a short sequence. Here is one
+# step of each, appending one token `(1, H, 1, D)` to a cache of `t` tokens (`H = 8`, `D = 64`):
+
+# %%
+def append_cat(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """(b, H, t, D) and (b, H, 1, D) -> a NEW (b, H, t + 1, D) tensor: all t cached tokens are copied."""
+    return torch.cat([cache, new], dim=2)
+
+
+def append_static(buffer: torch.Tensor, new: torch.Tensor, t: int) -> torch.Tensor:
+    """Write token t into slot t of a preallocated (b, H, context_length, D) buffer; return the filled (b, H, t + 1, D) view."""
+    buffer[:, :, t:t + 1] = new  # one token's keys are copied, nothing else
+    return buffer[:, :, :t + 1]  # a view: no copy
+
+
+torch.manual_seed(0)
+cached_keys = torch.randn(1, 8, 100, 64)  # (b, H, t=100, D)
+new_key = torch.randn(1, 8, 1, 64)  # (b, H, 1, D)
+static_buffer = torch.zeros(1, 8, 256, 64)  # (b, H, context_length=256, D), allocated once
+static_buffer[:, :, :100] = cached_keys
+print("same cache both ways:", torch.equal(append_cat(cached_keys, new_key), append_static(static_buffer, new_key, 100)))
+
 
 # %% tags=["nbval-ignore-output"]
-fig, ax = plt.subplots(figsize=(6.5, 4))
+def median_seconds(fn, repeats: int = 15) -> float:
+    """Median wall time of `repeats` calls of fn()."""
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
+CACHE_LENGTHS = (256, 1024) if under_grader() else (256, 1024, 4096, 8192)
+keys_by_length = {t: torch.randn(1, 8, t, 64) for t in CACHE_LENGTHS}  # (1, H, t, D) for each length
+buffer = torch.zeros(1, 8, CACHE_LENGTHS[-1] + 1, 64)  # preallocated once, for the longest sequence
+torch.set_num_threads(1)
+per_append = {"torch.cat": [median_seconds(lambda: append_cat(keys_by_length[t], new_key)) for t in CACHE_LENGTHS],
+              "static buffer": [median_seconds(lambda: append_static(buffer, new_key, t)) for t in CACHE_LENGTHS]}
+torch.set_num_threads(threads)
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
 for name, times in per_token.items():
-    ax.plot(LENGTHS, [t * 1e3 for t in times], "o-", label=name)
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("tokens already in the sequence, T")
-ax.set_ylabel("ms per generated token (CPU)")
-ax.set_title("one attention layer, d = 128, 8 heads")
-ax.legend()
+    left.plot(LENGTHS, [x * 1e3 for x in times], "o-", label=name)
+plotting.readable_log_axes(left, LENGTHS)
+left.set_xlabel("tokens already in the sequence, T")
+left.set_ylabel("ms per generated token (CPU, median)")
+left.set_title("one attention layer, d = 128, 8 heads")
+left.legend()
+for name, times in per_append.items():
+    right.plot(CACHE_LENGTHS, [x * 1e6 for x in times], "o-", label=name)
+plotting.readable_log_axes(right, CACHE_LENGTHS)
+right.set_xlabel("tokens in the cache, t")
+right.set_ylabel("µs to append one token (CPU, median)")
+right.set_title("appending one token's keys, H = 8, D = 64")
+right.legend()
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Without the cache, the time per token grows with `T` (the projections grow like `T`, the scores like
-# `T²`); generating `n` tokens costs about `n²` work in all. With the cache it stays almost flat at
-# these sizes: one token's projections, and a dot product with each cached key. (On a CPU the small
-# sizes are dominated by the overhead of each call; on a GPU the gap is larger still.)
+# Left: without the cache, the time per token grows with `T` (the projections grow like `T`, the scores
+# like `T²`); generating `n` tokens costs about `n²` work in all. With the cache it stays almost flat at
+# these sizes, where the cost of each call dominates: one token's projections, and a dot product with
+# each cached key.
 #
-# The price is memory. Each cached token stores one key and one value per head:
+# Right: `torch.cat` copies the whole cache, so appending one token costs time in proportion to the
+# cache's length; the static buffer writes one slot, whatever the length. At these sizes the copy is
+# small next to the rest of a step, but it grows with every token, in every layer.
+#
+# The price of a cache is memory. Each cached token stores one key and one value per head:
 
 # %%
 bytes_per_token = (gen.cache_k.element_size() * gen.cache_k[0, :, 0].numel()  # one token's keys, all heads
@@ -437,9 +516,17 @@ print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: quer
 #   nn.Linear(d_out, d_out)`, `self.dropout = nn.Dropout(dropout)`, and the causal mask buffer `mask`;
 # - `forward(x)`: queries `(b, H, T, D)`; keys and values `(b, G, T, D)`, repeated to `(b, H, T, D)`
 #   with `repeat_kv`; then exactly as `MultiHeadAttention` (scale by `sqrt(head_dim)`, mask, softmax,
-#   dropout, values, merge, `out_proj`). Raise an error when `T > context_length`.
+#   dropout, values, merge, `out_proj`).
+# - Errors: raise a `ValueError` whose message names the limit, `context_length`, when
+#   `T > context_length` (as Exercise 2 does; PyTorch's own shape error does not count).
 #
-# Write the attention yourself here; SDPA comes right after, to compare.
+# The check runs your class with **our** `repeat_kv`, so that a mistake in Exercise 3 costs only
+# Exercise 3's points (in the student edition, which has no answers, it asks you to fix `repeat_kv`
+# first).
+#
+# Rules: write the attention yourself here: do not use `F.scaled_dot_product_attention`,
+# `nn.MultiheadAttention`, `F.multi_head_attention_forward` or `flex_attention`. SDPA comes right after,
+# to compare.
 
 # %% grade_id="GroupedQueryAttention"
 class GroupedQueryAttention(nn.Module):
@@ -466,6 +553,8 @@ class GroupedQueryAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ### BEGIN SOLUTION
         b, T, _ = x.shape
+        if T > self.mask.shape[0]:
+            raise ValueError(f"the input has {T} tokens, more than context_length={self.mask.shape[0]}")
         H, G, D = self.num_heads, self.num_kv_groups, self.head_dim
         queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
         keys = self.W_key(x).view(b, T, G, D).transpose(1, 2)  # (b, G, T, D)
@@ -477,8 +566,9 @@ class GroupedQueryAttention(nn.Module):
         ### END SOLUTION
 
 # %% grade_id="test_GroupedQueryAttention" points=5
-# Check: outputs for grouped, multi-head (G = H) and multi-query (G = 1) constructions, causality,
-# dropout only in train(), too-long inputs, .to(float64), and an error when G does not divide H.
+# Check (with our repeat_kv): outputs for grouped, multi-head (G = H) and multi-query (G = 1) constructions,
+# causality, dropout only in train(), a ValueError for too-long inputs, .to(float64), and an error when G
+# does not divide H.
 checks.check_GroupedQueryAttention(GroupedQueryAttention)
 ### BEGIN HIDDEN TESTS
 checks.check_GroupedQueryAttention(GroupedQueryAttention, hidden=True)
@@ -487,9 +577,11 @@ checks.check_GroupedQueryAttention(GroupedQueryAttention, hidden=True)
 # %% [markdown]
 # ### The same as SDPA with `enable_gqa=True`, and the two special cases
 #
-# Since PyTorch 2.5, `F.scaled_dot_product_attention` accepts keys and values with fewer heads than
-# the queries when `enable_gqa=True`, and pairs query head `h` with key/value head `h // n_rep`, the
-# same rule as `repeat_kv`. We feed it our module's own projections:
+# `repeat_kv` makes **real copies**: `(b, G, T, D)` becomes `(b, H, T, D)` in memory, `n_rep` times the
+# keys and values, for every layer and every step. Fused kernels never do that: they read key/value
+# head `h // n_rep` directly while computing query head `h`. So does `F.scaled_dot_product_attention`
+# with `enable_gqa=True` (PyTorch 2.5+), which accepts keys and values with fewer heads than the
+# queries. We feed it our module's own projections:
 
 # %%
 torch.manual_seed(123)
@@ -549,20 +641,66 @@ print(f"{'':12s} {'params / layer':>15s} {'cache / token':>14s} {'cache, 8192 to
 for name, r in rows.items():
     print(f"{name:12s} {r['params'] / 1e6:13.1f} M {r['per_token'] / 2**10:11.0f} KiB {r['per_sequence'] / 2**30:15.2f} GiB")
 
+# %%
+saved_per_layer = rows["MHA, G = 32"]["params"] - rows["GQA, G = 8"]["params"]
+LLAMA3_8B_PARAMS = 8.03e9  # all of Llama 3 8B (with GQA): embeddings, attention, MLPs, norms
+print(f"attention layer: {rows['MHA, G = 32']['params'] / 1e6:.1f} M -> {rows['GQA, G = 8']['params'] / 1e6:.1f} M "
+      f"parameters ({-saved_per_layer / rows['MHA, G = 32']['params']:.1%})")
+print(f"whole model: {LLAMA['layers'] * saved_per_layer / 1e9:.2f} B parameters fewer than with MHA "
+      f"({LLAMA['layers'] * saved_per_layer / (LLAMA3_8B_PARAMS + LLAMA['layers'] * saved_per_layer):.1%} of the model)")
+print(f"KV cache: {rows['MHA, G = 32']['per_token'] // rows['GQA, G = 8']['per_token']} times smaller")
+
 # %% [markdown]
-# Grouping barely changes the parameter count (the query and output projections are untouched), but
-# divides the cache by `H / G`: 4 times smaller for Llama 3's 8 groups. With a batch of 16 sequences
-# of 8192 tokens, the MHA cache alone would need 16 × 4 GiB = 64 GiB, more than the model's own 16 GB
-# of weights; GQA needs a quarter of that. Quality suffers little with a few groups, more with MQA,
-# which is why most recent models chose GQA.
+# Grouping changes all three:
+#
+# - **attention parameters**: `W_key` and `W_value` shrink from `d × d` to `d × G · D`, while `W_query` and
+#   `out_proj` stay: 67.1 M → 41.9 M per attention layer, 37.5 % fewer;
+# - **the whole model**: 32 layers × 25.2 M ≈ 0.8 B parameters fewer, about 9 % of a Llama 3 8B built with
+#   MHA (most of the weights sit in the MLPs and embeddings, which grouping does not touch);
+# - **the KV cache**: divided by `H / G`, 4 times smaller for Llama 3's 8 groups. This one matters most:
+#   with a batch of 16 sequences of 8192 tokens, the MHA cache alone would need 16 × 4 GiB = 64 GiB,
+#   more than the model's own 16 GB of weights; GQA needs a quarter of that.
+#
+# Quality suffers little with a few groups, more with MQA, which is why most recent models chose GQA.
+#
+# ### The GQA cache stores the `G` heads, not the `H`
+#
+# A GQA model decodes with a cache like Exercise 2's, with one rule: cache the keys and values
+# **before** `repeat_kv`, as `(b, G, t, D)`, and repeat after reading them. Caching after the repeat
+# would store each head `n_rep` times and save nothing. We decode our module token by token with such a
+# cache, built from its own projections:
+
+# %%
+torch.manual_seed(123)
+gqa = GroupedQueryAttention(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=4, num_kv_groups=2).eval()
+H, G = 4, 2  # 4 query heads share 2 key/value heads of D = 2
+x = torch.rand(2, 10, 4)  # (b, T, d_in)
+cache_k = cache_v = None
+outputs = []
+with torch.no_grad():
+    for t in range(x.shape[1]):
+        x_t = x[:, t:t + 1]  # (2, 1, 4): the new token
+        q_t = split_heads(gqa.W_query(x_t), H)  # (2, H, 1, D)
+        k_t = split_heads(gqa.W_key(x_t), G)  # (2, G, 1, D): cached as it is, G heads
+        v_t = split_heads(gqa.W_value(x_t), G)
+        cache_k = k_t if cache_k is None else torch.cat([cache_k, k_t], dim=2)  # (2, G, t + 1, D)
+        cache_v = v_t if cache_v is None else torch.cat([cache_v, v_t], dim=2)
+        keys, values = repeat_kv(cache_k, H // G), repeat_kv(cache_v, H // G)  # (2, H, t + 1, D): after reading
+        weights = torch.softmax(q_t @ keys.transpose(2, 3) / math.sqrt(keys.shape[-1]), dim=-1)  # (2, H, 1, t + 1)
+        outputs.append(gqa.out_proj(merge_heads(weights @ values)))  # (2, 1, 8); one new token needs no mask
+    whole = gqa(x)  # (2, 10, 8)
+print("cache holds:", tuple(cache_k.shape), f"= (b, G, tokens, D): {cache_k.shape[1]} heads, not {H}")
+print("same outputs as the full forward (to 1e-6):", torch.allclose(torch.cat(outputs, dim=1), whole, atol=1e-6))
 
 # %% [markdown]
 # ## 5. Looking back a fixed distance: sliding windows
 #
 # With a **sliding window** of `w` tokens, query `i` sees only keys `i - w + 1 .. i`: itself and the
-# `w - 1` tokens before it (Mistral 7B uses `w = 4096`; Gemma and others alternate windowed and full
-# layers). Each layer looks back `w - 1` positions, but layers stack: after `L` layers, information
-# can travel `L · (w - 1)` positions.
+# `w - 1` tokens before it. Mistral 7B v0.1 used `w = 4096` in every layer (later Mistral versions
+# dropped the window). Gemma 2 alternates windowed layers (`w = 4096`) and full layers one to one;
+# Gemma 3 has 5 windowed layers (`w = 1024`) for each full one. Each layer looks back `w - 1`
+# positions, but layers stack: after `L` windowed layers, information can travel `L · (w - 1)`
+# positions.
 #
 # As a mask (True = hidden), entry `[i, j]` is True when `j > i` (the future) **or** `i - j >= w`
 # (too far back). `w = 1`: each token sees only itself. `w >= T`: the ordinary causal mask.
@@ -613,13 +751,12 @@ checks.check_sliding_window_mask(sliding_window_mask, sliding_window_mask_mod, h
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Ten tokens with windows of 10 (the causal mask), 4 and 1 (yellow = may attend):
+# Ten tokens with windows of 10 (the causal mask), 4 and 1:
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
 for ax, w in zip(axes, (10, 4, 1)):
-    plotting.plot_attention((~sliding_window_mask(10, w)).float(), title=f"window = {w}", ax=ax, vmin=0, vmax=1,
-                            annotate=False)
+    plotting.plot_mask(~sliding_window_mask(10, w), ("hidden", "may attend"), title=f"window = {w}", ax=ax)
 fig.tight_layout()
 plt.show()
 
@@ -657,11 +794,17 @@ else:
 #
 # With a window of `w`, the token at position `t` needs only the keys and values of positions
 # `t - w + 1 .. t`. Older entries will never be read again, so the cache can drop them: it keeps at
-# most `w` tokens per layer, a **rolling buffer** (Mistral writes token `t` into slot `t mod w`). The
-# memory per sequence stops growing at `w` tokens, however long the text.
+# most `w` tokens per layer, in a **rolling buffer** of `w` slots. Token `t` is written into slot
+# `t mod w`, over the token `t - w` that no query will read again. The memory per sequence stops
+# growing at `w` tokens, however long the text.
 #
-# We check it on raw queries, keys and values: decoding one token at a time with a cache cut to its
-# last `w` entries gives the same outputs as attention with the full sliding-window mask.
+# Once the buffer has wrapped around, its slots are no longer in position order. That does not matter:
+# attention is a weighted sum over a **set** of keys, and one new token may see every key in the
+# buffer, so no mask is needed. (Positions live in the keys themselves: RoPE rotates them before they
+# are cached.)
+#
+# We build the rolling buffer for raw queries, keys and values and decode one token at a time: the
+# outputs equal attention with the full sliding-window mask.
 
 # %%
 torch.manual_seed(0)
@@ -669,18 +812,23 @@ T, w = 12, 4
 q, k, v = torch.randn(3, 1, 2, T, 8).unbind(0)  # each (b=1, H=2, T, D=8)
 target = F.scaled_dot_product_attention(q, k, v, attn_mask=~sliding_window_mask(T, w))  # (1, 2, T, 8)
 
-outputs, largest_cache = [], 0
+k_buffer = torch.zeros(1, 2, w, 8)  # (b, H, w, D): the whole cache, allocated once
+v_buffer = torch.zeros(1, 2, w, 8)
+outputs = []
 for t in range(T):
-    keep = slice(max(0, t - w + 1), t + 1)  # the last w positions: all the cache has to hold
-    k_cache, v_cache = k[:, :, keep], v[:, :, keep]  # (1, 2, <= w, 8)
-    largest_cache = max(largest_cache, k_cache.shape[2])
-    outputs.append(F.scaled_dot_product_attention(q[:, :, t:t + 1], k_cache, v_cache))  # one query sees them all
-print("cache cut to the window gives the same outputs:", torch.allclose(torch.cat(outputs, dim=2), target, atol=1e-6))
-print(f"largest cache: {largest_cache} tokens for a sequence of {T}")
+    slot = t % w  # token t overwrites token t - w
+    k_buffer[:, :, slot] = k[:, :, t]
+    v_buffer[:, :, slot] = v[:, :, t]
+    filled = min(t + 1, w)  # slots holding a token so far
+    outputs.append(F.scaled_dot_product_attention(q[:, :, t:t + 1], k_buffer[:, :, :filled],
+                                                  v_buffer[:, :, :filled]))  # (1, 2, 1, 8): sees the whole buffer
+print("rolling buffer gives the same outputs:", torch.allclose(torch.cat(outputs, dim=2), target, atol=1e-6))
+print(f"slots in the buffer: {k_buffer.shape[2]} for a sequence of {T} tokens")
+print("slot of each token:", [t % w for t in range(T)])
 
 # %% [markdown]
-# At the size of Mistral 7B (the Llama-like layer above with 8 key/value groups, `w = 4096`), the cache
-# of one sequence, with and without the window:
+# At the size of Mistral 7B v0.1 (the Llama-like layer above with 8 key/value groups, `w = 4096`), the
+# cache of one sequence, with and without the window:
 
 # %%
 mistral_per_token = llama_like_row(8)["per_token"]  # bytes per token, all 32 layers, bfloat16
@@ -744,11 +892,14 @@ for length in (4096, 32768, 131072):
 #   aligns it to the top left and silently breaks decoding; pass the mask, or `causal_lower_right`.
 # - A **KV cache** keeps the keys and values `(b, H, t, D)` of the tokens seen so far, grows along the
 #   token dimension, and makes each generated token cost one row of scores. It must reproduce the full
-#   forward exactly; it costs `2 · H · D` numbers per token and layer.
+#   forward exactly; it costs `2 · H · D` numbers per token and layer. `torch.cat` copies the whole cache at
+#   every step; a static cache, allocated once, writes each token into its slot.
 # - **Grouped-query attention** shares `G` key/value heads among `H` query heads (`repeat_kv`: each
 #   head repeated `H / G` times in a row); `G = H` is MHA, `G = 1` is MQA. The cache shrinks `H / G`
-#   times, the parameters barely change.
+#   times (it stores the `G` heads; repeat after reading), the attention parameters by 37.5 % at Llama 3's
+#   size, the whole model by about 9 %. Kernels and `enable_gqa` index head `h // n_rep` instead of copying.
 # - A **sliding window** of `w` hides keys `w` or more positions back; as a FlexAttention `mask_mod` it
-#   says where a query may attend. It caps the cache at `w` tokens per layer.
+#   says where a query may attend. It caps the cache at `w` tokens per layer: a rolling buffer, token
+#   `t` in slot `t mod w`.
 #
 # Notebook 09 puts attention into a complete tiny transformer and trains it.
