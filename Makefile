@@ -11,6 +11,8 @@
 #   make feedback  [OUT=grading]
 # Maintainers:
 #   make bench      attention benchmark on whatever device is present (bench-results/) [BENCH_ARGS=...]
+#   make bench-grader  grading throughput, each self-check's time, copy detection on a class of 200
+#                   (speed targets are printed here, never asserted by a test)
 #   make lock       re-resolve constraints.txt (exact versions) from pyproject.toml
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -22,7 +24,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test test-tools build release check-release autograde feedback bench lock sandbox clean
+.PHONY: setup lab test test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +90,10 @@ feedback: setup
 # BENCH_ARGS, e.g. "--threads 1" (steadier CPU timings on a shared machine) or "--seq-lens 512 1024 2048".
 bench: setup
 	$(BIN)/python -m course_utils.bench --out bench-results $(BENCH_ARGS)
+
+bench-grader: setup
+	$(BIN)/python scripts/bench_grader.py
+	$(BIN)/python scripts/bench_checks.py
 
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

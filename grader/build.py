@@ -58,10 +58,12 @@ def nbgrader_metadata(cell: nbformat.NotebookNode) -> dict | None:
     }
 
 
-def setup_cell_source() -> str:
-    """The Colab set-up cell, with the student edition's address from pyproject.toml filled in."""
+def setup_cell_source(notebook: str) -> str:
+    """The set-up cell of ``notebook``: the student edition's address from pyproject.toml (for Colab)
+    and the notebook's name (for its PyTorch version check) filled in."""
     template = (Path(__file__).parent / "templates" / "setup_cell.py").read_text(encoding="utf-8")
-    return template.replace("{student_edition_url}", course.project_url("Student edition")).rstrip("\n")
+    return (template.replace("{student_edition_url}", course.project_url("Student edition"))
+            .replace("{notebook}", notebook).rstrip("\n"))
 
 
 def shown_source(names: str) -> str:
@@ -87,7 +89,7 @@ def source_to_notebook(path: Path) -> nbformat.NotebookNode:
     seen: set[str] = set()
     for index, cell in enumerate(nb.cells):
         if cell.metadata.get("setup"):
-            cell.source = setup_cell_source()
+            cell.source = setup_cell_source(path.stem)
         if cell.metadata.get("shows"):
             own = cell.source.rstrip("\n")
             cell.source = (own + "\n\n\n" if own else "") + shown_source(cell.metadata["shows"])

@@ -107,6 +107,7 @@ def build_edition(names: list[str] | None = None, out: Path | None = None) -> Pa
     (out / "pyproject.toml").write_text(
         (TEMPLATES / "pyproject.toml").read_text(encoding="utf-8")
         .replace("{version}", project["version"])
+        .replace("{requires_python}", project["requires-python"])
         .replace("{dependencies}", json.dumps(project["dependencies"])), encoding="utf-8")
     (out / "README.md").write_text((TEMPLATES / "README.md").read_text(encoding="utf-8")
                                    .replace("{notebook_table}", _notebook_table(names)), encoding="utf-8")

@@ -174,9 +174,24 @@ def tensor_difference(expected: torch.Tensor, got: Any, atol: float = 1e-5, rtol
         worst = torch.argmax(torch.where(bad, err, torch.zeros_like(err)))
         i = list(torch.unravel_index(worst, e.shape)) if e.dim() else []
         idx = tuple(int(k) for k in i)
+        want, have = e[idx].item(), g[idx].item()
+        digits = _digits_to_tell_apart(want, have)
         return (f"values differ at {int(bad.sum())} of {e.numel()} entries; largest error {err[idx].item():.3g} "
-                f"at {_format_index(idx)}: expected {e[idx].item():.6g}, got {g[idx].item():.6g}")
+                f"at {_format_index(idx)}: expected {want:.{digits}g}, got {have:.{digits}g}")
     return None
+
+
+def _digits_to_tell_apart(want: float, have: float) -> int:
+    """Significant digits that show how ``want`` and ``have`` differ, 4 at least and 8 at most.
+
+    Enough digits to see the error, and no more: digits past the error are float noise that another
+    CPU prints differently.
+    """
+    gap = abs(want - have)
+    size = max(abs(want), abs(have))
+    if gap == 0 or size == 0:
+        return 4
+    return max(4, min(8, math.ceil(math.log10(size / gap)) + 1))
 
 
 def call_student(exercise: str, fn: Callable, case: Case) -> Any:

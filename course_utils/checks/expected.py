@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -213,7 +214,90 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Keys that were added, removed or changed between two recordings, sorted."""
-    keys = sorted(set(old) | set(new))
-    return [k for k in keys if k not in old or k not in new or not same_value(old[k], new[k])]
+#: Tolerances for recorded floating-point tensors, per dtype: ``torch.testing.assert_close``'s defaults.
+#: Another CPU (AVX-512, AVX2, plain SSE) sums in another order and differs by a few units in the
+#: last place; a changed answer differs by far more.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+#: Python floats in a recording come out of float32 arithmetic (``tensor.item()``): float32's tolerance.
+FLOAT_TOLERANCE = TOLERANCES[torch.float32]
+
+
+def value_difference(old: Any, new: Any) -> str | None:
+    """``None`` when ``new`` is the same recorded value as ``old`` up to arithmetic noise; otherwise why not.
+
+    Structure must match exactly: types, lengths, dict keys, tensor dtypes and shapes, where NaN and
+    infinities are (and their signs), integers, booleans and strings. Floating-point values may differ by
+    the tolerance of their dtype (:data:`TOLERANCES`), which covers another CPU's float32 rounding but
+    not a changed answer.
+    """
+    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
+            return f"a {type(old).__name__} became a {type(new).__name__}"
+        return _tensor_difference(old, new)
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        if type(old) is not type(new) or len(old) != len(new):
+            return f"a {type(old).__name__} of {len(old)} became a {type(new).__name__} of {len(new)}"
+        for i, (a, b) in enumerate(zip(old, new)):
+            why = value_difference(a, b)
+            if why:
+                return f"item {i}: {why}"
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            return f"keys {sorted(map(str, old.keys() ^ new.keys()))} added or removed"
+        for k in old:
+            why = value_difference(old[k], new[k])
+            if why:
+                return f"{k!r}: {why}"
+        return None
+    if type(old) is not type(new):
+        return f"a {type(old).__name__} became a {type(new).__name__}"
+    if isinstance(old, float):
+        if math.isnan(old) or math.isnan(new) or math.isinf(old) or math.isinf(new):
+            return None if (old == new or (math.isnan(old) and math.isnan(new))) else f"{old!r} became {new!r}"
+        rtol, atol = FLOAT_TOLERANCE
+        return None if abs(old - new) <= atol + rtol * abs(old) else f"{old!r} became {new!r}"
+    return None if old == new else f"{old!r} became {new!r}"
+
+
+def _tensor_difference(old: torch.Tensor, new: torch.Tensor) -> str | None:
+    old, new = old.detach().cpu(), new.detach().cpu()
+    if old.dtype != new.dtype:
+        return f"dtype {old.dtype} became {new.dtype}"
+    if old.shape != new.shape:
+        return f"shape {tuple(old.shape)} became {tuple(new.shape)}"
+    if not (old.is_floating_point() or old.is_complex()):
+        return None if torch.equal(old, new) else "integer or boolean values changed"
+    if not torch.equal(torch.isnan(old), torch.isnan(new)):
+        return "NaN in other places"
+    if not torch.equal(torch.isinf(old) & (old > 0), torch.isinf(new) & (new > 0)) or \
+            not torch.equal(torch.isinf(old) & (old < 0), torch.isinf(new) & (new < 0)):
+        return "infinities in other places"
+    rtol, atol = TOLERANCES.get(old.dtype, FLOAT_TOLERANCE)
+    try:
+        torch.testing.assert_close(new, old, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        worst = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("Greatest absolute")]
+        return "values changed" + (f" ({worst[0].lower()})" if worst else "")
+    return None
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
+    """Keys that were added, removed or changed beyond arithmetic noise between two recordings, sorted,
+    each with what changed (:func:`value_difference`)."""
+    found = {}
+    for k in sorted(set(old) | set(new)):
+        if k not in new:
+            found[k] = "dropped: no check asks for it any more"
+        elif k not in old:
+            found[k] = "new: not in the recording"
+        else:
+            why = value_difference(old[k], new[k])
+            if why:
+                found[k] = why
+    return found

@@ -1,5 +1,6 @@
 # Set-up. In Google Colab this installs the course's helper package (course_utils) from the
-# course's student edition; in JupyterLab or VS Code with the course environment it does nothing.
+# course's student edition; in JupyterLab or VS Code with the course environment it installs nothing.
+# Everywhere, it says in one line if this kernel's PyTorch is too old for this notebook.
 import sys
 
 if "google.colab" in sys.modules:
@@ -14,3 +15,7 @@ if "google.colab" in sys.modules:
         raise SystemExit(f"Could not install course_utils from {source} ({reason}). Check that this "
                          f"session is online, then run this cell again; if it still fails, tell your instructor.")
     print("course_utils installed from", source)
+
+from course_utils.versions import require
+
+require("{notebook}")

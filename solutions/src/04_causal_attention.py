@@ -281,8 +281,8 @@ print(dropout(example))
 
 # %%
 big = torch.ones(1000, 1000)
-print("mean after dropout(0.5):", dropout(big).mean().item())
-print("fraction zeroed:        ", (dropout(big) == 0).float().mean().item())
+print(f"mean after dropout(0.5): {dropout(big).mean().item():.4f}")
+print(f"fraction zeroed:         {(dropout(big) == 0).float().mean().item():.4f}")
 
 # %% [markdown]
 # Applied to the causal weights, some rows lose most of their weight (row 1 loses everything in

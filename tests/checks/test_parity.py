@@ -63,18 +63,13 @@ def test_recorded_mode_never_touches_the_reference(fresh_recording):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_a_recorded_self_check_takes_under_half_a_second(fresh_recording, notebook):
-    import time
-
+def test_every_recorded_self_check_passes_the_solution(fresh_recording, notebook):
+    """How long each takes is printed by ``scripts/bench_checks.py`` (``make bench-grader``), not asserted."""
     fresh_recording(notebook)
     solution = harness.solution_notebook(notebook)
     answers = {harness.grade_id(c): c.source for c in solution.cells
                if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
     with expected.using(expected.RECORDED):
-        harness.check_verdict(notebook, *next(iter(answers.items())))  # warm-up: loads the recordings
         for exercise, source in answers.items():
-            start = time.perf_counter()
             passed, message = harness.check_verdict(notebook, exercise, source)
-            took = time.perf_counter() - start
             assert passed, message
-            assert took < 0.5, f"{notebook} {exercise}: the self-check took {took:.2f} s"
