@@ -270,3 +270,40 @@ def readable_log_axes(ax: "plt.Axes", x_values: Sequence[float] | None = None, b
     ax.yaxis.set_minor_formatter(plain if few_decades else mticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     return ax
+
+
+def plot_roofline(
+    points: Sequence[tuple[str, float]],
+    spec: object,
+    ax: "plt.Axes | None" = None,
+    title: str = "memory-bound left of the ridge, compute-bound right",
+    x_range: tuple[float, float] = (0.5, 1e4),
+) -> "plt.Axes":
+    """A roofline: attainable TFLOP/s against arithmetic intensity (FLOP/byte), on log axes.
+
+    Args:
+        points: ``(label, FLOP per byte)`` for each kernel; each is drawn on the roof, at
+            ``min(intensity * bandwidth, peak)``, the most that intensity allows.
+        spec: a :class:`course_utils.bench.GpuSpec` (its ``tensor_16bit_tflops`` and ``bandwidth_gbs``
+            make the roof; the ridge point is their ratio).
+        x_range: the intensities the roof is drawn over.
+    """
+    peak, bandwidth = float(spec.tensor_16bit_tflops), float(spec.bandwidth_gbs)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = torch.logspace(torch.log10(torch.tensor(x_range[0])), torch.log10(torch.tensor(x_range[1])), 200)
+    ax.plot(xs, torch.clamp(xs * bandwidth / 1e3, max=peak), color="black", label=f"{spec.name} roofline")
+    ridge = peak * 1e12 / (bandwidth * 1e9)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (label, intensity) in enumerate(points):
+        reach = min(intensity * bandwidth / 1e3, peak)
+        ax.scatter([intensity], [reach], color=colors[k % len(colors)], zorder=3,
+                   label=f"{label}: {intensity:.3g} FLOP/byte")
+    ax.axvline(ridge, color="gray", linestyle=":", label=f"ridge point {ridge:.0f} FLOP/byte")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax

@@ -51,6 +51,8 @@ from course_utils.checks.modules import (
 
 __all__ = [
     "check_decode_causal_mask",
+    "check_rope_angles",
+    "check_apply_rope",
     "check_MultiHeadAttentionKVCache",
     "check_repeat_kv",
     "check_GroupedQueryAttention",
@@ -63,13 +65,16 @@ __all__ = [
 # ------------------------------------------------------------------------------------------
 #: The other exercises of this notebook that an exercise's module may call, by the names the notebook
 #: gives them, and the exercise number a student reads.
-HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask",), "GroupedQueryAttention": ("repeat_kv",)}
-_EXERCISE_NUMBER = {"decode_causal_mask": "Exercise 1", "repeat_kv": "Exercise 3"}
+HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask",), "GroupedQueryAttention": ("repeat_kv",),
+           "apply_rope": ("rope_angles",)}
+_EXERCISE_NUMBER = {"decode_causal_mask": "Exercise 1", "rope_angles": "Exercise 2", "repeat_kv": "Exercise 5"}
 
 
 def _student_functions(cls: object) -> list:
-    """The functions of the student's class (and of its bases written in the notebook): methods,
-    static and class methods, properties."""
+    """The student's function itself, or the functions of the student's class (and of its bases written
+    in the notebook): methods, static and class methods, properties."""
+    if not isinstance(cls, type):
+        return [cls] if isinstance(getattr(cls, "__globals__", None), dict) else []
     found = []
     for klass in getattr(cls, "__mro__", (cls,)):
         if klass is object or klass.__module__.split(".")[0] in ("torch", "builtins", "course_utils"):
@@ -94,7 +99,7 @@ def _names_used(functions: list) -> set[str]:
 
 @contextlib.contextmanager
 def our_helpers(exercise: str, cls: object):
-    """Inside the block, the student's ``cls`` runs with our versions of the notebook's other exercises
+    """Inside the block, the student's ``cls`` (a class or a function) runs with our versions of the notebook's other exercises
     it calls (``HELPERS``): a wrong ``repeat_kv`` costs ``repeat_kv``'s points, not ``GroupedQueryAttention``'s.
 
     Instructor edition (grading): the names in the notebook's namespace are bound to the reference for
@@ -199,6 +204,66 @@ def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False)
                            f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
     passed(exercise, f"{len(cases)} shapes give a boolean mask aligned to the bottom right "
                      f"({'; '.join(c.name for c in cases)}), and num_queries > num_keys raises")
+
+
+# ------------------------------------------------------------------------------------------
+# RoPE: rope_angles and apply_rope
+# ------------------------------------------------------------------------------------------
+def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    head_dim, max_positions = case.args[:2]
+    if tuple(got.shape) == (max_positions, head_dim):
+        return (f"one angle per DIMENSION, ({max_positions}, {head_dim}): RoPE turns pairs of dimensions, so there is "
+                f"one angle per pair, shape (max_positions, head_dim // 2) = {tuple(want.shape)}. (Hugging Face's "
+                f"cos/sin caches repeat the angles for both halves; that comes later, in apply_rope.)")
+    if tuple(got.shape) == (head_dim // 2, max_positions):
+        return "the axes are swapped: one row per position, one column per pair, (max_positions, head_dim // 2)."
+    return None
+
+
+@check
+def check_rope_angles(rope_angles: Callable, hidden: bool = False) -> None:
+    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
+    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``."""
+    exercise = "rope_angles"
+    cases = [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
+                                                                 {"base": 100.0}),
+             Case("head_dim=16, max_positions=40", (16, 40))]
+    cases += hidden_cases(exercise) if hidden else []
+    compare_function(exercise, rope_angles, cases, diagnose=_angles_diagnosis, quiet=True)
+    for case in cases[:1]:
+        got = call_student(exercise, rope_angles, case)
+        if got.dtype != torch.float32:
+            fail(exercise, f"the angles have dtype {got.dtype}; return float32, as the queries and keys are "
+                           f"(compute in float64 if you like, then .float()).", case)
+    if _raises(rope_angles, 5, 4) is None:
+        fail(exercise, "rope_angles(5, 4) returned angles: with an odd head_dim one dimension has no partner to "
+                       "turn with. Raise a ValueError when head_dim is odd.")
+    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}), and an odd head_dim raises")
+
+
+def _rope_case(name: str, x: torch.Tensor, positions: Sequence[int]) -> Case:
+    return Case(name, (x, torch.tensor(list(positions))))
+
+
+@check
+def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
+    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
+    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``."""
+    exercise = "apply_rope"
+    cases = [
+        _rope_case("(2, 3, 5, 8) at positions 0..4", rand(2, 3, 5, 8, seed=831), range(5)),
+        _rope_case("(1, 2, 3, 4) at positions 10, 11, 12: a chunk after 10 cached tokens",
+                   rand(1, 2, 3, 4, seed=832), (10, 11, 12)),
+        _rope_case("(4, 6) at positions 3, 7, 8, 40", rand(4, 6, seed=833), (3, 7, 8, 40)),
+    ]
+    cases += hidden_cases(exercise) if hidden else []
+    require_callable(exercise, apply_rope)
+    with our_helpers(exercise, apply_rope):
+        compare_function(exercise, apply_rope, cases, quiet=True)
+    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
+                     f"turned by its angle at its position")
 
 
 # ------------------------------------------------------------------------------------------
@@ -833,4 +898,5 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
 
 #: Each helper's own check, which the student edition runs on the student's helper before a module
 #: that calls it is checked (:func:`our_helpers`).
-_HELPER_CHECKS = {"decode_causal_mask": check_decode_causal_mask, "repeat_kv": check_repeat_kv}
+_HELPER_CHECKS = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
+                  "repeat_kv": check_repeat_kv}

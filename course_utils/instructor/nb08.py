@@ -69,8 +69,27 @@ def _window_cases() -> list[Case]:
                                                                               (10, 3))]
 
 
+def _angles_cases() -> list[Case]:
+    return [Case("hidden: head_dim=2, max_positions=1", (2, 1)),
+            Case("hidden: head_dim=6, max_positions=10, base=500000.0 (Llama 3's)", (6, 10), {"base": 500000.0}),
+            Case("hidden: head_dim=32, max_positions=5", (32, 5)),
+            Case("hidden: head_dim=64, max_positions=2048", (64, 2048))]
+
+
+def _rope_cases() -> list[Case]:
+    return [
+        Case("hidden: float64 (3, 7, 16) at positions 0..6", (rand(3, 7, 16, seed=8531, dtype=torch.float64),
+                                                             torch.arange(7))),
+        Case("hidden: D=2, one token at position 9", (rand(2, 1, 1, 2, seed=8532), torch.tensor([9]))),
+        Case("hidden: positions out of order", (rand(1, 4, 4, 6, seed=8533), torch.tensor([5, 0, 2, 1]))),
+        Case("hidden: a chunk at positions 100..102, D=32", (rand(2, 2, 3, 32, seed=8534), torch.arange(100, 103))),
+    ]
+
+
 HIDDEN = {
     "decode_causal_mask": _decode_mask_cases,
+    "rope_angles": _angles_cases,
+    "apply_rope": _rope_cases,
     "MultiHeadAttentionKVCache": _kv_cases,
     "repeat_kv": _repeat_cases,
     "GroupedQueryAttention": _gqa_cases,
@@ -105,6 +124,83 @@ DECODE_MASK_MISTAKES = [
     Mistake("the offset has the wrong sign: the first query sits at position num_keys - num_queries, so the mask "
             "starts at diagonal = num_keys - num_queries + 1, not num_queries - num_keys + 1.",
             lambda q, k: None if q == k else _shifted(q, k, q - k + 1)),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# rope_angles and apply_rope
+# ------------------------------------------------------------------------------------------
+def _angles(head_dim: int, max_positions: int, base: float = 10000.0, *, exponent=None, first: int = 0):
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim if exponent is None else exponent(head_dim)
+    positions = torch.arange(first, first + max_positions, dtype=torch.float64)
+    return torch.outer(positions, base ** -steps).float()
+
+
+ANGLES_MISTAKES = [
+    Mistake("the frequencies are off: theta_i = base ** (-2 i / head_dim) for pairs i = 0 .. head_dim/2 - 1, so the "
+            "exponent steps by 2 / head_dim: torch.arange(0, head_dim, 2) / head_dim, not arange(head_dim // 2) / "
+            "head_dim.", lambda d, p, base=10000.0: _angles(d, p, base, exponent=lambda D: torch.arange(
+                D // 2, dtype=torch.float64) / D) if d > 2 else None),
+    Mistake("the exponent's sign: theta_i = base ** (-2 i / head_dim), which SHRINKS with i (pair 0 turns fastest). "
+            "Yours grows: 1 / base ** (-2 i / head_dim) is base ** (2 i / head_dim).",
+            lambda d, p, base=10000.0: _angles(d, p, base, exponent=lambda D: -torch.arange(
+                0, D, 2, dtype=torch.float64) / D) if d > 2 else None),
+    Mistake("the base argument is ignored: 10000.0 is only its default (Llama 3 uses 500000.0).",
+            lambda d, p, base=10000.0: None if base == 10000.0 else _angles(d, p, 10000.0)),
+    Mistake("positions start at 0: the first token is not rotated at all (angle 0), so use torch.arange(max_positions).",
+            lambda d, p, base=10000.0: _angles(d, p, base, first=1)),
+]
+
+
+def _halves(x):
+    D = x.shape[-1]
+    return x[..., : D // 2], x[..., D // 2:]
+
+
+def _cos_sin(x, positions):
+    angles = reference.rope_angles(x.shape[-1], int(positions.max()) + 1)[positions]  # (T, D/2)
+    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+def _rope_neighbours(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    even, odd = x[..., 0::2], x[..., 1::2]  # pairs (2i, 2i+1), Meta's original Llama
+    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return None if x.shape[-1] == 2 else out.flatten(-2)
+
+
+def _rope_other_way(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
+
+
+def _rope_halves_swapped(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * sin + x2 * cos, x1 * cos - x2 * sin], dim=-1)
+
+
+def _rope_no_minus(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * cos + x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+APPLY_ROPE_MISTAKES = [
+    Mistake("neighbours are paired, (x_0, x_1), (x_2, x_3), ...: that is Meta's original Llama convention. This "
+            "course follows the rotate-half convention of GPT-NeoX and Hugging Face's Llama: dimension i pairs with "
+            "i + D/2, x1 = x[..., :D/2] and x2 = x[..., D/2:].", _rope_neighbours),
+    Mistake("positions restarting at 0: the rotation uses 0 .. T-1 instead of the positions given. With a cache, "
+            "the new tokens sit at start + i: use rope_angles(...)[positions].",
+            lambda x, positions: None if torch.equal(positions, torch.arange(len(positions))) else
+            reference.apply_rope(x, torch.arange(len(positions)))),
+    Mistake("the pairs turn the wrong way (the sine's sign is flipped): (x1, x2) -> (x1 cos - x2 sin, "
+            "x1 sin + x2 cos).", _rope_other_way),
+    Mistake("the two halves of the output are swapped: the first half is x1 cos - x2 sin, the second "
+            "x1 sin + x2 cos.", _rope_halves_swapped),
+    Mistake("the minus sign is missing: rotate_half(x) is cat(-x2, x1), so the first half is x1 cos - x2 sin.",
+            _rope_no_minus),
 ]
 
 
@@ -344,6 +440,8 @@ WINDOW_MISTAKES = [
 
 MISTAKES = {
     "decode_causal_mask": DECODE_MASK_MISTAKES,
+    "rope_angles": ANGLES_MISTAKES,
+    "apply_rope": APPLY_ROPE_MISTAKES,
     "MultiHeadAttentionKVCache": KV_MISTAKES,
     "repeat_kv": REPEAT_MISTAKES,
     "GroupedQueryAttention": GQA_MISTAKES,

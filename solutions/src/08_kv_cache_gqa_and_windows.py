@@ -10,12 +10,15 @@
 # **In this notebook you will**
 # 1. build the mask for a few new queries against many keys: `decode_causal_mask`, and see, by running
 #    it, why `is_causal=True` in PyTorch's SDPA is wrong for a decoding step;
-# 2. add a key/value cache to notebook 05's `MultiHeadAttention`: `MultiHeadAttentionKVCache`, check
-#    that it gives exactly the outputs of a full forward, and measure the time it saves per token;
-# 3. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
+# 2. give queries and keys their positions by turning them: rotary embeddings, `rope_angles` and
+#    `apply_rope`, the positions of Llama, Mistral, Qwen and Gemma;
+# 3. add a key/value cache to notebook 05's `MultiHeadAttention`: `MultiHeadAttentionKVCache`, check
+#    that it gives exactly the outputs of a full forward, measure the time it saves per token, see what
+#    `torch.cat` costs against a static cache, and rotate keys at `start + i` before caching them;
+# 4. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
 #    SDPA's `enable_gqa=True`, and count what it saves at the size of a Llama model;
-# 4. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
-#    `mask_mod`, and see how a window bounds the cache.
+# 5. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
+#    `mask_mod`, and keep the cache in a rolling buffer.
 #
 # Shapes use these letters: `b` = batch size, `T` = number of tokens, `Tq` = number of queries,
 # `Tk` = number of keys, `H` = number of query heads, `G` = number of key/value groups
@@ -188,7 +191,104 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 3. The key/value cache
+# ## 3. Positions that survive the cache: rotary embeddings (RoPE)
+#
+# Attention by itself does not know where a token is. Notebook 09 adds a position vector to each token
+# before attention. Most recent LLMs (Llama, Mistral, Qwen, Gemma) do something else: they **turn** each
+# query and key by an angle that grows with its position, **rotary position embeddings** (RoPE, Su et
+# al., 2021).
+#
+# A head's `D` numbers form `D / 2` pairs. At position `p`, pair `i` turns by the angle
+# `p · θ_i`, with `θ_i = base^(-2i / D)` and `base = 10000`: pair 0 turns by one radian per position,
+# the last pairs barely move, like the hands of a clock at different speeds. Turning a query at
+# position `m` and a key at position `n` changes their dot product only through `m - n`: the score
+# sees how **far apart** two tokens are, not where they are. The values are not turned.
+#
+# Which two numbers form a pair? Two conventions exist, and weights trained with one are garbage with
+# the other:
+#
+# - **rotate-half** (GPT-NeoX, Hugging Face's Llama): dimension `i` pairs with `i + D/2`. **We follow
+#   this one.**
+# - **neighbours** (Meta's original Llama code): `(x_0, x_1), (x_2, x_3), ...`, read as complex numbers.
+
+# %% [markdown]
+# ### Exercise 2: `rope_angles`
+#
+# Write `rope_angles(head_dim, max_positions, base=10000.0)` that returns the angles, a **float32**
+# tensor of shape `(max_positions, head_dim // 2)` with `angle[p, i] = p · base^(-2i / head_dim)`, for
+# positions `p = 0 .. max_positions - 1` and pairs `i = 0 .. head_dim / 2 - 1`. Raise a `ValueError`
+# when `head_dim` is odd.
+#
+# Hint: `torch.arange(0, head_dim, 2)` gives `2i`; `torch.outer` multiplies every position by every
+# frequency.
+
+# %% grade_id="rope_angles"
+def rope_angles(head_dim: int, max_positions: int, base: float = 10000.0) -> torch.Tensor:
+    """(max_positions, head_dim // 2) float32: angle[p, i] = p * base ** (-2 i / head_dim)."""
+    ### BEGIN SOLUTION
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be even (pairs of dimensions turn together), got {head_dim}")
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,): theta_i
+    return torch.outer(torch.arange(max_positions, dtype=torch.float64), theta).float()  # (P, D/2)
+    ### END SOLUTION
+
+# %% grade_id="test_rope_angles" points=2
+# Check: several head_dim, lengths and bases, float32, and an error for an odd head_dim.
+checks.check_rope_angles(rope_angles)
+### BEGIN HIDDEN TESTS
+checks.check_rope_angles(rope_angles, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 3: `apply_rope`
+#
+# Write `apply_rope(x, positions)`: `x` holds queries or keys, shape `(..., T, D)` (for example
+# `(b, H, T, D)`), and `positions` is a `(T,)` tensor of integers, the position of each of the `T`
+# tokens. Split `x` into halves `x1 = x[..., :D/2]` and `x2 = x[..., D/2:]`; with `cos` and `sin` of
+# the angles at those positions, `(T, D/2)`, return
+#
+# `torch.cat([x1 · cos - x2 · sin, x1 · sin + x2 · cos], dim=-1)`, the same shape as `x`.
+#
+# Use your `rope_angles` (with its default base). The check runs your function with **our**
+# `rope_angles`, so that a mistake in Exercise 2 costs only Exercise 2's points.
+
+# %% grade_id="apply_rope"
+def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(..., T, D) queries or keys turned pair by pair (x_i with x_(i + D/2)) at positions (T,)."""
+    ### BEGIN SOLUTION
+    D = x.shape[-1]
+    angles = rope_angles(D, int(positions.max()) + 1)[positions]  # (T, D/2): the rows of these positions
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]  # (..., T, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, D)
+    ### END SOLUTION
+
+# %% grade_id="test_apply_rope" points=3
+# Check: several shapes, positions from 0 and a chunk at positions 10, 11, 12.
+checks.check_apply_rope(apply_rope)
+### BEGIN HIDDEN TESTS
+checks.check_apply_rope(apply_rope, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Two checks of what RoPE promises, on your function. Written with complex numbers, pair `i` is
+# `z = x1[i] + j·x2[i]`, and turning it by `φ` multiplies it by `e^{jφ}`: an independent way to compute
+# the same thing. And the score of a turned query and key depends only on their distance:
+
+# %%
+torch.manual_seed(0)
+x = torch.randn(2, 5, 8)  # (b, T, D): five tokens of one head
+positions = torch.arange(5)
+z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones(5, 4), rope_angles(8, 5))  # (2, 5, 4) complex
+print("complex rotation equals apply_rope:", torch.allclose(torch.cat([z.real, z.imag], dim=-1),
+                                                            apply_rope(x, positions), atol=1e-6))
+q, k = torch.randn(1, 8), torch.randn(1, 8)  # (1, D): one query and one key
+scores = torch.tensor([(apply_rope(q, torch.tensor([m])) @ apply_rope(k, torch.tensor([m - 2])).T).item()
+                       for m in (3, 10, 100)])  # query at m, key at m - 2: the same distance
+print("query at 3, 10 and 100, key 2 positions earlier: the same score:", torch.allclose(scores, scores[0], atol=1e-4))
+
+# %% [markdown]
+# ## 4. The key/value cache
 #
 # A module with a cache keeps two tensors between calls:
 #
@@ -214,7 +314,7 @@ plt.show()
 # stays a buffer. The check tests both: the filled cache must be a buffer, and not in `state_dict()`.
 
 # %% [markdown]
-# ### Exercise 2: `MultiHeadAttentionKVCache`
+# ### Exercise 4: `MultiHeadAttentionKVCache`
 #
 # Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`,
 # a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
@@ -318,6 +418,41 @@ try:
         cached(torch.rand(2, 7, 4), use_cache=True)  # 10 cached + 7 new > 16
 except ValueError as err:
     print("ValueError:", err)
+
+# %% [markdown]
+# ### RoPE with the cache: turn at `start + i`, before caching
+#
+# A model with RoPE turns each new query and key **before** the key goes into the cache, at the
+# token's real position: token `i` of a chunk that arrives after `start` cached tokens sits at position
+# `start + i`. Cached keys keep their turn for good; nothing in the cache is touched again. (Our
+# reference `MultiHeadAttentionKVCache` takes `rope=True` and does exactly this; notebook 09's model
+# builds on it.) The classic mistakes: positions that restart at 0 with every call, and keys cached
+# unturned and turned later with the current call's positions. We decode raw queries and keys one
+# token at a time, with your `apply_rope`:
+
+# %%
+torch.manual_seed(0)
+T = 6
+q, k, v = torch.randn(3, 1, 2, T, 8).unbind(0)  # each (b=1, H=2, T, D=8)
+positions = torch.arange(T)
+target = F.scaled_dot_product_attention(apply_rope(q, positions), apply_rope(k, positions), v,
+                                        is_causal=True)  # (1, 2, T, 8): the whole sequence at once
+
+
+def decode_with_rope(position_of) -> torch.Tensor:
+    """Decode one token at a time; token t is turned at position position_of(t); returns (1, 2, T, 8)."""
+    k_cache, outputs = None, []
+    for t in range(T):
+        at = torch.tensor([position_of(t)])
+        k_new = apply_rope(k[:, :, t:t + 1], at)  # (1, 2, 1, 8): turned BEFORE it is cached
+        k_cache = k_new if k_cache is None else torch.cat([k_cache, k_new], dim=2)  # (1, 2, t + 1, 8)
+        q_new = apply_rope(q[:, :, t:t + 1], at)
+        outputs.append(F.scaled_dot_product_attention(q_new, k_cache, v[:, :, :t + 1]))  # one token sees all
+    return torch.cat(outputs, dim=2)
+
+
+print("positions start + i:       ", torch.allclose(decode_with_rope(lambda t: t), target, atol=1e-5))
+print("positions restarting at 0: ", torch.allclose(decode_with_rope(lambda t: 0), target, atol=1e-5))
 
 # %% [markdown]
 # ### Time per generated token
@@ -459,10 +594,10 @@ print(f"per token and sequence: {bytes_per_token} bytes = 2 (K and V) x {gen.d_o
 
 # %% [markdown]
 # That is for **one** attention layer. A real model multiplies it by its number of layers, and keeps
-# one cache per sequence of the batch. Section 4 puts numbers on a Llama-sized model.
+# one cache per sequence of the batch. Section 5 puts numbers on a Llama-sized model.
 
 # %% [markdown]
-# ## 4. Sharing keys and values: grouped-query attention
+# ## 5. Sharing keys and values: grouped-query attention
 #
 # In multi-head attention every head has its own keys and values, so the cache holds `2 · H · D`
 # numbers per token and layer. **Grouped-query attention** (GQA, used by Llama 2 70B, Llama 3, Mistral,
@@ -478,7 +613,7 @@ print(f"per token and sequence: {bytes_per_token} bytes = 2 (K and V) x {gen.d_o
 # `[k0, k0, k0, k1, k1, k1]`: copies of one head come **together**.
 
 # %% [markdown]
-# ### Exercise 3: `repeat_kv`
+# ### Exercise 5: `repeat_kv`
 #
 # Write `repeat_kv(x, n_rep)`: `x` is `(b, G, T, D)`; return `(b, G * n_rep, T, D)` where output head
 # `h` is input head `h // n_rep`. With `n_rep = 1`, return `x` unchanged.
@@ -505,7 +640,7 @@ print("repeat_kv:", repeat_kv(heads, 3).flatten().tolist())  # [0, 0, 0, 1, 1, 1
 print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: query head 1 would get group 1")
 
 # %% [markdown]
-# ### Exercise 4: `GroupedQueryAttention`
+# ### Exercise 6: `GroupedQueryAttention`
 #
 # Write `GroupedQueryAttention(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
 # qkv_bias=False)`, built like `MultiHeadAttention`:
@@ -518,10 +653,10 @@ print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: quer
 #   with `repeat_kv`; then exactly as `MultiHeadAttention` (scale by `sqrt(head_dim)`, mask, softmax,
 #   dropout, values, merge, `out_proj`).
 # - Errors: raise a `ValueError` whose message names the limit, `context_length`, when
-#   `T > context_length` (as Exercise 2 does; PyTorch's own shape error does not count).
+#   `T > context_length` (as Exercise 4 does; PyTorch's own shape error does not count).
 #
-# The check runs your class with **our** `repeat_kv`, so that a mistake in Exercise 3 costs only
-# Exercise 3's points (in the student edition, which has no answers, it asks you to fix `repeat_kv`
+# The check runs your class with **our** `repeat_kv`, so that a mistake in Exercise 5 costs only
+# Exercise 5's points (in the student edition, which has no answers, it asks you to fix `repeat_kv`
 # first).
 #
 # Rules: write the attention yourself here: do not use `F.scaled_dot_product_attention`,
@@ -665,7 +800,7 @@ print(f"KV cache: {rows['MHA, G = 32']['per_token'] // rows['GQA, G = 8']['per_t
 #
 # ### The GQA cache stores the `G` heads, not the `H`
 #
-# A GQA model decodes with a cache like Exercise 2's, with one rule: cache the keys and values
+# A GQA model decodes with a cache like Exercise 4's, with one rule: cache the keys and values
 # **before** `repeat_kv`, as `(b, G, t, D)`, and repeat after reading them. Caching after the repeat
 # would store each head `n_rep` times and save nothing. We decode our module token by token with such a
 # cache, built from its own projections:
@@ -693,7 +828,7 @@ print("cache holds:", tuple(cache_k.shape), f"= (b, G, tokens, D): {cache_k.shap
 print("same outputs as the full forward (to 1e-6):", torch.allclose(torch.cat(outputs, dim=1), whole, atol=1e-6))
 
 # %% [markdown]
-# ## 5. Looking back a fixed distance: sliding windows
+# ## 6. Looking back a fixed distance: sliding windows
 #
 # With a **sliding window** of `w` tokens, query `i` sees only keys `i - w + 1 .. i`: itself and the
 # `w - 1` tokens before it. Mistral 7B v0.1 used `w = 4096` in every layer (later Mistral versions
@@ -712,7 +847,7 @@ print("same outputs as the full forward (to 1e-6):", torch.allclose(torch.cat(ou
 # not `and`/`or`/`if`.
 
 # %% [markdown]
-# ### Exercise 5: `sliding_window_mask` and its `mask_mod`
+# ### Exercise 7: `sliding_window_mask` and its `mask_mod`
 #
 # Write
 # - `sliding_window_mask(num_tokens, window)`: a **boolean** `(T, T)` tensor, True where a key is hidden
@@ -837,6 +972,54 @@ for length in (4096, 32768, 131072):
           f"window of 4096: {mistral_per_token * min(length, 4096) / 2**30:4.1f} GiB")
 
 # %% [markdown]
+# ## 7. Why decoding is memory-bound: prefill against decode on the roofline
+#
+# Reading a prompt (**prefill**) and generating one token (**decode**) do very different work per
+# byte. Take one layer's attention core, `Q Kᵀ` and `P V`, for `Tq` queries against `Tk` keys, with
+# `H` query heads, `G` key/value heads of size `D`, and 2-byte numbers (bfloat16). It does
+# `4 · H · Tq · Tk · D` FLOPs (two matmuls, 2 FLOPs per multiply-add), and must at least read the
+# queries and write the outputs, `2 · H · Tq · D` numbers, and read the keys and values,
+# `2 · G · Tk · D` numbers.
+#
+# - **Prefill**, `Tq = Tk = T`: the FLOPs grow like `T²`, the bytes like `T`: thousands of FLOPs per
+#   byte, far right of the ridge, compute-bound. (This counts every number once; notebook 07's tiles
+#   read `K` and `V` again for each query block, which lowers it, but prefill stays the heavy,
+#   compute-hungry part.)
+# - **Decode**, `Tq = 1`: the whole cache is read to compute one row of scores per query head. Per key
+#   and value number read (2 bytes), each of the `n_rep = H / G` query heads that share it does 2
+#   multiply-adds, 4 FLOPs: about `H / G = n_rep` FLOPs per byte. **1 for MHA**, `n_rep` for GQA.
+#
+# We place both on the same roofline as notebook 07, an H100, at Llama 3 8B's sizes (`H = 32`,
+# `D = 128`) with 4096 tokens:
+
+# %%
+def attention_core_intensity(num_queries: int, num_keys: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                             element_bytes: int = 2) -> float:
+    """FLOP per byte of one layer's attention core (Q K^T and P V) when each number is read or written once."""
+    flops = 4 * num_heads * num_queries * num_keys * head_dim
+    numbers = 2 * num_heads * num_queries * head_dim + 2 * num_kv_heads * num_keys * head_dim  # Q, O; K, V
+    return flops / (numbers * element_bytes)
+
+
+points = [("prefill of 4096 tokens, GQA (G = 8)", attention_core_intensity(4096, 4096, 32, 8, 128)),
+          ("decode, MHA (G = 32)", attention_core_intensity(1, 4096, 32, 32, 128)),
+          ("decode, GQA (G = 8, n_rep = 4)", attention_core_intensity(1, 4096, 32, 8, 128)),
+          ("decode, MQA (G = 1, n_rep = 32)", attention_core_intensity(1, 4096, 32, 1, 128))]
+for label, flop_per_byte in points:
+    print(f"{label:36s} {flop_per_byte:7.1f} FLOP/byte")
+ax = plotting.plot_roofline(points, bench.GPU_SPECS["H100"], title="one layer's attention, Llama 3 8B sizes, 4096 tokens")
+plt.show()
+
+# %% [markdown]
+# Every decode point sits on the memory slope, far left of the H100's ridge (295 FLOP/byte): a decode
+# step's time is the time to **read the cache** (and the weights), while the tensor cores mostly wait.
+# MHA uses less than 1 % of the chip's FLOPs there. Grouping does not remove any FLOPs; it removes
+# **bytes**: with `G = 8` every key read serves 4 query heads, so the same step runs about 4 times
+# faster, and MQA about 32 times. That, more than the memory the cache takes, is why GQA and MQA
+# matter. (Batching many sequences helps the weight matmuls, where one weight read serves every
+# sequence, but not attention: each sequence reads its own cache.)
+
+# %% [markdown]
 # ## Check your understanding
 #
 # Click a question to see the answer.
@@ -883,6 +1066,18 @@ for length in (4096, 32768, 131072):
 # Yes: each layer moves information up to 4095 positions, so after 3 layers it can have travelled
 # 12,285 positions. One layer alone cannot see it.
 # </details>
+#
+# <details><summary>8. Find the bug: with RoPE and a cache, a student's outputs are right for the prompt and wrong for every later token. Their cached forward turns the new queries and keys with <code>apply_rope(q, torch.arange(T))</code>.</summary>
+#
+# The positions restart at 0 at every call: each new token is turned as if it were the first, so its
+# scores against the cached keys see wrong distances. The prompt is right only because it does start at
+# 0. Turn the new tokens at `torch.arange(start, start + T)`.
+# </details>
+#
+# <details><summary>9. Predict: a decode step with 32 query heads and one key/value head (MQA) reads a cache of 4096 tokens. About how many FLOPs per byte?</summary>
+#
+# About 32: each key and value number read serves all 32 query heads. With MHA it would be about 1.
+# </details>
 
 # %% [markdown]
 # ## Recap
@@ -901,5 +1096,10 @@ for length in (4096, 32768, 131072):
 # - A **sliding window** of `w` hides keys `w` or more positions back; as a FlexAttention `mask_mod` it
 #   says where a query may attend. It caps the cache at `w` tokens per layer: a rolling buffer, token
 #   `t` in slot `t mod w`.
+#
+# - **RoPE** turns each pair `(x_i, x_{i+D/2})` of a query or key by `p · base^(-2i/D)`, so scores depend
+#   on distances only; with a cache, turn the new queries and keys at `start + i`, before caching.
+# - **Prefill** is compute-bound; a **decode** step reads the whole cache for about `n_rep` FLOPs per
+#   byte (1 for MHA): it is memory-bound, and GQA and MQA speed it up by reading fewer bytes.
 #
 # Notebook 09 puts attention into a complete tiny transformer and trains it.

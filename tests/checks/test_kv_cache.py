@@ -187,7 +187,7 @@ def test_student_edition_names_the_helper_to_fix_without_giving_the_answer():
         with pytest.raises(AssertionError) as info:
             _run_tests(namespace, "GroupedQueryAttention", visible=True)
     message = str(info.value)
-    assert "your repeat_kv" in message and "Exercise 3" in message, message
+    assert "your repeat_kv" in message and "Exercise 5" in message, message
     assert "future" not in message and "repeat_interleave" not in message and "h // n_rep" not in message, message
     with expected.using(expected.RECORDED):  # with a right repeat_kv, the student's module passes as before
         namespace = _namespace_with(("repeat_kv", nb08.RIGHT["repeat_kv"]["repeat_interleave"]),
