@@ -324,3 +324,17 @@ def test_rope_is_off_by_default_and_the_api_is_unchanged():
     assert plain.rope is False and torch.equal(plain(x), mha(x))
     with pytest.raises(ValueError, match="even head_dim"):
         R.MultiHeadAttentionKVCache(4, 6, 10, 0.0, 2, rope=True)
+
+
+@pytest.mark.parametrize("mode", ["live", "recorded"])
+def test_the_visible_kv_check_decodes_chunks_after_the_prompt(mode):
+    """A cache that masks only its first call (the prompt) fails the student's own check cell, not only
+    the hidden tests: a ✅ means what the check cell says."""
+    from course_utils.checks import expected
+    from tests.fixtures.answers import nb08
+    from tests.support import harness
+
+    answer = nb08.WRONG["MultiHeadAttentionKVCache"]["the mask applied only on the first call"]
+    with expected.using(mode):
+        passed, message = harness.check_verdict(NOTEBOOK, "MultiHeadAttentionKVCache", answer)
+    assert not passed and "only on the first call" in message, message
