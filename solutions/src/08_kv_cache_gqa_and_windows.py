@@ -18,7 +18,8 @@
 # 4. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
 #    SDPA's `enable_gqa=True`, and count what it saves at the size of a Llama model;
 # 5. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
-#    `mask_mod`, and keep the cache in a rolling buffer.
+#    `mask_mod`, and keep the cache in a rolling buffer;
+# 6. see on a roofline why a decoding step is memory-bound, and why that makes GQA fast.
 #
 # Shapes use these letters: `b` = batch size, `T` = number of tokens, `Tq` = number of queries,
 # `Tk` = number of keys, `H` = number of query heads, `G` = number of key/value groups
@@ -424,11 +425,10 @@ except ValueError as err:
 #
 # A model with RoPE turns each new query and key **before** the key goes into the cache, at the
 # token's real position: token `i` of a chunk that arrives after `start` cached tokens sits at position
-# `start + i`. Cached keys keep their turn for good; nothing in the cache is touched again. (Our
-# reference `MultiHeadAttentionKVCache` takes `rope=True` and does exactly this; notebook 09's model
-# builds on it.) The classic mistakes: positions that restart at 0 with every call, and keys cached
-# unturned and turned later with the current call's positions. We decode raw queries and keys one
-# token at a time, with your `apply_rope`:
+# `start + i`. Cached keys keep their turn for good; nothing in the cache is touched again. The classic
+# mistakes: positions that restart at 0 with every call, and keys turned a second time after they were
+# cached (or cached unturned, then turned with the current call's positions). We decode raw queries and
+# keys one token at a time, with your `apply_rope`:
 
 # %%
 torch.manual_seed(0)
