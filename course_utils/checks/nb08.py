@@ -65,9 +65,10 @@ __all__ = [
 # ------------------------------------------------------------------------------------------
 #: The other exercises of this notebook that an exercise's module may call, by the names the notebook
 #: gives them, and the exercise number a student reads.
-HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask",), "GroupedQueryAttention": ("repeat_kv",),
+HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "GroupedQueryAttention": ("repeat_kv",),
            "apply_rope": ("rope_angles",)}
-_EXERCISE_NUMBER = {"decode_causal_mask": "Exercise 1", "rope_angles": "Exercise 2", "repeat_kv": "Exercise 5"}
+_EXERCISE_NUMBER = {"decode_causal_mask": "Exercise 1", "rope_angles": "Exercise 2", "apply_rope": "Exercise 3",
+                    "repeat_kv": "Exercise 5"}
 
 
 def _student_functions(cls: object) -> list:
@@ -558,6 +559,8 @@ def _kv_cases() -> list[DecodeCase]:
                    chunks=[1, 1, 1, 1]),
         DecodeCase("prompt of 2, then chunks of 2 and 1 tokens; dropout=0.5 in eval() mode, float64",
                    (rand(3, 5, 4, seed=803),), build=(4, 4, 8, 0.5, 2), chunks=[2, 2, 1], dtype=torch.float64),
+        DecodeCase("rope=True: prompt of 3, then chunks of 1 and 2 tokens", (rand(2, 6, 6, seed=808),),
+                   build=(6, 8, 12, 0.0, 2, False, True), chunks=[3, 1, 2]),
     ]
 
 
@@ -576,8 +579,11 @@ def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden:
 def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
     cases = _kv_cases() + (hidden_cases(exercise) if hidden else [])
     full = ((6, 8, 12, 0.0, 2), [Case("whole sequence, use_cache=False", (rand(2, 10, 6, seed=804),))])
+    full_rope = ((6, 8, 12, 0.0, 2, False, True), [Case("rope=True, whole sequence, use_cache=False",
+                                                        (rand(2, 7, 6, seed=810),))])
     module_checks(exercise, cls, [c.build for c in cases] + [full[0]])
     finite_then_values(exercise, cls, full, not_causal(exercise, cls))
+    finite_then_values(exercise, cls, full_rope, not_causal(exercise, cls))
     for k, case in enumerate(cases):
         _check_decode(exercise, cls, case, again=k == 0 or case.name.startswith("hidden"))
     _check_cache_left_alone(exercise, cls, cases[0])
@@ -899,4 +905,4 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
 #: Each helper's own check, which the student edition runs on the student's helper before a module
 #: that calls it is checked (:func:`our_helpers`).
 _HELPER_CHECKS = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
-                  "repeat_kv": check_repeat_kv}
+                  "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}

@@ -39,6 +39,8 @@ def _kv_cases() -> list[DecodeCase]:
         case("hidden: qkv_bias=True, chunks 1, 4, 1, 2", (7, 6, 9, 0.0, 3, True), rand(2, 8, 7, seed=8504),
              [1, 4, 1, 2]),
         case("hidden: the whole sequence as one prompt", (6, 8, 12, 0.0, 2), rand(2, 7, 6, seed=8505), [7]),
+        case("hidden: rope=True, float64, chunks 2, 1, 3, 1", (4, 8, 10, 0.0, 2, False, True),
+             rand(1, 7, 4, seed=8506), [2, 1, 3, 1], dtype=torch.float64),
     ]
 
 
@@ -222,13 +224,21 @@ class _Cache(reference.MultiHeadAttentionKVCache):
     def rows(self, start: int, end: int, num_keys: int) -> torch.Tensor:
         return self.mask[start:end, :num_keys]
 
+    def turn(self, t: torch.Tensor, start: int) -> torch.Tensor:
+        """RoPE at positions start .. start + T - 1 (with rope=True)."""
+        return reference.apply_rope(t, torch.arange(start, start + t.shape[2])) if self.rope else t
+
+    def whole(self, x):
+        """forward(x) without the cache."""
+        return reference.MultiHeadAttentionKVCache.forward(self, x)
+
     def forward(self, x, use_cache=False):
         if not use_cache:
-            return reference.MultiHeadAttention.forward(self, x)
+            return self.whole(x)
         b, T, _ = x.shape
         start = self.num_cached
-        q = reference.split_heads(self.W_query(x), self.num_heads)
-        k_new = reference.split_heads(self.W_key(x), self.num_heads)
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        k_new = self.turn(reference.split_heads(self.W_key(x), self.num_heads), start)
         v_new = reference.split_heads(self.W_value(x), self.num_heads)
         keys, values = self.keys_for_scores(k_new, v_new)
         scores = q @ keys.transpose(2, 3)
@@ -285,14 +295,44 @@ class _StartFromHeads(_Cache):
 class _CacheScaledByDout(_Cache):
     def forward(self, x, use_cache=False):
         if not use_cache:
-            return reference.MultiHeadAttention.forward(self, x)
+            return self.whole(x)
         start, T = self.num_cached, x.shape[1]
-        q = reference.split_heads(self.W_query(x), self.num_heads)
-        keys, values = self.keys_for_scores(reference.split_heads(self.W_key(x), self.num_heads),
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        keys, values = self.keys_for_scores(self.turn(reference.split_heads(self.W_key(x), self.num_heads), start),
                                             reference.split_heads(self.W_value(x), self.num_heads))
         scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
         weights = torch.softmax(scores / math.sqrt(self.d_out), dim=-1)
         return self.out_proj(reference.merge_heads(weights @ values))
+
+
+class _RopeOnly(_Cache):
+    """A mistake that exists only with rope=True (built without it, it does not apply)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.rope:
+            raise ValueError("this mistake needs rope=True")
+
+
+class _RopeRestartsAtZero(_RopeOnly):
+    def turn(self, t, start):
+        return reference.apply_rope(t, torch.arange(t.shape[2]))
+
+
+class _RopeTurnedAgain(_RopeOnly):
+    def keys_for_scores(self, keys_new, values_new):
+        keys, values = super().keys_for_scores(keys_new, values_new)
+        return reference.apply_rope(keys, torch.arange(keys.shape[2])), values  # cached keys turned a second time
+
+
+class _RopeNotWithoutCache(_RopeOnly):
+    def whole(self, x):
+        return reference.MultiHeadAttention.forward(self, x)
+
+
+class _RopeValuesTurned(_RopeOnly):
+    def keys_for_scores(self, keys_new, values_new):
+        return super().keys_for_scores(keys_new, self.turn(values_new, self.num_cached))
 
 
 KV_MISTAKES = [
@@ -314,6 +354,14 @@ KV_MISTAKES = [
             "start = cache_k.shape[2] (the tokens), not shape[1] (the heads).", _StartFromHeads),
     Mistake("with use_cache=True the scores are divided by sqrt(d_out); each head's dot products have head_dim "
             "terms: divide by sqrt(head_dim), as forward does.", _CacheScaledByDout),
+    Mistake("with rope=True the positions restart at 0 at every call: the new tokens sit at start .. start + T - 1, "
+            "so turn them with apply_rope(..., torch.arange(start, start + T)).", _RopeRestartsAtZero),
+    Mistake("with rope=True the keys are turned again after caching: each key was turned at its position before it "
+            "went into the cache; turn only the new queries and keys, once.", _RopeTurnedAgain),
+    Mistake("with rope=True, forward without the cache must turn the queries and keys too (positions 0 .. T-1): "
+            "super().forward(x) knows nothing of RoPE.", _RopeNotWithoutCache),
+    Mistake("with rope=True the values are turned too: RoPE turns only the queries and keys, never the values.",
+            _RopeValuesTurned),
 ]
 
 

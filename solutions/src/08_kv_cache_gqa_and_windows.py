@@ -317,21 +317,25 @@ print("query at 3, 10 and 100, key 2 positions earlier: the same score:", torch.
 # %% [markdown]
 # ### Exercise 4: `MultiHeadAttentionKVCache`
 #
-# Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`,
-# a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
+# Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False,
+# rope=False)`, a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
 #
 # - `__init__`: register the buffers `cache_k` and `cache_v`, both `None` at first;
 # - `reset_cache()`: set both back to `None`;
 # - `forward(x, use_cache=False)`: without the cache, notebook 05's forward (given, and it must leave
 #   the cache alone); with `use_cache=True`, steps 1-6 above.
+# - `rope=True`: turn the queries and the keys with `apply_rope` (section 3) right after splitting the
+#   heads, at positions `start .. start + T - 1`: **before** the keys are cached. Without the cache,
+#   `forward(x)` does the same with `start = 0` and leaves the cache alone (`super().forward` knows
+#   nothing of RoPE). Values are never turned.
 # - Errors: raise a `ValueError` (not an `assert`) when `x` has no tokens (an empty prompt), and a
 #   `ValueError` whose message names the limit, `context_length`, when `start + T > context_length`
 #   (the mask and the model's positions stop there). PyTorch's own shape errors do not count.
 #
 # A prompt, then one token at a time or chunks of several tokens, must give **exactly** the outputs of
 # `forward` on the whole sequence. You may call your `decode_causal_mask`, `split_heads` and
-# `merge_heads`; the check runs your class with **our** `decode_causal_mask`, so that a mistake in
-# Exercise 1 costs only Exercise 1's points.
+# `merge_heads`, and your `apply_rope`; the check runs your class with **our** `decode_causal_mask` and
+# `apply_rope`, so that a mistake in Exercise 1 or 3 costs only that exercise's points.
 #
 # Rules: do not use `nn.MultiheadAttention`, `F.multi_head_attention_forward` or `flex_attention`:
 # extend notebook 05's `MultiHeadAttention` yourself. `F.scaled_dot_product_attention` is allowed, with
@@ -342,8 +346,9 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
     """MultiHeadAttention that can read a sequence piece by piece, keeping earlier keys and values."""
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
-                 qkv_bias: bool = False):
+                 qkv_bias: bool = False, rope: bool = False):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.rope = rope  # turn queries and keys with apply_rope
         ### BEGIN SOLUTION
         self.register_buffer("cache_k", None, persistent=False)  # (b, H, tokens so far, D) once filled
         self.register_buffer("cache_v", None, persistent=False)
@@ -357,23 +362,27 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """(b, T, d_in) -> (b, T, d_out); with use_cache=True, x holds the NEXT T tokens of the sequence."""
-        if not use_cache:
+        if not use_cache and not self.rope:
             return super().forward(x)
         ### BEGIN SOLUTION
         b, T, _ = x.shape
         if T == 0:
             raise ValueError("empty input: use_cache=True needs at least one token")
-        start = 0 if self.cache_k is None else self.cache_k.shape[2]  # position of the first new token
+        start = 0 if self.cache_k is None or not use_cache else self.cache_k.shape[2]  # first new token's position
         if start + T > self.mask.shape[0]:
             raise ValueError(f"{start} cached + {T} new tokens > context_length={self.mask.shape[0]}: reset_cache()")
         H, D = self.num_heads, self.head_dim
         queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
         keys = self.W_key(x).view(b, T, H, D).transpose(1, 2)
         values = self.W_value(x).view(b, T, H, D).transpose(1, 2)
-        if self.cache_k is not None:
-            keys = torch.cat([self.cache_k, keys], dim=2)  # (b, H, start + T, D)
-            values = torch.cat([self.cache_v, values], dim=2)
-        self.cache_k, self.cache_v = keys, values
+        if self.rope:  # turned at their own positions, BEFORE the keys are cached
+            positions = torch.arange(start, start + T, device=x.device)
+            queries, keys = apply_rope(queries, positions), apply_rope(keys, positions)
+        if use_cache:
+            if self.cache_k is not None:
+                keys = torch.cat([self.cache_k, keys], dim=2)  # (b, H, start + T, D)
+                values = torch.cat([self.cache_v, values], dim=2)
+            self.cache_k, self.cache_v = keys, values
         scores = queries @ keys.transpose(2, 3)  # (b, H, T, start + T)
         scores = scores.masked_fill(self.mask[start:start + T, :start + T], -torch.inf)  # bottom-right rows
         weights = self.dropout(torch.softmax(scores / D ** 0.5, dim=-1))
@@ -382,16 +391,18 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
         ### END SOLUTION
 
 # %% grade_id="test_MultiHeadAttentionKVCache" points=6
-# Check: forward without the cache; with the cache, a prompt then one token at a time, and a prompt then
-# chunks of 2 and 1 tokens, against one full forward (batch 1 and more, float64); reset_cache(); the
-# cache in buffers, not in state_dict; a ValueError past context_length and for an empty prompt.
+# Check (with our decode_causal_mask and apply_rope): forward without the cache; with the cache, a prompt
+# then one token at a time, and a prompt then chunks of 2 and 1 tokens, against one full forward (batch 1
+# and more, float64); the same with rope=True; reset_cache(); the cache in buffers, not in state_dict; a
+# ValueError past context_length and for an empty prompt.
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache)
 ### BEGIN HIDDEN TESTS
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# A prompt of 4 tokens, then the other 6 one at a time, against one forward over all 10:
+# A prompt of 4 tokens, then the other 6 one at a time, against one forward over all 10, without and
+# with RoPE:
 
 # %%
 torch.manual_seed(123)
@@ -407,6 +418,14 @@ with torch.no_grad():
 step_by_step = torch.cat(pieces, dim=1)  # (2, 10, 8)
 print("cache holds:", tuple(cached.cache_k.shape), "= (b, H, tokens, D)")
 print("same outputs as the full forward (to 1e-6):", torch.allclose(step_by_step, whole, atol=1e-6))
+
+torch.manual_seed(123)
+turned = MultiHeadAttentionKVCache(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=2, rope=True).eval()
+with torch.no_grad():
+    whole_rope = turned(x)  # (2, 10, 8): queries and keys turned at positions 0..9
+    turned.reset_cache()
+    pieces = [turned(x[:, :4], use_cache=True)] + [turned(x[:, t:t + 1], use_cache=True) for t in range(4, 10)]
+print("with rope=True too:", torch.allclose(torch.cat(pieces, dim=1), whole_rope, atol=1e-6))
 
 # %% [markdown]
 # The same numbers up to float32 rounding (the products are summed in another order, so the last

@@ -157,6 +157,10 @@ def _helper_cases():
     for label, source in nb08.WRONG["decode_causal_mask"].items():
         yield pytest.param("decode_causal_mask", source, "MultiHeadAttentionKVCache", user,
                            id=f"decode_causal_mask-{label}")
+    for label, source in nb08.WRONG["apply_rope"].items():  # the solution's cache calls apply_rope with rope=True
+        yield pytest.param("apply_rope", source, "MultiHeadAttentionKVCache", None, id=f"apply_rope-{label}")
+    for label, source in nb08.WRONG["rope_angles"].items():
+        yield pytest.param("rope_angles", source, "apply_rope", None, id=f"rope_angles-{label}")
 
 
 @pytest.mark.parametrize("helper, wrong_helper, module, module_answer", list(_helper_cases()))
