@@ -7,7 +7,8 @@
 #                   checks' expected outputs recorded into course_utils/expected/
 #   make release    solutions/ -> notebooks/ (student versions, hidden tests removed), then the student
 #                   edition in release/ (what students get; scanned for answers) [NOTEBOOKS="01 02"]
-#   make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]
+#   make autograde SUBMISSIONS=path/to/submissions-or-LMS-download [OUT=grading] [WORKERS=2]
+#                   [LAYOUT=canvas|moodle|nbgrader|folders] [GRADER_ARGS="--export canvas --roster roster.csv"]
 #   make feedback  [OUT=grading]
 # Maintainers:
 #   make bench      attention benchmark on whatever device is present (bench-results/) [BENCH_ARGS=...]
@@ -66,10 +67,13 @@ test-tools:
 	  fi; \
 	fi
 
+# pytest on TEST_WORKERS processes (tests/conftest.py says how files are shared out), each of whose
+# kernels computes on one thread: two processes of two spinning threads each on two cores are slower.
+TEST_WORKERS ?= 2
 test: setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	$(BIN)/python -m grader check-release
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 build: setup
 	$(BIN)/python -m grader build $(NOTEBOOKS)
@@ -82,7 +86,8 @@ check-release: setup
 
 autograde: setup sandbox
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make autograde SUBMISSIONS=path/to/submissions [OUT=grading] [WORKERS=2]"; exit 2; }
-	$(BIN)/python -m grader autograde "$(SUBMISSIONS)" --out "$(OUT)" --workers $(WORKERS)
+	$(BIN)/python -m grader autograde "$(SUBMISSIONS)" --out "$(OUT)" --workers $(WORKERS) \
+	  $(if $(LAYOUT),--layout $(LAYOUT)) $(GRADER_ARGS)
 
 feedback: setup
 	$(BIN)/python -m grader feedback "$(OUT)"

@@ -28,6 +28,11 @@ from course_utils.device import under_grader
 __all__ = ["grading", "triton_status", "import_triton", "use_interpreter_without_gpu", "launch",
            "measure_peak_memory", "causal_block_grid", "TRITON_HEAD_DIMS"]
 
+#: The Triton the course pins (constraints.txt; the student edition's requirements.txt installs it on Linux).
+TRITON_VERSION = "3.6.0"
+#: The one command that installs it from a notebook cell.
+TRITON_INSTALL = f'%pip install "triton=={TRITON_VERSION}"'
+
 #: Head sizes the notebook's kernel accepts: ``tl.arange`` needs a power of two, ``tl.dot`` at least 16.
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -42,8 +47,11 @@ grading = under_grader
 def triton_status() -> tuple[bool, str]:
     """``(runs, how)``: whether Triton kernels can run on this machine, and how, or why not."""
     if importlib.util.find_spec("triton") is None:
-        return False, ("Triton is not installed here (it is available for Linux only; on Colab and Linux "
-                       "machines `pip install triton`), so the Triton section is skipped")
+        if sys.platform.startswith("linux"):
+            return False, (f"Triton is not installed here, so the Triton section is skipped. To run it, run "
+                           f"`{TRITON_INSTALL}` in a cell, then restart the kernel")
+        return False, ("Triton is not installed here: it has no build for macOS or Windows, so the Triton section "
+                       "is skipped. To run it, open this notebook in Google Colab, where Triton comes with PyTorch")
     if torch.cuda.is_available():
         return True, f"compiled for the GPU ({torch.cuda.get_device_name()})"
     if os.environ.get("TRITON_INTERPRET") == "1":

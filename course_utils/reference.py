@@ -69,6 +69,7 @@ __all__ = [
     "TransformerBlock",
     "TinyGPT",
     "train_step",
+    "generate",
 ]
 
 
@@ -599,7 +600,8 @@ def flash_attention_forward(
     ``causal``). Returns the output ``(..., T, Dv)`` and the log-sum-exp of each query's scaled
     scores ``(..., T)``, which the backward pass needs. No tensor larger than ``(..., block_q,
     block_k)`` is ever made: for each block of ``block_q`` queries, the key/value blocks stream past
-    with a running maximum ``m``, sum ``l`` and unnormalised output ``acc``, each rescaled by
+    with a running maximum ``m``, sum ``l`` and unnormalised output ``acc`` (float32 at least,
+    whatever the inputs' dtype; ``lse`` is returned in that dtype), each rescaled by
     ``exp(m_old - m_new)`` when the maximum grows. With ``causal=True``, key blocks that start after
     the block's last query are skipped (never computed); only blocks that cross the diagonal are masked.
     """
@@ -615,19 +617,21 @@ def flash_attention_forward(
     if causal and Tk != T:
         raise ValueError(f"causal attention here needs as many keys as queries, got {T} queries and {Tk} keys")
     scale = 1.0 / math.sqrt(D)
+    # The statistics and the accumulator in float32 at least: in bfloat16 a long running sum loses terms.
+    stats = torch.promote_types(q.dtype, torch.float32)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     out = q.new_empty(batch + (T, v.shape[-1]))  # (..., T, Dv)
-    lse = q.new_empty(batch + (T,))  # (..., T)
+    lse = q.new_empty(batch + (T,), dtype=stats)  # (..., T)
     for q_start in range(0, T, block_q):
         q_end = min(q_start + block_q, T)
-        q_blk = q[..., q_start:q_end, :] * scale  # (..., Bq, D)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
+        q_blk = q[..., q_start:q_end, :].to(stats) * scale  # (..., Bq, D)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=stats, device=q.device)  # (..., Bq)
         l = torch.zeros_like(m)  # (..., Bq)
-        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., Bq, Dv)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=stats, device=q.device)  # (..., Bq, Dv)
         k_stop = q_end if causal else Tk  # a key block starting at q_end or later is wholly in the future
         for k_start in range(0, k_stop, block_k):
             k_end = min(k_start + block_k, Tk)
-            s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)  # (..., Bq, Bk)
+            s = q_blk @ k[..., k_start:k_end, :].to(stats).transpose(-2, -1)  # (..., Bq, Bk)
             if causal and k_end - 1 > q_start:  # the block crosses the diagonal: mask its future part
                 rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
                 cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
@@ -636,9 +640,9 @@ def flash_attention_forward(
             alpha = torch.exp(m - m_new)  # (..., Bq): rescales what was summed against the old maximum
             p = torch.exp(s - m_new[..., None])  # (..., Bq, Bk)
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]  # (..., Bq, Dv)
+            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :].to(stats)  # (..., Bq, Dv)
             m = m_new
-        out[..., q_start:q_end, :] = acc / l[..., None]
+        out[..., q_start:q_end, :] = (acc / l[..., None]).to(out.dtype)
         lse[..., q_start:q_end] = m + torch.log(l)
     return out, lse
 
@@ -664,8 +668,27 @@ def flash_attention_triton(Q, K, V, O, LSE, stride_qb, stride_qt, stride_kb, str
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running maximum
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # unnormalised output
-    hi = (start_m + 1) * BLOCK_M if CAUSAL else T  # key blocks from hi on are wholly in the future
-    for start_n in range(0, hi, BLOCK_N):
+    # Stage 1: the key blocks no query of this block can see past (causal: wholly before its first
+    # query; not causal: the full blocks), with no mask at all. Stage 2: the rest, which cross the
+    # diagonal or the end of the sequence, masked by global positions.
+    if CAUSAL:
+        lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N  # key blocks before lo end before the first query
+        hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # key blocks from hi on are wholly in the future
+    else:
+        lo = T // BLOCK_N * BLOCK_N  # the full key blocks
+        hi = T
+    for start_n in range(0, lo, BLOCK_N):
+        cols = start_n + offs_n  # (BLOCK_N,) key positions
+        k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,)
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :],
                     mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
@@ -949,9 +972,12 @@ class LearnedPositionalEmbedding(nn.Module):
         self.context_length = context_length
         self.embedding = nn.Embedding(context_length, d_model)  # (context_length, d_model), N(0, 1) at first
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``x + position vectors start .. start+T-1``; ``start`` > 0 when decoding with a KV cache."""
         b, T, _ = check_input_3d(x, self.embedding.embedding_dim, self.context_length)
-        positions = torch.arange(T, device=x.device)  # (T,)
+        if start < 0 or start + T > self.context_length:
+            raise ValueError(f"positions {start}..{start + T - 1} do not fit: context_length is {self.context_length}")
+        positions = torch.arange(start, start + T, device=x.device)  # (T,)
         return x + self.embedding(positions)  # (b, T, d) + (T, d) -> (b, T, d)
 
 
@@ -960,47 +986,124 @@ class TransformerBlock(nn.Module):
 
     ``x + dropout(attention(norm1(x)))``, then ``x + dropout(feed_forward(norm2(x)))``; the
     feed-forward network is ``Linear(d, 4d)``, GELU, ``Linear(4d, d)``. Layers are created in the
-    order ``norm1, att, norm2, ff``.
+    order ``norm1, att, norm2, ff``. The attention is notebook 08's :class:`MultiHeadAttentionKVCache`
+    (the same parameters and outputs as :class:`MultiHeadAttention`): ``forward(x, use_cache=True)``
+    treats ``x`` as the next tokens of the sequence its cache holds.
     """
 
     def __init__(self, d_model: int, num_heads: int, context_length: int, dropout: float):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.att = MultiHeadAttentionKVCache(d_model, d_model, context_length, dropout, num_heads)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
         self.drop_resid = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_resid(self.att(self.norm1(x)))  # (b, T, d): attention, then the residual
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        h = self.norm1(x)
+        h = self.att(h, use_cache=True) if use_cache else self.att(h)  # (b, T, d)
+        x = x + self.drop_resid(h)  # (b, T, d): attention, then the residual
         return x + self.drop_resid(self.ff(self.norm2(x)))  # (b, T, d): feed-forward, then the residual
 
 
 class TinyGPT(nn.Module):
     """A GPT-style causal language model: token ids ``(b, T)`` -> next-token logits ``(b, T, vocab_size)``.
 
-    Token embeddings plus learned positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
-    LayerNorm and a linear head without bias, created in that order.
+    Token embeddings plus positions, dropout, ``num_layers`` :class:`TransformerBlock`, a final
+    LayerNorm and a linear head without bias, created in that order. ``positions="learned"`` (the
+    default) adds a :class:`LearnedPositionalEmbedding`; ``positions="sinusoidal"`` adds the fixed
+    :func:`sinusoidal_positions` instead (a buffer, no parameters).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, context_length: int,
-                 dropout: float):
+                 dropout: float, positions: str = "learned"):
         super().__init__()
+        from course_utils.training import FixedPositions  # the given wrapper of a fixed table
+
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
         self.context_length = context_length
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = LearnedPositionalEmbedding(context_length, d_model)
+        self.pos_emb = (LearnedPositionalEmbedding(context_length, d_model) if positions == "learned"
+                        else FixedPositions(sinusoidal_positions(context_length, d_model)))
         self.drop_emb = nn.Dropout(dropout)
         self.blocks = nn.Sequential(
             *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])
         self.final_norm = nn.LayerNorm(d_model)
         self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.num_cached = 0  # tokens held by the blocks' KV caches (forward with use_cache=True)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """Logits ``(b, T, vocab_size)``. With ``use_cache=True``, ``idx`` holds the NEXT tokens of the
+        sequence the caches hold: they get positions ``num_cached ..`` and attend to every cached token."""
         if idx.dim() != 2:
             raise ValueError(f"TinyGPT expects token ids of shape (batch, num_tokens), got shape {tuple(idx.shape)}")
-        x = self.pos_emb(self.tok_emb(idx))  # (b, T, d_model): tokens plus positions
-        x = self.blocks(self.drop_emb(x))  # (b, T, d_model)
+        if not use_cache:
+            x = self.pos_emb(self.tok_emb(idx))  # (b, T, d_model): tokens plus positions
+            x = self.blocks(self.drop_emb(x))  # (b, T, d_model)
+            return self.out_head(self.final_norm(x))  # (b, T, vocab_size)
+        start = self.num_cached
+        x = self.drop_emb(self.pos_emb(self.tok_emb(idx), start=start))  # positions start .. start+T-1
+        for block in self.blocks:
+            x = block(x, use_cache=True)  # (b, T, d_model)
+        self.num_cached = start + idx.shape[1]
         return self.out_head(self.final_norm(x))  # (b, T, vocab_size)
+
+    def reset_cache(self) -> None:
+        """Empty every block's KV cache: the next ``use_cache=True`` call starts a new sequence."""
+        self.num_cached = 0
+        for block in self.blocks:
+            block.att.reset_cache()
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Write ``max_new_tokens`` tokens after ``prompt_ids`` ``(b, T0)``; returns ``(b, T0 + max_new_tokens)``.
+
+    ``temperature == 0``: greedy (the most likely token). Otherwise the logits are divided by
+    ``temperature``, cut to the ``top_k`` largest when given, and a token is sampled from their
+    softmax with the global random generator (seed it with ``torch.manual_seed``). With
+    ``use_cache=True`` the model reads the prompt once (``model(prompt, use_cache=True)`` after
+    ``model.reset_cache()``) and then only each new token; without, it reads the whole sequence at
+    every step. Greedy generation writes the same tokens both ways. Every token the model reads needs
+    a position: ``T0 + max_new_tokens - 1 > context_length`` raises a ``ValueError``.
+    """
+    if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+        raise ValueError(f"prompt_ids must be (batch, num_tokens) with at least one token, got {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be None or at least 1, got {top_k}")
+    context_length = model.context_length
+    read = prompt_ids.shape[1] + max_new_tokens - 1  # the last new token is never read
+    if read > context_length:
+        raise ValueError(f"the prompt's {prompt_ids.shape[1]} tokens and {max_new_tokens} new ones need {read} "
+                         f"positions, but context_length is {context_length}")
+    model.eval()
+    tokens = prompt_ids
+    if use_cache:
+        model.reset_cache()
+    for step in range(max_new_tokens):
+        if use_cache:
+            new = tokens if step == 0 else tokens[:, -1:]  # the prompt, then one token at a time
+            logits = model(new, use_cache=True)[:, -1]  # (b, V): the last position predicts the next token
+        else:
+            logits = model(tokens)[:, -1]  # (b, V): the whole sequence again
+        if temperature == 0:
+            next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (b, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))  # keep the k largest
+            next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)  # (b, 1)
+        tokens = torch.cat([tokens, next_token], dim=1)  # (b, T + 1)
+    if use_cache:
+        model.reset_cache()
+    return tokens
 
 
 def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -1017,3 +1120,163 @@ def train_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 10: the FlashAttention backward pass
+# --------------------------------------------------------------------------------------------
+__all__ += ["attention_backward_reference", "flash_attention_backward", "FlashAttention"]
+
+
+def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                                 causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of ``o = softmax(q k^T / sqrt(D)) v`` from the plain, untiled formulas.
+
+    ``q``, ``k`` are ``(..., T, D)``, ``v`` is ``(..., T, Dv)`` and ``do`` (the gradient of the loss
+    with respect to ``o``) is ``(..., T, Dv)``. Returns ``(dq, dk, dv)``, shaped like ``q``, ``k``,
+    ``v``. Every ``(T, T)`` matrix is built: this is the formula to test a tiled version against.
+    """
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (do, "do")):
+        check_rank_at_least(t, 2, name)
+    check_same_last_dim(q, k, "q", "k")
+    if do.shape[-2:] != (q.shape[-2], v.shape[-1]):
+        raise ValueError(f"do must have the output's shape (..., T, Dv) = (..., {q.shape[-2]}, {v.shape[-1]}), "
+                         f"got {tuple(do.shape)}")
+    T, D = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(D)
+    s = q @ k.transpose(-2, -1) * scale  # (..., T, T)
+    if causal:
+        s = s.masked_fill(causal_mask(T, device=q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (..., T, T)
+    o = p @ v  # (..., T, Dv)
+    dv = p.transpose(-2, -1) @ do  # (..., T, Dv)
+    dp = do @ v.transpose(-2, -1)  # (..., T, T)
+    delta = (do * o).sum(dim=-1, keepdim=True)  # (..., T, 1): rowsum(dO * O) = rowsum(P * dP)
+    ds = p * (dp - delta)  # (..., T, T): the softmax's backward
+    dq = ds @ k * scale  # (..., T, D)
+    dk = ds.transpose(-2, -1) @ q * scale  # (..., T, D)
+    return dq, dk, dv
+
+
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                             lse: torch.Tensor, do: torch.Tensor, block_q: int, block_k: int,
+                             causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward pass, tile by tile: ``(dq, dk, dv)`` without any ``(T, T)`` tensor.
+
+    ``q``, ``k``, ``v``, ``o``, ``do`` are ``(..., T, D)``; ``lse`` ``(..., T)`` is the forward's
+    log-sum-exp. Each tile of weights is rebuilt from the scores, ``P = exp(S - lse)``. The outer loop
+    runs over key blocks, so that a key block's ``dk`` and ``dv`` are summed over the query blocks in
+    the inner loop and written once; ``dq`` gets a share from every key block (on a GPU: a second
+    pass, or atomic adds). With ``causal=True``, query blocks wholly before a key block are skipped.
+    """
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")):
+        check_rank_at_least(t, 2, name)
+    check_same_last_dim(q, k, "q", "k")
+    T, Tk, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    if causal and Tk != T:
+        raise ValueError(f"causal attention here needs as many keys as queries, got {T} queries and {Tk} keys")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
+    scale = 1.0 / math.sqrt(D)
+    delta = (do * o).sum(dim=-1)  # (..., T): D_i = rowsum(dO * O), one number per query
+    dq = torch.zeros_like(q)  # (..., T, D)
+    dk = torch.zeros_like(k)  # (..., Tk, D)
+    dv = torch.zeros_like(v)  # (..., Tk, Dv)
+    for k_start in range(0, Tk, block_k):
+        k_end = min(k_start + block_k, Tk)
+        k_blk, v_blk = k[..., k_start:k_end, :], v[..., k_start:k_end, :]  # (..., Bk, D), (..., Bk, Dv)
+        dk_blk = torch.zeros_like(k_blk)  # (..., Bk, D)
+        dv_blk = torch.zeros_like(v_blk)  # (..., Bk, Dv)
+        first = (k_start // block_q) * block_q if causal else 0  # earlier query blocks see none of these keys
+        for q_start in range(first, T, block_q):
+            q_end = min(q_start + block_q, T)
+            q_blk, do_blk = q[..., q_start:q_end, :], do[..., q_start:q_end, :]  # (..., Bq, D), (..., Bq, Dv)
+            s = q_blk @ k_blk.transpose(-2, -1) * scale  # (..., Bq, Bk)
+            if causal and k_end - 1 > q_start:  # the tile crosses the diagonal
+                rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
+                cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
+                s = s.masked_fill(cols > rows, float("-inf"))
+            p = torch.exp(s - lse[..., q_start:q_end, None])  # (..., Bq, Bk): the weights, rebuilt
+            dv_blk = dv_blk + p.transpose(-2, -1) @ do_blk  # (..., Bk, Dv)
+            dp = do_blk @ v_blk.transpose(-2, -1)  # (..., Bq, Bk)
+            ds = p * (dp - delta[..., q_start:q_end, None])  # (..., Bq, Bk)
+            dq[..., q_start:q_end, :] += ds @ k_blk * scale  # (..., Bq, D): a share from this key block
+            dk_blk = dk_blk + ds.transpose(-2, -1) @ q_blk * scale  # (..., Bk, D)
+        dk[..., k_start:k_end, :] = dk_blk
+        dv[..., k_start:k_end, :] = dv_blk
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Attention with FlashAttention's memory: ``FlashAttention.apply(q, k, v, causal, block_q, block_k)``.
+
+    ``q``, ``k``, ``v`` ``(..., T, D)`` -> the output ``(..., T, D)``. The forward pass is the tiled
+    :func:`flash_attention_forward` and keeps only ``q``, ``k``, ``v``, the output and the log-sum-exp
+    for the backward pass, which is :func:`flash_attention_backward`: no ``(T, T)`` tensor is kept.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, block_q: int = 32,
+                block_k: int = 32) -> torch.Tensor:
+        o, lse = flash_attention_forward(q, k, v, block_q, block_k, causal)  # (..., T, D), (..., T)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.block_q, ctx.block_k, ctx.causal)
+        return dq, dk, dv, None, None, None  # no gradient for causal, block_q, block_k
+
+
+__all__ += ["flash_attention_backward_triton"]
+
+
+def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, stride_t, T, scale,
+                                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    CAUSAL: tl.constexpr):
+    """The Triton kernel of FlashAttention-2's backward for ``dK`` and ``dV`` (undecorated: ``triton.jit`` it).
+
+    One program owns ``BLOCK_N`` keys of one (batch, head): it loads its key and value block once, keeps
+    ``dk`` and ``dv`` ``(BLOCK_N, HEAD_DIM)`` in float32 while the query blocks stream past, and writes
+    them once. ``Q``, ``K``, ``V``, ``DO``, ``DK``, ``DV`` are ``(BH, T, HEAD_DIM)`` with strides
+    ``(stride_b, stride_t, 1)``; ``LSE`` and ``DELTA = rowsum(dO * O)`` are ``(BH, T)`` float32. Launch on
+    the grid ``(cdiv(T, BLOCK_N), BH)`` with ``course_utils.backward.launch_backward``.
+    """
+    start_n = tl.program_id(0)  # which block of keys
+    bh = tl.program_id(1)  # which (batch, head)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    base = bh * stride_b
+    k = tl.load(K + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + base + offs_n[:, None] * stride_t + offs_d[None, :], mask=offs_n[:, None] < T,
+                other=0.0)  # (BLOCK_N, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0  # earlier query blocks see none of these keys
+    for start_m in range(lo, T, BLOCK_M):
+        rows = start_m + offs_m  # (BLOCK_M,) query positions
+        q = tl.load(Q + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                    other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + base + rows[:, None] * stride_t + offs_d[None, :], mask=rows[:, None] < T,
+                     other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)  # (BLOCK_M,)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        keep = (rows[:, None] < T) & (offs_n[None, :] < T)  # padding rows and columns get no weight
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N): the weights, rebuilt
+        dv += tl.dot(tl.trans(p).to(do.dtype), do)  # (BLOCK_N, HEAD_DIM)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q) * scale  # (BLOCK_N, HEAD_DIM)
+    tl.store(DK + base + offs_n[:, None] * stride_t + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=offs_n[:, None] < T)
+    tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=offs_n[:, None] < T)

@@ -119,6 +119,28 @@ RULES: dict[str, Rule] = {
     },
 }
 
+# Notebook 10: the backward pass is written from its formulas, never taken from autograd.
+_NO_AUTOGRAD = ("backward", "grad", "vjp", "jacobian", "autograd", "enable_grad")
+RULES.update({
+    "attention_backward_reference": Rule(
+        forbidden_calls=_NO_AUTOGRAD + ("scaled_dot_product_attention", "flex_attention"),
+        why="write dq, dk and dv from the formulas; autograd is what the check compares them with.",
+    ),
+    "flash_attention_backward": Rule(
+        forbidden_calls=_NO_AUTOGRAD + ("scaled_dot_product_attention", "softmax", "log_softmax", "logsumexp",
+                                        "flex_attention", "attention_backward_reference"),
+        require_loop=True,
+        why="write the tiled loops yourself: rebuild each tile of P from q, k and lse, and add up dq, dk and dv "
+            "tile by tile.",
+    ),
+    "FlashAttention": Rule(
+        forbidden_calls=("backward", "grad", "vjp", "jacobian", "enable_grad", "scaled_dot_product_attention",
+                         "softmax", "log_softmax", "logsumexp", "flex_attention", "attention_backward_reference"),
+        why="forward calls flash_attention_forward and backward calls your flash_attention_backward; autograd and "
+            "the untiled formulas would keep the (T, T) matrix this exercise removes.",
+    ),
+})
+
 
 @dataclass
 class Violation:

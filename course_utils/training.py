@@ -30,6 +30,31 @@ except ImportError:  # pragma: no cover - tqdm is in the course environment and 
 grading = under_grader
 
 
+class FixedPositions(nn.Module):
+    """Fixed position vectors, added to the token embeddings: ``x (b, T, d) -> x + table[:T]``.
+
+    ``table`` is ``(context_length, d_model)``, e.g. ``sinusoidal_positions(context_length, d_model)``.
+    It is kept as a buffer: it moves with ``.to(device)`` and is never trained (no parameters). An input
+    longer than the table raises a ``ValueError`` that names the limit.
+    """
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        if not isinstance(table, torch.Tensor) or table.dim() != 2:
+            raise ValueError(f"table must be a (context_length, d_model) tensor, got "
+                             f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+        self.context_length = table.shape[0]
+        self.register_buffer("table", table.detach().clone().float(), persistent=False)  # (context_length, d)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``x + table[start : start + T]``; ``start`` > 0 when decoding with a KV cache."""
+        T = x.shape[1]
+        if start < 0 or start + T > self.context_length:
+            raise ValueError(f"positions {start}..{start + T - 1} do not fit: only {self.context_length} positions "
+                             f"(context_length = {self.context_length})")
+        return x + self.table[start:start + T].to(x.dtype)  # (b, T, d) + (T, d)
+
+
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without parameters)."""
     return next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -1,10 +1,13 @@
 """``python -m grader autograde SUBMISSIONS --out DIR [--workers N]``: grade a class with nbgrader.
 
 Layout in:  ``SUBMISSIONS/<student_id>/<notebook>.ipynb`` (any subset of the course's notebooks;
-nested folders and names such as ``Copy of 01_dot_products (1).ipynb`` are fine).
+nested folders and names such as ``Copy of 01_dot_products (1).ipynb`` are fine), or a Canvas,
+Moodle or nbgrader download (``.zip`` or unpacked), which :mod:`grader.lms` lays out that way in
+``DIR/intake`` first (``--layout``); the ``file`` column then names the file in the download.
 
 Layout out:
-  ``DIR/grades.csv``   one row per submitted file (per notebook and student), with a ``status``
+  ``DIR/grades.csv``   one row per submitted file (per notebook and student), with a ``status``,
+                       ``late`` and the student's name where the LMS download gives them
   ``DIR/cells.csv``    one row per graded test cell
   ``DIR/results.json`` everything above plus each test's message (used by ``grader feedback``)
   ``DIR/reports/<student>.md``  what was graded, repaired, flagged, per test
@@ -57,11 +60,12 @@ from traitlets.config import Config
 
 from course_utils import rules
 from grader import cells as nbcells
-from grader import course, intake, similarity
-from grader.config import SETTINGS, Settings, gradebook_url, make_api, safe_name
+from grader import course, intake, integrity, lms, similarity
+from grader.config import SETTINGS, Settings, ensure_venv_on_path, gradebook_url, make_api, safe_name
 from grader.intake import IntakeError, Submission
 
-GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file"]
+GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file", "late", "student_name",
+                  "integrity"]
 CELLS_COLUMNS = ["student_id", "notebook", "grade_id", "score", "max_score", "passed", "message"]
 SIMILARITY_COLUMNS = ["notebook", "exercise", "student_a", "student_b", "similarity", "matched_tokens"]
 
@@ -114,6 +118,8 @@ class Result:
     violations: list[str] = field(default_factory=list)
     tests_shown: dict[str, str] = field(default_factory=dict)  # grade_id -> visible test text
     answers: dict[str, str] = field(default_factory=dict)  # exercise -> the student's answer cell
+    late: str = ""  # "yes"/"no" where the LMS download says (Canvas), else ""
+    student_name: str = ""  # the student's name as the LMS download wrote it, else ""
 
 
 @dataclass
@@ -176,7 +182,14 @@ def prepare_course(root: Path, notebooks: list[str], settings: Settings | None =
 def register_assignments(root: Path, notebooks: list[str], db_url: str | None = None,
                          config: Config | None = None) -> None:
     """Make a gradebook know the course's assignments (their cells and points) from the sources in
-    ``root/source``: the SQLite one in ``root``, or the one at ``db_url`` (e.g. PostgreSQL)."""
+    ``root/source``: the SQLite one in ``root``, or the one at ``db_url`` (e.g. PostgreSQL). With no
+    notebooks (an empty class or shard), an empty gradebook that nbgrader's tools open as usual."""
+    if not notebooks:
+        root.mkdir(parents=True, exist_ok=True)
+        ensure_venv_on_path()  # nbgrader stamps a new database with the `alembic` command
+        with Gradebook(gradebook_url(root, db_url), SETTINGS.course_id):
+            pass
+        return
     api = make_api(root, config, db_url=db_url)
     for name in notebooks:
         result = api.generate_assignment(name, force=True, create=True)
@@ -302,9 +315,12 @@ def _visible_tests(src: intake.SourceNotebook) -> dict[str, str]:
     return {gid: intake.strip_hidden(t.source).rstrip() for gid, t in src.tests.items()}
 
 
-def take_in_one(sub: Submission, index: int, submissions: Path, names: list[str]) -> Job | Result:
-    """Read, recognise and repair one submission: a :class:`Job` to grade, or a final row."""
-    file = str(sub.path.relative_to(submissions))
+def take_in_one(sub: Submission, index: int, submissions: Path, names: list[str],
+                view: lms.View | None = None) -> Job | Result:
+    """Read, recognise and repair one submission: a :class:`Job` to grade, or a final row. With a
+    ``view`` (an LMS download, :mod:`grader.lms`), the ``file`` column is the file's path in the download."""
+    rel = sub.path.relative_to(submissions).as_posix()
+    file = view.origin(rel) if view is not None else rel
     notes = list(sub.notes)
 
     def row(status: str, notebook: str | None = None) -> Result:
@@ -540,12 +556,15 @@ def merge_into_gradebook(root: Path, results: list[Result], files_root: Callable
 
 
 def write_csvs(out: Path, results: list[Result]) -> None:
+    """``grades.csv`` (with the instructor-only ``integrity`` column: :mod:`grader.integrity`) and ``cells.csv``."""
     out.mkdir(parents=True, exist_ok=True)
+    flags = integrity.flags(results)
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(GRADES_COLUMNS)
         for r in results:
-            writer.writerow([r.student_id, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status, r.file])
+            writer.writerow([r.student_id, r.notebook, f"{r.score:g}", f"{r.max_score:g}", r.status, r.file,
+                             r.late, r.student_name, integrity.column(flags, r.student_id, r.notebook)])
     with open(out / "cells.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CELLS_COLUMNS)
@@ -578,7 +597,9 @@ def write_similarity(out: Path, pairs: list[similarity.Pair]) -> None:
 
 def write_reports(out: Path, results: list[Result], similar: list[similarity.Pair] | None = None) -> None:
     """``DIR/reports/<student>.md``: per notebook, the file, status, repairs, findings, each test;
-    then the student's pairs in ``similar``, if any, under "Similarity (instructor only)"."""
+    then the student's pairs in ``similar``, if any, under "Similarity (instructor only)", and the
+    dynamic code in their answers, if any, under "Integrity (instructor only)"."""
+    flags = integrity.flags(results)
     folder = out / "reports"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -608,6 +629,7 @@ def write_reports(out: Path, results: list[Result], similar: list[similarity.Pai
             lines += [f"| {p.notebook} | {p.exercise} | {p.student_b if p.student_a == student else p.student_a} "
                       f"| {p.similarity:.2f} | {p.matched_tokens} |" for p in mine]
             lines.append("")
+        lines += integrity.report_section(flags, student)
         (folder / f"{safe_name(student)}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
@@ -680,18 +702,32 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
     return sorted(broken)
 
 
-def take_in(submissions: Path, names: list[str], shard: tuple[int, int] | None = None) -> tuple[list[Job | Result], int]:
+def take_in(submissions: Path, names: list[str], shard: tuple[int, int] | None = None,
+            view: lms.View | None = None) -> tuple[list[Job | Result], int]:
     """Every file of the class (or of one shard), read, recognised and repaired: a :class:`Job` to
     grade or a final row each, and the number of files seen.
 
     The one place of the newest-file rule: where a student sent several files that are the same
     course notebook (by name, or recognised by content), the newest (modification time) is taken
-    and the others are named in its status.
+    and the others are named in its status. ``view``: the LMS download that ``submissions`` was
+    laid out from (:func:`grader.lms.open_download`); its notes join the status, and a file its
+    layout does not explain gets a row saying why.
     """
     subs = intake.discover(submissions)
+    if view is not None and view.files:
+        for sub in subs:
+            info = view.files.get(sub.path.relative_to(submissions).as_posix())
+            if info is not None:
+                sub.notes = sub.notes + info.notes
+                if info.why:
+                    sub.status = info.why
     if shard is not None:
         subs = [s for s in subs if shard_of(_shard_key(s, submissions), shard[1]) == shard[0]]
-    taken = [take_in_one(sub, i, submissions, names) for i, sub in enumerate(subs)]
+    taken = [take_in_one(sub, i, submissions, names, view) for i, sub in enumerate(subs)]
+
+    def shown(path: Path, student_dir: Path) -> str:
+        return view.origin(path.relative_to(submissions).as_posix()) if view is not None and view.files \
+            else str(path.relative_to(student_dir))
     groups: dict[tuple[str, str], list[int]] = {}
     for i, t in enumerate(taken):
         if t.student_id and t.notebook in names:
@@ -704,7 +740,7 @@ def take_in(submissions: Path, names: list[str], shard: tuple[int, int] | None =
         newest, older = indices[-1], indices[:-1]
         student_dir = submissions / taken[newest].student_id
         note = (f"newest of {len(indices)} files graded (ignored: "
-                + ", ".join(str(subs[i].path.relative_to(student_dir)) for i in older) + ")")
+                + ", ".join(shown(subs[i].path, student_dir) for i in older) + ")")
         kept = taken[newest]
         if isinstance(kept, Job):
             kept.notes.append(note)
@@ -721,8 +757,10 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
     again one at a time, each in a fresh pool. Returns the rows by job and the work folder."""
     root = out / "nbgrader"
     prepare_course(root, sorted({j.notebook for j in jobs}), settings)
-    shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
     work_root = out / "work"
+    if not jobs:  # an empty class or shard: an empty gradebook, nothing to grade
+        return {}, work_root
+    shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
     shutil.rmtree(work_root, ignore_errors=True)
     per_student: dict[str, list[Job]] = {}
     for job in jobs:
@@ -766,17 +804,41 @@ def write_outputs(out: Path, results: list[Result], similarity_max_share: int = 
     write_reports(out, results, similar)
 
 
+def check_paths(submissions: Path, out: Path) -> str | None:
+    """Why ``submissions`` and ``out`` cannot be used (one line), or ``None``."""
+    if not submissions.exists():
+        return f"submissions {submissions} does not exist: give the folder of student folders or the LMS's download (.zip)"
+    if submissions.is_file() and submissions.suffix.lower() != ".zip":
+        return f"submissions {submissions} is a file but not a .zip: give the submissions folder or the LMS's download"
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file: give a folder (it is created if missing)"
+    if out == submissions or submissions in out.parents:
+        return "--out must not be inside the submissions folder"
+    if out in submissions.parents:
+        return f"the submissions must not be inside --out {out} (that folder is rebuilt on every run)"
+    return None
+
+
 def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed: bool = False, *,
               cell_timeout: int | None = None, notebook_timeout: int | None = None,
               memory: int | None = None, progress: bool = True,
               similarity_max_share: int = similarity.MAX_SHARE, shard: tuple[int, int] | None = None,
-              db_url: str | None = None) -> int:
+              db_url: str | None = None, layout: str = "auto") -> int:
     """Grade every submission (or one shard's: ``shard=(K, N)``); write the CSVs, reports and
     gradebook. Limits not given come from :data:`grader.config.SETTINGS`. Returns the exit code:
-    0 when every submission got a row, 2 when grading was refused (no sandbox), 1 otherwise.
+    0 when every submission got a row (an empty class or shard included: the CSVs with their
+    headers and an empty gradebook), 2 when the arguments are unusable or grading was refused (no
+    sandbox; the reason is one line on stderr), 1 otherwise.
+    ``submissions``: ``SUBMISSIONS/<student_id>/...``, or an LMS download (Canvas, Moodle, nbgrader;
+    a folder or a ``.zip``), laid out by :mod:`grader.lms` into ``out/intake`` (``layout``: ``auto``
+    or one of :data:`grader.lms.LAYOUTS`).
     ``similarity_max_share``: copy detection ignores code found in more students' answers than this.
     ``db_url``: where the merged gradebook lives (default: SQLite in ``out/nbgrader``)."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    problem = check_paths(submissions, out)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         sandbox, message = sandbox_settings(allow_unsandboxed)
     except PermissionError as exc:
@@ -784,20 +846,35 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         return 2
     if not sandbox:
         print(message, file=sys.stderr)
-    if out == submissions or submissions in out.parents:
-        print("--out must not be inside the submissions folder", file=sys.stderr)
-        return 2
     settings = SETTINGS.with_(sandbox=sandbox, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
                               memory=memory, db_url=db_url)
     names = [n for n in course.available_notebooks() if (course.solutions_dir() / f"{n}.ipynb").exists()]
 
-    taken, _ = take_in(submissions, names, shard)
-    jobs = [t for t in taken if isinstance(t, Job)]
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        view = lms.open_download(submissions, out / "intake", layout)
+    except lms.DownloadError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for remark in view.remarks:
+        print(remark, file=sys.stderr)
+    if view.files:
+        print(lms.describe(view), file=sys.stderr)
+    else:  # read where it is: no view of an earlier run's download stays beside these grades
+        shutil.rmtree(out / "intake", ignore_errors=True)
+    taken, seen = take_in(view.root, names, shard, view)
+    if not seen:
+        print(f"no submitted files in {submissions}: writing an empty result", file=sys.stderr)
+    jobs = [t for t in taken if isinstance(t, Job)]
     graded, work_root = grade(jobs, out, settings, workers, progress)
     results = [graded.get(t.sub_index) if isinstance(t, Job) else t for t in taken]
     lost = sum(1 for r in results if r is None)
     results = [r for r in results if r is not None]
+    if view.files:
+        found = view.by_origin()
+        for r in results:
+            if r.file in found:
+                r.late, r.student_name = found[r.file].late, found[r.file].name
 
     root = out / "nbgrader"
     if settings.db_url:

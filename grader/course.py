@@ -16,6 +16,7 @@ NOTEBOOKS: tuple[str, ...] = (
     "07_flash_attention_from_scratch",
     "08_kv_cache_gqa_and_windows",
     "09_capstone_tiny_transformer",
+    "10_flash_attention_backward",
 )
 
 
@@ -74,6 +75,8 @@ EXERCISES: dict[str, tuple[str, ...]] = {
         "GroupedQueryAttention", "sliding_window_mask"),
     "09_capstone_tiny_transformer": (
         "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step"),
+    "10_flash_attention_backward": (
+        "attention_backward_reference", "flash_attention_backward", "FlashAttention", "flash_attention_backward_triton"),
 }
 
 

@@ -32,6 +32,9 @@ from grader import course
 INSTRUCTOR_ONLY = ("reference.py", "instructor")
 #: Exact versions a student needs, taken from constraints.txt (their dependencies are constrained too).
 STUDENT_REQUIREMENTS = ("torch", "numpy", "matplotlib", "tqdm", "jupyterlab", "ipykernel")
+#: Exact versions a student needs only where they can run: Triton (notebook 07's kernel, run by its
+#: interpreter on a CPU) has builds for Linux only.
+STUDENT_LINUX_REQUIREMENTS = ("triton",)
 TEMPLATES = Path(__file__).with_name("templates") / "student"
 MARKER = ".student-edition"
 
@@ -67,12 +70,13 @@ def _requirements() -> str:
         match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
         if match:
             pins[match.group(1).lower()] = match.group(2)
-    missing = [p for p in STUDENT_REQUIREMENTS if p not in pins]
+    missing = [p for p in STUDENT_REQUIREMENTS + STUDENT_LINUX_REQUIREMENTS if p not in pins]
     if missing:
         raise RuntimeError(f"constraints.txt pins no version of {missing}")
     lines = ["# The course's exact versions: the packages a student needs, every dependency constrained.",
              "-c constraints.txt"]
-    return "\n".join(lines + [f"{p}=={pins[p]}" for p in STUDENT_REQUIREMENTS]) + "\n"
+    linux = [f"{p}=={pins[p]}; platform_system == 'Linux'" for p in STUDENT_LINUX_REQUIREMENTS]
+    return "\n".join(lines + [f"{p}=={pins[p]}" for p in STUDENT_REQUIREMENTS] + linux) + "\n"
 
 
 def build_edition(names: list[str] | None = None, out: Path | None = None) -> Path:

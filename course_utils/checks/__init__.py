@@ -16,3 +16,4 @@ from course_utils.checks.nb06 import *  # noqa: F401,F403
 from course_utils.checks.nb07 import *  # noqa: F401,F403
 from course_utils.checks.nb08 import *  # noqa: F401,F403
 from course_utils.checks.nb09 import *  # noqa: F401,F403
+from course_utils.checks.nb10 import *  # noqa: F401,F403

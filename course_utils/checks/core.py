@@ -15,6 +15,7 @@ of known mistakes, which name a student's mistake when their output matches one 
 from __future__ import annotations
 
 import math
+import re
 import sysconfig
 import traceback
 from dataclasses import dataclass, field
@@ -219,7 +220,7 @@ def check_rules(exercise: str, obj: object) -> None:
     if found:
         why = rules.RULES.get(exercise, rules.Rule()).why
         lines = "; ".join(str(v) for v in found)
-        fail(exercise, f"{lines}. {why}".strip())
+        fail(exercise, f"{lines}. {why[:1].upper()}{why[1:]}".strip())  # the reason is a sentence of its own
 
 
 def require_callable(exercise: str, obj: object) -> None:
@@ -307,8 +308,58 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
                 return hint
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
             return transformation_hint(want, got)
+        if isinstance(got, BaseException):
+            return shape_error_hint(got)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Symptom diagnoses shared by every check (additive: each returns a hint or ``None``). Stable names,
+# used by the notebooks' own checks too: ``name_factor`` (a factor's simple name, log 2 included),
+# ``transformation_hint`` (an exact multiple, a transpose), ``shape_error_hint`` (a raw PyTorch shape
+# error translated into what it means).
+# ------------------------------------------------------------------------------------------
+_MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+_BROADCAST_ERROR = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+                              r"non-singleton dimension (-?\d+)")
+_BATCH_MATMUL_ERROR = re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
+                                 r"but got: \[(\d+), (\d+)\]")
+
+
+def shape_error_hint(error: BaseException) -> str | None:
+    """What a raw PyTorch shape error raised inside the student's code means, in words; ``None`` for
+    any other error.
+
+    ``mat1 and mat2 shapes cannot be multiplied (4x3 and 4x2)`` becomes "a matrix product of a
+    (4, 3) and a (4, 2) operand: the first's columns (3) must equal the second's rows (4)", with a
+    missing transpose named when transposing an operand would make it fit. A broadcasting error
+    names the two sizes and the dimension, and the usual cause (a reduction without keepdim).
+    """
+    text = str(error)
+    match = _MATMUL_ERROR.search(text)
+    if match:
+        r1, c1, r2, c2 = (int(g) for g in match.groups())
+        fix = ""
+        if c1 == c2:
+            fix = f" Transposing the second operand would fit: (A @ B.T) is ({r1}, {c1}) @ ({c2}, {r2}), a missing transpose?"
+        elif r1 == r2:
+            fix = f" Transposing the first operand would fit: (A.T @ B) is ({c1}, {r1}) @ ({r2}, {c2}), a missing transpose?"
+        return (f"a matrix product of a ({r1}, {c1}) and a ({r2}, {c2}) operand: the first's columns ({c1}) must "
+                f"equal the second's rows ({r2}).{fix} Print the shapes of both operands on that line.")
+    match = _BATCH_MATMUL_ERROR.search(text)
+    if match:
+        want_b, want_k, got_b, got_k = (int(g) for g in match.groups())
+        return (f"a batched matrix product whose operands do not fit: the second operand needs {want_k} rows "
+                f"(the first's last size) and a batch of {want_b}, but has {got_k} rows and a batch of {got_b}. "
+                f"A missing transpose(-2, -1), or operands in the wrong order?")
+    match = _BROADCAST_ERROR.search(text)
+    if match:
+        a, b, dim = (int(g) for g in match.groups())
+        return (f"two tensors combined element by element do not broadcast: one has {a} entries along dimension "
+                f"{dim}, the other {b}. Often a reduction lost its dimension: keep it with keepdim=True (or index "
+                f"[..., None]) so that the result lines up with the tensor it is combined with.")
     return None
 
 
@@ -336,7 +387,12 @@ def transformation_hint(want: torch.Tensor, got: torch.Tensor) -> str | None:
 
 
 def name_factor(factor: float) -> str:
-    """`` (= 1/sqrt(2))``-style name of a factor, when it is a simple one."""
+    """`` (= 1/sqrt(2))``-style name of a factor, when it is a simple one; ``ln 2`` and ``1/ln 2``
+    (= log2(e)) say that natural and base-2 logarithms were mixed."""
+    for value, text in ((factor, ""), (1 / factor, "1/")):
+        if math.isclose(value, math.log(2), rel_tol=1e-4):
+            return (f" (= {'1/ln 2 = log2(e)' if text else 'ln 2'}: natural and base-2 logarithms mixed up; "
+                    f"log2(x) = ln(x) / ln 2)")
     for value, text in ((factor, ""), (1 / factor, "1/")):
         for n in range(2, 4097):
             if math.isclose(value, math.sqrt(n), rel_tol=1e-4) and int(math.isqrt(n)) ** 2 != n:

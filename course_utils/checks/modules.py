@@ -52,6 +52,9 @@ __all__ = [
     "module_checks",
     "finite_then_values",
     "not_causal",
+    "helpers_used",
+    "check_alone",
+    "shared_parameters",
 ]
 
 
@@ -349,3 +352,140 @@ def finite_then_values(exercise: str, cls: Callable, config: tuple[tuple, list[C
     for case in cases:
         check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
     compare_module(exercise, cls, [config], quiet=True, diagnose=diagnose)
+
+
+# ------------------------------------------------------------------------------------------
+# One mistake, one exercise (notebook 09): the other exercises an answer builds on
+# ------------------------------------------------------------------------------------------
+def _functions_of(obj: object) -> list:
+    """The Python functions that make up ``obj``: itself, or a class's own methods and properties."""
+    import inspect
+
+    if inspect.isfunction(obj):
+        return [obj]
+    if not isinstance(obj, type):
+        return []
+    found = []
+    for klass in obj.__mro__:
+        if klass is object or str(klass.__module__).startswith("torch"):
+            continue
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                value = value.fget
+            if inspect.isfunction(value):
+                found.append(value)
+    return found
+
+
+def _names_in(code) -> set[str]:
+    """Every global name a code object and the code nested in it (comprehensions, lambdas) looks up."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_in(const)
+    return names
+
+
+def helpers_used(obj: object, names: Sequence[str]) -> list[tuple[dict, str]]:
+    """Which of ``names`` the code of ``obj`` looks up as globals, and in which namespace (the notebook's):
+    ``[(namespace, name), ...]``."""
+    import inspect
+
+    used: dict[tuple[int, str], tuple[dict, str]] = {}
+    todo, seen = list(_functions_of(obj)), set()
+    while todo:
+        function = todo.pop()
+        if id(function) in seen or len(seen) > 50:
+            continue
+        seen.add(id(function))
+        namespace = function.__globals__
+        found = _names_in(function.__code__)
+        for name in found & set(names):
+            if name in namespace:
+                used[(id(namespace), name)] = (namespace, name)
+        # a helper function of the student's own that the code calls (make_block() -> TransformerBlock(...))
+        todo += [namespace[n] for n in found - set(names)
+                 if inspect.isfunction(namespace.get(n)) and namespace[n].__globals__ is namespace]
+    return list(used.values())
+
+
+def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: Callable[[], None]) -> None:
+    """Run ``run()``, the checks of ``obj``, so that a mistake in another exercise of the same notebook
+    that ``obj`` builds on (``helpers``: its name -> its check) costs ``obj`` nothing.
+
+    Instructor edition (and so the grader): the helpers ``obj``'s code looks up by name are replaced by
+    the reference's while ``run()`` runs, then put back, so that the student's own versions stay in
+    use everywhere else in the notebook. If ``obj`` fails with the reference's helpers, it is tried
+    once more with the student's own (an answer may rely on its own helper's attributes); it fails
+    only when it fails both ways, with the first message.
+
+    Student edition (no reference code): ``run()`` uses the student's helpers; when it fails, each
+    helper is put through its own check, quietly, and a helper that fails is named first.
+    """
+    used = helpers_used(obj, list(helpers))
+    if not used or _expected.mode() == _expected.RECORDED:
+        try:
+            run()
+        except CheckFailed as error:
+            broken = [] if NOT_IMPLEMENTED in str(error) else _broken_helpers(used, helpers)
+            if not broken:
+                raise
+            what = " and ".join(broken)
+            them = "them" if len(broken) > 1 else "it"
+            raise type(error)(
+                f"❌ {exercise}: your {exercise} uses your {what}, which {'do' if len(broken) > 1 else 'does'} not pass "
+                f"{'their' if len(broken) > 1 else 'its'} own check yet: fix {them} first (the check cell of {what} "
+                f"says what is wrong). The grader checks {exercise} with correct versions of the notebook's other "
+                f"exercises, so a mistake there costs {exercise} no points. With your {what}, this check found: "
+                f"{str(error).removeprefix('❌ ')}") from None
+        return
+    saved = [(namespace, name, namespace[name]) for namespace, name in used]
+    try:
+        for namespace, name, _ in saved:
+            namespace[name] = _expected.reference(name)
+        run()
+        return
+    except CheckFailed as error:
+        first = error
+    finally:
+        for namespace, name, value in reversed(saved):
+            namespace[name] = value
+    import contextlib
+    import io
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            run()
+    except Exception:  # noqa: BLE001 - the verdict with the reference's helpers stands
+        raise first from None
+    print(printed.getvalue(), end="")
+
+
+def _broken_helpers(used: list[tuple[dict, str]], helpers: dict[str, Callable]) -> list[str]:
+    """The helpers (by name) whose own check fails on the student's version, run quietly."""
+    import contextlib
+    import io
+
+    broken = []
+    for namespace, name in used:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                helpers[name](namespace[name])
+        except Exception:  # noqa: BLE001 - any failure of its own check
+            broken.append(name)
+    return broken
+
+
+def shared_parameters(module: nn.Module) -> list[tuple[str, str]]:
+    """Pairs of names under which ONE parameter appears twice in ``module``: blocks that share one set of
+    weights (``[Block()] * n``), a head tied to an embedding, one LayerNorm used as two."""
+    seen: dict[int, str] = {}
+    pairs = []
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        if id(parameter) in seen:
+            pairs.append((seen[id(parameter)], name))
+        else:
+            seen[id(parameter)] = name
+    return pairs

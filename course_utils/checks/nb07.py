@@ -24,6 +24,7 @@ from course_utils.checks.core import (
     _clone,
     _difference,
     _hinted,
+    _sentence,
     call_student,
     check,
     check_rules,
@@ -35,7 +36,9 @@ from course_utils.checks.core import (
     passed,
     rand,
     require_callable,
+    shape_error_hint,
     tensor_difference,
+    transformation_hint,
 )
 from course_utils.checks.nb02 import softmax_hint
 from course_utils.checks.tensors import Made, TensorWatcher
@@ -50,9 +53,18 @@ _INF = float("-inf")
 # ------------------------------------------------------------------------------------------
 # online_softmax
 # ------------------------------------------------------------------------------------------
+_NO_KEEPDIM = ("m and l must keep their last dimension, shape (..., 1): a reduction without keepdim=True gives "
+               "(...,), which broadcasts against the wrong dimension of a block (..., block_size). Use "
+               "amax(dim=-1, keepdim=True) and sum(dim=-1, keepdim=True), or index m[..., None].")
+
+
 def _online_diagnose(case: Case, got: object, want: object) -> str | None:
-    """NaN where a row's first block is all ``-inf``: the rescaling factor was ``exp(-inf - -inf)``."""
+    """NaN where a row's first block is all ``-inf`` (the rescaling factor was ``exp(-inf - -inf)``);
+    statistics that lost their last dimension; else the softmax symptoms of notebook 02, worded for a
+    function that works along the last dimension (it has no ``dim`` argument)."""
     x, block = case.args[0], case.args[1]
+    if isinstance(got, BaseException):
+        return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point():
         first = x[..., :block]
         lost = torch.isnan(got).any(dim=-1) & ~torch.isnan(want).any(dim=-1) & torch.isinf(first).all(dim=-1) \
@@ -61,7 +73,19 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
             return ("a row whose first block is all -inf gives NaN: while the running maximum is still -inf, "
                     "m - m_new is -inf - (-inf) = NaN. Shift by 0 instead of by m_new while m_new is -inf "
                     "(torch.where), so that exp(m - shift) is exp(-inf) = 0.")
-    return softmax_hint(x, -1, got)
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and x.dim() >= 2 and torch.isfinite(got).all():
+        g = got.detach().double()
+        last = g.sum(dim=-1)
+        if not torch.allclose(last, torch.ones_like(last), atol=1e-4):
+            for other in range(x.dim() - 1):
+                sums = g.sum(dim=other)
+                if torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+                    return f"your weights sum to 1 along dim={other}, not along the last dimension. {_NO_KEEPDIM}"
+    hint = softmax_hint(x, -1, got)
+    if hint and "dim" in hint:  # notebook 02's words speak of a `dim` argument, which online_softmax has not
+        hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
+                .replace(" (the `dim` argument)", ""))
+    return hint
 
 
 def _streaming_problem(watcher: TensorWatcher, block_size: int) -> str | None:
@@ -187,6 +211,14 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
                 if _pair_difference(output, got, 1e-5, 1e-4) is None:
                     return hint
             out, lse = got
+            symptom = _rows_symptom(case, out, want[0])
+            if symptom:
+                return symptom
+            for name, w, g in (("out", want[0], out), ("lse", want[1], lse)):
+                if isinstance(g, torch.Tensor) and g.shape == w.shape and tensor_difference(w, g) is not None:
+                    factor = transformation_hint(w, g)
+                    if factor:
+                        return f"{name}: {factor}"
             if isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and \
                     tensor_difference(want[0], out) is None and lse.shape == want[1].shape:
                 if tensor_difference(want[1], lse) is not None:
@@ -197,11 +229,42 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
     return None
 
 
+def _blocks_of(case: Case) -> tuple[int, int]:
+    """``(block_q, block_k)`` of a case of either check."""
+    if "block_m" in case.kwargs:
+        return case.kwargs["block_m"], case.kwargs["block_n"]
+    return case.args[3], case.args[4]
+
+
+def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
+    """Which query rows of ``out`` are wrong, when that pattern names the mistake: NaN on exactly the
+    rows of the first query block (its diagonal tile was never computed), or values off only in the
+    last, shorter query block."""
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        return None
+    T = want.shape[-2]
+    block_q, _ = _blocks_of(case)
+    g, w = out.detach().double(), want.detach().double()
+    rows_nan = torch.isnan(g).flatten(0, -3).any(0).any(-1) if g.dim() > 2 else torch.isnan(g).any(-1)
+    off = ((g - w).abs() > 1e-5 + 1e-4 * w.abs()) | torch.isnan(g)
+    rows_off = off.flatten(0, -3).any(0).any(-1) if g.dim() > 2 else off.any(-1)
+    rows = torch.arange(T)
+    if bool(rows_nan.any()) and torch.equal(rows_nan, rows < min(block_q, T)) and T > block_q:
+        return (f"NaN on exactly the first query block (rows 0..{min(block_q, T) - 1}), whose only key block is its "
+                f"diagonal tile: that tile is never computed, or wholly masked, so l = 0 and 0/0 = NaN. Run the key "
+                f"blocks up to the end of the query block, and mask only the keys after each query.")
+    last = (T // block_q) * block_q
+    if 0 < last < T and bool(rows_off.any()) and torch.equal(rows_off, rows >= last):
+        return (f"only the rows of the last, shorter query block (rows {last}..{T - 1}) are wrong: does the loop over "
+                f"query blocks reach T, and does that block stop at q_end = min(q_start + block_q, T)?")
+    return None
+
+
 def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float) -> None:
     problem = _pair_difference(want, got, atol, rtol)
     if problem:
         try:
-            fail(exercise, f"{problem.rstrip('.')}. Input shapes: "
+            fail(exercise, f"{_sentence(problem)} Input shapes: "
                            f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
         except CheckFailed as error:
             raise _hinted(error, _pair_hint(exercise, case, got, want)) from None
@@ -219,8 +282,8 @@ def _flash_cases() -> list[Case]:
     return [
         Case("the book's six tokens as q, k and v (6, 3), block_q=2, block_k=4, causal",
              (x, x, x, 2, 4), {"causal": True}),
-        Case("(2, 3, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks",
-             (*_qkv(2, 3, 37, 8, seed=701), 8, 16), {"causal": True}),
+        Case("(1, 2, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks",
+             (*_qkv(1, 2, 37, 8, seed=701), 8, 16), {"causal": True}),
         Case("(1, 2, 32, 8), block_q=8, block_k=8, causal", (*_qkv(1, 2, 32, 8, seed=704), 8, 8), {"causal": True}),
         Case("(2, 20, 8), block_q=16, block_k=6, causal=False", (*_qkv(2, 20, 8, seed=707), 16, 6), {"causal": False}),
     ]
@@ -280,11 +343,24 @@ def check_flash_attention_forward(flash_attention_forward: Callable, hidden: boo
 # ------------------------------------------------------------------------------------------
 def _triton_cases() -> list[Case]:
     return [
-        Case("(1, 1, 32, 16), causal, BLOCK_M=BLOCK_N=16", _qkv(1, 1, 32, 16, seed=720),
-             {"causal": True, "block_m": 16, "block_n": 16}),
+        Case("(1, 1, 40, 16), causal, BLOCK_M=16, BLOCK_N=32: T not a multiple of the blocks",
+             _qkv(1, 1, 40, 16, seed=720), {"causal": True, "block_m": 16, "block_n": 32}),
         Case("(2, 1, 20, 16), causal=False, BLOCK_M=BLOCK_N=16: T not a multiple of the blocks",
              _qkv(2, 1, 20, 16, seed=723), {"causal": False, "block_m": 16, "block_n": 16}),
+        Case("(1, 1, 40, 32), causal, BLOCK_M=32, BLOCK_N=16, HEAD_DIM=32", _qkv(1, 1, 40, 32, seed=726),
+             {"causal": True, "block_m": 32, "block_n": 16}),
     ]
+
+
+def _kernel_error_hint(error: BaseException) -> str | None:
+    """A kernel's error, in words: ``tl.dot`` of tiles whose inner sizes differ (k not transposed)."""
+    text = f"{type(error).__name__}: {error}"
+    if "reduction dimensions" in text or ("dot" in text.lower() and "shape" in text.lower()):
+        return ("tl.dot needs the inner sizes to agree: the scores are tl.dot(q, tl.trans(k)), (BLOCK_M, HEAD_DIM) "
+                "by (HEAD_DIM, BLOCK_N); tl.dot(q, k) without the transpose only runs when the tiles are square, "
+                "and then computes the wrong product. For p @ v: tl.dot(p, v), (BLOCK_M, BLOCK_N) by "
+                "(BLOCK_N, HEAD_DIM).")
+    return shape_error_hint(error)
 
 
 def _triton_expected(exercise: str, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,7 +382,7 @@ def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
     runs, how = flash.triton_status()
     if not runs:
         if hidden:
-            fail(exercise, f"the grader needs Triton to grade this kernel: {how}")
+            fail(exercise, f"the grader needs Triton to grade this kernel: {how}.")
         print(f"⏭ {exercise}: skipped: {how}.")
         return
     require_callable(exercise, kernel)
@@ -324,7 +400,11 @@ def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
             out, lse = flash.launch(kernel, *qkv, **case.kwargs)
             return out.cpu(), lse.cpu()
 
-        got = call_student(exercise, run, Case(case.name, args))
+        try:
+            got = call_student(exercise, run, Case(case.name, args))
+        except CheckFailed as error:
+            cause = error.student_error
+            raise _hinted(error, _kernel_error_hint(cause) if cause is not None else None) from None
         _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
     where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with attention (out and lse), {where} "

@@ -18,6 +18,7 @@ gradients the optimizer stepped with, and the parameters after each step.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Callable, Sequence
 
 import torch
@@ -27,6 +28,7 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    construct,
     Case,
     CheckFailed,
     _compare_forward,
@@ -141,12 +143,13 @@ def student_with_test_weights(exercise: str, cls: Callable, build: tuple) -> nn.
 def compare_modules(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
                     diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
     """For each ``(build, cases)``: the student's module with the test weights must give the expected
-    outputs in ``eval()`` mode and, when the build's dropout (its last argument) is positive, in
+    outputs in ``eval()`` mode and, when the build's dropout (its float argument) is positive, in
     ``train()`` mode under the same seed. Returns the number of outputs compared."""
     count = 0
     for build, cases in configs:
         student = student_with_test_weights(exercise, cls, build)
-        for mode in ("eval", "train") if build[-1] > 0 else ("eval",):
+        dropout = next((a for a in build if isinstance(a, float)), 0.0)  # the one float argument, if any
+        for mode in ("eval", "train") if dropout > 0 else ("eval",):
             for case in cases:
                 mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
                 want = expected_output(exercise, mcase)
@@ -224,17 +227,32 @@ def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[lis
         fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
 
 
-def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
+def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str) -> None:
+    """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit.
+
+    The course's one standard for "too long" (notebooks 08 and 09): a ``ValueError`` whose message
+    holds the number ``context_length``, not the ``IndexError`` that ``nn.Embedding`` raises by itself
+    nor a shape error from deeper inside.
+    """
     student.eval()
     try:
         torch.manual_seed(7)
         student(x)
     except NotImplementedError:
         fail(exercise, NOT_IMPLEMENTED)
-    except Exception:  # noqa: BLE001 - any clear error will do
+    except ValueError as exc:
+        if str(context_length) not in str(exc):
+            fail(exercise, f"{where}: an input of {x.shape[1]} tokens raised ValueError({str(exc)!r}), which does "
+                           f"not name the limit: say that context_length is {context_length}, e.g. "
+                           f"f\"{{T}} tokens, but context_length is {{self.context_length}}\".")
         return
-    fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length, returned an output "
-                   f"instead of raising an error")
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length = {context_length}, "
+                       f"raised {type(exc).__name__}: {exc}. That error comes from deeper inside PyTorch, not from "
+                       f"your code: check T against self.context_length at the start of forward and raise a "
+                       f"ValueError that names the limit.")
+    fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length = {context_length}, "
+                   f"returned an output instead of raising an error: raise a ValueError that names the limit.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -250,11 +268,42 @@ def _learned_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+                        r"non-singleton dimension (\d+)")
+
+
+def _learned_error(case: Case, error: BaseException) -> str | None:
+    """A raw PyTorch error inside the student's forward, translated into what it means."""
+    text = str(error)
+    b, T, _ = case.args[0].shape
+    context_length = case.build[0] if case.build else None
+    if "'indices'" in text or "Expected tensor for argument #1 'indices'" in text:
+        return ("nn.Embedding looks up integer ids: give it the positions torch.arange(T, device=x.device), not x "
+                "(x holds the token vectors).")
+    match = _BROADCAST.search(text)
+    if match:
+        sizes, dim = {int(match.group(1)), int(match.group(2))}, int(match.group(3))
+        if dim == 1 and sizes == {b, T}:
+            return (f"the position vectors have {b} rows, the batch size: the number of tokens is x.shape[1] (x is "
+                    f"(b, T, d_model)), so look up torch.arange(x.shape[1]).")
+        if dim == 1 and sizes == {context_length, T}:
+            return (f"all {context_length} rows of the table are added to {T} tokens: take the first T, the vectors "
+                    f"of positions 0..T-1.")
+        if dim == 0 and sizes == {b, T}:
+            return ("the position vectors line up with the batch axis: (T, d_model) broadcasts against x's "
+                    "(b, T, d_model) as it is (or unsqueeze(0) to (1, T, d_model)); (T, 1, d_model) does not.")
+    return None
+
+
 def _learned_diagnose(case: Case, got: object, want: object) -> str | None:
-    if isinstance(got, BaseException) or not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+    if isinstance(got, BaseException):
+        return _learned_error(case, got)
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
         return None
     x = case.args[0]
     b, T, d = x.shape
+    if tuple(got.shape) == (b, T, 2 * d):
+        return "the position vectors are concatenated to x (the last dimension doubled): add them, x + positions."
     if tuple(got.shape) == (T, d):
         return "you return the position vectors alone: add them to x, x + positions, to get (b, T, d_model)."
     if got.shape == want.shape and tensor_difference(want - x, got) is None:
@@ -282,10 +331,10 @@ def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidde
         _shape_check(exercise, cls, build, _learned_shapes)
     count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
     first = student_with_test_weights(exercise, cls, (8, 4))
-    _too_long_raises(exercise, first, rand(1, 9, 4, seed=9015), "built with (8, 4)")
+    _too_long_raises(exercise, first, rand(1, 9, 4, seed=9015), 8, "built with (8, 4)")
     moves_with_module(exercise, first, rand(2, 5, 4, seed=9016), "built with (8, 4)")
     passed(exercise, f"{count} outputs agree with the reference (x plus position vectors 0..T-1); too long an input "
-                     f"raises; the positions follow the module to another device")
+                     f"raises a ValueError; the positions follow the module to another device")
 
 
 # ------------------------------------------------------------------------------------------
@@ -341,6 +390,7 @@ def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> 
     require_callable(exercise, cls)
     check_rules(exercise, cls)
     for build, _ in configs:
+        _sharing_check(exercise, cls, build)
         _shape_check(exercise, cls, build, _block_shapes)
     diagnose = _block_diagnose(exercise, cls)
     first = student_with_test_weights(exercise, cls, (8, 2, 6, 0.0))
@@ -358,27 +408,96 @@ def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> 
 # ------------------------------------------------------------------------------------------
 # TinyGPT
 # ------------------------------------------------------------------------------------------
+#: The other exercises of this notebook that ``TinyGPT`` builds on, with their checks: while grading,
+#: ``TinyGPT`` is checked with the reference's versions of them (:func:`modules.check_alone`).
+def _gpt_helpers() -> dict:
+    return {"LearnedPositionalEmbedding": check_LearnedPositionalEmbedding,
+            "TransformerBlock": check_TransformerBlock,
+            "sinusoidal_positions": check_sinusoidal_positions}
+
+
 def _gpt_shapes(got: list, want: list, build: tuple) -> str | None:
-    vocab_size, d_model = build[0], build[1]
+    vocab_size, d_model, context_length = build[0], build[1], build[4]
+    sinusoidal = len(build) > 6 and build[6] == "sinusoidal"
+    if sinusoidal and len(got) == len(want) + 1 and got[0] == want[0] and got[1] == (context_length, d_model) and \
+            got[2:] == want[1:]:
+        return ("with positions='sinusoidal' the model still has a trained table of positions: the sinusoids are "
+                "fixed, not trained. Use self.pos_emb = training.FixedPositions(sinusoidal_positions(context_length, "
+                "d_model)) (a buffer, no parameters) when positions == 'sinusoidal'")
+    if not sinusoidal and len(got) == len(want) - 1 and got[0] == want[0] and got[1:] == want[2:]:
+        return ("the position embedding is missing (or fixed): with positions='learned' (the default) add "
+                "self.pos_emb = LearnedPositionalEmbedding(context_length, d_model) right after the token embedding")
     if len(got) == len(want) + 1 and got[:-1] == want and got[-1] == (vocab_size,):
         return "out_head has a bias: nn.Linear(d_model, vocab_size, bias=False)"
+    if len(got) == len(want) and got[:-1] == want[:-1] and got[-1] == (d_model, vocab_size):
+        return ("out_head is nn.Linear(vocab_size, d_model): it maps each token's d_model-vector to vocab_size logits, "
+                "nn.Linear(d_model, vocab_size, bias=False)")
     if len(got) == len(want) - 1 and got == want[:-1]:
         return ("out_head is missing (or shares the token embedding's weight): the last layer is its own "
                 "nn.Linear(d_model, vocab_size, bias=False)")
     if len(got) == len(want) - 2 and got[-1] == want[-1] and got[:-1] == want[:-3]:
         return "the final LayerNorm is missing: normalise once more after the last block, before out_head"
-    if len(got) == len(want) - 1 and got[0] == want[0] and got[1:] == want[2:]:
-        return ("the position embedding is missing: add self.pos_emb = LearnedPositionalEmbedding(context_length, "
-                "d_model) (or nn.Embedding) right after the token embedding")
     if got and got[0] == (d_model, vocab_size):
         return "the token embedding is (d_model, vocab_size): it has one row per token, nn.Embedding(vocab_size, d_model)"
     return None
 
 
+def _sharing_check(exercise: str, cls: Callable, build: tuple) -> None:
+    """Fail when two parts of the model are one and the same module or parameter, and say which."""
+    try:
+        model = construct(cls, build)
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
+        return
+    if not isinstance(model, nn.Module):
+        return
+    pairs = modules.shared_parameters(model)
+    if not pairs:
+        return
+    first, second = pairs[0]
+    if first.startswith("blocks.") and second.startswith("blocks."):
+        a, b = first.split(".")[1], second.split(".")[1]
+        fail(exercise, f"built with {build}: blocks[{a}] and blocks[{b}] share one set of weights (the same "
+                       f"parameter {first} is also {second}): [TransformerBlock(...)] * num_layers repeats ONE "
+                       f"block num_layers times. Create a new block for each layer: "
+                       f"[TransformerBlock(...) for _ in range(num_layers)].")
+    if {first.split(".")[0], second.split(".")[0]} == {"norm1", "norm2"}:
+        fail(exercise, f"built with {build}: norm1 and norm2 are one and the same LayerNorm: each branch needs its "
+                       f"own nn.LayerNorm(d_model), with its own trained scale and shift.")
+    if {first, second} == {"tok_emb.weight", "out_head.weight"}:
+        fail(exercise, f"built with {build}: out_head shares the token embedding's weight (weight tying, as GPT-2 "
+                       f"does): here the head is its own nn.Linear(d_model, vocab_size, bias=False), so do not "
+                       f"assign out_head.weight = tok_emb.weight.")
+    fail(exercise, f"built with {build}: {first} and {second} are one and the same parameter: every layer needs "
+                   f"its own weights (create a new module for each, never reuse one object).")
+
+
+_GPT_ERRORS = (
+    ("is missing the required \"forward\" function",
+     "nn.ModuleList has no forward of its own: loop over it (for block in self.blocks: x = block(x)), or hold the "
+     "blocks in an nn.Sequential, which you can call."),
+    ("normalized_shape",
+     "a LayerNorm got a tensor of another size: final_norm works on the d_model-sized x, before out_head, so "
+     "out_head(final_norm(x)), not final_norm(out_head(x))."),
+    ("expected input of shape (batch, num_tokens",
+     "pos_emb takes the token embeddings (b, T, d_model), not the ids (b, T): pos_emb(tok_emb(idx))."),
+    ("'indices'",
+     "an nn.Embedding was given float vectors: tok_emb takes the ids idx (b, T); the positions are added to its "
+     "output, pos_emb(tok_emb(idx))."),
+)
+
+
 def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
+        if isinstance(got, BaseException):
+            text = str(got)
+            return next((hint for key, hint in _GPT_ERRORS if key in text), None)
         if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
             return None
+        if got.dim() == 2 and tuple(got.shape) == (want.shape[0], want.shape[2]):
+            return ("the logits are (b, vocab_size): return them for EVERY position, (b, T, vocab_size); training "
+                    "needs a prediction at each answer position, not only the last.")
         if got.shape == want.shape and got.min() >= 0 and torch.allclose(got.sum(-1), torch.ones(got.shape[:-1])):
             return ("every row sums to 1: return the logits of out_head; cross_entropy applies the softmax itself "
                     "(and more stably).")
@@ -417,22 +536,66 @@ def _causal_problem(exercise: str, model: nn.Module, idx: torch.Tensor) -> str |
     return None
 
 
+def _forward_exists(exercise: str, cls: Callable, build: tuple, idx: torch.Tensor) -> None:
+    """PyTorch raises ``NotImplementedError`` for a module without ``forward`` (an ``nn.ModuleList`` called
+    like a function): say what it means, instead of "not implemented yet"."""
+    try:
+        model = construct(cls, build).eval()
+        with torch.no_grad():
+            model(idx)
+    except NotImplementedError as exc:
+        for key, hint in _GPT_ERRORS:
+            if key in str(exc):
+                fail(exercise, f"built with {build}: your forward raised NotImplementedError: {exc}. {hint}")
+    except Exception:  # noqa: BLE001 - reported, with its case, by the comparison
+        return
+
+
+def _positions_option(exercise: str, cls: Callable) -> None:
+    """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError``."""
+    try:
+        torch.manual_seed(0)
+        cls(11, 8, 2, 1, 6, 0.0, "rotary")
+    except ValueError:
+        return
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"TinyGPT(..., positions='rotary') raised {type(exc).__name__}: {exc}. Raise a ValueError that "
+                       f"names the two choices, 'learned' and 'sinusoidal'.")
+    fail(exercise, "TinyGPT(..., positions='rotary') built a model: positions must be 'learned' or 'sinusoidal'; "
+                   "raise a ValueError for anything else.")
+
+
 @check
 def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
-    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout)``: ids -> logits."""
+    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout, positions)``.
+
+    While grading (the instructor edition) the model is built with the reference's
+    ``LearnedPositionalEmbedding``, ``TransformerBlock`` and ``sinusoidal_positions`` in place of the
+    student's, so that a mistake in one of those costs only its own exercise; the student's own
+    versions are put back afterwards. In the student edition a failure that comes from one of them is
+    named as such.
+    """
+    modules.check_alone("TinyGPT", TinyGPT, _gpt_helpers(), lambda: _check_gpt(TinyGPT, hidden))
+
+
+def _check_gpt(cls: Callable, hidden: bool) -> None:
     exercise = "TinyGPT"
-    cls = TinyGPT
     extra = hidden_cases(exercise) if hidden else []
     configs = [
         ((11, 8, 2, 2, 6, 0.0), [Case("ids (2, 6), T = context_length", (tokens(2, 6, 11, seed=9031),)),
                                  Case("ids (3, 4), T < context_length", (tokens(3, 4, 11, seed=9032),))]),
         ((11, 8, 2, 2, 6, 0.2), [Case("ids (2, 6) with dropout 0.2", (tokens(2, 6, 11, seed=9033),))]),
         ((7, 12, 3, 1, 5, 0.0), [Case("one block of three heads, ids (2, 5)", (tokens(2, 5, 7, seed=9034),))]),
+        ((11, 8, 2, 2, 6, 0.0, "sinusoidal"), [Case("positions='sinusoidal', ids (2, 5)", (tokens(2, 5, 11, seed=9038),))]),
     ] + extra
     require_callable(exercise, cls)
     check_rules(exercise, cls)
     for build, _ in configs:
+        _sharing_check(exercise, cls, build)
         _shape_check(exercise, cls, build, _gpt_shapes)
+    _forward_exists(exercise, cls, configs[0][0], configs[0][1][0].args[0])
     diagnose = _gpt_diagnose(exercise, cls)
     count = compare_modules(exercise, cls, configs, diagnose=diagnose)
     first = construct_copy(exercise, cls, (11, 8, 2, 2, 6, 0.0))
@@ -441,10 +604,12 @@ def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
         fail(exercise, f"the future leaks: {leak}")
     dropped = student_with_test_weights(exercise, cls, (11, 8, 2, 2, 6, 0.2))
     modules.check_dropout_modes(exercise, dropped, tokens(2, 6, 11, seed=9033), "built with (11, 8, 2, 2, 6, 0.2)")
-    _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), "built with (11, 8, 2, 2, 6, 0.0)")
+    _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
     moves_with_module(exercise, first, tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
-    passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode; no position "
-                     f"sees a later token; too long an input raises")
+    _positions_option(exercise, cls)
+    passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
+                     f"and sinusoidal positions; no position sees a later token; too long an input raises a "
+                     f"ValueError")
 
 
 # ------------------------------------------------------------------------------------------
@@ -510,12 +675,14 @@ def step_trace(train_step: Callable, spec: dict) -> dict:
     model = StandInLM(spec["vocab_size"], spec["d"], spec.get("dropout", 0.0))
     model.train()
     optimizer = OPTIMIZERS[spec["optimizer"]](model.parameters())
-    trace: dict = {"loss": [], "grads": [], "params": [], "names": [n for n, _ in model.named_parameters()]}
+    trace: dict = {"loss": [], "returned": [], "grads": [], "params": [],
+                   "names": [n for n, _ in model.named_parameters()]}
     for k in range(spec["steps"]):
         batch = step_batch(spec["b"], spec["T"], spec["vocab_size"], spec["answer_from"], spec["seed"] + 10 * k)
         steps_before = len(optimizer.seen)
         torch.manual_seed(spec["seed"] + 100 + k)
         loss = train_step(model, batch, optimizer)
+        trace["returned"].append(_returned(loss))
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss = loss.detach().item()
         trace["loss"].append(loss)
@@ -524,9 +691,33 @@ def step_trace(train_step: Callable, spec: dict) -> dict:
     return trace
 
 
+def _returned(value: object) -> str:
+    """What ``train_step`` returned, in words: ``float``, ``tensor with graph``, ``tensor``, or a type name."""
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, torch.Tensor):
+        return "tensor with graph" if value.grad_fn is not None or value.requires_grad else "tensor"
+    return type(value).__name__
+
+
+def _return_problem(returned: str) -> str | None:
+    """Why a returned value is not the Python float the exercise asks for, or ``None``."""
+    if returned == "float":
+        return None
+    if returned == "tensor with graph":
+        return ("train_step returned the loss tensor, which still holds its computation graph (grad_fn): return "
+                "loss.item(), a Python float. A loop that keeps every step's loss, as training.train keeps them in a "
+                "list, would otherwise keep every step's whole graph alive, and memory would grow with every step")
+    if returned == "tensor":
+        return ("train_step returned a torch.Tensor: return loss.item(), a Python float, as the exercise asks (a "
+                "list of losses, as training.train keeps, should hold plain numbers)")
+    return f"train_step returned {returned}: return the loss as a Python float, loss.item()"
+
+
 def _step_spec_name(spec: dict) -> str:
+    dropout = f", dropout {spec['dropout']}" if spec.get("dropout") else ""
     return (f"{spec['optimizer']}, batch ({spec['b']}, {spec['T']}), answers from position {spec['answer_from']}, "
-            f"{spec['steps']} steps")
+            f"{spec['steps']} steps{dropout}")
 
 
 def _trace_problem(want: dict, got: dict) -> tuple[str, int] | None:
@@ -534,8 +725,7 @@ def _trace_problem(want: dict, got: dict) -> tuple[str, int] | None:
     for k, (w_loss, g_loss) in enumerate(zip(want["loss"], got["loss"])):
         step = f"step {k + 1}"
         if not isinstance(g_loss, (int, float)) or isinstance(g_loss, bool):
-            return (f"train_step returned {type(g_loss).__name__}; return the loss as a number (loss.item()) or a "
-                    f"one-element tensor", k)
+            return f"train_step returned {type(g_loss).__name__}; return the loss as a Python float, loss.item()", k
         if abs(g_loss - w_loss) > 1e-4 + 1e-4 * abs(w_loss):
             return f"{step}: the returned loss is {g_loss:.6g}, expected {w_loss:.6g}", k
         if (want["grads"][k] is None) != (got["grads"][k] is None):
@@ -555,6 +745,19 @@ def _trace_problem(want: dict, got: dict) -> tuple[str, int] | None:
             problem = tensor_difference(w, g)
             if problem:
                 return f"{step}: the parameter {name} after the step differs: {problem}", k
+    return None
+
+
+def _step_error_hint(error: BaseException) -> str | None:
+    """A raw PyTorch error inside ``train_step``, translated into what it means."""
+    text = str(error)
+    if "does not require grad" in text:
+        return ("the loss has no computation graph: the forward pass ran under torch.no_grad() (or the logits were "
+                "detached, or the loss was made from loss.item()). Compute the loss from model(inputs) with "
+                "gradients on, then call loss.backward().")
+    if "Expected input batch_size" in text or "size mismatch" in text or "must match the size" in text:
+        return ("the logits and the targets do not line up: select the same positions from both, "
+                "logits[answer_mask] (n, V) and targets[answer_mask] (n,).")
     return None
 
 
@@ -591,7 +794,7 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
     specs = [
         {"vocab_size": 7, "d": 6, "b": 3, "T": 6, "answer_from": 3, "optimizer": "SGD", "steps": 2, "seed": 9041},
         {"vocab_size": 5, "d": 4, "b": 2, "T": 5, "answer_from": [1, 4], "optimizer": "AdamW", "steps": 2,
-         "seed": 9042},
+         "seed": 9042, "dropout": 0.2},
     ] + (hidden_cases(exercise) if hidden else [])
     for spec in specs:
         case = Case(_step_spec_name(spec), (spec,))
@@ -604,12 +807,16 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
             fail(exercise, NOT_IMPLEMENTED)
         except Exception as exc:  # noqa: BLE001
             try:
-                fail(exercise, f"your code raised {type(exc).__name__}: {exc}", case)
+                fail(exercise, f"your code raised {type(exc).__name__}: {exc}.", case)
             except CheckFailed as error:
                 error.student_error = exc
-                raise error from exc
+                raise _hinted(error, _step_error_hint(exc)) from exc
         found = _trace_problem(want, got)
         if found is None:
+            returned = next((r for r in got["returned"] if r != "float"), "float")
+            problem = _return_problem(returned)
+            if problem:
+                fail(exercise, problem + ".", case)
             continue
         problem, k = found
         hint = None

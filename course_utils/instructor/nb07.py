@@ -62,6 +62,8 @@ def _triton_hidden() -> list[Case]:
              {"causal": True, "block_m": 32, "block_n": 16}),
         Case("(1, 1, 36, 16), causal, BLOCK_M=16, BLOCK_N=32", _qkv(1, 1, 36, 16, seed=7137),
              {"causal": True, "block_m": 16, "block_n": 32}),
+        Case("(2, 1, 45, 32), causal=False, BLOCK_M=16, BLOCK_N=64: one short key block", _qkv(2, 1, 45, 32, seed=7140),
+             {"causal": False, "block_m": 16, "block_n": 64}),
     ]
 
 
@@ -91,9 +93,9 @@ def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: 
             l = l + terms
         elif rescale == "inverted":
             l = l * torch.exp(shift - torch.where(torch.isinf(m), shift, m)) + terms
-        blocks.append(torch.exp(block - shift) / terms)
+        blocks.append(torch.exp(block - shift) / (terms if final == "per block" else l))
         m = m_new
-    if final == "per block":
+    if final in ("per block", "running"):
         return torch.cat(blocks, dim=-1)
     return torch.exp(x - m) / l
 
@@ -107,6 +109,10 @@ ONLINE_MISTAKES = [
     Mistake("each block is normalised by its own sum, so every block sums to 1: the denominator is the sum over the "
             "whole row, l after the last block, and every entry uses the final maximum m.",
             lambda x, b: _online(x, b, final="per block")),
+    Mistake("each block's output is written with the running m and l of that moment, in one pass: a later block "
+            "can still raise the maximum, and it always adds to the sum. Every entry needs the final m and l: after "
+            "the last block, return exp(x - m) / l (a second pass over x).",
+            lambda x, b: _online(x, b, final="running")),
     Mistake("no maximum is subtracted: exp of large scores overflows to inf (NaN after the division). Keep a running "
             "maximum m and compute exp(x - m).", lambda x, b: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)),
 ]
@@ -116,10 +122,16 @@ ONLINE_MISTAKES = [
 # Known mistakes: flash_attention_forward (functions of q, k, v, block_q, block_k, causal)
 # --------------------------------------------------------------------------------------------
 def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
-           mask_diagonal=True, lse="right", normalise=True):
-    """The tiled forward with one thing changed (all defaults: the right answer)."""
-    T, D = q.shape[-2], q.shape[-1]
-    factor = 1 / math.sqrt(D) if scale else 1.0
+           mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end",
+           p_shift="new"):
+    """The tiled forward with one thing changed (all defaults: the right answer).
+
+    ``mask``: ``"global"`` (right), ``"local"`` (tile-local positions), ``">="`` (the diagonal masked
+    too); ``factor``: the scale of the scores (default ``1/sqrt(D)``); ``stop``: where the causal key
+    loop ends, ``"q_end"`` (right) or ``"q_start"`` (the diagonal tiles skipped).
+    """
+    T, D, Tk = q.shape[-2], q.shape[-1], k.shape[-2]
+    factor = (1 / math.sqrt(D) if scale else 1.0) if factor is None else factor
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lses = q.new_empty(q.shape[:-1])
     for q_start in range(0, T, block_q):
@@ -128,22 +140,38 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
         m = torch.full(q_blk.shape[:-1], _INF, dtype=q.dtype)
         l = torch.zeros_like(m)
         acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-        for k_start in range(0, q_end if causal else T, block_k):
-            k_end = min(k_start + block_k, T)
+        for k_start in range(0, (q_end if stop == "q_end" else q_start) if causal else Tk, block_k):
+            k_end = min(k_start + block_k, Tk)
             s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)
-            if causal and mask_diagonal and k_end - 1 > q_start:
+            if causal and mask_diagonal and (k_end - 1 > q_start or mask == "local all"):
                 rows = torch.arange(q_start, q_end)[:, None]
                 cols = torch.arange(k_start, k_end)[None, :]
-                s = s.masked_fill(cols > rows, _INF)
+                if mask in ("local", "local all"):
+                    rows, cols = rows - q_start, cols - k_start
+                s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new[..., None])
+            p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
             l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
             acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k_start:k_end, :]
             m = m_new
         out[..., q_start:q_end, :] = acc / l[..., None] if normalise else acc
-        lses[..., q_start:q_end] = {"right": m + torch.log(l), "log l": torch.log(l), "m": m}[lse]
+        lses[..., q_start:q_end] = {"right": m + torch.log(l), "log l": torch.log(l), "m": m,
+                                    "base 2": (m + torch.log(l)) / math.log(2), "log2 l": m + torch.log2(l),
+                                    "m base 2": m / math.log(2) + torch.log(l)}[lse]
     return out, lses
+
+
+def _keys_past_t_kept(q, k, v, block_q, block_k, causal=True):
+    """A kernel that loads the last, shorter key block with ``other=0.0`` but never sets its scores past
+    ``T`` to -inf: each padded key scores 0 and adds exp(0 - m) to l (with a zero value row)."""
+    T, Tk = q.shape[-2], k.shape[-2]
+    padded = -(-Tk // block_k) * block_k
+    if causal or padded == Tk:
+        return _flash(q, k, v, block_q, block_k, causal)
+    zeros = k.new_zeros(k.shape[:-2] + (padded - Tk, k.shape[-1]))
+    kp, vp = torch.cat([k, zeros], dim=-2), torch.cat([v, v.new_zeros(zeros.shape[:-1] + (v.shape[-1],))], dim=-2)
+    return _flash(q, kp, vp, block_q, block_k, causal=False)
 
 
 def _when_it_shows(changed):
@@ -165,6 +193,13 @@ L_NOT_RESCALED = ("l is not rescaled: acc is multiplied by alpha = exp(m_old - m
 DIAGONAL_NOT_MASKED = ("the tiles that cross the diagonal are not masked: skipping the tiles wholly in the future is "
                        "not enough, a query must not see the later keys of its own diagonal tile. Fill the scores "
                        "where key position > query position with -inf in those tiles.")
+TILE_LOCAL_MASK = ("the causal mask of a tile uses tile-local positions (0 .. block-1) instead of global ones: in "
+                   "the tile of query block q_start and key block k_start, compare cols = k_start + arange(Bk) "
+                   "with rows = q_start + arange(Bq), not arange(Bk) with arange(Bq).")
+DIAGONAL_MASKED_TOO = ("the mask also hides the diagonal (cols >= rows, an off-by-one): a query may see its own key, "
+                       "so hide only cols > rows. Query 0 then sees no key at all, hence NaN.")
+LSE_BASE_2 = ("lse is in base 2 (log2 instead of the natural log): the log-sum-exp is m + log(l) with natural "
+              "logs, as torch.logsumexp. If you use exp2 with log2(e) folded in, convert back: multiply by ln 2.")
 FLASH_MISTAKES = [
     Mistake(RESCALE_FORGOTTEN, _when_it_shows(lambda *a: _flash(*a, rescale_acc=False, rescale_l=False))),
     Mistake(ACC_NOT_RESCALED, _when_it_shows(lambda *a: _flash(*a, rescale_acc=False))),
@@ -180,6 +215,37 @@ FLASH_MISTAKES = [
             _when_it_shows(lambda *a: _flash(*a, normalise=False))),
     Mistake("the causal argument is ignored: with causal=False every query sees every key.",
             _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, True))),
+    Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local"))),
+    Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local all"))),
+    Mistake(DIAGONAL_MASKED_TOO, _when_it_shows(lambda *a: _flash(*a, mask=">="))),
+    Mistake(LSE_BASE_2, _when_it_shows(lambda *a: _flash(*a, lse="base 2"))),
+    Mistake("the running maximum m is kept in base-2 units (scores times log2(e), for exp2) but lse = m + log(l) "
+            "needs natural units: keep m unscaled and use exp2((s - m) * log2(e)), or divide m by log2(e) at the end.",
+            _when_it_shows(lambda *a: _flash(*a, lse="m base 2"))),
+    Mistake("lse takes log2(l) where the natural log is needed: lse = m + log(l), both in natural-log units.",
+            _when_it_shows(lambda *a: _flash(*a, lse="log2 l"))),
+    Mistake("the scores are multiplied by sqrt(D) instead of divided by it: scale them by 1/sqrt(D).",
+            _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, causal,
+                                                                       factor=math.sqrt(q.shape[-1])))),
+    Mistake("the scores are scaled by 1/D (or by 1/sqrt(D) twice): scale them once, by 1/sqrt(D).",
+            _when_it_shows(lambda q, k, v, bq, bk, causal=True: _flash(q, k, v, bq, bk, causal,
+                                                                       factor=1 / q.shape[-1]))),
+    Mistake("the key loop stops before the diagonal tiles (at q_start): a query never sees the keys of its own "
+            "block, and the first query block sees none (0/0 = NaN). Run the key blocks up to q_end, and mask "
+            "the ones that cross the diagonal.",
+            _when_it_shows(lambda *a: _flash(*a, stop="q_start"))),
+]
+
+FLASH_MISTAKES.append(Mistake(
+    "p is computed against the old maximum: p = exp(s - m) before m is updated. On the first key block m is "
+    "still -inf, so s - m = inf and everything turns NaN. Compute m_new first, then p = exp(s - m_new[..., None]).",
+    _when_it_shows(lambda *a: _flash(*a, p_shift="old"))))
+
+#: Mistakes only a kernel makes: the loads of the last, shorter key block are masked, its scores are not.
+KERNEL_MISTAKES = [
+    Mistake("the keys past T in the last, shorter key block are not masked in the scores: tl.load(..., other=0.0) "
+            "gives them a score of 0, not -inf, so they still add exp(0 - m) to l. Keep only cols < T in tl.where "
+            "(the loads' mask alone is not enough).", _when_it_shows(_keys_past_t_kept)),
 ]
 
 
@@ -192,5 +258,5 @@ def _for_kernel(mistake: Mistake) -> Mistake:
 MISTAKES = {
     "online_softmax": ONLINE_MISTAKES,
     "flash_attention_forward": FLASH_MISTAKES,
-    "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES],
+    "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES + KERNEL_MISTAKES],
 }

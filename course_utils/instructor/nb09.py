@@ -52,6 +52,8 @@ def _gpt_cases() -> list:
         ((13, 16, 4, 3, 8, 0.1), [Case("hidden: three blocks, dropout 0.1, ids (2, 8)", (tokens(2, 8, 13, seed=9921),)),
                                   Case("hidden: one token", (tokens(3, 1, 13, seed=9922),))]),
         ((5, 6, 1, 1, 4, 0.0), [Case("hidden: one head, one block, ids (4, 3)", (tokens(4, 3, 5, seed=9923),))]),
+        ((9, 12, 3, 2, 7, 0.1, "sinusoidal"), [Case("hidden: sinusoidal positions, dropout 0.1, ids (2, 7)",
+                                                   (tokens(2, 7, 9, seed=9924),))]),
     ]
 
 
@@ -107,6 +109,16 @@ SINUSOID_MISTAKES = [
             lambda P, d: _sinusoid(P, d, exponent=lambda two_i, dm: -two_i / dm)),
     Mistake("the positions start at 1: position 0 is the first token, so use torch.arange(num_positions).",
             lambda P, d: _sinusoid(P, d, start=1)),
+    Mistake("every column pair turns at the same speed, one radian per position: the exponent 2i / d_model became 0 "
+            "(integer division 2i // d_model, or integer tensors?). Divide as floats: torch.arange(0, d_model, 2) "
+            "/ d_model.", lambda P, d: _sinusoid(P, d, exponent=lambda two_i, dm: two_i * 0)),
+    Mistake("the cosine in column 2i + 1 uses the exponent (2i + 1) / d_model: both columns of a pair share ONE "
+            "frequency, 1 / 10000^(2i / d_model), computed from the sine's column 2i.",
+            lambda P, d: _interleave(torch.sin(_angles(P, d)), torch.cos(
+                _angles(P, d, exponent=lambda two_i, dm: (two_i + 1) / dm)))),
+    Mistake("the frequencies use log10 instead of the natural log: exp(-2i * ln(10000) / d_model) needs "
+            "math.log(10000.0), not math.log10.",
+            lambda P, d: _sinusoid(P, d, exponent=lambda two_i, dm: two_i * 4.0 / dm / math.log(10000.0))),
 ]
 
 
@@ -141,6 +153,9 @@ LEARNED_MISTAKES = [
     Mistake("the last T rows of the table are used: the first token gets row 0, so look up torch.arange(T) (rows "
             "0..T-1).", _learned("LastRows", positions=lambda self, T, device: torch.arange(
                 self.context_length - T, self.context_length, device=device))),
+    Mistake("the position vectors multiply x: ADD them, x + positions (each token's vector moves by its "
+            "position's vector).", _learned("Multiplied", forward=lambda self, x: x * self.embedding(
+                self.positions(x.shape[1], x.device)))),
 ]
 
 
@@ -182,6 +197,22 @@ def _dropout_after_add(self, x):
     return self.drop_resid(x + self.ff(self.norm2(x)))
 
 
+def _normalised_residual(self, x):
+    h = self.norm1(x)
+    x = h + self.drop_resid(self.att(h))
+    h = self.norm2(x)
+    return h + self.drop_resid(self.ff(h))
+
+
+def _parallel(self, x):
+    return x + self.attention_branch(x) + self.ff_branch(x)
+
+
+def _tanh_ff(self, x):
+    h = F.gelu(self.ff[0](self.norm2(x)), approximate="tanh")
+    return self.drop_resid(self.ff[2](h))
+
+
 POST_LN = ("the LayerNorm comes after the residual addition (post-LN, the original 2017 transformer): this block is "
            "pre-LN, like GPT-2: x = x + att(norm1(x)), then x = x + ff(norm2(x)).")
 NO_RESIDUAL_ATT = ("the residual connection around the attention is missing: add the branch's output back to its "
@@ -210,6 +241,17 @@ BLOCK_MISTAKES = [
     Mistake("the residual branches have no dropout: x = x + dropout(att(norm1(x))) and x + dropout(ff(norm2(x))).",
             _block("NoResidualDropout", attention_branch=lambda self, x: self.att(self.norm1(x)),
                    ff_branch=lambda self, x: self.ff(self.norm2(x)))),
+    Mistake("norm1 is never applied: the attention must read the normalised input, att(norm1(x)).",
+            _block("NoNorm1", attention_branch=lambda self, x: self.drop_resid(self.att(x)))),
+    Mistake("norm2 is never applied: the feed-forward network must read the normalised input, ff(norm2(x)).",
+            _block("NoNorm2", ff_branch=lambda self, x: self.drop_resid(self.ff(x)))),
+    Mistake("the residual adds the NORMALISED x: h = norm1(x); x = h + att(h) puts the norm on the residual path. "
+            "Keep the un-normalised x for the addition: x = x + att(norm1(x)).",
+            _block("NormalisedResidual", forward=_normalised_residual)),
+    Mistake("the two branches run side by side on the same x (x + att(norm1(x)) + ff(norm2(x))): the feed-forward "
+            "branch must read x AFTER the attention's residual addition.", _block("Parallel", forward=_parallel)),
+    Mistake("the feed-forward network uses GELU's tanh approximation (nn.GELU(approximate='tanh'), as the original "
+            "GPT-2 code does): this course's block uses the exact nn.GELU().", _block("TanhGELU", ff_branch=_tanh_ff)),
 ]
 
 
@@ -238,6 +280,28 @@ def _positions_after_dropout(self, idx):
     return self.out_head(self.final_norm(x))
 
 
+def _each_block_from_embeddings(self, idx):
+    x = self.drop_emb(self.embed(idx))
+    h = x
+    for block in self.blocks:
+        h = block(x)
+    return self.out_head(self.final_norm(h))
+
+
+def _norm_after_every_block(self, idx):
+    x = self.drop_emb(self.embed(idx))
+    for block in self.blocks:
+        x = self.final_norm(block(x))
+    return self.out_head(x)
+
+
+def _blocks_reversed(self, idx):
+    x = self.drop_emb(self.embed(idx))
+    for block in reversed(self.blocks):
+        x = block(x)
+    return self.out_head(self.final_norm(x))
+
+
 POSITIONS_AFTER_BLOCKS = ("the positions are added after the blocks: the attention then never sees them and cannot "
                           "tell the order of the tokens. Add them to the token embeddings, before the first block.")
 
@@ -257,6 +321,15 @@ GPT_MISTAKES = [
     Mistake("the embeddings get no dropout: x = drop_emb(tok_emb(idx) + positions) before the first block.",
             _gpt("NoEmbeddingDropout", forward=lambda self, idx: self.out_head(self.final_norm(self.blocks(
                 self.embed(idx)))))),
+    Mistake("every block reads the embeddings instead of the previous block's output, so only the last block "
+            "counts: x = block(x) in the loop.", _gpt("EachBlockFromEmbeddings", forward=_each_block_from_embeddings)),
+    Mistake("final_norm is applied after every block: apply it once, after the last block (each block's residual "
+            "path stays free of norms).", _gpt("NormAfterEveryBlock", forward=_norm_after_every_block)),
+    Mistake("the token embeddings are added twice: pos_emb(x) already returns x + the position vectors, so "
+            "x = pos_emb(tok_emb(idx)), not tok_emb(idx) + pos_emb(tok_emb(idx)).",
+            _gpt("TokensTwice", embed=lambda self, idx: self.tok_emb(idx) + self.pos_emb(self.tok_emb(idx)))),
+    Mistake("the blocks run in reverse order: x passes blocks[0] first, then blocks[1], ...",
+            _gpt("BlocksReversed", forward=_blocks_reversed)),
 ]
 
 
@@ -336,6 +409,61 @@ def _loss_before_step_after(model, batch, optimizer):
     return F.cross_entropy(model(inputs)[mask], targets[mask]).item()
 
 
+def _softmax_first(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(torch.softmax(model(inputs)[mask], dim=-1), targets[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _nll_on_logits(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.nll_loss(model(inputs)[mask], targets[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _eval_mode(model, batch, optimizer):
+    model.eval()
+    return reference.train_step(model, batch, optimizer)
+
+
+def _last_position_only(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.cross_entropy(model(inputs)[:, -1], targets[:, -1])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _shifted_twice(model, batch, optimizer):
+    inputs, targets, mask = batch
+    logits = model(inputs)
+    keep = mask[:, 1:]
+    if not keep.any():
+        return None
+    loss = F.cross_entropy(logits[:, :-1][keep], targets[:, 1:][keep])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _mean_per_sequence(model, batch, optimizer):
+    inputs, targets, mask = batch
+    losses = F.cross_entropy(model(inputs).transpose(1, 2), targets, reduction="none")  # (b, T)
+    loss = ((losses * mask).sum(dim=1) / mask.sum(dim=1)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def _traced(step):
     def trace(spec):
         result = step_trace(step, spec)
@@ -353,14 +481,29 @@ STEP_MISTAKES = [
             "optimizer.zero_grad() in every step, before loss.backward().", _traced(_no_zero_grad)),
     Mistake("optimizer.step() is never called: the gradients are computed but the parameters never change.",
             _traced(_no_step)),
-    Mistake("optimizer.zero_grad() runs between loss.backward() and optimizer.step(): it wipes the gradients the "
-            "step needs. Call optimizer.zero_grad() BEFORE loss.backward().", _traced(_zero_grad_before_step)),
+    Mistake("the gradients were gone when optimizer.step() ran: either loss.backward() is never called, or "
+            "optimizer.zero_grad() runs between loss.backward() and optimizer.step() and wipes them. Call "
+            "optimizer.zero_grad() BEFORE loss.backward(), then optimizer.step().", _traced(_zero_grad_before_step)),
     Mistake("the loss is summed over the answer tokens: take their mean (F.cross_entropy's default reduction).",
             _traced(_summed)),
     Mistake("the targets are the inputs themselves: the model must predict the NEXT token, which is in targets.",
             _traced(_unshifted)),
     Mistake("the returned loss is computed again after the step: return the loss you stepped with, loss.item().",
             _traced(_loss_before_step_after)),
+    Mistake("a softmax is applied before F.cross_entropy: cross_entropy takes the raw logits and applies "
+            "log-softmax itself. A softmax first squashes the logits into 0..1, so the loss can hardly move.",
+            _traced(_softmax_first)),
+    Mistake("F.nll_loss is given the raw logits: it expects LOG-probabilities. Use F.cross_entropy on the logits "
+            "(or F.nll_loss(F.log_softmax(logits, dim=-1), targets)).", _traced(_nll_on_logits)),
+    Mistake("the model is switched to eval() inside train_step: dropout must stay on while training (training.train "
+            "sets model.train(); answer_accuracy switches to eval() itself).", _traced(_eval_mode)),
+    Mistake("the loss is taken at the last position only: every answer position predicts a token, so take "
+            "logits[answer_mask] and targets[answer_mask].", _traced(_last_position_only)),
+    Mistake("the targets are shifted once more: targets[:, t] already is the token after inputs[:, t], so compare "
+            "logits[answer_mask] with targets[answer_mask] as they are.", _traced(_shifted_twice)),
+    Mistake("each sequence's loss is averaged first, then the sequences: with different numbers of answer tokens "
+            "per row that weights tokens unequally. Take one mean over all answer tokens, "
+            "F.cross_entropy(logits[answer_mask], targets[answer_mask]).", _traced(_mean_per_sequence)),
 ]
 
 

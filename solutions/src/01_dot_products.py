@@ -83,6 +83,10 @@ print("shape of the result:", total.shape)
 # says so if you use them). Return a 0-dim tensor.
 #
 # Shapes: `x` is `(n,)`, `y` is `(n,)`, the result is `()`.
+#
+# **Rules** (the check and the grader apply them): multiply and add in an explicit `for` loop. No library product:
+# `torch.dot`, `matmul`, `mm`, `mv`, `inner`, `vdot`, `einsum`, `tensordot` and the `@` operator are
+# not allowed here.
 
 # %% grade_id="dot"
 def dot(x, y):

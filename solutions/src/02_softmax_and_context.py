@@ -146,6 +146,9 @@ plt.show()
 # - Sum with `keepdim=True`, so that the sums keep a dimension of size 1 and broadcast back
 #   over the right axis when you divide.
 # - `torch.softmax`, `F.softmax` and `nn.Softmax` are not allowed here (the check says so).
+#
+# **Rules** (the check and the grader apply them): no library softmax: `softmax`, `log_softmax` and `softmin`
+# (from `torch`, `F` or `nn`, as `nn.Softmax` and `nn.LogSoftmax`) are not allowed here.
 
 # %% grade_id="softmax_naive"
 def softmax_naive(x, dim=-1):
@@ -254,6 +257,9 @@ print("torch.softmax:", torch.softmax(masked_row, dim=-1))
 # - Subtract the maximum **of each slice along `dim`** (keep the dimension!), then exponentiate
 #   and normalise along `dim`.
 # - Same shape as `x`; no library softmax.
+#
+# **Rules** (the check and the grader apply them): no library softmax: `softmax`, `log_softmax` and `softmin`
+# (from `torch`, `F` or `nn`, as `nn.Softmax` and `nn.LogSoftmax`) are not allowed here.
 
 # %% grade_id="softmax_stable"
 def softmax_stable(x, dim=-1):

@@ -237,6 +237,9 @@ plt.show()
 # - Swap only the last two dimensions of the keys: `keys.transpose(-2, -1)`, not `keys.T`.
 # - `d_k` is the size of the **keys**, `keys.shape[-1]`.
 # - `torch.softmax` is allowed; `F.scaled_dot_product_attention` is not (it comes in notebook 06).
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="scaled_dot_product_attention"
 def scaled_dot_product_attention(queries, keys, values):

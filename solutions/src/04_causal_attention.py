@@ -235,6 +235,9 @@ print(causal_mask(4).int())
 #   with `-inf`, softmax over the last dimension. No dropout here.
 #
 # Use `keys.transpose(-2, -1)`, not `keys.T`, so that batch dimensions work (notebook 01).
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="causal_attention_weights"
 def causal_attention_weights(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -413,6 +416,9 @@ print(torch.equal(big_mask[:4, :4], causal_mask(4)))
 #
 # The order of creation matters: with `torch.manual_seed(123)` your weights will then equal the
 # book's, and so will your outputs. You may reuse your `causal_mask` for the buffer.
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="CausalAttention"
 class CausalAttention(nn.Module):

@@ -92,6 +92,9 @@ print(ca(batch)[0])  # (6, 2): the first sentence's context vectors
 # - `forward(x)`: `x` is `(b, T, d_in)`; return `(b, T, num_heads * d_out)`.
 #
 # Here `d_out` is the output size of **one** head.
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="MultiHeadAttentionWrapper"
 class MultiHeadAttentionWrapper(nn.Module):
@@ -325,6 +328,9 @@ checks.check_merge_heads(merge_heads, hidden=True)
 #   values; merge the heads to `(b, T, d_out)`; `out_proj`.
 #
 # You may call your `split_heads` and `merge_heads`, or write the `view`/`transpose` steps inline.
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="MultiHeadAttention"
 class MultiHeadAttention(nn.Module):

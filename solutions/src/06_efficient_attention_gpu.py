@@ -169,6 +169,9 @@ print("wrong: queries of head 0 and 1:", wrong[0, 0, :, 0].tolist(), "keys:", wr
 # `forward(x)`: `x` is `(b, T, d_in)` with `T <= context_length`; return `(b, T, d_out)`. Compute
 # attention exactly as in notebook 05 (divide by `sqrt(D)`, mask the future with `-inf`, softmax,
 # dropout on the weights), without `F.scaled_dot_product_attention`: that is the next exercise.
+#
+# **Rules** (the check and the grader apply them): `F.scaled_dot_product_attention`, `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="MultiHeadAttentionCombinedQKV"
 class MultiHeadAttentionCombinedQKV(nn.Module):
@@ -306,6 +309,9 @@ print("torch.softmax of a fully masked row:", torch.softmax(torch.full((4,), -to
 # `forward(x)`: `x` is `(b, T, d_in)`; split `qkv` as in exercise 1 into three `(b, H, T, D)`
 # tensors, call `F.scaled_dot_product_attention` once with `is_causal=True` (and the right
 # `dropout_p`), merge the heads to `(b, T, d_out)` and apply `out_proj`. No `softmax` of your own.
+#
+# **Rules** (the check and the grader apply them): no `softmax` of your own; `flex_attention`, `nn.MultiheadAttention` and
+# `F.multi_head_attention_forward` are not allowed here.
 
 # %% grade_id="MHAPyTorchSDPA"
 class MHAPyTorchSDPA(nn.Module):
@@ -711,6 +717,9 @@ for label, fn in calls.items():
 # only finishes when it is synchronised, and whose first calls are slow. An unsynchronised timer
 # measures only the launches there (about 0.01 ms), and a timer without warm-up the slow calls.
 # So write `time.perf_counter()`, not `from time import perf_counter`, and no CUDA events.
+#
+# **Rules** (the check and the grader apply them): write the timer yourself: `bench.time_fn`, `checked_time`, `Timer` and `timeit`
+# are not allowed here.
 
 # %% grade_id="time_cuda_aware"
 def time_cuda_aware(fn, warmup: int = 3, repeats: int = 10) -> float:

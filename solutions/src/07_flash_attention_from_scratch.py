@@ -15,9 +15,10 @@
 #    output and the log-sum-exp and skips the causal tiles wholly in the future: `flash_attention_forward`;
 # 3. **measure** the peak memory of naive and tiled attention as `T` grows, compute where naive
 #    attention stops fitting on a T4, an A100 and an H100, and count FLOPs against bytes moved
-#    (arithmetic intensity);
-# 4. write the same loop as a **Triton** GPU kernel: `flash_attention_triton` (it runs in Triton's
-#    interpreter on a CPU);
+#    (arithmetic intensity), and what limits a real kernel beyond the bytes (the exponentials);
+# 4. translate your loop into a **Triton** GPU kernel, with an unmasked stage and a masked diagonal
+#    stage as production kernels do: `flash_attention_triton` (it runs in Triton's interpreter on a
+#    CPU);
 # 5. learn what the backward pass stores and what it recomputes.
 #
 # Shapes use these letters: `b` = batch size, `H` = number of heads, `T` = number of tokens,
@@ -72,8 +73,9 @@ print(f"{bench.score_matrix_bytes(1, 32, 32_768, torch.bfloat16) / 1e9:.0f} GB f
 
 # %% [markdown]
 # The softmax makes a second tensor of the same size, the weights: together more than the 80 GB of
-# an H100, for one layer, before anything else. Yet the output is only `(1, 32, 32768, 128)`, 268 MB. FlashAttention computes that output exactly while holding only a few
-# small tiles of the score matrix at any time. To see how, we start with the softmax.
+# an H100, for one layer, before anything else. Yet the output is only `(1, 32, 32768, 128)`, 268 MB.
+# FlashAttention computes that output exactly while holding only a few small tiles of the score
+# matrix at any time. To see how, we start with the softmax.
 
 # %% [markdown]
 # ## 1. The softmax, one block at a time
@@ -141,9 +143,11 @@ print("torch.softmax:", torch.softmax(scores, dim=-1))
 #
 # One trap: `-inf` entries (masked scores) are allowed. If a row's first block is all `-inf`, then
 # `m_new = -inf` and `m - m_new = -inf - (-inf) = NaN`. Subtract `0` instead of `m_new` while
-# `m_new` is still `-inf` (`torch.where`): `exp(-inf - 0) = 0` is the right contribution. The check
-# also makes sure that you never reduce a whole row at once, and `softmax` or `logsumexp` are not
-# allowed here.
+# `m_new` is still `-inf` (`torch.where`): `exp(-inf - 0) = 0` is the right contribution.
+#
+# **Rules** (the check and the grader apply them): write an explicit loop over the blocks, and never
+# reduce a whole row at once; `softmax`, `log_softmax`, `softmin` and `logsumexp` (from `torch`, `F`
+# or `nn`) are not allowed here.
 
 # %% grade_id="online_softmax"
 def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -233,12 +237,20 @@ print(f"{int((grid == 0).sum())} of {grid.numel()} tiles skipped, {int((grid == 
 # - the scores are scaled by `1/sqrt(D)` (scale `q_blk` once per query block);
 # - loop over query blocks of `block_q` and, inside, over key/value blocks of `block_k` (the last block
 #   of each may be shorter when `T` is not a multiple);
-# - keep `m`, `l` `(..., Bq)` and `acc` `(..., Bq, D)`; for each tile: scores, (mask), new maximum,
-#   `alpha`, `p = exp(s - m_new[..., None])`, then update `l` and `acc`;
+# - keep `m`, `l` `(..., Bq)` and `acc` `(..., Bq, D)` in **float32** (float64 if the inputs are
+#   float64: `torch.promote_types(q.dtype, torch.float32)`), whatever the inputs' dtype: in bfloat16
+#   a long running sum loses its last terms. Compute each tile in that dtype too;
+# - for each tile: scores, (mask), new maximum, `alpha`, `p = exp(s - m_new[..., None])`, then update
+#   `l` and `acc`;
 # - when `causal`: skip the key blocks that start at or after `q_end`, and mask `cols > rows` in the
 #   tiles that cross the diagonal;
-# - write `acc / l[..., None]` into the output rows, and `m + log(l)` into `lse`. You may allocate
-#   `out` and `lse` first (`q.new_empty(...)`) and fill them slice by slice.
+# - write `acc / l[..., None]` into the output rows (in `q.dtype`), and `m + log(l)` into `lse` (in
+#   the float32 of the statistics). You may allocate `out` and `lse` first (`q.new_empty(...)`) and
+#   fill them slice by slice.
+#
+# **Rules** (the check and the grader apply them): loop over the tiles yourself, with explicit `for`
+# loops; `softmax`, `log_softmax`, `logsumexp`, `F.scaled_dot_product_attention`, `flex_attention`,
+# `nn.MultiheadAttention` and `F.multi_head_attention_forward` are not allowed here.
 #
 # The check compares `out` and `lse` with attention's for several shapes and block sizes, watches
 # every tensor your code makes (no `(T, T)` tensor allowed, not even a mask; it names the line that
@@ -250,17 +262,18 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     """Tiled attention: (..., T, D) inputs; returns out (..., T, D) and the log-sum-exp lse (..., T)."""
     ### BEGIN SOLUTION
     T, D = q.shape[-2], q.shape[-1]
+    stats = torch.promote_types(q.dtype, torch.float32)  # m, l and acc: float32 at least
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))  # (..., T, D)
-    lse = q.new_empty(q.shape[:-1])  # (..., T)
+    lse = q.new_empty(q.shape[:-1], dtype=stats)  # (..., T)
     for q_start in range(0, T, block_q):
         q_end = min(q_start + block_q, T)
-        q_blk = q[..., q_start:q_end, :] / math.sqrt(D)  # (..., Bq, D)
-        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
+        q_blk = q[..., q_start:q_end, :].to(stats) / math.sqrt(D)  # (..., Bq, D)
+        m = torch.full(q_blk.shape[:-1], float("-inf"), dtype=stats, device=q.device)  # (..., Bq)
         l = torch.zeros_like(m)  # (..., Bq)
-        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., Bq, D)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=stats, device=q.device)  # (..., Bq, D)
         for k_start in range(0, q_end if causal else T, block_k):  # causal: later key blocks are all future
             k_end = min(k_start + block_k, T)
-            s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)  # (..., Bq, Bk)
+            s = q_blk @ k[..., k_start:k_end, :].to(stats).transpose(-2, -1)  # (..., Bq, Bk)
             if causal and k_end - 1 > q_start:  # this tile crosses the diagonal
                 rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
                 cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
@@ -269,9 +282,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
             alpha = torch.exp(m - m_new)  # (..., Bq)
             p = torch.exp(s - m_new[..., None])  # (..., Bq, Bk)
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]  # (..., Bq, D)
+            acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :].to(stats)  # (..., Bq, D)
             m = m_new
-        out[..., q_start:q_end, :] = acc / l[..., None]
+        out[..., q_start:q_end, :] = (acc / l[..., None]).to(q.dtype)
         lse[..., q_start:q_end] = m + torch.log(l)
     return out, lse
     ### END SOLUTION
@@ -357,26 +370,43 @@ if peaks is not None:
 
 # %% [markdown]
 # Three: the scores, the masked scores (`masked_fill` returns a copy) and the weights, plus the
-# `(T, T)` boolean mask. The tiled peak only doubles with `T`: the output, `lse`, and a few
-# `(1, 4, 128, 128)` tiles. The ratio of the two grows like `T`.
+# `(T, T)` boolean mask.
+#
+# The tiled peak grows more slowly than `T` at these sizes. Only part of it depends on `T`: the output
+# `(1, 4, T, 64)` and `lse` `(1, 4, T)`, in float32 `4 * T * (64 + 1) * 4` bytes, which doubles with
+# `T`. The rest is a fixed set of `(1, 4, 128, 128)` tiles (scores, `p`, a mask) and the `(1, 4, 128,
+# 64)` accumulator, the same at every `T`:
+
+# %%
+if peaks is not None:
+    for T, b in zip(SEQ_LENS, peaks["tiled (yours)"]):
+        grows = 4 * T * (64 + 1) * 4  # out (1, 4, T, 64) and lse (1, 4, T), float32
+        print(f"T={T:4d}: tiled peak {b / 2**20:.1f} MiB = output and lse {grows / 2**20:.2f} MiB "
+              f"+ tiles {(b - grows) / 2**20:.2f} MiB")
+
+# %% [markdown]
+# For long sequences the output dominates and the tiled peak grows like `T`, while the naive one grows
+# like `T^2`: their ratio grows like `T`.
 #
 # **Where does naive attention stop fitting?** Even a careful naive implementation holds two
 # `(b, H, T, T)` tensors at once: the scores and the weights. In training, the weights of **every**
 # layer are also kept for the backward pass, but even one layer in inference hits a wall. For a model
 # with 32 heads in bfloat16, the largest `T` at which two such tensors fit in the whole memory of each
-# GPU (nothing else in it):
+# GPU (nothing else in it). A T4 (compute capability 7.5) has no bfloat16: there the model runs in
+# float16, also 2 bytes per number, so the limit is the same.
 
 # %%
-gpus = [("T4", 16e9), ("A100 40GB", 40e9), ("A100 80GB", 80e9), ("H100", 80e9)]
-print(f"{'GPU':10s} {'memory':>7s} {'batch 1':>9s} {'batch 8':>9s}   (largest T, naive, 32 heads, bf16)")
-for name, memory in gpus:
-    t1 = bench.max_seq_len_for_scores(memory, 1, 32, torch.bfloat16, copies=2)
-    t8 = bench.max_seq_len_for_scores(memory, 8, 32, torch.bfloat16, copies=2)
-    print(f"{name:10s} {memory / 1e9:5.0f} GB {t1:9,d} {t8:9,d}")
+gpus = [("T4", 16e9, torch.float16), ("A100 40GB", 40e9, torch.bfloat16), ("A100 80GB", 80e9, torch.bfloat16),
+        ("H100", 80e9, torch.bfloat16)]
+print(f"{'GPU':10s} {'memory':>7s} {'dtype':>9s} {'batch 1':>9s} {'batch 8':>9s}   (largest T, naive, 32 heads)")
+for name, memory, dtype in gpus:
+    t1 = bench.max_seq_len_for_scores(memory, 1, 32, dtype, copies=2)
+    t8 = bench.max_seq_len_for_scores(memory, 8, 32, dtype, copies=2)
+    print(f"{name:10s} {memory / 1e9:5.0f} GB {str(dtype).removeprefix('torch.'):>9s} {t1:9,d} {t8:9,d}")
 
 # %% [markdown]
-# So a T4 runs out near 11,000 tokens for a single sequence, a 40 GB A100 near 17,700, and an 80 GB
-# A100 or H100 at 25,000; with a batch of 8, at lengths `sqrt(8) = 2.8` times shorter. Tiled
+# So a T4 runs out near 11,000 tokens for a single sequence (in float16), a 40 GB A100 near 17,700,
+# and an 80 GB A100 or H100 at 25,000 (in bfloat16); with a batch of 8, at lengths `sqrt(8) = 2.8` times shorter. Tiled
 # attention needs `Q`, `K`, `V`, the output and `lse`, about `4 * T * D * H` numbers: at `D = 128`
 # that is 32 KB per token for 32 heads, so an 80 GB card would hold millions of tokens for the
 # attention itself (the KV cache and the weights run out first; notebook 08).
@@ -395,6 +425,9 @@ for name, memory in gpus:
 #   again for `P V`: four trips of `T * T` numbers, plus reading `Q`, `K`, `V` and writing `O`;
 # - **tiled** reads a block of `Q` once and writes its output once; for each of the `T / Bq` query
 #   blocks it reads all of `K` and `V`. Scores never leave the chip.
+#
+# This is a simple **traffic model**, and an upper bound on the bytes: it assumes that every query
+# block fetches `K` and `V` from HBM again, ignoring the GPU's L2 cache. We come back to that below.
 
 # %%
 def intensity(T: int, D: int, block_q: int | None = None, element_bytes: int = 2) -> tuple[float, float]:
@@ -422,12 +455,21 @@ for key in ("T4", "A100", "H100"):
 # Naive attention does about `D / 2` FLOPs per byte whatever `T` is: 32 here, far below the ridge
 # point of every GPU in the list (a T4's is 203, an A100's 153, an H100's 295). It is
 # **memory-bound**: the tensor cores sit idle while `S` and `P` travel to memory and back.
-# Tiling removes the `T x T` traffic. What remains is reading `K` and `V` once per query block, so the
-# intensity becomes about `block_q` FLOPs per byte, whatever `D` is: the larger the tile that fits on
-# the chip, the better. At `block_q = 128` it is four times the naive one, at 256 it passes the ridge of
-# a T4 and an A100: the kernel is then limited by compute, which is where a GPU is strong. (Real kernels
-# do even better than this count: query blocks that run at the same time share `K` and `V` through the
-# GPU's L2 cache.) The same FLOPs, a fraction of the bytes. A roofline makes it visible:
+#
+# Tiling removes the `T x T` traffic. What remains in the model is reading `K` and `V` once per query
+# block, so the intensity becomes `T * block_q / (T + block_q)`, a little under `block_q` FLOPs per
+# byte, whatever `D` is: the larger the tile that fits on the chip, the better. At `block_q = 128` it
+# is 124 FLOP/byte, four times the naive one but still **below** every ridge point in the list, so by
+# this model the kernel would still wait for memory, even on an H100. At 256 it is 241: past the
+# ridge of a T4 and an A100, still below an H100's.
+#
+# **The L2 cache changes the picture.** `K` and `V` of one (batch, head) at `T = 4096`, `D = 64` in
+# bfloat16 are `2 * 4096 * 64 * 2` bytes = 1 MiB, and an H100 has 50 MB of L2. The query blocks of
+# the same head run at about the same time and read the same `K` and `V`, so most of those reads hit
+# L2 instead of HBM. At best HBM sees `Q`, `K`, `V` and `O` once: `4 * T * D` numbers, `T / 2 = 2048`
+# FLOPs per byte here, far past every ridge. The real traffic lies between the two counts, so the
+# model's intensity is a **lower bound** (its bytes an upper bound), and real FlashAttention kernels
+# are limited by compute, not by HBM. The roofline, with the model's points:
 
 # %%
 spec = bench.GPU_SPECS["H100"]
@@ -446,10 +488,33 @@ ax.set_xscale("log")
 ax.set_yscale("log")
 ax.set_xlabel("arithmetic intensity (FLOP/byte)")
 ax.set_ylabel("attainable TFLOP/s")
-ax.set_title("memory-bound left of the ridge, compute-bound right")
+ax.set_title("traffic model (no L2): memory-bound left of the ridge")
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
+
+# %% [markdown]
+# **Compute-bound is not the end: the exponentials.** The tensor cores do only the two matrix
+# products. Every score also needs one `exp` (plus a maximum, a sum and the rescaling), and `exp` runs
+# on the much slower special-function units: an H100 does about 989 TFLOP/s of bf16 matrix products
+# but only about 3.9 T exponentials per second (the FlashAttention-3 paper's figures). Per score,
+# the products cost `4 * D` FLOPs and the softmax one `exp`:
+
+# %%
+TENSOR_TFLOPS, EXP_PER_S = 989e12, 3.9e12  # H100 SXM: dense bf16 matrix products, exponentials (FA3 paper)
+for D in (64, 128, 256):
+    matmul_s = 4 * D / TENSOR_TFLOPS  # seconds per score in the two products
+    exp_s = 1 / EXP_PER_S  # seconds per score in its exp
+    print(f"D={D:3d}: the exponentials take {exp_s / matmul_s:4.0%} of the products' time; if they do not "
+          f"overlap, at most {matmul_s / (matmul_s + exp_s):4.0%} of the tensor cores' peak")
+
+# %% [markdown]
+# At `D = 64` the exponentials take as long as the products. In FlashAttention-2 the softmax of a
+# tile waits for its product and the next product waits for the softmax, so the two do not overlap:
+# it reaches only about 35 % of an H100's peak in the forward pass. That is the motivation of
+# FlashAttention-3: overlap the softmax of one tile with the matrix products of the next (warp
+# specialisation, asynchronous tensor cores), and it reaches about 75 %. Bytes first, then the
+# exponentials: both limits are real.
 
 # %% [markdown]
 # ## 5. The same kernel in Triton
@@ -462,8 +527,10 @@ plt.show()
 #
 # Without a GPU, `TRITON_INTERPRET=1` makes Triton run kernels in its **interpreter**: in Python, with
 # NumPy, on the CPU. Slow (use small sizes), but the same code and the same results.
-# `flash.use_interpreter_without_gpu()` sets it where there is no GPU; on a machine where Triton is not
-# installed (macOS, Windows) this section is skipped and says so.
+# `flash.use_interpreter_without_gpu()` sets it where there is no GPU. Triton runs on Linux (Colab
+# included, where it comes with PyTorch); the course's set-up installs it there. Where it is missing,
+# the next cell says so and prints the one command that installs it; Triton has no macOS or Windows
+# build, so there use Colab for this section.
 
 # %%
 flash.use_interpreter_without_gpu()  # no GPU: TRITON_INTERPRET=1, before any kernel is defined
@@ -474,30 +541,43 @@ print("Triton:", TRITON_HOW)
 # %% [markdown]
 # ### Exercise 3: `flash_attention_triton`
 #
-# The kernel below is given except for the body of the loop over key blocks, which is your
-# exercise. What it has when the loop starts, for its `BLOCK_M` query rows `offs_m`:
+# Translate the inner loop of your `flash_attention_forward` into the kernel below. One program is one
+# iteration of your outer loop: query block `start_m`, for one (batch, head) `bh`. The kernel gives
+# you the loop state, as it is when the loop over key blocks starts:
 #
-# - `q` `(BLOCK_M, HEAD_DIM)`, this program's queries, already loaded;
-# - `m_i`, `l_i` `(BLOCK_M,)` and `acc` `(BLOCK_M, HEAD_DIM)`, float32, your `m`, `l` and `acc`;
-# - `offs_n = tl.arange(0, BLOCK_N)` and `offs_d = tl.arange(0, HEAD_DIM)`; the loop runs `start_n`
-#   over the key blocks, up to the end of the query block when `CAUSAL`.
+# | in the kernel | shape, dtype | in your Python loop |
+# |---|---|---|
+# | `offs_m` | `(BLOCK_M,)` int | `rows = arange(q_start, q_end)` (global positions, possibly past `T`) |
+# | `q` | `(BLOCK_M, HEAD_DIM)` | `q_blk`, already loaded, **not** scaled: multiply the scores by `scale` |
+# | `m_i`, `l_i` | `(BLOCK_M,)` float32 | `m`, `l` |
+# | `acc` | `(BLOCK_M, HEAD_DIM)` float32 | `acc` |
+# | `offs_n`, `offs_d` | `tl.arange(0, BLOCK_N)`, `tl.arange(0, HEAD_DIM)` | |
 #
-# In the loop body:
+# After your code, the kernel divides `acc` by `l_i` and stores the output and `m_i + log(l_i)` (the
+# natural log, as in your loop). Write the loop over key blocks, `start_n` in steps of `BLOCK_N`, in
+# **two stages**, as section 2 taught and as production kernels do:
 #
-# 1. `cols = start_n + offs_n`; load the key block `(BLOCK_N, HEAD_DIM)` with
-#    `tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :], mask=cols[:, None] < T,
-#    other=0.0)` (the mask keeps a block that runs past `T` from reading memory it must not), and the
-#    value block the same way from `V`;
-# 2. `s = tl.dot(q, tl.trans(k)) * scale`, `(BLOCK_M, BLOCK_N)`;
-# 3. hide the keys past `T` and, when `CAUSAL`, the keys after each query: `keep = cols[None, :] < T`,
-#    `keep = keep & (cols[None, :] <= offs_m[:, None])`, then `s = tl.where(keep, s, float("-inf"))`;
-# 4. the update of your Python loop: `m_new = tl.maximum(m_i, tl.max(s, 1))`, `alpha`, `p`,
-#    `l_i = l_i * alpha + tl.sum(p, 1)`, `acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)`, and
-#    `m_i = m_new`.
+# 1. **the unmasked stage:** the key blocks that no query of this block can see past. When `CAUSAL`,
+#    those wholly before the block's first query: `start_n` from 0 to `lo = (start_m * BLOCK_M) //
+#    BLOCK_N * BLOCK_N`. When not, every full block: up to `lo = T // BLOCK_N * BLOCK_N`. No mask at
+#    all, not even on the loads;
+# 2. **the diagonal stage:** the rest, from `lo` to `hi` (`tl.minimum((start_m + 1) * BLOCK_M, T)` when
+#    `CAUSAL`, else `T`). These blocks cross the diagonal or the end of the sequence: mask the loads of
+#    key positions `>= T` (`other=0.0`), and in the scores keep only keys `< T` and, when `CAUSAL`,
+#    not after the query. Use the global positions `start_n + offs_n` and `offs_m`, not tile-local
+#    ones.
 #
-# After the loop the kernel divides by `l_i` and stores the output and `m_i + log(l_i)`. The host side
-# (allocating the outputs, strides, the grid) is `flash.launch(kernel, q, k, v, causal, block_m,
-# block_n)`. If this section is skipped on your machine, write the body anyway: the grader runs it.
+# Python to Triton: a slice `k[..., a:b, :]` is `tl.load` of pointers, built like the load of `q` in
+# the kernel (`K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :]`); `a @ b.T` is
+# `tl.dot(a, tl.trans(b))` (the shapes must match: `(BLOCK_M, HEAD_DIM)` by `(HEAD_DIM, BLOCK_N)`);
+# `x.amax(-1)` is `tl.max(x, 1)`; `masked_fill` is `tl.where`; `torch.exp` is `tl.exp`. Give
+# `tl.dot` operands of one dtype: `p.to(v.dtype)`. The update itself (`m_new`, `alpha`, `p`, `l`,
+# `acc`) is your Python loop's, line for line; it appears in both stages (production kernels put it in
+# one `@triton.jit` helper called twice, with a flag that says whether to mask).
+#
+# The host side (allocating the outputs, strides, the grid) is `flash.launch(kernel, q, k, v, causal,
+# block_m, block_n)`. The check launches your kernel with tiles of different sizes (`BLOCK_M`,
+# `BLOCK_N` and `HEAD_DIM` not all equal) and `T` not a multiple of them, causal or not.
 
 # %% grade_id="flash_attention_triton"
 @triton.jit
@@ -514,18 +594,34 @@ def flash_attention_triton(Q, K, V, O, LSE, stride_qb, stride_qt, stride_kb, str
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running maximum
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # unnormalised output
-    hi = (start_m + 1) * BLOCK_M if CAUSAL else T  # key blocks from hi on are wholly in the future
-    for start_n in range(0, hi, BLOCK_N):
-        ### BEGIN SOLUTION
+    ### BEGIN SOLUTION
+    if CAUSAL:
+        lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N  # key blocks before lo end before the first query
+        hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # key blocks from hi on are wholly in the future
+    else:
+        lo = T // BLOCK_N * BLOCK_N  # the full key blocks
+        hi = T
+    for start_n in range(0, lo, BLOCK_N):  # stage 1: no mask
+        cols = start_n + offs_n  # (BLOCK_N,) key positions
+        k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :])  # (BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,)
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    for start_n in range(lo, hi, BLOCK_N):  # stage 2: the diagonal blocks (and the block past T), masked
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         k = tl.load(K + bh * stride_kb + cols[:, None] * stride_kt + offs_d[None, :],
                     mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
         v = tl.load(V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :],
                     mask=cols[:, None] < T, other=0.0)  # (BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
-        keep = cols[None, :] < T
+        keep = cols[None, :] < T  # (1, BLOCK_N): keys past the end of the sequence are padding
         if CAUSAL:
-            keep = keep & (cols[None, :] <= offs_m[:, None])
+            keep = keep & (cols[None, :] <= offs_m[:, None])  # (BLOCK_M, BLOCK_N)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
         alpha = tl.exp(m_i - m_new)  # (BLOCK_M,)
@@ -533,7 +629,7 @@ def flash_attention_triton(Q, K, V, O, LSE, stride_qb, stride_qt, stride_kb, str
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-        ### END SOLUTION
+    ### END SOLUTION
     acc = acc / l_i[:, None]
     tl.store(O + bh * stride_ob + offs_m[:, None] * stride_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
              mask=offs_m[:, None] < T)
@@ -565,19 +661,26 @@ else:
     print("skipped:", TRITON_HOW)
 
 # %% [markdown]
-# On a GPU the kernel is compiled, and we can time it against SDPA (which picks its own flash kernel)
-# in bfloat16, causal, forward only, with `bench.time_fn` (warm-up, CUDA events, median). The FLOPs of
-# causal attention are half of `4 * b * H * T^2 * D` (notebook 06). Our kernel is the plain
-# FlashAttention-2 loop, without the tricks of production kernels (`exp2`, tuned block sizes and
-# warps, software pipelining), so expect it within a small factor of SDPA, not equal to it.
+# On a GPU the kernel is compiled, and we can time it against SDPA (which picks its own flash kernel),
+# causal, forward only, with `bench.time_fn` (warm-up, CUDA events, median), in bfloat16, or in
+# float16 on a GPU older than compute capability 8.0 (a T4, Colab's free GPU, has no bfloat16). The
+# FLOPs of causal attention are half of `4 * b * H * T^2 * D` (notebook 06). Triton already
+# pipelines the loads of a loop for us (`num_stages`: the next `K`/`V` block is fetched while the
+# current one is computed), but our kernel lacks the other tricks of production kernels: `exp2` with
+# `log2(e)` folded into the scale, block sizes, warps and stages tuned per GPU, and (FlashAttention-3)
+# the softmax overlapped with the matrix products. Expect it within a small factor of SDPA, not equal
+# to it.
 
 # %% tags=["nbval-ignore-output"]
 if TRITON_RUNS and torch.cuda.is_available():
     B, H, D = 4, 16, 64
-    peak = bench.peak_tflops("cuda", torch.bfloat16)
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
+    if dtype == torch.float16:
+        print("this GPU is older than compute capability 8.0 (no bfloat16): timing in float16")
+    peak = bench.peak_tflops("cuda", dtype)
     print(f"{'T':>6s} {'Triton ms':>10s} {'SDPA ms':>8s} {'Triton TFLOP/s':>15s} {'% of peak':>9s} {'SDPA TFLOP/s':>13s}")
     for T in (1024, 2048, 4096):
-        q, k, v = torch.randn(3, B, H, T, D, device="cuda", dtype=torch.bfloat16).unbind(0)
+        q, k, v = torch.randn(3, B, H, T, D, device="cuda", dtype=dtype).unbind(0)
         flops = 4 * B * H * T * T * D // 2  # causal: half the tiles
         ours = bench.time_fn(lambda: flash.launch(flash_attention_triton, q, k, v, True, 128, 64), device="cuda")
         sdpa = bench.time_fn(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device="cuda")
@@ -661,9 +764,13 @@ print(f"T={Ts[-1]}: naive keeps {saved_naive[-1] / 2**20:,.0f} MiB per head, Fla
 #
 # Because naive attention is limited by memory traffic, not by arithmetic: it writes and reads the
 # `T x T` scores and weights to the GPU's large memory, about `D / 2` FLOPs per byte, far below the
-# ridge point of a modern GPU. Tiled, the scores never leave the chip; the traffic drops to reading
-# `K` and `V` once per query block, and the intensity rises to about `block_q` FLOPs per byte, up to
-# the ridge point and past it: the kernel becomes compute-bound.
+# ridge point of a modern GPU. Tiled, the scores never leave the chip. Counting every read of `K` and
+# `V` from HBM (an upper bound on the traffic), the intensity rises to a little under `block_q` FLOPs
+# per byte: 124 at `block_q = 128`, still below an H100's ridge of 295. But the query blocks of one
+# head share `K` and `V` through the L2 cache (1 MiB at `T = 4096`, `D = 64`), so the real traffic is
+# much lower and the kernel is compute-bound. Then the next limit is the exponentials: one `exp` per
+# score on slow special-function units, which in FlashAttention-2 do not overlap with the matrix
+# products; it reaches about 35 % of an H100's peak.
 # </details>
 #
 # <details><summary>6. An H100 has 80 GB. Naive causal attention with 32 heads in bf16 fails above about 25,000 tokens for one sequence. What is the limit for FlashAttention, and what runs out first in practice?</summary>
@@ -671,6 +778,24 @@ print(f"T={Ts[-1]}: naive keeps {saved_naive[-1] / 2**20:,.0f} MiB per head, Fla
 # The attention itself needs only `Q`, `K`, `V`, `O` (about `4 T D H` numbers) and `lse`, linear in `T`:
 # millions of tokens would fit. In practice the model's weights, the activations kept for training, and
 # at inference time the KV cache (notebook 08) run out long before that.
+# </details>
+#
+# <details><summary>7. Find the bug: a student's loop passes on scores that arrive in decreasing order, but fails on others. Its update reads <code>l = alpha * l + p.sum(-1)</code> and <code>acc = acc + p @ v_blk</code>. What is wrong, and why do some inputs pass?</summary>
+#
+# `acc` is not rescaled by `alpha`. When no later key block raises the running maximum, `alpha = 1`
+# at every step and the missing factor changes nothing, so those inputs pass. As soon as a later
+# block holds a larger score, the old terms of `acc` stay computed against the old maximum. One
+# query with scores `[1, 3]` in blocks of one, and values `10` and `20`: the right output is
+# `(e^-2 * 10 + 20) / (e^-2 + 1) = 18.81`; the buggy loop gives `(10 + 20) / 1.135 = 26.42`. With the
+# scores in the order `[3, 1]` both give `11.19`.
+# </details>
+#
+# <details><summary>8. Predict the output: one query, two keys, both scaled scores equal to 1000. What is <code>lse</code>, and what does a loop that writes <code>lse = log(l)</code> return instead?</summary>
+#
+# `lse = log(e^1000 + e^1000) = 1000 + log 2 = 1000.693`. The loop keeps `m = 1000` and
+# `l = e^0 + e^0 = 2`, so `m + log(l)` is right, while `log(l)` alone gives `0.693`: the maximum
+# that was subtracted for stability is lost. The output `O` is the same either way, which is why
+# this bug hides until the backward pass rebuilds `P = exp(S - lse)` from it.
 # </details>
 
 # %% [markdown]
@@ -684,12 +809,18 @@ print(f"T={Ts[-1]}: naive keeps {saved_naive[-1] / 2**20:,.0f} MiB per head, Fla
 #   `out = acc / l` and `lse = m + log(l)`. No `(T, T)` tensor, not even a mask.
 # - **Causal:** tiles wholly in the future are skipped, only diagonal tiles are masked: half the work.
 # - **Memory:** naive attention's peak grows like `T^2` (three `(b, H, T, T)` tensors here, measured);
-#   tiled grows like `T`. Naive 32-head bf16 attention for one sequence stops fitting near 11,000
-#   tokens on a T4, 17,700 on a 40 GB A100 and 25,000 on an 80 GB A100 or H100.
-# - **Speed:** same FLOPs, far fewer bytes: arithmetic intensity rises from about `D / 2` to about
-#   `block_q` FLOPs per byte, from memory-bound towards compute-bound.
-# - **Triton:** one program per query block and (batch, head), tiles in `tl.load` / `tl.dot`; the
-#   interpreter runs it on a CPU.
+#   tiled grows like `T` (its fixed part is a few tiles). Naive 32-head attention in 2-byte numbers for
+#   one sequence stops fitting near 11,000 tokens on a T4 (float16), 17,700 on a 40 GB A100 and 25,000
+#   on an 80 GB A100 or H100 (bfloat16).
+# - **Speed:** same FLOPs, far fewer bytes. The traffic model (every query block reads `K` and `V` from
+#   HBM, an upper bound on the bytes) raises the intensity from about `D / 2` to a little under
+#   `block_q` FLOPs per byte: 124 at `block_q = 128`, still below an H100's ridge. The L2 cache
+#   shares `K` and `V` between query blocks, so real kernels are compute-bound, and then limited by
+#   the exponentials: FlashAttention-2 reaches about 35 % of an H100's peak, FlashAttention-3 overlaps
+#   the softmax with the products.
+# - **Triton:** one program per query block and (batch, head), tiles in `tl.load` / `tl.dot`; an
+#   unmasked stage for the blocks wholly in the past, a masked stage for the diagonal; Triton
+#   pipelines the loads; the interpreter runs it on a CPU.
 # - **Backward:** store `O` and `lse`, recompute the score tiles, `P = exp(S - lse)`.
 #
 # Notebook 08 turns to inference: generating text one token at a time with a KV cache, grouped-query

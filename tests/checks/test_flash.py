@@ -213,3 +213,66 @@ def test_reference_kernel_compiles_for_a_gpu_without_one():
     done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["bf16", "True", "True", "fp32", "False", "True"], done.stdout
+
+
+def test_the_pinned_triton_is_the_one_the_student_edition_installs_on_linux():
+    from grader import edition
+
+    assert f"triton=={flash.TRITON_VERSION}" in (course_root() / "constraints.txt").read_text().splitlines()
+    assert f"triton=={flash.TRITON_VERSION}; platform_system == 'Linux'" in edition._requirements().splitlines()
+
+
+def test_the_skip_message_names_the_one_command_that_makes_the_check_run(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    monkeypatch.setattr(flash.sys, "platform", "linux")
+    runs, why = flash.triton_status()
+    assert not runs and f'%pip install "triton=={flash.TRITON_VERSION}"' in why
+    monkeypatch.setattr(flash.sys, "platform", "darwin")
+    assert "Colab" in flash.triton_status()[1]
+
+
+def course_root():
+    from grader import course
+
+    return course.repo_root()
+
+
+# ------------------------------------------------------------------------------ the engine's shared diagnoses
+def _raised(fn):
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001
+        return error
+    raise AssertionError("expected an error")
+
+
+def test_a_raw_matmul_shape_error_is_translated_into_operands_and_a_missing_transpose():
+    from course_utils.checks.core import shape_error_hint
+
+    hint = shape_error_hint(_raised(lambda: torch.randn(4, 3) @ torch.randn(4, 2)))
+    assert "(4, 3)" in hint and "(4, 2)" in hint and "columns (3) must equal the second's rows (4)" in hint
+    assert "missing transpose" in hint and "A.T @ B" in hint
+    hint = shape_error_hint(_raised(lambda: torch.randn(5, 3) @ torch.randn(4, 3)))
+    assert "A @ B.T" in hint
+    hint = shape_error_hint(_raised(lambda: torch.randn(2, 6, 2) - torch.randn(2, 6)))
+    assert "keepdim=True" in hint and "dimension" in hint
+    assert shape_error_hint(ValueError("something else")) is None
+
+
+def test_factors_name_a_mix_of_natural_and_base_2_logs_and_exact_multiples():
+    from course_utils.checks.core import name_factor, transformation_hint
+
+    assert "log2(e)" in name_factor(1 / math.log(2)) and "base-2" in name_factor(1 / math.log(2))
+    assert "ln 2" in name_factor(math.log(2))
+    want = torch.rand(3, 4) + 0.5
+    assert "2 times the expected" in transformation_hint(want, 2 * want)
+    assert "log2(e)" in transformation_hint(want, want / math.log(2))
+    assert name_factor(3.7) == ""
+
+
+def test_an_online_softmax_hint_never_speaks_of_a_dim_argument():
+    x = torch.randn(4, 6)
+    wrong = torch.softmax(x, dim=0)  # sums to 1 along dim 0: what statistics without keepdim can give
+    hint = nb07._online_diagnose(nb07.Case("c", (x, 2)), wrong, torch.softmax(x, dim=-1))
+    assert "`dim`" not in hint and "keepdim" in hint

@@ -117,6 +117,19 @@ def test_no_background_process_survives(graded):
     assert not alive, f"processes left running by a submission: {alive}"
 
 
+def test_dynamic_code_is_flagged_for_the_instructor_only(graded):
+    out = graded["out"]
+    grades, _ = _read(out)
+    flagged = {key: row["integrity"] for key, row in grades.items() if row["integrity"]}
+    assert set(flagged) == {("dynamic_code", "01_dot_products")}, flagged
+    assert "dot line 4: sys.modules" in flagged[("dynamic_code", "01_dot_products")]
+    assert "getattr with a name computed" in flagged[("dynamic_code", "01_dot_products")]
+    report = (out / "reports" / "dynamic_code.md").read_text()
+    assert "## Integrity (instructor only)" in report and "| 01_dot_products | dot | 4 |" in report
+    assert "Integrity" not in (out / "results.json").read_text()
+    assert all("Integrity" not in p.read_text() for p in (out / "reports").glob("*.md") if p.stem != "dynamic_code")
+
+
 def test_rule_reasons_match_the_self_check(graded):
     """The grader's reason is the one the student's own self-check gives for the same code."""
     from course_utils.checks.core import CheckFailed, check_rules

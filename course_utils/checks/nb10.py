@@ -1,0 +1,465 @@
+"""Self-checks for notebook 10: the FlashAttention backward pass.
+
+- ``attention_backward_reference``: the plain formulas, ``(dq, dk, dv)``, against autograd's
+  gradients of attention in float64.
+- ``flash_attention_backward``: the same gradients tile by tile; like notebook 07's forward it is
+  watched (:mod:`course_utils.checks.tensors`): no ``(T, T)`` tensor may be made, and in a causal
+  backward the tiles wholly in the future must be skipped (the check counts the score entries).
+- ``FlashAttention``: a ``torch.autograd.Function``; its output and gradients against autograd's,
+  what it keeps for the backward (exactly ``q``, ``k``, ``v``, the output and ``lse``: no ``P``),
+  ``torch.autograd.gradcheck`` in float64, and SDPA's gradients in float32 at ``T = 256``.
+- ``flash_attention_backward_triton``: the Triton kernel for ``dK`` and ``dV``, launched with
+  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU.
+
+Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
+student edition), and known mistakes are named by their outputs, as in every notebook.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from course_utils import flash
+from course_utils.checks import expected as _expected
+from course_utils.checks.core import (
+    Case,
+    CheckFailed,
+    _clone,
+    _hinted,
+    call_student,
+    check,
+    check_rules,
+    expect,
+    fail,
+    hidden_cases,
+    mistake_outputs,
+    passed,
+    rand,
+    require_callable,
+    tensor_difference,
+)
+from course_utils.checks.nb07 import computed_tiles, full_matrix_problem
+from course_utils.checks.tensors import TensorWatcher
+
+__all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
+           "check_flash_attention_backward_triton", "attention_with_grads", "forward_statistics", "tiles_problem"]
+
+GRADS = ("dq", "dk", "dv")
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs and expected values (PyTorch's own attention and autograd: no answer here)
+# ------------------------------------------------------------------------------------------
+def _inputs(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = torch.float64) -> tuple:
+    """``q, k, v, do``, each ``shape``, from their own seeds."""
+    return tuple(rand(*shape, seed=seed + i, low=-scale, high=scale, dtype=dtype) for i in range(4))
+
+
+def attention_with_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                         causal: bool = True) -> tuple[torch.Tensor, ...]:
+    """``(o, dq, dk, dv)``: PyTorch's attention ``(..., T, D)`` and autograd's gradients for ``do``."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (..., T, Dv)
+        o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def forward_statistics(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the forward pass saves: the output ``(..., T, Dv)`` and the log-sum-exp ``(..., T)``."""
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal), scores.logsumexp(dim=-1)
+
+
+def _backward_case(name: str, shape: tuple, seed: int, block_q: int, block_k: int, causal: bool,
+                   scale: float = 1.0, dtype: torch.dtype = torch.float32) -> Case:
+    """A case of ``flash_attention_backward``: ``(q, k, v, o, lse, do, block_q, block_k)``, ``causal=``."""
+    q, k, v, do = _inputs(*shape, seed=seed, scale=scale, dtype=dtype)
+    o, lse = forward_statistics(q, k, v, causal)
+    return Case(name, (q, k, v, o, lse, do, block_q, block_k), {"causal": causal})
+
+
+# ------------------------------------------------------------------------------------------
+# Comparing (dq, dk, dv), naming the gradient that differs and the mistake behind it
+# ------------------------------------------------------------------------------------------
+def _triple_difference(want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    if not isinstance(got, (tuple, list)) or len(got) != len(names):
+        length = f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""
+        return f"expected a tuple ({', '.join(names)}), got {type(got).__name__}{length}: return {', '.join(names)}"
+    for name, w, g in zip(names, want, got):
+        problem = tensor_difference(w, g, atol, rtol)
+        if problem:
+            return f"{name}: {problem}"
+    return None
+
+
+def _hint(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> str | None:
+    """The known mistake whose outputs equal ``got``, if any."""
+    try:
+        for hint, output in mistake_outputs(exercise, case):
+            if _triple_difference(output, got, names, 1e-5, 1e-4) is None:
+                return hint
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return None
+    return None
+
+
+def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, ...] = GRADS,
+             atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True) -> None:
+    problem = _triple_difference(want, got, names, atol, rtol)
+    if problem:
+        shapes = ", ".join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))
+        try:
+            fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
+        except CheckFailed as error:
+            raise _hinted(error, _hint(exercise, case, got, names) if name_mistakes else None) from None
+
+
+def _record_mistakes(exercise: str, case: Case) -> None:
+    if _expected.is_recording():
+        mistake_outputs(exercise, case)
+
+
+# ------------------------------------------------------------------------------------------
+# attention_backward_reference
+# ------------------------------------------------------------------------------------------
+def _reference_cases() -> list[Case]:
+    return [
+        Case("(5, 3), causal", _inputs(5, 3, seed=1001), {"causal": True}),
+        Case("batch (2, 2, 7, 4), causal", _inputs(2, 2, 7, 4, seed=1005), {"causal": True}),
+        Case("(2, 6, 4), causal=False", _inputs(2, 6, 4, seed=1009), {"causal": False}),
+        Case("large scores (1, 8, 4) up to +-6, causal", _inputs(1, 8, 4, seed=1013, scale=6.0), {"causal": True}),
+    ]
+
+
+def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
+    """Autograd's ``(dq, dk, dv)`` for the case's ``q, k, v, do`` (the first four arguments)."""
+    q, k, v = case.args[:3]
+    do = case.args[3] if len(case.args) == 4 else case.args[5]  # (q, k, v, do) or (q, k, v, o, lse, do, ...)
+    return expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs.get("causal", True))[1:])
+
+
+@check
+def check_attention_backward_reference(attention_backward_reference: Callable, hidden: bool = False) -> None:
+    """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd."""
+    exercise = "attention_backward_reference"
+    require_callable(exercise, attention_backward_reference)
+    check_rules(exercise, attention_backward_reference)
+    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        want = _expected_grads(exercise, case)
+        _record_mistakes(exercise, case)
+        got = call_student(exercise, attention_backward_reference, Case(case.name, _clone(case.args), dict(case.kwargs)))
+        _compare(exercise, case, got, want, atol=1e-8, rtol=1e-6)
+    passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)})")
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attention_backward
+# ------------------------------------------------------------------------------------------
+def _flash_cases() -> list[Case]:
+    return [
+        _backward_case("(1, 2, 24, 8), block_q=block_k=8, causal", (1, 2, 24, 8), 1029, 8, 8, True),
+        _backward_case("(6, 4), block_q=2, block_k=4, causal", (6, 4), 1021, 2, 4, True),
+        _backward_case("(2, 3, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks",
+                       (2, 3, 37, 8), 1025, 8, 16, True),
+        _backward_case("(2, 20, 8), block_q=16, block_k=6, causal=False", (2, 20, 8), 1033, 16, 6, False),
+    ]
+
+
+#: The case on which the check counts the scores computed: T = 40 is larger than every other size.
+_STRUCTURE = ("tiles: (2, 40, 4), block_q=8, block_k=16, causal", (2, 40, 4), 1037, 8, 16)
+
+
+def tiles_problem(watcher: TensorWatcher, T: int, head_dim: int, block_q: int, block_k: int, heads: int) -> str | None:
+    """Whether a causal backward skipped the tiles wholly in the future, read from the products made.
+
+    Each computed tile makes two ``(Bq, Bk)`` products that contract over the head size: the
+    scores ``Q_blk K_blk^T`` and ``dP = dO_blk V_blk^T`` (the head size of ``v`` is the same here).
+    Products whose output's last dimension is the head size (``P^T dO``, ``dS K``, ``dS^T Q``) are
+    not counted, nor products with a single row or column (``einsum`` makes ``rowsum(dO * O)`` one). An
+    answer whose products the watcher cannot see is not judged here.
+    """
+    computed = sum(p.entries for p in watcher.products if p.contraction == head_dim and p.out_shape[-1] != head_dim
+                   and min(p.out_shape[-2:]) > 1)  # not a row-by-row dot product, D = rowsum(dO * O) by einsum
+    if computed == 0:
+        return None
+    needed, _, total = (2 * n * heads for n in computed_tiles(T, block_q, block_k))
+    if computed <= needed:
+        return None
+    if computed >= total:
+        return (f"no tile was skipped: your code computed {computed:,} entries of S and dP, those of every (query "
+                f"block, key block) tile, but a causal backward needs only the tiles that reach the diagonal or "
+                f"lie below it ({needed:,}). For a key block starting at k_start, the query blocks that end at or "
+                f"before k_start see none of its keys: start the query loop at the block holding k_start, "
+                f"(k_start // block_q) * block_q (or, with query blocks outside, stop the key loop at q_end).")
+    return (f"your code computed {computed:,} entries of S and dP, but the causal tiles need only {needed:,}: some "
+            f"tiles wholly in the future are still computed (an off-by-one in a loop's start or end?), or some tiles "
+            f"twice. Compute each needed tile once, and add its share into the rows of dq right there.")
+
+
+def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
+    """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor, future tiles skipped."""
+    q, k, v, o, lse, do, block_q, block_k = case.args
+    causal = case.kwargs.get("causal", True)
+    T = q.shape[-2]
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        call_student(exercise, fn, Case(case.name, _clone(case.args), dict(case.kwargs)))
+    if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
+        problem = full_matrix_problem(watcher, T)
+        if problem:
+            fail(exercise, problem.replace("FlashAttention never", "FlashAttention's backward never")
+                 .replace("compute one (block_q, block_k) tile of scores at a time, q_blk @ k_blk.transpose(-2, -1)",
+                          "rebuild one (block_q, block_k) tile of P at a time from q_blk, k_blk and lse"), case)
+    if causal and T > block_k and q.shape[-1] == v.shape[-1]:
+        problem = tiles_problem(watcher, T, q.shape[-1], block_q, block_k, math.prod(q.shape[:-2]))
+        if problem:
+            fail(exercise, problem, case)
+
+
+@check
+def check_flash_attention_backward(flash_attention_backward: Callable, hidden: bool = False) -> None:
+    """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
+    autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
+    exercise = "flash_attention_backward"
+    require_callable(exercise, flash_attention_backward)
+    check_rules(exercise, flash_attention_backward)
+    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        want = _expected_grads(exercise, case)
+        _record_mistakes(exercise, case)
+        got = call_student(exercise, flash_attention_backward, Case(case.name, _clone(case.args), dict(case.kwargs)))
+        tol = 1e-8 if case.args[0].dtype == torch.float64 else 1e-5
+        _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
+        if hidden or not case.kwargs.get("causal", True):  # the causal structure is watched on T = 40 below
+            check_backward_structure(exercise, flash_attention_backward, case)
+    name, shape, seed, block_q, block_k = _STRUCTURE
+    check_backward_structure(exercise, flash_attention_backward, _backward_case(name, shape, seed, block_q, block_k, True))
+    passed(exercise, f"{len(cases)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly "
+                     f"in the future are skipped ({'; '.join(c.name for c in cases)})")
+
+
+# ------------------------------------------------------------------------------------------
+# FlashAttention
+# ------------------------------------------------------------------------------------------
+def run_function(cls: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool,
+                 block_q: int, block_k: int) -> tuple[torch.Tensor, ...]:
+    """``(o, dq, dk, dv)``: ``cls.apply(q, k, v, causal, block_q, block_k)`` and its backward for ``do``."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        o = cls.apply(q, k, v, causal, block_q, block_k)
+        if not isinstance(o, torch.Tensor):
+            raise TypeError(f"FlashAttention.apply returned {type(o).__name__}: forward must return the output "
+                            f"tensor o alone (keep lse for the backward with ctx.save_for_backward)")
+        if o.grad_fn is None:
+            raise TypeError("the output has no grad_fn: autograd cannot reach your backward. Return forward's "
+                            "output as it is")
+        o.backward(do)
+    grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v))
+    return (o.detach(), *grads)
+
+
+def _function_cases() -> list[Case]:
+    return [
+        Case("(6, 4), block_q=2, block_k=4, causal", (*_inputs(6, 4, seed=1041), True, 2, 4)),
+        Case("(2, 2, 13, 8), block_q=4, block_k=4, causal: T not a multiple of the blocks",
+             (*_inputs(2, 2, 13, 8, seed=1045), True, 4, 4)),
+        Case("(2, 11, 4), block_q=8, block_k=3, causal=False", (*_inputs(2, 11, 4, seed=1049), False, 8, 3)),
+    ]
+
+
+def _function_diagnose(error: BaseException) -> str | None:
+    text = str(error)
+    if "incorrect number of gradients" in text:
+        return ("backward must return one gradient per argument of forward, in order: dq, dk, dv, and None for "
+                "causal, block_q and block_k.")
+    if "save_for_backward can only save" in text or "saved_tensors" in text:
+        return "ctx.save_for_backward(q, k, v, o, lse) in forward; q, k, v, o, lse = ctx.saved_tensors in backward."
+    return None
+
+
+def _kept_problem(cls: Any) -> str | None:
+    """What ``cls``'s forward keeps for the backward: exactly q, k, v, the output and lse, nothing (T, T)."""
+    T, D, block_q, block_k = 24, 4, 8, 8
+    q, k, v, do = _inputs(1, 2, T, D, seed=1053)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    watcher = TensorWatcher()
+    with torch.enable_grad(), watcher:
+        o = cls.apply(q, k, v, True, block_q, block_k)
+        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    ctx = o.grad_fn
+    try:
+        saved = list(ctx.saved_tensors)
+    except Exception as exc:  # noqa: BLE001 - described below
+        return f"reading ctx.saved_tensors raised {type(exc).__name__}: {exc}"
+    kept = [(f"ctx.{name}", value) for name, value in vars(ctx).items() if isinstance(value, torch.Tensor)]
+    for where, tensor in [("ctx.save_for_backward", t) for t in saved] + kept:
+        if sum(d >= T for d in tensor.shape) >= 2:
+            return (f"{where} keeps a tensor of shape {tuple(tensor.shape)}, with T = {T} rows and columns: that is P "
+                    f"(or the scores), the (T, T) matrix FlashAttention never keeps. Save only q, k, v, o and lse, and "
+                    f"rebuild each tile of P in the backward from q, k and lse.")
+    if kept:
+        names = ", ".join(name for name, _ in kept)
+        return (f"tensors are kept as attributes of ctx ({names}): autograd cannot track them (a later in-place "
+                f"change would go unnoticed). Pass every tensor to ctx.save_for_backward.")
+    lse_shape = q.shape[:-1]
+    want = {"q": q, "k": k, "v": v, "o": o}
+    found = []
+    for tensor in saved:
+        name = next((n for n, w in want.items() if n not in found and tensor.shape == w.shape
+                     and torch.equal(tensor.detach(), w.detach())), None)
+        if name is None and "lse" not in found and tensor.shape == lse_shape:
+            name = "lse"
+        found.append(name)
+    missing = [n for n in ("q", "k", "v", "o", "lse") if n not in found]
+    extra = [tuple(t.shape) for t, n in zip(saved, found) if n is None]
+    if missing or extra:
+        return (f"ctx.save_for_backward saved {len(saved)} tensors of shapes {[tuple(t.shape) for t in saved]}: "
+                f"{'missing ' + ', '.join(missing) if missing else ''}{'; ' if missing and extra else ''}"
+                f"{'not needed: ' + str(extra) if extra else ''}. Save exactly q, k, v, the output o and lse "
+                f"(..., T): everything the backward needs, and nothing (T, T).")
+    problem = full_matrix_problem(watcher, T)
+    if problem:
+        return (problem.split(": that is")[0] + " while running forward and backward: FlashAttention never makes a "
+                "(T, T) tensor, in either pass. forward calls flash_attention_forward and backward your tiled "
+                "flash_attention_backward, nothing that builds the whole matrix.")
+    return None
+
+
+def _sdpa_cases() -> list[Case]:
+    """``T = 256`` in float32 against SDPA, causal or not, with blocks that do not divide ``T``."""
+    return [
+        Case("float32 (1, 2, 256, 16), block_q=48, block_k=40, causal: against SDPA",
+             (*_inputs(1, 2, 256, 16, seed=1057, dtype=torch.float32), True, 48, 40)),
+        Case("float32 (1, 2, 256, 16), block_q=96, block_k=56, causal=False: against SDPA",
+             (*_inputs(1, 2, 256, 16, seed=1061, dtype=torch.float32), False, 96, 56)),
+    ]
+
+
+def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
+    q, k, v, _, causal, block_q, block_k = case.args
+    inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    try:
+        with torch.enable_grad():
+            torch.autograd.gradcheck(lambda a, b, c: cls.apply(a, b, c, causal, block_q, block_k), inputs,
+                                     eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
+    except torch.autograd.gradcheck.GradcheckError as error:
+        first = str(error).strip().splitlines()[0]
+        fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
+                       f"numerical derivatives of your forward ({first}).", case)
+    except CheckFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a verdict
+        fail(exercise, f"torch.autograd.gradcheck raised {type(exc).__name__}: {exc}", case)
+
+
+@check
+def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
+    """Check ``FlashAttention``, a ``torch.autograd.Function``: ``apply(q, k, v, causal, block_q, block_k)``.
+
+    Output and gradients against autograd's in float64; what its forward keeps for the backward;
+    ``gradcheck``; and gradients against SDPA's in float32 at ``T = 256``, causal and not.
+    """
+    exercise = "FlashAttention"
+    require_callable(exercise, FlashAttention)
+    if not (isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function)):
+        fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
+                       "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
+    check_rules(exercise, FlashAttention)
+    names = ("o", *GRADS)
+    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        q, k, v, do = case.args[:4]
+        want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.args[4]))
+        _record_mistakes(exercise, case)
+        try:
+            got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+        except CheckFailed as error:
+            cause = error.student_error if error.student_error is not None else error
+            raise _hinted(error, _function_diagnose(cause)) from None
+        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
+    try:
+        problem = _kept_problem(FlashAttention)
+    except Exception as exc:  # noqa: BLE001 - the student's code raised
+        problem = f"your code raised {type(exc).__name__}: {exc}"
+    if problem:
+        fail(exercise, problem, Case("what forward keeps: (1, 2, 24, 4), block_q=block_k=8, causal"))
+    _gradcheck(exercise, FlashAttention, Case("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal",
+                                              (*_inputs(1, 5, 3, seed=1065), True, 2, 3)))
+    sdpa = _sdpa_cases()
+    for case in sdpa:
+        q, k, v, do = case.args[:4]
+        want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's kernel, run here
+        got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+        _compare(exercise, case, got, want, names, atol=1e-4, rtol=1e-3, name_mistakes=False)
+    passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
+                     f"forward keeps exactly q, k, v, o and lse; gradcheck passes; and the gradients equal SDPA's "
+                     f"at T = 256 in float32, causal and not")
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attention_backward_triton
+# ------------------------------------------------------------------------------------------
+def kernel_case(name: str, shape: tuple, seed: int, causal: bool, block_m: int, block_n: int,
+                scale: float = 1.0) -> Case:
+    """A case of the kernel: ``(q, k, v, o, lse, do)`` in float32, ``causal``, ``block_m``, ``block_n``."""
+    q, k, v, do = _inputs(*shape, seed=seed, scale=scale, dtype=torch.float32)
+    o, lse = forward_statistics(q, k, v, causal)
+    return Case(name, (q, k, v, o, lse, do), {"causal": causal, "block_m": block_m, "block_n": block_n})
+
+
+def _triton_cases() -> list[Case]:
+    return [
+        kernel_case("(1, 1, 32, 16), causal, BLOCK_M=BLOCK_N=16", (1, 1, 32, 16), 1071, True, 16, 16),
+        kernel_case("(2, 1, 20, 16), causal=False, BLOCK_M=BLOCK_N=16: T not a multiple of the blocks",
+                    (2, 1, 20, 16), 1075, False, 16, 16),
+    ]
+
+
+@check
+def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> None:
+    """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
+    :func:`course_utils.backward.launch_backward`, against autograd's gradients.
+
+    On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
+    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
+    self-check is skipped with the reason; the grader always has Triton.
+    """
+    from course_utils.backward import launch_backward
+
+    exercise = "flash_attention_backward_triton"
+    runs, how = flash.triton_status()
+    if not runs:
+        if hidden:
+            fail(exercise, f"the grader needs Triton to grade this kernel: {how}")
+        print(f"⏭ {exercise}: skipped: {how}.")
+        return
+    require_callable(exercise, kernel)
+    check_rules(exercise, getattr(kernel, "fn", kernel))
+    on_gpu = torch.cuda.is_available()
+    atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    for case in cases:
+        q, k, v, o, lse, do = case.args
+        want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
+        _record_mistakes(exercise, case)
+        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            dk, dv = launch_backward(kernel, *tensors, **case.kwargs)
+            return dk.cpu(), dv.cpu()
+
+        got = call_student(exercise, run, Case(case.name, args))
+        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
+    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
+                     f"({'; '.join(c.name for c in cases)})")
