@@ -11,8 +11,6 @@ wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -43,6 +41,7 @@ from course_utils.checks.core import (
 from course_utils.checks.modules import (
     check_causal_module,
     check_dropout_modes,
+    check_alone,
     check_moves_with_module,
     finite_then_values,
     module_checks,
@@ -61,80 +60,20 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------
-# One mistake, one exercise: a module is checked with OUR versions of the notebook's other exercises
+# One mistake, one exercise: an answer is checked with OUR versions of the notebook's other exercises
 # ------------------------------------------------------------------------------------------
-#: The other exercises of this notebook that an exercise's module may call, by the names the notebook
-#: gives them, and the exercise number a student reads.
+#: The other exercises of this notebook that an exercise's answer may call, by the names the notebook
+#: gives them: its checks run with the reference's versions (:func:`modules.check_alone`), so a wrong
+#: helper costs only the helper's points.
 HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "GroupedQueryAttention": ("repeat_kv",),
            "apply_rope": ("rope_angles",)}
-_EXERCISE_NUMBER = {"decode_causal_mask": "Exercise 1", "rope_angles": "Exercise 2", "apply_rope": "Exercise 3",
-                    "repeat_kv": "Exercise 5"}
 
 
-def _student_functions(cls: object) -> list:
-    """The student's function itself, or the functions of the student's class (and of its bases written
-    in the notebook): methods, static and class methods, properties."""
-    if not isinstance(cls, type):
-        return [cls] if isinstance(getattr(cls, "__globals__", None), dict) else []
-    found = []
-    for klass in getattr(cls, "__mro__", (cls,)):
-        if klass is object or klass.__module__.split(".")[0] in ("torch", "builtins", "course_utils"):
-            continue
-        for value in vars(klass).values():
-            for part in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
-                if callable(part) and isinstance(getattr(part, "__globals__", None), dict):
-                    found.append(part)
-    return found
-
-
-def _names_used(functions: list) -> set[str]:
-    """Every global name the functions' code (nested functions and lambdas included) refers to."""
-    names: set[str] = set()
-    todo = [fn.__code__ for fn in functions if hasattr(fn, "__code__")]
-    while todo:
-        code = todo.pop()
-        names.update(code.co_names)
-        todo += [c for c in code.co_consts if hasattr(c, "co_names")]
-    return names
-
-
-@contextlib.contextmanager
-def our_helpers(exercise: str, cls: object):
-    """Inside the block, the student's ``cls`` (a class or a function) runs with our versions of the notebook's other exercises
-    it calls (``HELPERS``): a wrong ``repeat_kv`` costs ``repeat_kv``'s points, not ``GroupedQueryAttention``'s.
-
-    Instructor edition (grading): the names in the notebook's namespace are bound to the reference for
-    the duration of the check, then restored. Student edition (no reference code): the student's own
-    helper stays, and must first pass its own visible check; if it does not, the check says which
-    helper to fix, and nothing about this exercise's answer.
-    """
-    functions = _student_functions(cls)
-    used = _names_used(functions) & set(HELPERS.get(exercise, ()))
-    spaces = {id(fn.__globals__): fn.__globals__ for fn in functions}.values()
-    if _expected.mode() == _expected.RECORDED:
-        for name in sorted(used):
-            helper = next((space[name] for space in spaces if name in space), None)
-            if helper is None:
-                continue
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):
-                    _HELPER_CHECKS[name](helper)
-            except CheckFailed:
-                fail(exercise, f"{exercise} calls your {name}, which does not pass its own check ({_EXERCISE_NUMBER[name]}) "
-                               f"yet. Fix {name} first and run its check cell, then this one again.")
-        yield
-        return
-    saved = []
-    try:
-        for space in spaces:
-            for name in used:
-                if name in space:
-                    saved.append((space, name, space[name]))
-                    space[name] = _expected.reference(name)
-        yield
-    finally:
-        for space, name, value in reversed(saved):
-            space[name] = value
+def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
+    """``run()`` (the checks of ``obj``) with the reference's versions of the helpers ``obj`` calls."""
+    checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
+                 "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
+    check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -261,8 +200,7 @@ def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
     ]
     cases += hidden_cases(exercise) if hidden else []
     require_callable(exercise, apply_rope)
-    with our_helpers(exercise, apply_rope):
-        compare_function(exercise, apply_rope, cases, quiet=True)
+    _alone(exercise, apply_rope, lambda: compare_function(exercise, apply_rope, cases, quiet=True))
     passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
                      f"turned by its angle at its position")
 
@@ -568,12 +506,11 @@ def _kv_cases() -> list[DecodeCase]:
 def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden: bool = False) -> None:
     """``forward(x)`` is notebook 05's forward; a prompt then chunks with ``use_cache=True`` give the same
     outputs; ``reset_cache()`` starts again; the cache lives in buffers; past ``context_length`` and an
-    empty prompt raise a ValueError. Runs with our ``decode_causal_mask`` (see :func:`our_helpers`)."""
+    empty prompt raise a ValueError. Runs with our ``decode_causal_mask`` and ``apply_rope`` (:func:`_alone`)."""
     exercise = "MultiHeadAttentionKVCache"
     cls = MultiHeadAttentionKVCache
     require_callable(exercise, cls)
-    with our_helpers(exercise, cls):
-        _check_kv_cache(exercise, cls, hidden)
+    _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
 
 
 def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
@@ -764,13 +701,12 @@ def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
 def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = False) -> None:
     """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
     the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
-    ``context_length``. Runs with our ``repeat_kv`` (see :func:`our_helpers`): a wrong ``repeat_kv`` costs
-    only ``repeat_kv``'s points."""
+    ``context_length``. Runs with our ``repeat_kv`` (:func:`_alone`): a wrong ``repeat_kv`` costs only
+    ``repeat_kv``'s points."""
     exercise = "GroupedQueryAttention"
     cls = GroupedQueryAttention
     require_callable(exercise, cls)
-    with our_helpers(exercise, cls):
-        _check_gqa(exercise, cls, hidden)
+    _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
 
 
 def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
@@ -901,8 +837,3 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
                      f"({'; '.join(c.name for c in cases)})"
            + (f"; the mask_mod keeps exactly the other entries (made by {how})" if sliding_window_mask_mod else ""))
 
-
-#: Each helper's own check, which the student edition runs on the student's helper before a module
-#: that calls it is checked (:func:`our_helpers`).
-_HELPER_CHECKS = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
-                  "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
