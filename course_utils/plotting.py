@@ -65,6 +65,7 @@ def plot_attention(
     cmap: str = "viridis",
     vmin: float | None = None,
     vmax: float | None = None,
+    legend: tuple[str, str] | None = None,
 ) -> "plt.Axes":
     """Heatmap of a ``(Tq, Tk)`` matrix: rows are queries (who looks), columns keys (who is looked at).
 
@@ -74,10 +75,15 @@ def plot_attention(
         annotate: write each value in its cell (only for matrices up to 12 x 12), in black or white,
             whichever contrasts more with the cell's colour (see :func:`annotation_colors`).
         vmin, vmax: ends of the colour scale (default: the smallest and largest finite value).
+        legend: for a boolean ``(Tq, Tk)`` mask: ``(label of False, label of True)``, e.g.
+            ``("hidden", "may attend")``. The mask is drawn in two colours with a legend that names
+            them, instead of a continuous colour bar (see :func:`plot_mask`).
 
     Returns:
         The matplotlib axes, for further styling.
     """
+    if legend is not None:
+        return plot_mask(weights, legend, tokens=tokens, title=title, ax=ax)
     w = _as_2d(weights)
     if ax is None:
         _, ax = plt.subplots(figsize=(1.0 + 0.55 * w.shape[1], 0.8 + 0.5 * w.shape[0]))
@@ -104,6 +110,50 @@ def plot_attention(
                 value = float(w[i, j])
                 text = "-inf" if value == float("-inf") else f"{value:.2f}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colors[i][j])
+    return ax
+
+
+#: The two colours of a boolean mask: False, True (viridis's ends, as in the heatmaps).
+MASK_COLORS = ("#440154", "#fde725")
+
+
+def plot_mask(
+    mask: torch.Tensor,
+    legend: tuple[str, str] = ("hidden", "may attend"),
+    tokens: Sequence[str] | None = None,
+    title: str = "mask",
+    ax: "plt.Axes | None" = None,
+) -> "plt.Axes":
+    """A boolean ``(Tq, Tk)`` mask in two colours, with a legend that says what each colour means.
+
+    Args:
+        mask: ``(Tq, Tk)`` boolean (or 0/1) tensor; rows are queries, columns keys.
+        legend: ``(label of False, label of True)``. Masks that mark what may be attended to are
+            drawn with ``("hidden", "may attend")``; pass ``~mask`` for a mask that is True where hidden.
+        tokens: labels for both axes, as in :func:`plot_attention`.
+    """
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    m = _as_2d(torch.as_tensor(mask).bool())
+    if len(legend) != 2:
+        raise ValueError(f"legend needs two labels, (False, True), got {legend!r}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.0 + 0.55 * m.shape[1], 1.2 + 0.5 * m.shape[0]))
+    ax.imshow(m.numpy(), cmap=ListedColormap(list(MASK_COLORS)), vmin=0, vmax=1)
+    ax.set_xticks(range(m.shape[1]))
+    ax.set_yticks(range(m.shape[0]))
+    if tokens is not None:
+        tokens = list(tokens)
+        if len(tokens) >= max(m.shape):
+            ax.set_xticks(range(m.shape[1]), tokens[: m.shape[1]], rotation=45, ha="right")
+            ax.set_yticks(range(m.shape[0]), tokens[: m.shape[0]])
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title)
+    handles = [Patch(facecolor=MASK_COLORS[1], edgecolor="gray", label=legend[1]),
+               Patch(facecolor=MASK_COLORS[0], edgecolor="gray", label=legend[0])]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
     return ax
 
 
@@ -219,4 +269,41 @@ def readable_log_axes(ax: "plt.Axes", x_values: Sequence[float] | None = None, b
     few_decades = low > 0 and high / low <= 1e3
     ax.yaxis.set_minor_formatter(plain if few_decades else mticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
+    return ax
+
+
+def plot_roofline(
+    points: Sequence[tuple[str, float]],
+    spec: object,
+    ax: "plt.Axes | None" = None,
+    title: str = "memory-bound left of the ridge, compute-bound right",
+    x_range: tuple[float, float] = (0.5, 1e4),
+) -> "plt.Axes":
+    """A roofline: attainable TFLOP/s against arithmetic intensity (FLOP/byte), on log axes.
+
+    Args:
+        points: ``(label, FLOP per byte)`` for each kernel; each is drawn on the roof, at
+            ``min(intensity * bandwidth, peak)``, the most that intensity allows.
+        spec: a :class:`course_utils.bench.GpuSpec` (its ``tensor_16bit_tflops`` and ``bandwidth_gbs``
+            make the roof; the ridge point is their ratio).
+        x_range: the intensities the roof is drawn over.
+    """
+    peak, bandwidth = float(spec.tensor_16bit_tflops), float(spec.bandwidth_gbs)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = torch.logspace(torch.log10(torch.tensor(x_range[0])), torch.log10(torch.tensor(x_range[1])), 200)
+    ax.plot(xs, torch.clamp(xs * bandwidth / 1e3, max=peak), color="black", label=f"{spec.name} roofline")
+    ridge = peak * 1e12 / (bandwidth * 1e9)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (label, intensity) in enumerate(points):
+        reach = min(intensity * bandwidth / 1e3, peak)
+        ax.scatter([intensity], [reach], color=colors[k % len(colors)], zorder=3,
+                   label=f"{label}: {intensity:.3g} FLOP/byte")
+    ax.axvline(ridge, color="gray", linestyle=":", label=f"ridge point {ridge:.0f} FLOP/byte")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     return ax

@@ -62,6 +62,8 @@ __all__ = [
     "GroupedQueryAttention",
     "sliding_window_mask",
     "sliding_window_mask_mod",
+    "rope_angles",
+    "apply_rope",
     "sinusoidal_positions",
     "LearnedPositionalEmbedding",
     "TransformerBlock",
@@ -738,12 +740,20 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
     appended to ``cache_k``/``cache_v`` (each ``(b, H, tokens so far, D)``), and their queries attend
     to every cached key up to their own position. A prompt followed by one token at a time gives
     exactly the outputs of ``forward`` on the whole sequence. ``reset_cache()`` starts a new sequence.
+
+    With ``rope=True`` the queries and keys are rotated by :func:`apply_rope` (rotary position
+    embeddings) at their positions, ``0 .. T-1`` for ``forward(x)`` and ``start .. start + T - 1`` with
+    the cache, BEFORE the keys are cached: cached keys already carry their positions.
     """
 
     def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
+        self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False,
+        rope: bool = False,
     ):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        if rope and self.head_dim % 2:
+            raise ValueError(f"rope=True needs an even head_dim (pairs of dimensions rotate), got {self.head_dim}")
+        self.rope = rope
         # Buffers, so that .to(device) moves a filled cache; not saved in state_dict.
         self.register_buffer("cache_k", None, persistent=False)
         self.register_buffer("cache_v", None, persistent=False)
@@ -758,9 +768,23 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
         self.cache_k = None
         self.cache_v = None
 
+    def _rotate(self, t: torch.Tensor, start: int) -> torch.Tensor:
+        """``(b, H, T, D)`` queries or keys rotated at positions ``start .. start + T - 1`` (with ``rope``)."""
+        if not self.rope:
+            return t
+        return apply_rope(t, torch.arange(start, start + t.shape[2], device=t.device))
+
     def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
-        if not use_cache:
+        if not use_cache and not self.rope:
             return super().forward(x)  # the whole sequence; the cache is left alone
+        if not use_cache:  # the whole sequence with rotary positions 0 .. T-1; the cache is left alone
+            b, num_tokens, _ = check_input_3d(x, self.d_in, self.context_length)
+            queries = self._rotate(split_heads(self.W_query(x), self.num_heads), 0)  # (b, H, T, D)
+            keys = self._rotate(split_heads(self.W_key(x), self.num_heads), 0)
+            values = split_heads(self.W_value(x), self.num_heads)
+            scores = (queries @ keys.transpose(2, 3)).masked_fill(self.mask[:num_tokens, :num_tokens], float("-inf"))
+            weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+            return self.out_proj(merge_heads(weights @ values))
         b, num_tokens, _ = check_input_3d(x, self.d_in, self.context_length)
         if num_tokens == 0:
             raise ValueError("empty input: use_cache=True needs at least one new token (an empty prompt?)")
@@ -772,8 +796,8 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
         if self.cache_k is not None and self.cache_k.shape[0] != b:
             raise ValueError(f"the cache holds a batch of {self.cache_k.shape[0]} sequences, the input has {b}: "
                              f"call reset_cache() before a new batch")
-        queries = split_heads(self.W_query(x), self.num_heads)  # (b, H, T, D)
-        keys_new = split_heads(self.W_key(x), self.num_heads)  # (b, H, T, D)
+        queries = self._rotate(split_heads(self.W_query(x), self.num_heads), start)  # (b, H, T, D)
+        keys_new = self._rotate(split_heads(self.W_key(x), self.num_heads), start)  # rotated BEFORE caching
         values_new = split_heads(self.W_value(x), self.num_heads)
         if self.cache_k is None:
             self.cache_k, self.cache_v = keys_new, values_new
@@ -875,6 +899,43 @@ def sliding_window_mask_mod(window: int):
         return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
 
     return mask_mod
+
+
+def rope_angles(head_dim: int, max_positions: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (RoPE) angles, ``(max_positions, head_dim // 2)``, float32.
+
+    Pair ``i`` of a head turns by ``angle[p, i] = p * base ** (-2 i / head_dim)`` at position ``p``:
+    pair 0 turns by one radian per position, the last pair almost not at all.
+    """
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
+    if max_positions < 0:
+        raise ValueError(f"max_positions must be non-negative, got {max_positions}")
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,): theta_i
+    positions = torch.arange(max_positions, dtype=torch.float64)  # (P,)
+    return torch.outer(positions, inv_freq).to(torch.float32)  # (P, D/2)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys ``x`` ``(..., T, D)`` by RoPE at ``positions`` ``(T,)`` (integers).
+
+    Rotate-half convention (GPT-NeoX, Hugging Face's Llama): dimension ``i`` pairs with
+    ``i + D/2``, and pair ``i`` turns by ``rope_angles(D, ...)[position, i]``:
+    ``(x_i, x_{i+D/2}) -> (x_i cos - x_{i+D/2} sin, x_i sin + x_{i+D/2} cos)``. The result has
+    ``x``'s shape and dtype; the dot product of a rotated query and key depends only on the
+    distance between their positions.
+    """
+    D = x.shape[-1]
+    positions = torch.as_tensor(positions)
+    if positions.dim() != 1 or positions.shape[0] != x.shape[-2]:
+        raise ValueError(f"positions must be (T,) with T = x.shape[-2] = {x.shape[-2]}, got shape {tuple(positions.shape)}")
+    if positions.is_floating_point() or (positions.numel() and int(positions.min()) < 0):
+        raise ValueError("positions must be non-negative integers")
+    size = int(positions.max()) + 1 if positions.numel() else 0
+    angles = rope_angles(D, size).to(x.device)[positions.to(x.device)]  # (T, D/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]  # the two halves: pair i is (x1[i], x2[i])
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, D)
 
 
 # --------------------------------------------------------------------------------------------

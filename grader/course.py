@@ -71,7 +71,8 @@ EXERCISES: dict[str, tuple[str, ...]] = {
     "06_efficient_attention_gpu": ("MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware"),
     "07_flash_attention_from_scratch": ("online_softmax", "flash_attention_forward", "flash_attention_triton"),
     "08_kv_cache_gqa_and_windows": (
-        "decode_causal_mask", "MultiHeadAttentionKVCache", "repeat_kv", "GroupedQueryAttention", "sliding_window_mask"),
+        "decode_causal_mask", "rope_angles", "apply_rope", "MultiHeadAttentionKVCache", "repeat_kv",
+        "GroupedQueryAttention", "sliding_window_mask"),
     "09_capstone_tiny_transformer": (
         "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step"),
     "10_flash_attention_backward": (

@@ -41,8 +41,8 @@ from course_utils.checks.core import (
 from course_utils.checks.modules import (
     check_causal_module,
     check_dropout_modes,
+    check_alone,
     check_moves_with_module,
-    check_too_long_raises,
     finite_then_values,
     module_checks,
     not_causal,
@@ -50,11 +50,30 @@ from course_utils.checks.modules import (
 
 __all__ = [
     "check_decode_causal_mask",
+    "check_rope_angles",
+    "check_apply_rope",
     "check_MultiHeadAttentionKVCache",
     "check_repeat_kv",
     "check_GroupedQueryAttention",
     "check_sliding_window_mask",
 ]
+
+
+# ------------------------------------------------------------------------------------------
+# One mistake, one exercise: an answer is checked with OUR versions of the notebook's other exercises
+# ------------------------------------------------------------------------------------------
+#: The other exercises of this notebook that an exercise's answer may call, by the names the notebook
+#: gives them: its checks run with the reference's versions (:func:`modules.check_alone`), so a wrong
+#: helper costs only the helper's points.
+HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "GroupedQueryAttention": ("repeat_kv",),
+           "apply_rope": ("rope_angles",)}
+
+
+def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
+    """``run()`` (the checks of ``obj``) with the reference's versions of the helpers ``obj`` calls."""
+    checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
+                 "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
+    check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -87,9 +106,12 @@ def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]
 # ------------------------------------------------------------------------------------------
 def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
     """Say which entry is wrong and what it means for the query at that row."""
+    Tq, Tk = case.args
+    if isinstance(got, ValueError) and Tq == Tk:
+        return (f"num_queries == num_keys ({Tq}) is allowed: a whole prompt read with an empty cache, which gives "
+                f"causal_mask({Tk}). Raise only when num_queries > num_keys (> rather than >=).")
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return None
-    Tq, Tk = case.args
     if tuple(got.shape) != tuple(want.shape):
         if tuple(got.shape) == (Tk, Tk):
             return (f"your mask is ({Tk}, {Tk}): one row per KEY. It needs one row per QUERY, shape (num_queries, "
@@ -122,6 +144,65 @@ def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False)
                            f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
     passed(exercise, f"{len(cases)} shapes give a boolean mask aligned to the bottom right "
                      f"({'; '.join(c.name for c in cases)}), and num_queries > num_keys raises")
+
+
+# ------------------------------------------------------------------------------------------
+# RoPE: rope_angles and apply_rope
+# ------------------------------------------------------------------------------------------
+def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    head_dim, max_positions = case.args[:2]
+    if tuple(got.shape) == (max_positions, head_dim):
+        return (f"one angle per DIMENSION, ({max_positions}, {head_dim}): RoPE turns pairs of dimensions, so there is "
+                f"one angle per pair, shape (max_positions, head_dim // 2) = {tuple(want.shape)}. (Hugging Face's "
+                f"cos/sin caches repeat the angles for both halves; that comes later, in apply_rope.)")
+    if tuple(got.shape) == (head_dim // 2, max_positions):
+        return "the axes are swapped: one row per position, one column per pair, (max_positions, head_dim // 2)."
+    return None
+
+
+@check
+def check_rope_angles(rope_angles: Callable, hidden: bool = False) -> None:
+    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
+    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``."""
+    exercise = "rope_angles"
+    cases = [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
+                                                                 {"base": 100.0}),
+             Case("head_dim=16, max_positions=40", (16, 40))]
+    cases += hidden_cases(exercise) if hidden else []
+    compare_function(exercise, rope_angles, cases, diagnose=_angles_diagnosis, quiet=True)
+    for case in cases[:1]:
+        got = call_student(exercise, rope_angles, case)
+        if got.dtype != torch.float32:
+            fail(exercise, f"the angles have dtype {got.dtype}; return float32, as the queries and keys are "
+                           f"(compute in float64 if you like, then .float()).", case)
+    if _raises(rope_angles, 5, 4) is None:
+        fail(exercise, "rope_angles(5, 4) returned angles: with an odd head_dim one dimension has no partner to "
+                       "turn with. Raise a ValueError when head_dim is odd.")
+    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}), and an odd head_dim raises")
+
+
+def _rope_case(name: str, x: torch.Tensor, positions: Sequence[int]) -> Case:
+    return Case(name, (x, torch.tensor(list(positions))))
+
+
+@check
+def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
+    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
+    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``."""
+    exercise = "apply_rope"
+    cases = [
+        _rope_case("(2, 3, 5, 8) at positions 0..4", rand(2, 3, 5, 8, seed=831), range(5)),
+        _rope_case("(1, 2, 3, 4) at positions 10, 11, 12: a chunk after 10 cached tokens",
+                   rand(1, 2, 3, 4, seed=832), (10, 11, 12)),
+        _rope_case("(4, 6) at positions 3, 7, 8, 40", rand(4, 6, seed=833), (3, 7, 8, 40)),
+    ]
+    cases += hidden_cases(exercise) if hidden else []
+    require_callable(exercise, apply_rope)
+    _alone(exercise, apply_rope, lambda: compare_function(exercise, apply_rope, cases, quiet=True))
+    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
+                     f"turned by its angle at its position")
 
 
 # ------------------------------------------------------------------------------------------
@@ -196,9 +277,20 @@ _SIZES = re.compile(r"Sizes of tensors must match except in dimension (-?\d+)")
 _BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
-def _decode_error_hint(error: BaseException, start: int, n: int) -> str | None:
-    """Name the mistake behind an error raised while decoding a chunk of ``n`` tokens after ``start``."""
+def _decode_error_hint(error: BaseException, start: int, n: int, student: object = None) -> str | None:
+    """Name the mistake behind an error raised while decoding a chunk of ``n`` tokens after ``start``
+    (``student``: the module, whose cache is looked at after the error)."""
     text = str(error)
+    cache = getattr(student, "cache_k", None) if student is not None else None
+    if start > 0 and isinstance(cache, torch.Tensor) and cache.dim() == 4 and cache.shape[2] == n and n < start + n:
+        return (f"after this call the cache holds only the {n} new tokens: it was REPLACED by the new keys and values "
+                f"instead of growing. Append them, torch.cat([self.cache_k, keys], dim=2), so that the new queries "
+                f"attend to all {start + n} tokens so far.")
+    broadcast = _BROADCAST.search(text)
+    if broadcast and start > 0 and isinstance(cache, torch.Tensor) and cache.dim() == 4 and cache.shape[1] != start \
+            and cache.shape[1] + n in (int(broadcast.group(1)), int(broadcast.group(2))):
+        return (f"the number of cached tokens is read on the wrong dimension: cache_k is (b, num_heads, t, head_dim), "
+                f"so start = cache_k.shape[2] = {start} (the tokens), not shape[1] = {cache.shape[1]} (the heads).")
     sizes = _SIZES.search(text)
     if sizes:
         return (f"torch.cat joined the cache and the new keys on the wrong dimension (dim {sizes.group(1)}): the "
@@ -209,8 +301,9 @@ def _decode_error_hint(error: BaseException, start: int, n: int) -> str | None:
                 f"(b, num_heads, {n}, {start + n}), so the mask is the ({n}, {start + n}) rows {start}..{start + n - 1} "
                 f"of the causal mask, decode_causal_mask({n}, {start + n}).")
     if "context_length" in text or "num_tokens" in text:
-        return (f"only {start + n} tokens have been given since the last reset_cache(): is the position kept across "
-                f"calls and set back to 0 by reset_cache()?")
+        return (f"only {start + n} tokens have been given since the last reset_cache(): is the number of cached "
+                f"tokens read on the TOKEN dimension (cache_k.shape[2] for (b, num_heads, t, head_dim), not shape[1], "
+                f"the heads), and set back to 0 by reset_cache()?")
     return None
 
 
@@ -226,7 +319,7 @@ def _decode_student(exercise: str, student: torch.nn.Module, case: DecodeCase, w
             except NotImplementedError:
                 fail(exercise, NOT_IMPLEMENTED)
             except Exception as exc:  # noqa: BLE001 - an error in student code becomes a verdict
-                hint = _decode_error_hint(exc, start, end - start)
+                hint = _decode_error_hint(exc, start, end - start, student)
                 error = CheckFailed(
                     f"❌ {exercise} on case {case.describe()}: {what}: tokens {start}..{end - 1} with use_cache=True "
                     f"(after {start} cached tokens) raised {type(exc).__name__}: {exc}" + (f" Hint: {hint}" if hint else ""))
@@ -314,7 +407,7 @@ def _check_cache_left_alone(exercise: str, cls: Callable, case: DecodeCase) -> N
 
 
 def _check_context_limit(exercise: str, student: torch.nn.Module, build: tuple) -> None:
-    """Filling the cache to ``context_length`` works; one token more raises."""
+    """Filling the cache to ``context_length`` works; one token more raises a ValueError that names the limit."""
     d_in, context_length = build[0], build[2]
     x = rand(1, context_length + 1, d_in, seed=882)
     student.eval()
@@ -327,21 +420,59 @@ def _check_context_limit(exercise: str, student: torch.nn.Module, build: tuple) 
         exc = _raises(student, x[:, context_length:], use_cache=True)
     if exc is None:
         fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
-                       f"token returned an output instead of raising an error. The mask (and the model's positions) "
-                       f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
-                       f"ones exceed context_length.")
-    _require_clear(exercise, exc, f"built with {build}: with {context_length} = context_length tokens in the cache, "
-                                  f"one more token", "the cached tokens plus the new ones exceed context_length")
+                     f"token returned an output instead of raising an error. The mask (and the model's positions) "
+                     f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
+                     f"ones exceed context_length.")
+    require_limit_error(exercise, exc, f"built with {build}: with {context_length} = context_length tokens in the "
+                                       f"cache, one more token", context_length)
+
+
+def require_limit_error(exercise: str, exc: BaseException, what: str, context_length: int) -> None:
+    """The course's one standard past ``context_length``: a ``ValueError`` raised on purpose, whose message
+    names the limit (the word context_length, or its value). PyTorch's own shape errors do not count."""
+    first = (str(exc).splitlines() or [""])[0]
+    if not isinstance(exc, ValueError):
+        origin = ("an assert: raise a ValueError instead (assert statements vanish under python -O)"
+                  if isinstance(exc, AssertionError) else
+                  "mismatched shapes inside PyTorch, not from a check of yours, and tells the user nothing")
+        fail(exercise, f"{what} raised {type(exc).__name__}: {first}. That error comes from {origin}. Check the "
+                       f"length yourself and raise a ValueError that names the limit, context_length={context_length}.")
+    if "context_length" not in str(exc) and str(context_length) not in str(exc):
+        fail(exercise, f"{what} raised ValueError: {first}. Right error, but its message does not name the limit: "
+                       f"say that the tokens exceed context_length={context_length}.")
 
 
 def _require_clear(exercise: str, exc: BaseException, what: str, condition: str) -> None:
-    """An error the student raised on purpose (``ValueError``, or ``AssertionError`` from ``assert``),
-    not one that PyTorch raised by accident of shapes."""
-    if not isinstance(exc, (ValueError, AssertionError)):
+    """A ``ValueError`` the student raised on purpose, not one that PyTorch raised by accident of shapes."""
+    if not isinstance(exc, ValueError):
         first = (str(exc).splitlines() or [""])[0]
-        fail(exercise, f"{what} raised {type(exc).__name__}: {first}. That error comes from mismatched shapes, not "
-                       f"from your code, and tells the user nothing: check that yourself and raise a ValueError "
-                       f"saying that {condition}.")
+        origin = ("an assert: raise a ValueError instead (assert statements vanish under python -O)"
+                  if isinstance(exc, AssertionError) else "mismatched shapes, not from your code, and tells the user nothing")
+        fail(exercise, f"{what} raised {type(exc).__name__}: {first}. That error comes from {origin}: check that "
+                       f"yourself and raise a ValueError saying that {condition}.")
+
+
+def _check_cache_buffers(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor) -> None:
+    """The filled cache lives in the buffers ``cache_k`` and ``cache_v`` (they move with ``.to()``), which
+    are not saved in ``state_dict`` (``persistent=False``: the cache is no part of the model)."""
+    student.eval()
+    call_student(exercise, student.reset_cache, Case("reset_cache()"))
+    with torch.no_grad():
+        call_student(exercise, lambda: student(x.clone(), use_cache=True), Case(f"a prompt of {x.shape[1]} tokens"))
+    where = f"built with {build}, after a prompt of {x.shape[1]} tokens with use_cache=True"
+    for name in ("cache_k", "cache_v"):
+        value = getattr(student, name, None)
+        if not isinstance(value, torch.Tensor):
+            fail(exercise, f"{where}: self.{name} is {type(value).__name__}, not a tensor. Keep the cached "
+                           f"{'keys' if name == 'cache_k' else 'values'} in self.{name}.")
+        if name not in student._buffers:
+            fail(exercise, f"{where}: self.{name} is a plain attribute, not a buffer, so module.to(device) would leave "
+                           f"the cache behind on the CPU. Register it in __init__: "
+                           f"self.register_buffer(\"{name}\", None, persistent=False).")
+    saved = [name for name in ("cache_k", "cache_v") if name in student.state_dict()]
+    if saved:
+        fail(exercise, f"{where}: state_dict() holds {saved}: a saved model would carry one sequence's cache. "
+                       f"Register the cache buffers with persistent=False.")
 
 
 def _check_empty_prompt(exercise: str, student: torch.nn.Module, build: tuple) -> None:
@@ -364,41 +495,75 @@ def _kv_cases() -> list[DecodeCase]:
                    chunks=[4, 1, 1, 1]),
         DecodeCase("batch of 1, prompt of 1, then 1 at a time", (rand(1, 4, 5, seed=802),), build=(5, 6, 6, 0.0, 3),
                    chunks=[1, 1, 1, 1]),
-        DecodeCase("dropout=0.5 in eval() mode, float64", (rand(3, 5, 4, seed=803),), build=(4, 4, 8, 0.5, 2),
-                   chunks=[3, 1, 1], dtype=torch.float64),
+        DecodeCase("prompt of 2, then chunks of 2 and 1 tokens; dropout=0.5 in eval() mode, float64",
+                   (rand(3, 5, 4, seed=803),), build=(4, 4, 8, 0.5, 2), chunks=[2, 2, 1], dtype=torch.float64),
+        DecodeCase("rope=True: prompt of 3, then chunks of 1 and 2 tokens", (rand(2, 6, 6, seed=808),),
+                   build=(6, 8, 12, 0.0, 2, False, True), chunks=[3, 1, 2]),
     ]
 
 
 @check
 def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden: bool = False) -> None:
     """``forward(x)`` is notebook 05's forward; a prompt then chunks with ``use_cache=True`` give the same
-    outputs; ``reset_cache()`` starts again; past ``context_length`` and an empty prompt raise."""
+    outputs; ``reset_cache()`` starts again; the cache lives in buffers; past ``context_length`` and an
+    empty prompt raise a ValueError. Runs with our ``decode_causal_mask`` and ``apply_rope`` (:func:`_alone`)."""
     exercise = "MultiHeadAttentionKVCache"
     cls = MultiHeadAttentionKVCache
+    require_callable(exercise, cls)
+    _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
+
+
+def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
     cases = _kv_cases() + (hidden_cases(exercise) if hidden else [])
     full = ((6, 8, 12, 0.0, 2), [Case("whole sequence, use_cache=False", (rand(2, 10, 6, seed=804),))])
+    full_rope = ((6, 8, 12, 0.0, 2, False, True), [Case("rope=True, whole sequence, use_cache=False",
+                                                        (rand(2, 7, 6, seed=810),))])
     module_checks(exercise, cls, [c.build for c in cases] + [full[0]])
     finite_then_values(exercise, cls, full, not_causal(exercise, cls))
+    finite_then_values(exercise, cls, full_rope, not_causal(exercise, cls))
     for k, case in enumerate(cases):
         _check_decode(exercise, cls, case, again=k == 0 or case.name.startswith("hidden"))
     _check_cache_left_alone(exercise, cls, cases[0])
     main = build_student(exercise, cls, full[0])
+    _check_cache_buffers(exercise, main, full[0], rand(2, 3, 6, seed=809))
     _check_context_limit(exercise, main, full[0])
     _check_empty_prompt(exercise, main, full[0])
     check_causal_module(exercise, main, rand(2, 5, 6, seed=805))
-    check_too_long_raises(exercise, main, 6, 12, f"built with {full[0]}")
+    _check_too_long(exercise, main, full[0])
     dropout = build_student(exercise, cls, cases[2].build)
     check_dropout_modes(exercise, dropout, rand(2, 5, 4, seed=806), f"built with {cases[2].build}")
     check_moves_with_module(exercise, main, full[0], rand(2, 5, 6, seed=807), f"built with {full[0]}")
     passed(exercise, f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
-                     f"outputs of one forward over the whole sequence, again after reset_cache(); past "
-                     f"context_length and an empty prompt raise")
+                     f"outputs of one forward over the whole sequence, again after reset_cache(); the cache is in "
+                     f"buffers, not in state_dict; past context_length and an empty prompt raise a ValueError")
+
+
+def _check_too_long(exercise: str, student: torch.nn.Module, build: tuple) -> None:
+    """``forward(x)`` with ``context_length + 1`` tokens raises a ValueError that names the limit."""
+    d_in, context_length = build[0], build[2]
+    x = rand(1, context_length + 1, d_in, seed=77)
+    student.eval()
+    with torch.no_grad():
+        exc = _raises(student, x)
+    if exc is None:
+        fail(exercise, f"built with {build}: an input of T = context_length + 1 = {context_length + 1} tokens "
+                       f"returned an output instead of raising an error. The mask covers only context_length "
+                       f"positions: raise a ValueError that names the limit, context_length={context_length}.")
+    else:
+        require_limit_error(exercise, exc, f"built with {build}: an input of T = context_length + 1 = "
+                                           f"{context_length + 1} tokens", context_length)
 
 
 # ------------------------------------------------------------------------------------------
 # repeat_kv
 # ------------------------------------------------------------------------------------------
 def _repeat_diagnosis(case: Case, got: object, want: object) -> str | None:
+    if isinstance(got, BaseException):
+        text = str(got)
+        if "view size is not compatible" in text:
+            return ("expand makes no copy (its copies share memory: stride 0), so .view cannot merge the groups and "
+                    "their copies into one dimension: use .reshape, which copies when it must.")
+        return None
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return None
     x, n_rep = case.args
@@ -406,14 +571,38 @@ def _repeat_diagnosis(case: Case, got: object, want: object) -> str | None:
     if got.dim() == 5:
         return (f"your output has 5 dimensions {tuple(got.shape)}: merge the groups and their copies into one head "
                 f"dimension, reshape to (b, G * n_rep, T, D) = {tuple(want.shape)}.")
-    if tuple(got.shape) == tuple(want.shape) or n_rep == 1:
+    if tuple(got.shape) != tuple(want.shape):
+        if n_rep == 1:
+            return None
+        shapes = {(b * n_rep, G, T, D): "the batch (dim 0)", (b, G, T * n_rep, D): "the tokens (dim 2)",
+                  (b, G, T, D * n_rep): "head_dim (dim 3)"}
+        if tuple(got.shape) in shapes:
+            return (f"K and V are repeated on the wrong dimension: you repeated {shapes[tuple(got.shape)]}. Repeat "
+                    f"the key/value HEADS, dim 1: (b, G, T, D) -> (b, G * n_rep, T, D).")
         return None
-    shapes = {(b * n_rep, G, T, D): "the batch (dim 0)", (b, G, T * n_rep, D): "the tokens (dim 2)",
-              (b, G, T, D * n_rep): "head_dim (dim 3)"}
-    if tuple(got.shape) in shapes:
-        return (f"K and V are repeated on the wrong dimension: you repeated {shapes[tuple(got.shape)]}. Repeat the "
-                f"key/value HEADS, dim 1: (b, G, T, D) -> (b, G * n_rep, T, D).")
-    return None
+    return _which_heads(x, n_rep, got)
+
+
+def _which_heads(x: torch.Tensor, n_rep: int, got: torch.Tensor) -> str | None:
+    """Name what each output head holds, when the shape is right but the values are not."""
+    G = x.shape[1]
+    source = []
+    for h in range(got.shape[1]):
+        match = [g for g in range(G) if torch.allclose(got[:, h].to(x.dtype), x[:, g], atol=1e-6)]
+        source.append(match[0] if match else None)
+    if all(s is not None for s in source):
+        wrong = [h for h, s in enumerate(source) if s != h // n_rep]
+        if not wrong:
+            return None
+        h = wrong[0]
+        return (f"every output head is a copy of an input head, but in the wrong order: output head {h} holds group "
+                f"{source[h]}, and query head {h} must get group {h} // n_rep = {h // n_rep}. The copies of one "
+                f"group come together (groups 0, 0, 0, 1, 1, 1 for n_rep = 3), not tiled (0, 1, 0, 1, ...).")
+    h = source.index(None)
+    return (f"output head {h} is not a copy of any input head: its values come from other tokens or other heads. "
+            f"That happens when the copies are made along the token axis (or with head and token axes flattened "
+            f"together) and then reshaped: each head's (T, D) block must stay whole. Repeat along dim 1, the heads, "
+            f"before any reshape: x[:, :, None].expand(b, G, n_rep, T, D) or repeat_interleave(n_rep, dim=1).")
 
 
 @check
@@ -443,6 +632,9 @@ def _gqa_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
+_INVALID_VIEW = re.compile(r"shape '\[([\d, -]+)\]' is invalid for input of size (\d+)")
+
+
 def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
     """A ``diagnose`` that names a shape error between query heads and key/value heads, then falls back
     on :func:`not_causal`."""
@@ -450,13 +642,27 @@ def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException) and case.build is not None:
-            match = _BROADCAST.search(str(got))
+            text = str(got)
             H, G = case.build[4], case.build[5]
-            if match and {int(match.group(1)), int(match.group(2))} == {H, G}:
+            D = case.build[1] // H
+            match = _BROADCAST.search(text)
+            sizes = {int(match.group(1)), int(match.group(2))} if match else set()
+            if sizes == {H, G}:
                 return (f"{H} query heads meet {G} key/value heads: repeat K and V n_rep = num_heads // "
                         f"num_kv_groups = {H // G} times along the HEAD dimension (dim 1 of (b, G, T, D)), "
                         f"repeat_kv(keys, n_rep), before the scores.")
-            if match or "shape" in str(got):
+            if sizes == {H, G * G}:
+                return (f"the keys have {G * G} heads: they were repeated num_kv_groups = {G} times. Each key/value "
+                        f"head is shared by n_rep = num_heads // num_kv_groups = {H // G} query heads: "
+                        f"repeat_kv(keys, num_heads // num_kv_groups).")
+            view = _INVALID_VIEW.search(text)
+            if view:
+                dims = [int(v) for v in view.group(1).split(",")]
+                if H in dims and D in dims and G != H and int(view.group(2)) % (G * D) == 0:
+                    return (f"the keys or values were split into num_heads = {H} heads, but W_key and W_value give "
+                            f"only num_kv_groups * head_dim = {G * D} numbers per token: split them into "
+                            f"num_kv_groups = {G} heads, view(b, T, num_kv_groups, head_dim).")
+            if match or "shape" in text:
                 return ("the shapes of the queries and the repeated keys do not match: queries (b, num_heads, T, "
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
                         "(b, num_heads, T, head_dim). Were K and V repeated on the wrong dimension?")
@@ -494,9 +700,16 @@ def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
 @check
 def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = False) -> None:
     """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
-    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads``."""
+    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
+    ``context_length``. Runs with our ``repeat_kv`` (:func:`_alone`): a wrong ``repeat_kv`` costs only
+    ``repeat_kv``'s points."""
     exercise = "GroupedQueryAttention"
     cls = GroupedQueryAttention
+    require_callable(exercise, cls)
+    _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
+
+
+def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
     dropout_build = (4, 8, 6, 0.5, 4, 2)
@@ -514,12 +727,13 @@ def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = 
                            f"groups. Raise a ValueError in __init__ that says so.")
     main = build_student(exercise, cls, configs[0][0])
     check_causal_module(exercise, main, rand(2, 6, 6, seed=825))
-    check_too_long_raises(exercise, main, 6, 10, f"built with {configs[0][0]}")
+    _check_too_long(exercise, main, configs[0][0])
     check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(2, 6, 4, seed=826),
                         f"built with {dropout_build}")
     check_moves_with_module(exercise, main, configs[0][0], rand(2, 5, 6, seed=827), f"built with {configs[0][0]}")
     passed(exercise, f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
-                     f"position sees the future, num_kv_groups that do not divide num_heads raise")
+                     f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
+                     f"input past context_length")
 
 
 # ------------------------------------------------------------------------------------------
@@ -622,3 +836,4 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
     passed(exercise, f"{len(cases)} cases give a boolean mask, True outside the causal window "
                      f"({'; '.join(c.name for c in cases)})"
            + (f"; the mask_mod keeps exactly the other entries (made by {how})" if sliding_window_mask_mod else ""))
+

@@ -39,6 +39,8 @@ def _kv_cases() -> list[DecodeCase]:
         case("hidden: qkv_bias=True, chunks 1, 4, 1, 2", (7, 6, 9, 0.0, 3, True), rand(2, 8, 7, seed=8504),
              [1, 4, 1, 2]),
         case("hidden: the whole sequence as one prompt", (6, 8, 12, 0.0, 2), rand(2, 7, 6, seed=8505), [7]),
+        case("hidden: rope=True, float64, chunks 2, 1, 3, 1", (4, 8, 10, 0.0, 2, False, True),
+             rand(1, 7, 4, seed=8506), [2, 1, 3, 1], dtype=torch.float64),
     ]
 
 
@@ -69,8 +71,27 @@ def _window_cases() -> list[Case]:
                                                                               (10, 3))]
 
 
+def _angles_cases() -> list[Case]:
+    return [Case("hidden: head_dim=2, max_positions=1", (2, 1)),
+            Case("hidden: head_dim=6, max_positions=10, base=500000.0 (Llama 3's)", (6, 10), {"base": 500000.0}),
+            Case("hidden: head_dim=32, max_positions=5", (32, 5)),
+            Case("hidden: head_dim=64, max_positions=2048", (64, 2048))]
+
+
+def _rope_cases() -> list[Case]:
+    return [
+        Case("hidden: float64 (3, 7, 16) at positions 0..6", (rand(3, 7, 16, seed=8531, dtype=torch.float64),
+                                                             torch.arange(7))),
+        Case("hidden: D=2, one token at position 9", (rand(2, 1, 1, 2, seed=8532), torch.tensor([9]))),
+        Case("hidden: positions out of order", (rand(1, 4, 4, 6, seed=8533), torch.tensor([5, 0, 2, 1]))),
+        Case("hidden: a chunk at positions 100..102, D=32", (rand(2, 2, 3, 32, seed=8534), torch.arange(100, 103))),
+    ]
+
+
 HIDDEN = {
     "decode_causal_mask": _decode_mask_cases,
+    "rope_angles": _angles_cases,
+    "apply_rope": _rope_cases,
     "MultiHeadAttentionKVCache": _kv_cases,
     "repeat_kv": _repeat_cases,
     "GroupedQueryAttention": _gqa_cases,
@@ -109,6 +130,83 @@ DECODE_MASK_MISTAKES = [
 
 
 # ------------------------------------------------------------------------------------------
+# rope_angles and apply_rope
+# ------------------------------------------------------------------------------------------
+def _angles(head_dim: int, max_positions: int, base: float = 10000.0, *, exponent=None, first: int = 0):
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim if exponent is None else exponent(head_dim)
+    positions = torch.arange(first, first + max_positions, dtype=torch.float64)
+    return torch.outer(positions, base ** -steps).float()
+
+
+ANGLES_MISTAKES = [
+    Mistake("the frequencies are off: theta_i = base ** (-2 i / head_dim) for pairs i = 0 .. head_dim/2 - 1, so the "
+            "exponent steps by 2 / head_dim: torch.arange(0, head_dim, 2) / head_dim, not arange(head_dim // 2) / "
+            "head_dim.", lambda d, p, base=10000.0: _angles(d, p, base, exponent=lambda D: torch.arange(
+                D // 2, dtype=torch.float64) / D) if d > 2 else None),
+    Mistake("the exponent's sign: theta_i = base ** (-2 i / head_dim), which SHRINKS with i (pair 0 turns fastest). "
+            "Yours grows: 1 / base ** (-2 i / head_dim) is base ** (2 i / head_dim).",
+            lambda d, p, base=10000.0: _angles(d, p, base, exponent=lambda D: -torch.arange(
+                0, D, 2, dtype=torch.float64) / D) if d > 2 else None),
+    Mistake("the base argument is ignored: 10000.0 is only its default (Llama 3 uses 500000.0).",
+            lambda d, p, base=10000.0: None if base == 10000.0 else _angles(d, p, 10000.0)),
+    Mistake("positions start at 0: the first token is not rotated at all (angle 0), so use torch.arange(max_positions).",
+            lambda d, p, base=10000.0: _angles(d, p, base, first=1)),
+]
+
+
+def _halves(x):
+    D = x.shape[-1]
+    return x[..., : D // 2], x[..., D // 2:]
+
+
+def _cos_sin(x, positions):
+    angles = reference.rope_angles(x.shape[-1], int(positions.max()) + 1)[positions]  # (T, D/2)
+    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+def _rope_neighbours(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    even, odd = x[..., 0::2], x[..., 1::2]  # pairs (2i, 2i+1), Meta's original Llama
+    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return None if x.shape[-1] == 2 else out.flatten(-2)
+
+
+def _rope_other_way(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
+
+
+def _rope_halves_swapped(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * sin + x2 * cos, x1 * cos - x2 * sin], dim=-1)
+
+
+def _rope_no_minus(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    x1, x2 = _halves(x)
+    return torch.cat([x1 * cos + x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+APPLY_ROPE_MISTAKES = [
+    Mistake("neighbours are paired, (x_0, x_1), (x_2, x_3), ...: that is Meta's original Llama convention. This "
+            "course follows the rotate-half convention of GPT-NeoX and Hugging Face's Llama: dimension i pairs with "
+            "i + D/2, x1 = x[..., :D/2] and x2 = x[..., D/2:].", _rope_neighbours),
+    Mistake("positions restarting at 0: the rotation uses 0 .. T-1 instead of the positions given. With a cache, "
+            "the new tokens sit at start + i: use rope_angles(...)[positions].",
+            lambda x, positions: None if torch.equal(positions, torch.arange(len(positions))) else
+            reference.apply_rope(x, torch.arange(len(positions)))),
+    Mistake("the pairs turn the wrong way (the sine's sign is flipped): (x1, x2) -> (x1 cos - x2 sin, "
+            "x1 sin + x2 cos).", _rope_other_way),
+    Mistake("the two halves of the output are swapped: the first half is x1 cos - x2 sin, the second "
+            "x1 sin + x2 cos.", _rope_halves_swapped),
+    Mistake("the minus sign is missing: rotate_half(x) is cat(-x2, x1), so the first half is x1 cos - x2 sin.",
+            _rope_no_minus),
+]
+
+
+# ------------------------------------------------------------------------------------------
 # MultiHeadAttentionKVCache: the reference with one step changed
 # ------------------------------------------------------------------------------------------
 class _Cache(reference.MultiHeadAttentionKVCache):
@@ -126,13 +224,21 @@ class _Cache(reference.MultiHeadAttentionKVCache):
     def rows(self, start: int, end: int, num_keys: int) -> torch.Tensor:
         return self.mask[start:end, :num_keys]
 
+    def turn(self, t: torch.Tensor, start: int) -> torch.Tensor:
+        """RoPE at positions start .. start + T - 1 (with rope=True)."""
+        return reference.apply_rope(t, torch.arange(start, start + t.shape[2])) if self.rope else t
+
+    def whole(self, x):
+        """forward(x) without the cache."""
+        return reference.MultiHeadAttentionKVCache.forward(self, x)
+
     def forward(self, x, use_cache=False):
         if not use_cache:
-            return reference.MultiHeadAttention.forward(self, x)
+            return self.whole(x)
         b, T, _ = x.shape
         start = self.num_cached
-        q = reference.split_heads(self.W_query(x), self.num_heads)
-        k_new = reference.split_heads(self.W_key(x), self.num_heads)
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        k_new = self.turn(reference.split_heads(self.W_key(x), self.num_heads), start)
         v_new = reference.split_heads(self.W_value(x), self.num_heads)
         keys, values = self.keys_for_scores(k_new, v_new)
         scores = q @ keys.transpose(2, 3)
@@ -168,6 +274,67 @@ class _DiagonalHidden(_Cache):
         return mask
 
 
+class _MaskFirstCallOnly(_Cache):
+    def rows(self, start, end, num_keys):
+        if start == 0:
+            return self.mask[start:end, :num_keys]
+        return torch.zeros(end - start, num_keys, dtype=torch.bool, device=self.mask.device)
+
+
+class _RowsOffByOne(_Cache):
+    def rows(self, start, end, num_keys):
+        return self.mask[start + 1:end + 1, :num_keys]
+
+
+class _StartFromHeads(_Cache):
+    @property
+    def num_cached(self):
+        return 0 if self.cache_k is None else self.cache_k.shape[1]
+
+
+class _CacheScaledByDout(_Cache):
+    def forward(self, x, use_cache=False):
+        if not use_cache:
+            return self.whole(x)
+        start, T = self.num_cached, x.shape[1]
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        keys, values = self.keys_for_scores(self.turn(reference.split_heads(self.W_key(x), self.num_heads), start),
+                                            reference.split_heads(self.W_value(x), self.num_heads))
+        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        weights = torch.softmax(scores / math.sqrt(self.d_out), dim=-1)
+        return self.out_proj(reference.merge_heads(weights @ values))
+
+
+class _RopeOnly(_Cache):
+    """A mistake that exists only with rope=True (built without it, it does not apply)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.rope:
+            raise ValueError("this mistake needs rope=True")
+
+
+class _RopeRestartsAtZero(_RopeOnly):
+    def turn(self, t, start):
+        return reference.apply_rope(t, torch.arange(t.shape[2]))
+
+
+class _RopeTurnedAgain(_RopeOnly):
+    def keys_for_scores(self, keys_new, values_new):
+        keys, values = super().keys_for_scores(keys_new, values_new)
+        return reference.apply_rope(keys, torch.arange(keys.shape[2])), values  # cached keys turned a second time
+
+
+class _RopeNotWithoutCache(_RopeOnly):
+    def whole(self, x):
+        return reference.MultiHeadAttention.forward(self, x)
+
+
+class _RopeValuesTurned(_RopeOnly):
+    def keys_for_scores(self, keys_new, values_new):
+        return super().keys_for_scores(keys_new, self.turn(values_new, self.num_cached))
+
+
 KV_MISTAKES = [
     Mistake(TOP_LEFT.replace("the mask is aligned", "with the cache, the mask is aligned").replace(
         "triu with diagonal = num_keys - num_queries + 1.", "use rows start..start+T-1 of the causal mask, "
@@ -178,6 +345,23 @@ KV_MISTAKES = [
             "(the earlier tokens' keys and values and their own).", _CacheIgnored),
     Mistake("a new token does not see its own key: the last column of its mask row must be False (it sees keys "
             "0..start).", _DiagonalHidden),
+    Mistake("the causal mask is applied only on the first call (the prompt): a later chunk of several new tokens "
+            "needs it too, or its first tokens see the ones after them. Mask every call with rows start..start+T-1 "
+            "of the causal mask, decode_causal_mask(T, start + T).", _MaskFirstCallOnly),
+    Mistake("the mask rows are shifted by one position: query i of a chunk sits at position start + i, so its row "
+            "of the causal mask is start + i. Use rows start..start+T-1, not start+1..start+T.", _RowsOffByOne),
+    Mistake("the number of cached tokens is read on the wrong dimension: cache_k is (b, num_heads, t, head_dim), so "
+            "start = cache_k.shape[2] (the tokens), not shape[1] (the heads).", _StartFromHeads),
+    Mistake("with use_cache=True the scores are divided by sqrt(d_out); each head's dot products have head_dim "
+            "terms: divide by sqrt(head_dim), as forward does.", _CacheScaledByDout),
+    Mistake("with rope=True the positions restart at 0 at every call: the new tokens sit at start .. start + T - 1, "
+            "so turn them with apply_rope(..., torch.arange(start, start + T)).", _RopeRestartsAtZero),
+    Mistake("with rope=True the keys are turned again after caching: each key was turned at its position before it "
+            "went into the cache; turn only the new queries and keys, once.", _RopeTurnedAgain),
+    Mistake("with rope=True, forward without the cache must turn the queries and keys too (positions 0 .. T-1): "
+            "super().forward(x) knows nothing of RoPE.", _RopeNotWithoutCache),
+    Mistake("with rope=True the values are turned too: RoPE turns only the queries and keys, never the values.",
+            _RopeValuesTurned),
 ]
 
 
@@ -189,8 +373,23 @@ TILED = ("the heads are tiled, not repeated in a row: x.repeat(1, n_rep, 1, 1) g
          "x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, n_rep, T, D).reshape(b, G * n_rep, T, D).")
 
 
+TOKENS_INTERLEAVED = ("the copies were made along the token axis and then reshaped into heads (the head and token "
+                      "axes flattened together): each output head holds a mix of tokens, and in attention a query "
+                      "would see the wrong tokens, even future ones. Repeat along dim 1, the heads, before any "
+                      "reshape: x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, n_rep, T, D)"
+                      ".reshape(b, G * n_rep, T, D).")
+
+
+def _tokens_interleaved(x: torch.Tensor, n: int) -> torch.Tensor | None:
+    b, G, T, D = x.shape
+    if n == 1 or T == 1:
+        return None
+    return x.repeat_interleave(n, dim=2).reshape(b, G * n, T, D)  # (b, G, T*n, D) read as (b, G*n, T, D)
+
+
 REPEAT_MISTAKES = [
     Mistake(TILED, lambda x, n: None if n == 1 or x.shape[1] == 1 else x.repeat(1, n, 1, 1)),
+    Mistake(TOKENS_INTERLEAVED, _tokens_interleaved),
 ]
 
 
@@ -201,14 +400,17 @@ class _GQA(reference.GroupedQueryAttention):
     def repeat(self, t):
         return reference.repeat_kv(t, self.group_size)
 
+    def split_kv(self, t):
+        return reference.split_heads(t, self.num_kv_groups)
+
     def scale(self):
         return math.sqrt(self.head_dim)
 
     def forward(self, x):
         b, T, _ = x.shape
         q = reference.split_heads(self.W_query(x), self.num_heads)
-        k = self.repeat(reference.split_heads(self.W_key(x), self.num_kv_groups))
-        v = self.repeat(reference.split_heads(self.W_value(x), self.num_kv_groups))
+        k = self.repeat(self.split_kv(self.W_key(x)))
+        v = self.repeat(self.split_kv(self.W_value(x)))
         s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
         w = self.dropout(torch.softmax(s / self.scale(), dim=-1))
         return self.out_proj(reference.merge_heads(w @ v))
@@ -234,12 +436,28 @@ class _GQANoOutProj(_GQA):
         return reference.merge_heads(torch.softmax(s / self.scale(), dim=-1) @ v)
 
 
+class _GQAViewWithoutTranspose(_GQA):
+    def split_kv(self, t):
+        b, T, _ = t.shape
+        return t.reshape(b, self.num_kv_groups, T, self.head_dim)  # (b, T, G*D) read as (b, G, T, D): scrambled
+
+
+class _GQATokensInterleaved(_GQA):
+    def repeat(self, t):
+        return _tokens_interleaved(t, self.group_size)
+
+
 GQA_MISTAKES = [
     Mistake(TILED.replace("x.repeat", "keys.repeat").replace("the heads are tiled", "the key/value heads are tiled"),
             _GQATiled),
     Mistake("the scores are divided by sqrt(d_out); each head's dot products have head_dim terms: divide by "
             "sqrt(head_dim).", _GQAScaledByDout),
     Mistake("out_proj is created but not applied: return self.out_proj(context).", _GQANoOutProj),
+    Mistake("the keys and values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) "
+            "straight from (b, T, num_kv_groups * head_dim), which mixes tokens and heads: view(b, T, num_kv_groups, "
+            "head_dim), then transpose(1, 2).", _GQAViewWithoutTranspose),
+    Mistake(TOKENS_INTERLEAVED.replace("x.repeat", "keys.repeat").replace("x[:, :, None]", "keys[:, :, None]"),
+            _GQATokensInterleaved),
 ]
 
 
@@ -270,6 +488,8 @@ WINDOW_MISTAKES = [
 
 MISTAKES = {
     "decode_causal_mask": DECODE_MASK_MISTAKES,
+    "rope_angles": ANGLES_MISTAKES,
+    "apply_rope": APPLY_ROPE_MISTAKES,
     "MultiHeadAttentionKVCache": KV_MISTAKES,
     "repeat_kv": REPEAT_MISTAKES,
     "GroupedQueryAttention": GQA_MISTAKES,

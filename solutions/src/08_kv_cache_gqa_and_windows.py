@@ -10,12 +10,16 @@
 # **In this notebook you will**
 # 1. build the mask for a few new queries against many keys: `decode_causal_mask`, and see, by running
 #    it, why `is_causal=True` in PyTorch's SDPA is wrong for a decoding step;
-# 2. add a key/value cache to notebook 05's `MultiHeadAttention`: `MultiHeadAttentionKVCache`, check
-#    that it gives exactly the outputs of a full forward, and measure the time it saves per token;
-# 3. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
+# 2. give queries and keys their positions by turning them: rotary embeddings, `rope_angles` and
+#    `apply_rope`, the positions of Llama, Mistral, Qwen and Gemma;
+# 3. add a key/value cache to notebook 05's `MultiHeadAttention`: `MultiHeadAttentionKVCache`, check
+#    that it gives exactly the outputs of a full forward, measure the time it saves per token, see what
+#    `torch.cat` costs against a static cache, and rotate keys at `start + i` before caching them;
+# 4. share key/value heads between query heads: `repeat_kv` and `GroupedQueryAttention`, compare with
 #    SDPA's `enable_gqa=True`, and count what it saves at the size of a Llama model;
-# 4. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
-#    `mask_mod`, and see how a window bounds the cache.
+# 5. limit how far back a token looks: `sliding_window_mask`, written a second time as a FlexAttention
+#    `mask_mod`, and keep the cache in a rolling buffer;
+# 6. see on a roofline why a decoding step is memory-bound, and why that makes GQA fast.
 #
 # Shapes use these letters: `b` = batch size, `T` = number of tokens, `Tq` = number of queries,
 # `Tk` = number of keys, `H` = number of query heads, `G` = number of key/value groups
@@ -28,6 +32,7 @@
 
 # %%
 import math
+import statistics
 import time
 
 import matplotlib.pyplot as plt
@@ -173,21 +178,118 @@ lower_right = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_rig
 print("causal_lower_right equals decode_causal_mask:", torch.allclose(lower_right, right, atol=1e-6))
 
 # %% [markdown]
-# Side by side, for 3 new queries and 7 keys (yellow = may attend):
+# Side by side, for 3 new queries and 7 keys:
 
 # %%
-top_left = torch.tril(torch.ones(3, 7, dtype=torch.bool))  # what is_causal=True uses for (3, 7)
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
-plotting.plot_attention((~decode_causal_mask(3, 7)).float(), title="decode mask: bottom right (correct)", ax=axes[0],
-                        vmin=0, vmax=1)
-plotting.plot_attention(top_left.float(), title="is_causal=True: top left (wrong here)", ax=axes[1], vmin=0, vmax=1)
+top_left = torch.tril(torch.ones(3, 7, dtype=torch.bool))  # (3, 7), True = may attend: what is_causal=True uses
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.2))
+plotting.plot_mask(~decode_causal_mask(3, 7), ("hidden", "may attend"), title="decode mask: bottom right (correct)",
+                   ax=axes[0])
+plotting.plot_mask(top_left, ("hidden", "may attend"), title="is_causal=True: top left (wrong here)", ax=axes[1])
 for ax in axes:
     ax.set_yticks(range(3), [f"query {4 + i}" for i in range(3)])
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 3. The key/value cache
+# ## 3. Positions that survive the cache: rotary embeddings (RoPE)
+#
+# Attention by itself does not know where a token is. Notebook 09 adds a position vector to each token
+# before attention. Most recent LLMs (Llama, Mistral, Qwen, Gemma) do something else: they **turn** each
+# query and key by an angle that grows with its position, **rotary position embeddings** (RoPE, Su et
+# al., 2021).
+#
+# A head's `D` numbers form `D / 2` pairs. At position `p`, pair `i` turns by the angle
+# `p · θ_i`, with `θ_i = base^(-2i / D)` and `base = 10000`: pair 0 turns by one radian per position,
+# the last pairs barely move, like the hands of a clock at different speeds. Turning a query at
+# position `m` and a key at position `n` changes their dot product only through `m - n`: the score
+# sees how **far apart** two tokens are, not where they are. The values are not turned.
+#
+# Which two numbers form a pair? Two conventions exist, and weights trained with one are garbage with
+# the other:
+#
+# - **rotate-half** (GPT-NeoX, Hugging Face's Llama): dimension `i` pairs with `i + D/2`. **We follow
+#   this one.**
+# - **neighbours** (Meta's original Llama code): `(x_0, x_1), (x_2, x_3), ...`, read as complex numbers.
+
+# %% [markdown]
+# ### Exercise 2: `rope_angles`
+#
+# Write `rope_angles(head_dim, max_positions, base=10000.0)` that returns the angles, a **float32**
+# tensor of shape `(max_positions, head_dim // 2)` with `angle[p, i] = p · base^(-2i / head_dim)`, for
+# positions `p = 0 .. max_positions - 1` and pairs `i = 0 .. head_dim / 2 - 1`. Raise a `ValueError`
+# when `head_dim` is odd.
+#
+# Hint: `torch.arange(0, head_dim, 2)` gives `2i`; `torch.outer` multiplies every position by every
+# frequency.
+
+# %% grade_id="rope_angles"
+def rope_angles(head_dim: int, max_positions: int, base: float = 10000.0) -> torch.Tensor:
+    """(max_positions, head_dim // 2) float32: angle[p, i] = p * base ** (-2 i / head_dim)."""
+    ### BEGIN SOLUTION
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be even (pairs of dimensions turn together), got {head_dim}")
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,): theta_i
+    return torch.outer(torch.arange(max_positions, dtype=torch.float64), theta).float()  # (P, D/2)
+    ### END SOLUTION
+
+# %% grade_id="test_rope_angles" points=2
+# Check: several head_dim, lengths and bases, float32, and an error for an odd head_dim.
+checks.check_rope_angles(rope_angles)
+### BEGIN HIDDEN TESTS
+checks.check_rope_angles(rope_angles, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 3: `apply_rope`
+#
+# Write `apply_rope(x, positions)`: `x` holds queries or keys, shape `(..., T, D)` (for example
+# `(b, H, T, D)`), and `positions` is a `(T,)` tensor of integers, the position of each of the `T`
+# tokens. Split `x` into halves `x1 = x[..., :D/2]` and `x2 = x[..., D/2:]`; with `cos` and `sin` of
+# the angles at those positions, `(T, D/2)`, return
+#
+# `torch.cat([x1 · cos - x2 · sin, x1 · sin + x2 · cos], dim=-1)`, the same shape as `x`.
+#
+# Use your `rope_angles` (with its default base). The check runs your function with **our**
+# `rope_angles`, so that a mistake in Exercise 2 costs only Exercise 2's points.
+
+# %% grade_id="apply_rope"
+def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(..., T, D) queries or keys turned pair by pair (x_i with x_(i + D/2)) at positions (T,)."""
+    ### BEGIN SOLUTION
+    D = x.shape[-1]
+    angles = rope_angles(D, int(positions.max()) + 1)[positions]  # (T, D/2): the rows of these positions
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]  # (..., T, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, D)
+    ### END SOLUTION
+
+# %% grade_id="test_apply_rope" points=3
+# Check: several shapes, positions from 0 and a chunk at positions 10, 11, 12.
+checks.check_apply_rope(apply_rope)
+### BEGIN HIDDEN TESTS
+checks.check_apply_rope(apply_rope, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Two checks of what RoPE promises, on your function. Written with complex numbers, pair `i` is
+# `z = x1[i] + j·x2[i]`, and turning it by `φ` multiplies it by `e^{jφ}`: an independent way to compute
+# the same thing. And the score of a turned query and key depends only on their distance:
+
+# %%
+torch.manual_seed(0)
+x = torch.randn(2, 5, 8)  # (b, T, D): five tokens of one head
+positions = torch.arange(5)
+z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones(5, 4), rope_angles(8, 5))  # (2, 5, 4) complex
+print("complex rotation equals apply_rope:", torch.allclose(torch.cat([z.real, z.imag], dim=-1),
+                                                            apply_rope(x, positions), atol=1e-6))
+q, k = torch.randn(1, 8), torch.randn(1, 8)  # (1, D): one query and one key
+scores = torch.tensor([(apply_rope(q, torch.tensor([m])) @ apply_rope(k, torch.tensor([m - 2])).T).item()
+                       for m in (3, 10, 100)])  # query at m, key at m - 2: the same distance
+print("query at 3, 10 and 100, key 2 positions earlier: the same score:", torch.allclose(scores, scores[0], atol=1e-4))
+
+# %% [markdown]
+# ## 4. The key/value cache
 #
 # A module with a cache keeps two tensors between calls:
 #
@@ -209,31 +311,44 @@ plt.show()
 #
 # Keep the cache in **buffers** (notebook 04): `self.register_buffer("cache_k", None, persistent=False)`
 # makes `cache_k` a buffer that starts empty (`None`), moves with `.to(device)`, and is not saved in
-# `state_dict` (it is not part of the model). Assigning `self.cache_k = tensor` later fills it.
+# `state_dict` (it is not part of the model). Assigning `self.cache_k = tensor` later fills it, and it
+# stays a buffer. The check tests both: the filled cache must be a buffer, and not in `state_dict()`.
 
 # %% [markdown]
-# ### Exercise 2: `MultiHeadAttentionKVCache`
+# ### Exercise 4: `MultiHeadAttentionKVCache`
 #
-# Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`,
-# a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
+# Write `MultiHeadAttentionKVCache(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False,
+# rope=False)`, a subclass of `MultiHeadAttention` (same parameters, created by `super().__init__`):
 #
 # - `__init__`: register the buffers `cache_k` and `cache_v`, both `None` at first;
 # - `reset_cache()`: set both back to `None`;
 # - `forward(x, use_cache=False)`: without the cache, notebook 05's forward (given, and it must leave
-#   the cache alone); with `use_cache=True`, steps 1-6 above. Raise a `ValueError` when `x` has no
-#   tokens (an empty prompt), and when `start + T > context_length` (the mask and the model's
-#   positions stop there).
+#   the cache alone); with `use_cache=True`, steps 1-6 above.
+# - `rope=True`: turn the queries and the keys with `apply_rope` (section 3) right after splitting the
+#   heads, at positions `start .. start + T - 1`: **before** the keys are cached. Without the cache,
+#   `forward(x)` does the same with `start = 0` and leaves the cache alone (`super().forward` knows
+#   nothing of RoPE). Values are never turned.
+# - Errors: raise a `ValueError` (not an `assert`) when `x` has no tokens (an empty prompt), and a
+#   `ValueError` whose message names the limit, `context_length`, when `start + T > context_length`
+#   (the mask and the model's positions stop there). PyTorch's own shape errors do not count.
 #
-# A prompt, then one token at a time, must give **exactly** the outputs of `forward` on the whole
-# sequence. You may call your `decode_causal_mask`, `split_heads` and `merge_heads`.
+# A prompt, then one token at a time or chunks of several tokens, must give **exactly** the outputs of
+# `forward` on the whole sequence. You may call your `decode_causal_mask`, `split_heads` and
+# `merge_heads`, and your `apply_rope`; the check runs your class with **our** `decode_causal_mask` and
+# `apply_rope`, so that a mistake in Exercise 1 or 3 costs only that exercise's points.
+#
+# Rules: do not use `nn.MultiheadAttention`, `F.multi_head_attention_forward` or `flex_attention`:
+# extend notebook 05's `MultiHeadAttention` yourself. `F.scaled_dot_product_attention` is allowed, with
+# the right mask.
 
 # %% grade_id="MultiHeadAttentionKVCache"
 class MultiHeadAttentionKVCache(MultiHeadAttention):
     """MultiHeadAttention that can read a sequence piece by piece, keeping earlier keys and values."""
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
-                 qkv_bias: bool = False):
+                 qkv_bias: bool = False, rope: bool = False):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.rope = rope  # turn queries and keys with apply_rope
         ### BEGIN SOLUTION
         self.register_buffer("cache_k", None, persistent=False)  # (b, H, tokens so far, D) once filled
         self.register_buffer("cache_v", None, persistent=False)
@@ -247,23 +362,27 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """(b, T, d_in) -> (b, T, d_out); with use_cache=True, x holds the NEXT T tokens of the sequence."""
-        if not use_cache:
+        if not use_cache and not self.rope:
             return super().forward(x)
         ### BEGIN SOLUTION
         b, T, _ = x.shape
         if T == 0:
             raise ValueError("empty input: use_cache=True needs at least one token")
-        start = 0 if self.cache_k is None else self.cache_k.shape[2]  # position of the first new token
+        start = 0 if self.cache_k is None or not use_cache else self.cache_k.shape[2]  # first new token's position
         if start + T > self.mask.shape[0]:
             raise ValueError(f"{start} cached + {T} new tokens > context_length={self.mask.shape[0]}: reset_cache()")
         H, D = self.num_heads, self.head_dim
         queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
         keys = self.W_key(x).view(b, T, H, D).transpose(1, 2)
         values = self.W_value(x).view(b, T, H, D).transpose(1, 2)
-        if self.cache_k is not None:
-            keys = torch.cat([self.cache_k, keys], dim=2)  # (b, H, start + T, D)
-            values = torch.cat([self.cache_v, values], dim=2)
-        self.cache_k, self.cache_v = keys, values
+        if self.rope:  # turned at their own positions, BEFORE the keys are cached
+            positions = torch.arange(start, start + T, device=x.device)
+            queries, keys = apply_rope(queries, positions), apply_rope(keys, positions)
+        if use_cache:
+            if self.cache_k is not None:
+                keys = torch.cat([self.cache_k, keys], dim=2)  # (b, H, start + T, D)
+                values = torch.cat([self.cache_v, values], dim=2)
+            self.cache_k, self.cache_v = keys, values
         scores = queries @ keys.transpose(2, 3)  # (b, H, T, start + T)
         scores = scores.masked_fill(self.mask[start:start + T, :start + T], -torch.inf)  # bottom-right rows
         weights = self.dropout(torch.softmax(scores / D ** 0.5, dim=-1))
@@ -272,15 +391,18 @@ class MultiHeadAttentionKVCache(MultiHeadAttention):
         ### END SOLUTION
 
 # %% grade_id="test_MultiHeadAttentionKVCache" points=6
-# Check: forward without the cache; a prompt then tokens (and chunks) with the cache against one full
-# forward, batch 1 and more, float64; reset_cache(); errors past context_length and for an empty prompt.
+# Check (with our decode_causal_mask and apply_rope): forward without the cache; with the cache, a prompt
+# then one token at a time, and a prompt then chunks of 2 and 1 tokens, against one full forward (batch 1
+# and more, float64); the same with rope=True; reset_cache(); the cache in buffers, not in state_dict; a
+# ValueError past context_length and for an empty prompt.
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache)
 ### BEGIN HIDDEN TESTS
 checks.check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# A prompt of 4 tokens, then the other 6 one at a time, against one forward over all 10:
+# A prompt of 4 tokens, then the other 6 one at a time, against one forward over all 10, without and
+# with RoPE:
 
 # %%
 torch.manual_seed(123)
@@ -295,11 +417,20 @@ with torch.no_grad():
         pieces.append(cached(x[:, t:t + 1], use_cache=True))  # one token: (2, 1, 8)
 step_by_step = torch.cat(pieces, dim=1)  # (2, 10, 8)
 print("cache holds:", tuple(cached.cache_k.shape), "= (b, H, tokens, D)")
-print("largest difference to the full forward:", (step_by_step - whole).abs().max().item())
+print("same outputs as the full forward (to 1e-6):", torch.allclose(step_by_step, whole, atol=1e-6))
+
+torch.manual_seed(123)
+turned = MultiHeadAttentionKVCache(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=2, rope=True).eval()
+with torch.no_grad():
+    whole_rope = turned(x)  # (2, 10, 8): queries and keys turned at positions 0..9
+    turned.reset_cache()
+    pieces = [turned(x[:, :4], use_cache=True)] + [turned(x[:, t:t + 1], use_cache=True) for t in range(4, 10)]
+print("with rope=True too:", torch.allclose(torch.cat(pieces, dim=1), whole_rope, atol=1e-6))
 
 # %% [markdown]
-# The same numbers up to float32 rounding (the products are summed in another order). One more token
-# than `context_length` is refused:
+# The same numbers up to float32 rounding (the products are summed in another order, so the last
+# bits may differ: compare with a tolerance, never with `==`). One more token than `context_length`
+# is refused:
 
 # %%
 try:
@@ -309,68 +440,170 @@ except ValueError as err:
     print("ValueError:", err)
 
 # %% [markdown]
+# ### RoPE with the cache: turn at `start + i`, before caching
+#
+# A model with RoPE turns each new query and key **before** the key goes into the cache, at the
+# token's real position: token `i` of a chunk that arrives after `start` cached tokens sits at position
+# `start + i`. Cached keys keep their turn for good; nothing in the cache is touched again. The classic
+# mistakes: positions that restart at 0 with every call, and keys turned a second time after they were
+# cached (or cached unturned, then turned with the current call's positions). We decode raw queries and
+# keys one token at a time, with your `apply_rope`:
+
+# %%
+torch.manual_seed(0)
+T = 6
+q, k, v = torch.randn(3, 1, 2, T, 8).unbind(0)  # each (b=1, H=2, T, D=8)
+positions = torch.arange(T)
+target = F.scaled_dot_product_attention(apply_rope(q, positions), apply_rope(k, positions), v,
+                                        is_causal=True)  # (1, 2, T, 8): the whole sequence at once
+
+
+def decode_with_rope(position_of) -> torch.Tensor:
+    """Decode one token at a time; token t is turned at position position_of(t); returns (1, 2, T, 8)."""
+    k_cache, outputs = None, []
+    for t in range(T):
+        at = torch.tensor([position_of(t)])
+        k_new = apply_rope(k[:, :, t:t + 1], at)  # (1, 2, 1, 8): turned BEFORE it is cached
+        k_cache = k_new if k_cache is None else torch.cat([k_cache, k_new], dim=2)  # (1, 2, t + 1, 8)
+        q_new = apply_rope(q[:, :, t:t + 1], at)
+        outputs.append(F.scaled_dot_product_attention(q_new, k_cache, v[:, :, :t + 1]))  # one token sees all
+    return torch.cat(outputs, dim=2)
+
+
+print("positions start + i:       ", torch.allclose(decode_with_rope(lambda t: t), target, atol=1e-5))
+print("positions restarting at 0: ", torch.allclose(decode_with_rope(lambda t: 0), target, atol=1e-5))
+
+# %% [markdown]
 # ### Time per generated token
 #
-# We generate 4 tokens after prompts of growing length `T`, with and without the cache, on a module
-# with `d = 128` and 8 heads, and report the time **per generated token** (the best of 2 runs, on
-# one CPU thread). Without the cache, each step runs the whole sequence again: `T` projections and
-# a `(T, T)` score matrix. With it, each step projects **one** token and computes one row of `T`
-# scores.
+# We generate 16 tokens after prompts of growing length `T`, with and without the cache, on a module
+# with `d = 128` and 8 heads, and report the time **per generated token**: the median of 7 runs, on
+# one CPU thread. Each run sweeps all the lengths, so a moment when another program slows the machine
+# down hits every length alike, and the median ignores the odd slow run. Without the cache,
+# each step runs the whole sequence again: `T` projections and a `(T, T)` score matrix. With it, each
+# step projects **one** token and computes one row of `T` scores.
 
 # %% tags=["nbval-ignore-output"]
 def time_per_token(module: MultiHeadAttentionKVCache, x: torch.Tensor, prompt_len: int, new_tokens: int,
-                   use_cache: bool, repeats: int = 2) -> float:
-    """Best of `repeats` runs: seconds per token to generate `new_tokens` after `prompt_len` tokens of x."""
-    best = math.inf
+                   use_cache: bool) -> float:
+    """One run: seconds per token to generate `new_tokens` after `prompt_len` tokens of x."""
     with torch.no_grad():
-        for _ in range(repeats):
+        if use_cache:
+            module.reset_cache()
+            module(x[:, :prompt_len], use_cache=True)  # reading the prompt is not timed
+        start = time.perf_counter()
+        for t in range(prompt_len, prompt_len + new_tokens):
             if use_cache:
-                module.reset_cache()
-                module(x[:, :prompt_len], use_cache=True)  # reading the prompt is not timed
-            start = time.perf_counter()
-            for t in range(prompt_len, prompt_len + new_tokens):
-                if use_cache:
-                    module(x[:, t:t + 1], use_cache=True)  # (1, 1, d): the new token only
-                else:
-                    module(x[:, :t + 1])  # (1, t + 1, d): everything again
-            best = min(best, (time.perf_counter() - start) / new_tokens)
-    return best
+                module(x[:, t:t + 1], use_cache=True)  # (1, 1, d): the new token only
+            else:
+                module(x[:, :t + 1])  # (1, t + 1, d): everything again
+        return (time.perf_counter() - start) / new_tokens
 
 
 LENGTHS = (16, 32) if under_grader() else (32, 64, 128, 256, 512)  # a short sweep while grading
-NEW = 4
+NEW, REPEATS = 16, (2 if under_grader() else 7)
+WAYS = {"without cache": False, "with cache": True}
 torch.manual_seed(0)
 gen = MultiHeadAttentionKVCache(128, 128, LENGTHS[-1] + NEW, 0.0, 8).eval()
 tokens = torch.rand(1, LENGTHS[-1] + NEW, 128)  # (1, T, d)
 threads = torch.get_num_threads()
 torch.set_num_threads(1)  # one thread: steadier numbers when other programs share the CPU
-time_per_token(gen, tokens, LENGTHS[0], NEW, use_cache=False, repeats=1)  # warm-up: the first calls are slow
-per_token = {name: [time_per_token(gen, tokens, T, NEW, use_cache) for T in LENGTHS]
-             for name, use_cache in (("without cache", False), ("with cache", True))}
+for use_cache in WAYS.values():  # warm-up: the first calls are slow
+    time_per_token(gen, tokens, LENGTHS[-1], NEW, use_cache)
+runs = {name: {T: [] for T in LENGTHS} for name in WAYS}
+for _ in range(REPEATS):  # each run sweeps every length
+    for name, use_cache in WAYS.items():
+        for T in LENGTHS:
+            runs[name][T].append(time_per_token(gen, tokens, T, NEW, use_cache))
+per_token = {name: [statistics.median(runs[name][T]) for T in LENGTHS] for name in WAYS}
 torch.set_num_threads(threads)
 for i, T in enumerate(LENGTHS):
-    print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:7.2f} ms/token, "
-          f"with cache {per_token['with cache'][i] * 1e3:6.2f} ms/token")
+    print(f"T = {T:5d}: without cache {per_token['without cache'][i] * 1e3:6.2g} ms/token, "
+          f"with cache {per_token['with cache'][i] * 1e3:6.2g} ms/token")
+
+# %% [markdown]
+# ### What `torch.cat` costs: a static cache
+#
+# `torch.cat([self.cache_k, keys], dim=2)` cannot grow a tensor in place: it allocates a new one of
+# `start + T` tokens and **copies the whole cache** into it, at every step. Generating `n` tokens
+# copies about `n² / 2` cached tokens in all: the same growth we wanted to get rid of, with a
+# smaller constant. Production code (Hugging Face's `StaticCache`, vLLM, llama.cpp) allocates the
+# cache **once**, for `context_length` tokens, and writes each new token into its slot:
+#
+# - `cache_k[:, :, start:start + T] = keys` copies only the `T` new tokens;
+# - attention reads `cache_k[:, :, :start + T]`, a view of the filled slots (no copy).
+#
+# The price: the memory of a full context is reserved up front, even for a short sequence. Here is one
+# step of each, appending one token `(1, H, 1, D)` to a cache of `t` tokens (`H = 8`, `D = 64`):
+
+# %%
+def append_cat(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """(b, H, t, D) and (b, H, 1, D) -> a NEW (b, H, t + 1, D) tensor: all t cached tokens are copied."""
+    return torch.cat([cache, new], dim=2)
+
+
+def append_static(buffer: torch.Tensor, new: torch.Tensor, t: int) -> torch.Tensor:
+    """Write token t into slot t of a preallocated (b, H, context_length, D) buffer; return the filled (b, H, t + 1, D) view."""
+    buffer[:, :, t:t + 1] = new  # one token's keys are copied, nothing else
+    return buffer[:, :, :t + 1]  # a view: no copy
+
+
+torch.manual_seed(0)
+cached_keys = torch.randn(1, 8, 100, 64)  # (b, H, t=100, D)
+new_key = torch.randn(1, 8, 1, 64)  # (b, H, 1, D)
+static_buffer = torch.zeros(1, 8, 256, 64)  # (b, H, context_length=256, D), allocated once
+static_buffer[:, :, :100] = cached_keys
+print("same cache both ways:", torch.equal(append_cat(cached_keys, new_key), append_static(static_buffer, new_key, 100)))
+
 
 # %% tags=["nbval-ignore-output"]
-fig, ax = plt.subplots(figsize=(6.5, 4))
+def median_seconds(fn, repeats: int = 15) -> float:
+    """Median wall time of `repeats` calls of fn()."""
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
+CACHE_LENGTHS = (256, 1024) if under_grader() else (256, 1024, 4096, 8192)
+keys_by_length = {t: torch.randn(1, 8, t, 64) for t in CACHE_LENGTHS}  # (1, H, t, D) for each length
+buffer = torch.zeros(1, 8, CACHE_LENGTHS[-1] + 1, 64)  # preallocated once, for the longest sequence
+torch.set_num_threads(1)
+per_append = {"torch.cat": [median_seconds(lambda: append_cat(keys_by_length[t], new_key)) for t in CACHE_LENGTHS],
+              "static buffer": [median_seconds(lambda: append_static(buffer, new_key, t)) for t in CACHE_LENGTHS]}
+torch.set_num_threads(threads)
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
 for name, times in per_token.items():
-    ax.plot(LENGTHS, [t * 1e3 for t in times], "o-", label=name)
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("tokens already in the sequence, T")
-ax.set_ylabel("ms per generated token (CPU)")
-ax.set_title("one attention layer, d = 128, 8 heads")
-ax.legend()
+    left.plot(LENGTHS, [x * 1e3 for x in times], "o-", label=name)
+plotting.readable_log_axes(left, LENGTHS)
+left.set_xlabel("tokens already in the sequence, T")
+left.set_ylabel("ms per generated token (CPU, median)")
+left.set_title("one attention layer, d = 128, 8 heads")
+left.legend()
+for name, times in per_append.items():
+    right.plot(CACHE_LENGTHS, [x * 1e6 for x in times], "o-", label=name)
+plotting.readable_log_axes(right, CACHE_LENGTHS)
+right.set_xlabel("tokens in the cache, t")
+right.set_ylabel("µs to append one token (CPU, median)")
+right.set_title("appending one token's keys, H = 8, D = 64")
+right.legend()
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Without the cache, the time per token grows with `T` (the projections grow like `T`, the scores like
-# `T²`); generating `n` tokens costs about `n²` work in all. With the cache it stays almost flat at
-# these sizes: one token's projections, and a dot product with each cached key. (On a CPU the small
-# sizes are dominated by the overhead of each call; on a GPU the gap is larger still.)
+# Left: without the cache, the time per token grows with `T` (the projections grow like `T`, the scores
+# like `T²`); generating `n` tokens costs about `n²` work in all. With the cache it stays almost flat at
+# these sizes, where the cost of each call dominates: one token's projections, and a dot product with
+# each cached key.
 #
-# The price is memory. Each cached token stores one key and one value per head:
+# Right: `torch.cat` copies the whole cache, so appending one token costs time in proportion to the
+# cache's length; the static buffer writes one slot, whatever the length. At these sizes the copy is
+# small next to the rest of a step, but it grows with every token, in every layer.
+#
+# The price of a cache is memory. Each cached token stores one key and one value per head:
 
 # %%
 bytes_per_token = (gen.cache_k.element_size() * gen.cache_k[0, :, 0].numel()  # one token's keys, all heads
@@ -380,10 +613,10 @@ print(f"per token and sequence: {bytes_per_token} bytes = 2 (K and V) x {gen.d_o
 
 # %% [markdown]
 # That is for **one** attention layer. A real model multiplies it by its number of layers, and keeps
-# one cache per sequence of the batch. Section 4 puts numbers on a Llama-sized model.
+# one cache per sequence of the batch. Section 5 puts numbers on a Llama-sized model.
 
 # %% [markdown]
-# ## 4. Sharing keys and values: grouped-query attention
+# ## 5. Sharing keys and values: grouped-query attention
 #
 # In multi-head attention every head has its own keys and values, so the cache holds `2 · H · D`
 # numbers per token and layer. **Grouped-query attention** (GQA, used by Llama 2 70B, Llama 3, Mistral,
@@ -399,7 +632,7 @@ print(f"per token and sequence: {bytes_per_token} bytes = 2 (K and V) x {gen.d_o
 # `[k0, k0, k0, k1, k1, k1]`: copies of one head come **together**.
 
 # %% [markdown]
-# ### Exercise 3: `repeat_kv`
+# ### Exercise 5: `repeat_kv`
 #
 # Write `repeat_kv(x, n_rep)`: `x` is `(b, G, T, D)`; return `(b, G * n_rep, T, D)` where output head
 # `h` is input head `h // n_rep`. With `n_rep = 1`, return `x` unchanged.
@@ -426,7 +659,7 @@ print("repeat_kv:", repeat_kv(heads, 3).flatten().tolist())  # [0, 0, 0, 1, 1, 1
 print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: query head 1 would get group 1")
 
 # %% [markdown]
-# ### Exercise 4: `GroupedQueryAttention`
+# ### Exercise 6: `GroupedQueryAttention`
 #
 # Write `GroupedQueryAttention(d_in, d_out, context_length, dropout, num_heads, num_kv_groups,
 # qkv_bias=False)`, built like `MultiHeadAttention`:
@@ -437,9 +670,17 @@ print("repeat:   ", heads.repeat(1, 3, 1, 1).flatten().tolist(), "<- tiled: quer
 #   nn.Linear(d_out, d_out)`, `self.dropout = nn.Dropout(dropout)`, and the causal mask buffer `mask`;
 # - `forward(x)`: queries `(b, H, T, D)`; keys and values `(b, G, T, D)`, repeated to `(b, H, T, D)`
 #   with `repeat_kv`; then exactly as `MultiHeadAttention` (scale by `sqrt(head_dim)`, mask, softmax,
-#   dropout, values, merge, `out_proj`). Raise an error when `T > context_length`.
+#   dropout, values, merge, `out_proj`).
+# - Errors: raise a `ValueError` whose message names the limit, `context_length`, when
+#   `T > context_length` (as Exercise 4 does; PyTorch's own shape error does not count).
 #
-# Write the attention yourself here; SDPA comes right after, to compare.
+# The check runs your class with **our** `repeat_kv`, so that a mistake in Exercise 5 costs only
+# Exercise 5's points (in the student edition, which has no answers, it asks you to fix `repeat_kv`
+# first).
+#
+# Rules: write the attention yourself here: do not use `F.scaled_dot_product_attention`,
+# `nn.MultiheadAttention`, `F.multi_head_attention_forward` or `flex_attention`. SDPA comes right after,
+# to compare.
 
 # %% grade_id="GroupedQueryAttention"
 class GroupedQueryAttention(nn.Module):
@@ -466,6 +707,8 @@ class GroupedQueryAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ### BEGIN SOLUTION
         b, T, _ = x.shape
+        if T > self.mask.shape[0]:
+            raise ValueError(f"the input has {T} tokens, more than context_length={self.mask.shape[0]}")
         H, G, D = self.num_heads, self.num_kv_groups, self.head_dim
         queries = self.W_query(x).view(b, T, H, D).transpose(1, 2)  # (b, H, T, D)
         keys = self.W_key(x).view(b, T, G, D).transpose(1, 2)  # (b, G, T, D)
@@ -477,8 +720,9 @@ class GroupedQueryAttention(nn.Module):
         ### END SOLUTION
 
 # %% grade_id="test_GroupedQueryAttention" points=5
-# Check: outputs for grouped, multi-head (G = H) and multi-query (G = 1) constructions, causality,
-# dropout only in train(), too-long inputs, .to(float64), and an error when G does not divide H.
+# Check (with our repeat_kv): outputs for grouped, multi-head (G = H) and multi-query (G = 1) constructions,
+# causality, dropout only in train(), a ValueError for too-long inputs, .to(float64), and an error when G
+# does not divide H.
 checks.check_GroupedQueryAttention(GroupedQueryAttention)
 ### BEGIN HIDDEN TESTS
 checks.check_GroupedQueryAttention(GroupedQueryAttention, hidden=True)
@@ -487,9 +731,11 @@ checks.check_GroupedQueryAttention(GroupedQueryAttention, hidden=True)
 # %% [markdown]
 # ### The same as SDPA with `enable_gqa=True`, and the two special cases
 #
-# Since PyTorch 2.5, `F.scaled_dot_product_attention` accepts keys and values with fewer heads than
-# the queries when `enable_gqa=True`, and pairs query head `h` with key/value head `h // n_rep`, the
-# same rule as `repeat_kv`. We feed it our module's own projections:
+# `repeat_kv` makes **real copies**: `(b, G, T, D)` becomes `(b, H, T, D)` in memory, `n_rep` times the
+# keys and values, for every layer and every step. Fused kernels never do that: they read key/value
+# head `h // n_rep` directly while computing query head `h`. So does `F.scaled_dot_product_attention`
+# with `enable_gqa=True` (PyTorch 2.5+), which accepts keys and values with fewer heads than the
+# queries. We feed it our module's own projections:
 
 # %%
 torch.manual_seed(123)
@@ -549,20 +795,66 @@ print(f"{'':12s} {'params / layer':>15s} {'cache / token':>14s} {'cache, 8192 to
 for name, r in rows.items():
     print(f"{name:12s} {r['params'] / 1e6:13.1f} M {r['per_token'] / 2**10:11.0f} KiB {r['per_sequence'] / 2**30:15.2f} GiB")
 
-# %% [markdown]
-# Grouping barely changes the parameter count (the query and output projections are untouched), but
-# divides the cache by `H / G`: 4 times smaller for Llama 3's 8 groups. With a batch of 16 sequences
-# of 8192 tokens, the MHA cache alone would need 16 × 4 GiB = 64 GiB, more than the model's own 16 GB
-# of weights; GQA needs a quarter of that. Quality suffers little with a few groups, more with MQA,
-# which is why most recent models chose GQA.
+# %%
+saved_per_layer = rows["MHA, G = 32"]["params"] - rows["GQA, G = 8"]["params"]
+LLAMA3_8B_PARAMS = 8.03e9  # all of Llama 3 8B (with GQA): embeddings, attention, MLPs, norms
+print(f"attention layer: {rows['MHA, G = 32']['params'] / 1e6:.1f} M -> {rows['GQA, G = 8']['params'] / 1e6:.1f} M "
+      f"parameters ({-saved_per_layer / rows['MHA, G = 32']['params']:.1%})")
+print(f"whole model: {LLAMA['layers'] * saved_per_layer / 1e9:.2f} B parameters fewer than with MHA "
+      f"({LLAMA['layers'] * saved_per_layer / (LLAMA3_8B_PARAMS + LLAMA['layers'] * saved_per_layer):.1%} of the model)")
+print(f"KV cache: {rows['MHA, G = 32']['per_token'] // rows['GQA, G = 8']['per_token']} times smaller")
 
 # %% [markdown]
-# ## 5. Looking back a fixed distance: sliding windows
+# Grouping changes all three:
+#
+# - **attention parameters**: `W_key` and `W_value` shrink from `d × d` to `d × G · D`, while `W_query` and
+#   `out_proj` stay: 67.1 M → 41.9 M per attention layer, 37.5 % fewer;
+# - **the whole model**: 32 layers × 25.2 M ≈ 0.8 B parameters fewer, about 9 % of a Llama 3 8B built with
+#   MHA (most of the weights sit in the MLPs and embeddings, which grouping does not touch);
+# - **the KV cache**: divided by `H / G`, 4 times smaller for Llama 3's 8 groups. This one matters most:
+#   with a batch of 16 sequences of 8192 tokens, the MHA cache alone would need 16 × 4 GiB = 64 GiB,
+#   more than the model's own 16 GB of weights; GQA needs a quarter of that.
+#
+# Quality suffers little with a few groups, more with MQA, which is why most recent models chose GQA.
+#
+# ### The GQA cache stores the `G` heads, not the `H`
+#
+# A GQA model decodes with a cache like Exercise 4's, with one rule: cache the keys and values
+# **before** `repeat_kv`, as `(b, G, t, D)`, and repeat after reading them. Caching after the repeat
+# would store each head `n_rep` times and save nothing. We decode our module token by token with such a
+# cache, built from its own projections:
+
+# %%
+torch.manual_seed(123)
+gqa = GroupedQueryAttention(d_in=4, d_out=8, context_length=16, dropout=0.0, num_heads=4, num_kv_groups=2).eval()
+H, G = 4, 2  # 4 query heads share 2 key/value heads of D = 2
+x = torch.rand(2, 10, 4)  # (b, T, d_in)
+cache_k = cache_v = None
+outputs = []
+with torch.no_grad():
+    for t in range(x.shape[1]):
+        x_t = x[:, t:t + 1]  # (2, 1, 4): the new token
+        q_t = split_heads(gqa.W_query(x_t), H)  # (2, H, 1, D)
+        k_t = split_heads(gqa.W_key(x_t), G)  # (2, G, 1, D): cached as it is, G heads
+        v_t = split_heads(gqa.W_value(x_t), G)
+        cache_k = k_t if cache_k is None else torch.cat([cache_k, k_t], dim=2)  # (2, G, t + 1, D)
+        cache_v = v_t if cache_v is None else torch.cat([cache_v, v_t], dim=2)
+        keys, values = repeat_kv(cache_k, H // G), repeat_kv(cache_v, H // G)  # (2, H, t + 1, D): after reading
+        weights = torch.softmax(q_t @ keys.transpose(2, 3) / math.sqrt(keys.shape[-1]), dim=-1)  # (2, H, 1, t + 1)
+        outputs.append(gqa.out_proj(merge_heads(weights @ values)))  # (2, 1, 8); one new token needs no mask
+    whole = gqa(x)  # (2, 10, 8)
+print("cache holds:", tuple(cache_k.shape), f"= (b, G, tokens, D): {cache_k.shape[1]} heads, not {H}")
+print("same outputs as the full forward (to 1e-6):", torch.allclose(torch.cat(outputs, dim=1), whole, atol=1e-6))
+
+# %% [markdown]
+# ## 6. Looking back a fixed distance: sliding windows
 #
 # With a **sliding window** of `w` tokens, query `i` sees only keys `i - w + 1 .. i`: itself and the
-# `w - 1` tokens before it (Mistral 7B uses `w = 4096`; Gemma and others alternate windowed and full
-# layers). Each layer looks back `w - 1` positions, but layers stack: after `L` layers, information
-# can travel `L · (w - 1)` positions.
+# `w - 1` tokens before it. Mistral 7B v0.1 used `w = 4096` in every layer (later Mistral versions
+# dropped the window). Gemma 2 alternates windowed layers (`w = 4096`) and full layers one to one;
+# Gemma 3 has 5 windowed layers (`w = 1024`) for each full one. Each layer looks back `w - 1`
+# positions, but layers stack: after `L` windowed layers, information can travel `L · (w - 1)`
+# positions.
 #
 # As a mask (True = hidden), entry `[i, j]` is True when `j > i` (the future) **or** `i - j >= w`
 # (too far back). `w = 1`: each token sees only itself. `w >= T`: the ordinary causal mask.
@@ -574,7 +866,7 @@ for name, r in rows.items():
 # not `and`/`or`/`if`.
 
 # %% [markdown]
-# ### Exercise 5: `sliding_window_mask` and its `mask_mod`
+# ### Exercise 7: `sliding_window_mask` and its `mask_mod`
 #
 # Write
 # - `sliding_window_mask(num_tokens, window)`: a **boolean** `(T, T)` tensor, True where a key is hidden
@@ -613,13 +905,12 @@ checks.check_sliding_window_mask(sliding_window_mask, sliding_window_mask_mod, h
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Ten tokens with windows of 10 (the causal mask), 4 and 1 (yellow = may attend):
+# Ten tokens with windows of 10 (the causal mask), 4 and 1:
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
 for ax, w in zip(axes, (10, 4, 1)):
-    plotting.plot_attention((~sliding_window_mask(10, w)).float(), title=f"window = {w}", ax=ax, vmin=0, vmax=1,
-                            annotate=False)
+    plotting.plot_mask(~sliding_window_mask(10, w), ("hidden", "may attend"), title=f"window = {w}", ax=ax)
 fig.tight_layout()
 plt.show()
 
@@ -657,11 +948,17 @@ else:
 #
 # With a window of `w`, the token at position `t` needs only the keys and values of positions
 # `t - w + 1 .. t`. Older entries will never be read again, so the cache can drop them: it keeps at
-# most `w` tokens per layer, a **rolling buffer** (Mistral writes token `t` into slot `t mod w`). The
-# memory per sequence stops growing at `w` tokens, however long the text.
+# most `w` tokens per layer, in a **rolling buffer** of `w` slots. Token `t` is written into slot
+# `t mod w`, over the token `t - w` that no query will read again. The memory per sequence stops
+# growing at `w` tokens, however long the text.
 #
-# We check it on raw queries, keys and values: decoding one token at a time with a cache cut to its
-# last `w` entries gives the same outputs as attention with the full sliding-window mask.
+# Once the buffer has wrapped around, its slots are no longer in position order. That does not matter:
+# attention is a weighted sum over a **set** of keys, and one new token may see every key in the
+# buffer, so no mask is needed. (Positions live in the keys themselves: RoPE rotates them before they
+# are cached.)
+#
+# We build the rolling buffer for raw queries, keys and values and decode one token at a time: the
+# outputs equal attention with the full sliding-window mask.
 
 # %%
 torch.manual_seed(0)
@@ -669,24 +966,77 @@ T, w = 12, 4
 q, k, v = torch.randn(3, 1, 2, T, 8).unbind(0)  # each (b=1, H=2, T, D=8)
 target = F.scaled_dot_product_attention(q, k, v, attn_mask=~sliding_window_mask(T, w))  # (1, 2, T, 8)
 
-outputs, largest_cache = [], 0
+k_buffer = torch.zeros(1, 2, w, 8)  # (b, H, w, D): the whole cache, allocated once
+v_buffer = torch.zeros(1, 2, w, 8)
+outputs = []
 for t in range(T):
-    keep = slice(max(0, t - w + 1), t + 1)  # the last w positions: all the cache has to hold
-    k_cache, v_cache = k[:, :, keep], v[:, :, keep]  # (1, 2, <= w, 8)
-    largest_cache = max(largest_cache, k_cache.shape[2])
-    outputs.append(F.scaled_dot_product_attention(q[:, :, t:t + 1], k_cache, v_cache))  # one query sees them all
-print("cache cut to the window gives the same outputs:", torch.allclose(torch.cat(outputs, dim=2), target, atol=1e-6))
-print(f"largest cache: {largest_cache} tokens for a sequence of {T}")
+    slot = t % w  # token t overwrites token t - w
+    k_buffer[:, :, slot] = k[:, :, t]
+    v_buffer[:, :, slot] = v[:, :, t]
+    filled = min(t + 1, w)  # slots holding a token so far
+    outputs.append(F.scaled_dot_product_attention(q[:, :, t:t + 1], k_buffer[:, :, :filled],
+                                                  v_buffer[:, :, :filled]))  # (1, 2, 1, 8): sees the whole buffer
+print("rolling buffer gives the same outputs:", torch.allclose(torch.cat(outputs, dim=2), target, atol=1e-6))
+print(f"slots in the buffer: {k_buffer.shape[2]} for a sequence of {T} tokens")
+print("slot of each token:", [t % w for t in range(T)])
 
 # %% [markdown]
-# At the size of Mistral 7B (the Llama-like layer above with 8 key/value groups, `w = 4096`), the cache
-# of one sequence, with and without the window:
+# At the size of Mistral 7B v0.1 (the Llama-like layer above with 8 key/value groups, `w = 4096`), the
+# cache of one sequence, with and without the window:
 
 # %%
 mistral_per_token = llama_like_row(8)["per_token"]  # bytes per token, all 32 layers, bfloat16
 for length in (4096, 32768, 131072):
     print(f"{length:7d} tokens: full cache {mistral_per_token * length / 2**30:5.1f} GiB, "
           f"window of 4096: {mistral_per_token * min(length, 4096) / 2**30:4.1f} GiB")
+
+# %% [markdown]
+# ## 7. Why decoding is memory-bound: prefill against decode on the roofline
+#
+# Reading a prompt (**prefill**) and generating one token (**decode**) do very different work per
+# byte. Take one layer's attention core, `Q Kᵀ` and `P V`, for `Tq` queries against `Tk` keys, with
+# `H` query heads, `G` key/value heads of size `D`, and 2-byte numbers (bfloat16). It does
+# `4 · H · Tq · Tk · D` FLOPs (two matmuls, 2 FLOPs per multiply-add), and must at least read the
+# queries and write the outputs, `2 · H · Tq · D` numbers, and read the keys and values,
+# `2 · G · Tk · D` numbers.
+#
+# - **Prefill**, `Tq = Tk = T`: the FLOPs grow like `T²`, the bytes like `T`: thousands of FLOPs per
+#   byte, far right of the ridge, compute-bound. (This counts every number once; notebook 07's tiles
+#   read `K` and `V` again for each query block, which lowers it, but prefill stays the heavy,
+#   compute-hungry part.)
+# - **Decode**, `Tq = 1`: the whole cache is read to compute one row of scores per query head. Per key
+#   and value number read (2 bytes), each of the `n_rep = H / G` query heads that share it does 2
+#   multiply-adds, 4 FLOPs: about `H / G = n_rep` FLOPs per byte. **1 for MHA**, `n_rep` for GQA.
+#
+# We place both on the same roofline as notebook 07, an H100, at Llama 3 8B's sizes (`H = 32`,
+# `D = 128`) with 4096 tokens:
+
+# %%
+def attention_core_intensity(num_queries: int, num_keys: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                             element_bytes: int = 2) -> float:
+    """FLOP per byte of one layer's attention core (Q K^T and P V) when each number is read or written once."""
+    flops = 4 * num_heads * num_queries * num_keys * head_dim
+    numbers = 2 * num_heads * num_queries * head_dim + 2 * num_kv_heads * num_keys * head_dim  # Q, O; K, V
+    return flops / (numbers * element_bytes)
+
+
+points = [("prefill of 4096 tokens, GQA (G = 8)", attention_core_intensity(4096, 4096, 32, 8, 128)),
+          ("decode, MHA (G = 32)", attention_core_intensity(1, 4096, 32, 32, 128)),
+          ("decode, GQA (G = 8, n_rep = 4)", attention_core_intensity(1, 4096, 32, 8, 128)),
+          ("decode, MQA (G = 1, n_rep = 32)", attention_core_intensity(1, 4096, 32, 1, 128))]
+for label, flop_per_byte in points:
+    print(f"{label:36s} {flop_per_byte:7.1f} FLOP/byte")
+ax = plotting.plot_roofline(points, bench.GPU_SPECS["H100"], title="one layer's attention, Llama 3 8B sizes, 4096 tokens")
+plt.show()
+
+# %% [markdown]
+# Every decode point sits on the memory slope, far left of the H100's ridge (295 FLOP/byte): a decode
+# step's time is the time to **read the cache** (and the weights), while the tensor cores mostly wait.
+# MHA uses less than 1 % of the chip's FLOPs there. Grouping does not remove any FLOPs; it removes
+# **bytes**: with `G = 8` every key read serves 4 query heads, so the same step runs about 4 times
+# faster, and MQA about 32 times. That, more than the memory the cache takes, is why GQA and MQA
+# matter. (Batching many sequences helps the weight matmuls, where one weight read serves every
+# sequence, but not attention: each sequence reads its own cache.)
 
 # %% [markdown]
 # ## Check your understanding
@@ -735,6 +1085,18 @@ for length in (4096, 32768, 131072):
 # Yes: each layer moves information up to 4095 positions, so after 3 layers it can have travelled
 # 12,285 positions. One layer alone cannot see it.
 # </details>
+#
+# <details><summary>8. Find the bug: with RoPE and a cache, a student's outputs are right for the prompt and wrong for every later token. Their cached forward turns the new queries and keys with <code>apply_rope(q, torch.arange(T))</code>.</summary>
+#
+# The positions restart at 0 at every call: each new token is turned as if it were the first, so its
+# scores against the cached keys see wrong distances. The prompt is right only because it does start at
+# 0. Turn the new tokens at `torch.arange(start, start + T)`.
+# </details>
+#
+# <details><summary>9. Predict: a decode step with 32 query heads and one key/value head (MQA) reads a cache of 4096 tokens. About how many FLOPs per byte?</summary>
+#
+# About 32: each key and value number read serves all 32 query heads. With MHA it would be about 1.
+# </details>
 
 # %% [markdown]
 # ## Recap
@@ -744,11 +1106,19 @@ for length in (4096, 32768, 131072):
 #   aligns it to the top left and silently breaks decoding; pass the mask, or `causal_lower_right`.
 # - A **KV cache** keeps the keys and values `(b, H, t, D)` of the tokens seen so far, grows along the
 #   token dimension, and makes each generated token cost one row of scores. It must reproduce the full
-#   forward exactly; it costs `2 · H · D` numbers per token and layer.
+#   forward exactly; it costs `2 · H · D` numbers per token and layer. `torch.cat` copies the whole cache at
+#   every step; a static cache, allocated once, writes each token into its slot.
 # - **Grouped-query attention** shares `G` key/value heads among `H` query heads (`repeat_kv`: each
 #   head repeated `H / G` times in a row); `G = H` is MHA, `G = 1` is MQA. The cache shrinks `H / G`
-#   times, the parameters barely change.
+#   times (it stores the `G` heads; repeat after reading), the attention parameters by 37.5 % at Llama 3's
+#   size, the whole model by about 9 %. Kernels and `enable_gqa` index head `h // n_rep` instead of copying.
 # - A **sliding window** of `w` hides keys `w` or more positions back; as a FlexAttention `mask_mod` it
-#   says where a query may attend. It caps the cache at `w` tokens per layer.
+#   says where a query may attend. It caps the cache at `w` tokens per layer: a rolling buffer, token
+#   `t` in slot `t mod w`.
+#
+# - **RoPE** turns each pair `(x_i, x_{i+D/2})` of a query or key by `p · base^(-2i/D)`, so scores depend
+#   on distances only; with a cache, turn the new queries and keys at `start + i`, before caching.
+# - **Prefill** is compute-bound; a **decode** step reads the whole cache for about `n_rep` FLOPs per
+#   byte (1 for MHA): it is memory-bound, and GQA and MQA speed it up by reading fewer bytes.
 #
 # Notebook 09 puts attention into a complete tiny transformer and trains it.
