@@ -123,8 +123,11 @@ print("rowsum(dO ∘ O):", [round(x, 4) for x in (do * o).sum(-1).tolist()])
 # - then `dv`, `dp`, `D` (keep its last dimension: `(..., T, 1)`), `ds`, `dq`, `dk`, in that order.
 #
 # This is the formula that the tiled version will be tested against. The check compares it with
-# autograd's gradients in float64. Autograd itself (`backward`, `torch.autograd.grad`) is not allowed
-# here: it is what you are rebuilding.
+# autograd's gradients in float64.
+#
+# **Rules** (the check and the grader apply them): no autograd, since it is what you are rebuilding:
+# `backward`, `torch.autograd.grad`, `vjp`, `jacobian` and `enable_grad` are not allowed here, and
+# neither are `scaled_dot_product_attention` and `flex_attention`.
 
 # %% grade_id="attention_backward_reference"
 def attention_backward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -231,8 +234,12 @@ plt.show()
 # The check compares with autograd for several shapes and block sizes (the last block of a loop may be
 # shorter), watches every tensor your code makes (no `(T, T)` tensor, not even a mask) and counts the
 # score entries you compute: the causal tiles in the future must be skipped, and each tile is computed
-# once (one pass: no second pass for `dq`). Autograd, the softmax, `logsumexp` and your
-# `attention_backward_reference` are not allowed here.
+# once (one pass: no second pass for `dq`).
+#
+# **Rules** (the check and the grader apply them): loop over the tiles. No autograd (`backward`,
+# `torch.autograd.grad`, `vjp`, `jacobian`, `enable_grad`), no `scaled_dot_product_attention` or
+# `flex_attention`, no library softmax (`softmax`, `log_softmax`) or `logsumexp`, and not your
+# `attention_backward_reference`.
 
 # %% grade_id="flash_attention_backward"
 def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -318,9 +325,12 @@ for block_q, block_k in [(8, 8), (16, 32), (50, 7), (64, 64)]:
 # The check compares the output and the gradients with autograd's in float64, looks at what the
 # forward keeps (no `P`: no `(T, T)` tensor, neither saved nor as an attribute of `ctx`), runs
 # `torch.autograd.gradcheck`, and compares with PyTorch's SDPA in float32 at `T = 256`, causal and
-# not, with blocks that do not divide 256. Autograd (`backward`, `torch.autograd.grad`), SDPA, a softmax
-# and the untiled `attention_backward_reference` are not allowed in the class: each would bring back
-# the `(T, T)` matrix.
+# not, with blocks that do not divide 256.
+#
+# **Rules** (the check and the grader apply them): no autograd inside the class (`backward`,
+# `torch.autograd.grad`, `vjp`, `jacobian`, `enable_grad`), no `scaled_dot_product_attention` or
+# `flex_attention`, no `softmax`, `log_softmax` or `logsumexp`, and not the untiled
+# `attention_backward_reference`: each would bring back the `(T, T)` matrix.
 
 # %% grade_id="FlashAttention"
 class FlashAttention(torch.autograd.Function):
