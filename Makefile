@@ -73,7 +73,7 @@ TEST_WORKERS ?= 2
 test: setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	$(BIN)/python -m grader check-release
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 build: setup
 	$(BIN)/python -m grader build $(NOTEBOOKS)

@@ -1,3 +1,5 @@
+import os
+
 import matplotlib
 import pytest
 
@@ -25,35 +27,27 @@ def student_edition(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------
-# `make test` runs pytest on two workers (`-n 2 --dist loadgroup --no-loadscope-reorder`). Each test
-# file runs whole on one worker, so its module fixtures (a graded class, a JupyterLab) are made once;
-# files that share an expensive session fixture share a worker; the longest files start first, so
-# that both workers finish at about the same time. `pytest` alone still runs everything, in order.
+# `make test` runs pytest on two workers (`-n 2 --dist loadfile --no-loadscope-reorder`). Each test
+# file runs whole on one worker, so its module fixtures (a graded class, a JupyterLab, one notebook's
+# kernel under nbval) are made once, and the longest files start first, so that both workers finish
+# at about the same time. `pytest` alone still runs everything, in file order.
 
-#: Files that share an expensive session fixture (the student edition and its wheel).
-SHARED_WORKER = {"tests/release/test_editions.py": "student-edition", "tests/release/test_colab.py": "student-edition"}
-
-#: The longest groups, longest first (measured: `--durations` of a serial run); the rest follow.
+#: The longest test files, longest first (measured: `--durations` of a run); the rest follow in order.
 LONGEST_FIRST = [
     "tests/grader_answers/test_autograde.py",
     "tests/grader_messy/test_grader_e2e.py",
-    "student-edition",
+    "tests/release/test_editions.py",
     "tests/release/test_other_cpu.py",
     "tests/grader_messy/test_grader_shards.py",
-    "tests/release/test_browser.py",
+    "tests/release/test_colab.py",
     "tests/grader_messy/test_similarity.py",
+    "tests/release/test_browser.py",
+    "tests/grader_messy/test_lms.py",
+    "tests/grader_messy/test_gradescope.py",
 ]
 
 
-def _group(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
-    return SHARED_WORKER.get(path, path)
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
-        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: file order kept within
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects; the first one's order is the plan
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable within a file

@@ -53,11 +53,16 @@ def test_edition_holds_the_student_side_only(edition):
     assert not any(n.startswith(("course_utils/instructor", "grader/")) for n in names)
 
 
+#: What a Colab session downloads and installs for the course: the code and the recorded expectations
+#: of ten notebooks (about 0.2 MB of recordings each). Raised from 2 MB when notebook 10 arrived.
+PACKAGE_BUDGET = 3 * 1024 * 1024
+
+
 def test_package_stays_small(edition):
     folder, wheel = edition
     size = sum(p.stat().st_size for p in (folder / "course_utils").rglob("*") if p.is_file())
-    assert size < 2 * 1024 * 1024, f"the student package is {size / 1e6:.2f} MB, over 2 MB"
-    assert wheel.stat().st_size < 2 * 1024 * 1024
+    assert size < PACKAGE_BUDGET, f"the student package is {size / 1e6:.2f} MB, over {PACKAGE_BUDGET / 2**20:.0f} MB"
+    assert wheel.stat().st_size < PACKAGE_BUDGET
 
 
 def test_nothing_gives_an_answer_away(edition, secrets):
