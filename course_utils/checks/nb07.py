@@ -22,7 +22,6 @@ from course_utils.checks.core import (
     Case,
     CheckFailed,
     _clone,
-    _difference,
     _hinted,
     _sentence,
     call_student,
@@ -371,6 +370,23 @@ def _triton_expected(exercise: str, case: Case) -> tuple[torch.Tensor, torch.Ten
 
 
 @check
+def triton_kernel_ready(exercise: str, kernel: object, hidden: bool) -> bool:
+    """Whether a Triton exercise's ``kernel`` can be checked here; its rules are applied on the way.
+
+    Without Triton the self-check is skipped with the reason (one line), while the grader fails the
+    test: it always has Triton. Used by notebooks 07 and 10.
+    """
+    runs, how = flash.triton_status()
+    if not runs:
+        if hidden:
+            fail(exercise, f"the grader needs Triton to grade this kernel: {how}.")
+        print(f"⏭ {exercise}: skipped: {how}.")
+        return False
+    require_callable(exercise, kernel)
+    check_rules(exercise, getattr(kernel, "fn", kernel))
+    return True
+
+
 def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
     """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
 
@@ -379,14 +395,8 @@ def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
     not installed the self-check is skipped with the reason; the grader always has Triton.
     """
     exercise = "flash_attention_triton"
-    runs, how = flash.triton_status()
-    if not runs:
-        if hidden:
-            fail(exercise, f"the grader needs Triton to grade this kernel: {how}.")
-        print(f"⏭ {exercise}: skipped: {how}.")
+    if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    require_callable(exercise, kernel)
-    check_rules(exercise, getattr(kernel, "fn", kernel))
     on_gpu = torch.cuda.is_available()
     atol = rtol = 5e-3 if on_gpu else 1e-5
     cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])

@@ -23,7 +23,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from course_utils import flash
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
     Case,
@@ -42,7 +41,7 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
-from course_utils.checks.nb07 import computed_tiles, full_matrix_problem
+from course_utils.checks.nb07 import computed_tiles, full_matrix_problem, triton_kernel_ready
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
@@ -437,14 +436,8 @@ def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> 
     from course_utils.backward import launch_backward
 
     exercise = "flash_attention_backward_triton"
-    runs, how = flash.triton_status()
-    if not runs:
-        if hidden:
-            fail(exercise, f"the grader needs Triton to grade this kernel: {how}")
-        print(f"⏭ {exercise}: skipped: {how}.")
+    if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    require_callable(exercise, kernel)
-    check_rules(exercise, getattr(kernel, "fn", kernel))
     on_gpu = torch.cuda.is_available()
     atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
     cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
