@@ -69,8 +69,11 @@ test-tools:
 
 # pytest on TEST_WORKERS processes (tests/conftest.py says how files are shared out), each of whose
 # kernels computes on one thread: two processes of two spinning threads each on two cores are slower.
+# The course environment (pip) and the system packages (apt-get) install side by side: one waits on
+# the network and the disk while the other computes.
 TEST_WORKERS ?= 2
-test: setup test-tools
+test:
+	@$(MAKE) --no-print-directory -j2 setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
