@@ -373,7 +373,13 @@ def test_a_class_of_200_on_notebooks_01_to_06_flags_the_planted_and_generated_co
     # Every other flag is one of the generated copies (most copy an answer close to the course's
     # own, whose code is common and ignored, so only some are flagged); nothing is flagged by chance.
     assert all(author[(ex, a)] == author[(ex, b)] for ex, a, b in found), found
-    assert pairs == find_similar(results)  # the same every time
+
+
+def test_copy_detection_gives_the_same_pairs_every_time():
+    results, _ = synthetic_class(40)
+    pairs = find_similar(results)
+    assert pairs, "the synthetic class of 40 holds generated copies"
+    assert pairs == find_similar(results)
 
 
 # ---------------------------------------------------------------------------------------------
