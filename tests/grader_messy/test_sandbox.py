@@ -16,3 +16,30 @@ def test_private_tmp_is_mounted_before_the_binds(monkeypatch):
     assert cmd[venv_bind - 1] == "--ro-bind" and venv_bind > tmpfs_at
     assert cmd.index("/tmp/grader-kernel-x") > tmpfs_at
     assert "--unshare-all" in cmd and "--clearenv" in cmd
+
+
+def test_the_font_list_is_built_once_and_read_only_inside(tmp_path):
+    """Each kernel reads matplotlib's font list, built once by the grader, instead of building its own;
+    it cannot change that list, and its matplotlib folder stays writable."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    fonts = sandbox.font_cache()
+    assert fonts is not None and sandbox.font_cache() is fonts, "built once per process"
+    listing = next(fonts.glob("fontlist-*.json"))
+    probe = ("import os, matplotlib, matplotlib.font_manager as fm\n"
+             f"path = '/tmp/home/.matplotlib/{listing.name}'\n"
+             "print(matplotlib.get_cachedir(), os.path.exists(path), len(fm.fontManager.ttflist) > 0)\n"
+             "try:\n    open(path, 'a').write('x')\n    print('written')\nexcept OSError:\n    print('read-only')\n"
+             "open('/tmp/home/.matplotlib/mine', 'w').write('x')\n")
+    cmd = sandbox.sandbox_command([sys.executable, "-c", probe], socket_dir=str(tmp_path), memory=0,
+                                  bwrap=sandbox.bwrap_path())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["/tmp/home/.matplotlib", "True", "True", "read-only"], done.stdout
+    assert "building the font cache" not in done.stderr
