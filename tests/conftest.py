@@ -36,14 +36,15 @@ def student_edition(tmp_path_factory):
 LONGEST_FIRST = [
     "tests/grader_answers/test_autograde.py",
     "tests/grader_messy/test_grader_e2e.py",
-    "tests/release/test_editions.py",
-    "tests/release/test_other_cpu.py",
-    "tests/grader_messy/test_grader_shards.py",
     "tests/release/test_colab.py",
-    "tests/grader_messy/test_similarity.py",
+    "tests/release/test_editions.py",
+    "tests/grader_messy/test_grader_shards.py",
     "tests/release/test_browser.py",
-    "tests/grader_messy/test_lms.py",
+    "tests/release/test_other_cpu.py",
+    "tests/grader_messy/test_similarity.py",
     "tests/grader_messy/test_gradescope.py",
+    "tests/checks/test_capstone.py",
+    "tests/grader_messy/test_lms.py",
 ]
 
 
