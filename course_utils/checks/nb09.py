@@ -9,6 +9,15 @@ weights into it** in parameter order, so that your own initialisation never matt
 outputs in ``eval()`` mode and, with dropout, in ``train()`` mode under the same seed. ``TinyGPT``
 must also be causal as a whole: no logit may change when only later tokens change.
 
+The block and the model must also work with notebook 08's KV cache: fed in pieces with
+``use_cache=True`` after a reset, they must give the outputs of the whole input, and again after
+``reset_cache()``; a failure says which piece differs and, from the student's own module, why (the
+cache never filled, the piece read as a new sequence, positions that restart at 0).
+
+``generate`` runs on :class:`CachedStandInLM`, a stand-in language model with a cache of its own (a
+causal mean, no attention), which writes down every call: the tokens written are compared with the
+reference's, position by position, and so are the calls (the prompt once, then one token per step).
+
 ``train_step`` runs on a small stand-in language model (an embedding and a linear layer: no
 attention, so nothing of an answer) with an optimizer that records the gradients it is given when
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
@@ -367,9 +376,9 @@ def check_cached_path(exercise: str, model: nn.Module, x: torch.Tensor, want: to
     reset = "reset_cache()" if exercise == "TinyGPT" else "self.att.reset_cache()"
     try:
         again = _run_pieces(exercise, model, x, sizes, label)
-    except CheckFailed as error:
-        fail(exercise, f"the first time the pieces gave the right outputs, but after {reset} the same pieces failed: "
-                       f"{str(error).split(': ', 1)[-1]} {reset_hint}")
+    except CheckFailed:
+        fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces raise an "
+                       f"error (the positions run past context_length, or a cache is still full): {reset_hint}")
     if _first_bad_piece(want, again, sizes) is not None:
         fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces give other "
                        f"outputs: {reset_hint}")
