@@ -1068,10 +1068,12 @@ class CachedStandInLM(nn.Module):
         self.reset_cache()
 
     def reset_cache(self) -> None:
+        """Forget the cached sequence: the next ``use_cache=True`` call starts at position 0."""
         self.total: torch.Tensor | None = None  # (b, 1, d) float64: the sum of the cached token vectors
         self.num_cached = 0
 
     def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """Token ids ``(b, T)`` -> logits ``(b, T, V)``; with ``use_cache`` at positions ``num_cached ..``."""
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
             raise ValueError(f"the stand-in model takes token ids (b, T), got {describe_shape(idx)}")
         b, T = idx.shape
