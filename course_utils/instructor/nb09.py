@@ -580,10 +580,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
             probs = torch.softmax(logits, dim=-1)
             if flaw == "temperature after softmax":
                 probs = probs / temperature
-            if flaw == "row by row":
-                next_token = torch.stack([torch.multinomial(row, num_samples=1) for row in probs])
-            else:
-                next_token = torch.multinomial(probs, num_samples=1)
+            next_token = torch.multinomial(probs, num_samples=1)
         tokens = torch.cat([tokens, next_token], dim=1)
     if use_cache and flaw != "no reset":
         model.reset_cache()
@@ -610,8 +607,6 @@ GENERATE_MISTAKES = [
             "sampling.", _generation("samples at temperature 0")),
     Mistake("you always take the argmax: with a temperature above 0, sample with torch.multinomial from the softmax "
             "of logits / temperature.", _generation("always greedy")),
-    Mistake("each row is sampled with its own torch.multinomial call: one call on the whole (b, V) batch per step, "
-            "as the exercise says, draws the same random numbers as ours.", _generation("row by row")),
     Mistake("you sample among the k values torch.topk returns and map the choice back: the distribution is right, "
             "but the random draws are not ours. Sample from the full (b, V) softmax, with -inf outside the top k, as "
             "the exercise says.", _generation("sample among the top k")),
