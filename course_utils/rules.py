@@ -111,9 +111,9 @@ RULES: dict[str, Rule] = {
         name: Rule(
             forbidden_calls=("TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
                              "TransformerDecoder", "MultiheadAttention", "multi_head_attention_forward"),
-            why="build it from notebook 05's MultiHeadAttention (or your own attention on "
-                "F.scaled_dot_product_attention), LayerNorm and Linear layers; PyTorch's ready-made transformer "
-                "layers skip the point.",
+            why="build it from notebook 08's MultiHeadAttentionKVCache (or your own attention on "
+                "F.scaled_dot_product_attention, with a cache), LayerNorm and Linear layers; PyTorch's ready-made "
+                "transformer layers skip the point.",
         )
         for name in ("TransformerBlock", "TinyGPT")
     },

@@ -74,7 +74,7 @@ EXERCISES: dict[str, tuple[str, ...]] = {
         "decode_causal_mask", "rope_angles", "apply_rope", "MultiHeadAttentionKVCache", "repeat_kv",
         "GroupedQueryAttention", "sliding_window_mask"),
     "09_capstone_tiny_transformer": (
-        "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step"),
+        "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step", "generate"),
     "10_flash_attention_backward": (
         "attention_backward_reference", "flash_attention_backward", "FlashAttention", "flash_attention_backward_triton"),
 }

@@ -9,6 +9,15 @@ weights into it** in parameter order, so that your own initialisation never matt
 outputs in ``eval()`` mode and, with dropout, in ``train()`` mode under the same seed. ``TinyGPT``
 must also be causal as a whole: no logit may change when only later tokens change.
 
+The block and the model must also work with notebook 08's KV cache: fed in pieces with
+``use_cache=True`` after a reset, they must give the outputs of the whole input, and again after
+``reset_cache()``; a failure says which piece differs and, from the student's own module, why (the
+cache never filled, the piece read as a new sequence, positions that restart at 0).
+
+``generate`` runs on :class:`CachedStandInLM`, a stand-in language model with a cache of its own (a
+causal mean, no attention), which writes down every call: the tokens written are compared with the
+reference's, position by position, and so are the calls (the prompt once, then one token per step).
+
 ``train_step`` runs on a small stand-in language model (an embedding and a linear layer: no
 attention, so nothing of an answer) with an optimizer that records the gradients it is given when
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
@@ -58,6 +67,7 @@ __all__ = [
     "check_TransformerBlock",
     "check_TinyGPT",
     "check_train_step",
+    "check_generate",
 ]
 
 
@@ -227,7 +237,8 @@ def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[lis
         fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
 
 
-def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str) -> None:
+def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str,
+                     **kwargs) -> None:
     """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit.
 
     The course's one standard for "too long" (notebooks 08 and 09): a ``ValueError`` whose message
@@ -235,24 +246,186 @@ def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context
     nor a shape error from deeper inside.
     """
     student.eval()
+    T = x.shape[1]
+    start = kwargs.get("start", 0)
+    if start:
+        what = (f"{T} tokens from start={start} (positions {start}..{start + T - 1}), one past "
+                f"context_length = {context_length}")
+    else:
+        what = f"an input of {T} tokens, one more than context_length = {context_length}"
     try:
         torch.manual_seed(7)
-        student(x)
+        student(x, **kwargs)
     except NotImplementedError:
         fail(exercise, NOT_IMPLEMENTED)
     except ValueError as exc:
         if str(context_length) not in str(exc):
-            fail(exercise, f"{where}: an input of {x.shape[1]} tokens raised ValueError({str(exc)!r}), which does "
-                           f"not name the limit: say that context_length is {context_length}, e.g. "
+            fail(exercise, f"{where}: {what}, raised ValueError({str(exc)!r}), which does not name the limit: say "
+                           f"that context_length is {context_length}, e.g. "
                            f"f\"{{T}} tokens, but context_length is {{self.context_length}}\".")
         return
     except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length = {context_length}, "
-                       f"raised {type(exc).__name__}: {exc}. That error comes from deeper inside PyTorch, not from "
-                       f"your code: check T against self.context_length at the start of forward and raise a "
-                       f"ValueError that names the limit.")
-    fail(exercise, f"{where}: an input of {x.shape[1]} tokens, one more than context_length = {context_length}, "
-                   f"returned an output instead of raising an error: raise a ValueError that names the limit.")
+        fail(exercise, f"{where}: {what}, raised {type(exc).__name__}: {exc}. That error comes from deeper inside "
+                       f"PyTorch, not from your code: check the positions against self.context_length at the start "
+                       f"of forward and raise a ValueError that names the limit.")
+    fail(exercise, f"{where}: {what}, returned an output instead of raising an error: raise a ValueError that "
+                   f"names the limit.")
+
+
+# ------------------------------------------------------------------------------------------
+# The KV cache path of TransformerBlock and TinyGPT
+# ------------------------------------------------------------------------------------------
+def piece_sizes(T: int) -> list[int]:
+    """How a ``T``-token input is cut for the cached path: a first piece, one token, then the rest."""
+    first = (T + 1) // 2
+    return [n for n in (first, 1, T - first - 1) if n > 0]
+
+
+def _describe_pieces(sizes: Sequence[int]) -> str:
+    return " + ".join(str(n) for n in sizes) + " tokens"
+
+
+def _call_cached(exercise: str, model: nn.Module, piece: torch.Tensor, where: str) -> torch.Tensor:
+    """``model(piece, use_cache=True)``, its errors turned into what they mean."""
+    try:
+        with torch.no_grad():
+            out = model(piece.clone(), use_cache=True)
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except TypeError as exc:
+        if "use_cache" in str(exc):
+            fail(exercise, f"{where}: calling forward(x, use_cache=True) raised TypeError: {exc}. forward takes "
+                           f"use_cache as its second argument, def forward(self, x, use_cache=False), and hands it on"
+                           f" ({'to every block; nn.Sequential passes one argument only, so loop over self.blocks' if exercise == 'TinyGPT' else 'to self.att'}).")
+        fail(exercise, f"{where}: forward(x, use_cache=True) raised TypeError: {exc}.")
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: forward(x, use_cache=True) raised {type(exc).__name__}: {exc}.")
+    if not isinstance(out, torch.Tensor):
+        fail(exercise, f"{where}: forward(x, use_cache=True) returned {type(out).__name__}, not a tensor.")
+    return out
+
+
+def _reset(exercise: str, model: nn.Module, where: str) -> None:
+    """Empty the caches: ``model.reset_cache()`` for the model, ``model.att.reset_cache()`` for a block."""
+    owner = model if exercise == "TinyGPT" else getattr(model, "att", None)
+    name = "reset_cache()" if exercise == "TinyGPT" else "self.att.reset_cache()"
+    if not callable(getattr(owner, "reset_cache", None)):
+        fail(exercise, f"{where}: {name} is missing: "
+                       + ("write reset_cache(self), which empties every block's cache and sets self.num_cached to 0."
+                          if exercise == "TinyGPT" else
+                          "self.att must be notebook 08's MultiHeadAttentionKVCache (section 0), or an attention "
+                          "with the same forward(x, use_cache=False) and reset_cache()."))
+    try:
+        owner.reset_cache()
+    except NotImplementedError:
+        fail(exercise, NOT_IMPLEMENTED)
+    except Exception as exc:  # noqa: BLE001
+        fail(exercise, f"{where}: {name} raised {type(exc).__name__}: {exc}.")
+
+
+def _run_pieces(exercise: str, model: nn.Module, x: torch.Tensor, sizes: Sequence[int], where: str) -> list:
+    """Reset, then feed ``x`` in pieces of ``sizes`` tokens with ``use_cache=True``: the outputs of each."""
+    _reset(exercise, model, where)
+    outs, start = [], 0
+    for n in sizes:
+        outs.append(_call_cached(exercise, model, x[:, start:start + n], where))
+        start += n
+    return outs
+
+
+def _first_bad_piece(want: torch.Tensor, outs: list, sizes: Sequence[int]) -> tuple[int, int, str] | None:
+    """The first piece whose outputs differ from ``want``'s positions: (piece, start, problem)."""
+    start = 0
+    for k, (n, out) in enumerate(zip(sizes, outs)):
+        problem = tensor_difference(want[:, start:start + n], out)
+        if problem:
+            return k, start, problem
+        start += n
+    return None
+
+
+def check_cached_path(exercise: str, model: nn.Module, x: torch.Tensor, want: torch.Tensor, where: str) -> None:
+    """Fed in pieces with ``use_cache=True`` after a reset, ``model`` must give ``want``, the expected outputs
+    of the whole input; again after another reset; and ``forward(x)`` must still read a whole sequence."""
+    model.eval()
+    sizes = piece_sizes(x.shape[1])
+    label = f"{where}, input {describe_shape(x)} fed in pieces of {_describe_pieces(sizes)} with use_cache=True"
+    outs = _run_pieces(exercise, model, x, sizes, label)
+    bad = _first_bad_piece(want, outs, sizes)
+    if bad is not None:
+        k, start, problem = bad
+        n = sizes[k]
+        positions = f"position {start}" if n == 1 else f"positions {start}..{start + n - 1}"
+        message = (f"{label}: piece {k + 1} ({positions}, read after {start} cached tokens) differs from the whole "
+                   f"input's outputs: {problem}")
+        fail(exercise, message.rstrip(".") + ". " + _cached_hint(exercise, model, x, sizes, k, start))
+    if exercise == "TinyGPT":
+        cached = getattr(model, "num_cached", None)
+        if cached != x.shape[1]:
+            fail(exercise, f"{label}: afterwards model.num_cached is {cached!r}, expected {x.shape[1]}: set "
+                           f"self.num_cached = start + T at the end of every use_cache=True call.")
+    with torch.no_grad():
+        whole = call_student(exercise, model, Case("the whole input, after the cached pieces", (x.clone(),)))
+    problem = tensor_difference(want, whole)
+    if problem:
+        fail(exercise, f"{where}: after the cached pieces, forward(x) (use_cache=False) no longer gives the whole "
+                       f"input's outputs: {problem} Without use_cache, read x as a whole sequence from position 0 "
+                       f"and leave the cache alone.")
+    reset_hint = ("reset_cache() must empty every cache" + (" and set self.num_cached back to 0." if exercise == "TinyGPT"
+                                                             else "."))
+    reset = "reset_cache()" if exercise == "TinyGPT" else "self.att.reset_cache()"
+    try:
+        again = _run_pieces(exercise, model, x, sizes, label)
+    except CheckFailed:
+        fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces raise an "
+                       f"error (the positions run past context_length, or a cache is still full): {reset_hint}")
+    if _first_bad_piece(want, again, sizes) is not None:
+        fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces give other "
+                       f"outputs: {reset_hint}")
+    if exercise == "TinyGPT" and getattr(model, "num_cached", None) is not None:
+        _reset(exercise, model, label)
+        if model.num_cached != 0:
+            fail(exercise, f"{label}: after reset_cache(), model.num_cached is {model.num_cached!r}: set it back to 0.")
+
+
+def _cached_hint(exercise: str, model: nn.Module, x: torch.Tensor, sizes: Sequence[int], k: int, start: int) -> str:
+    """Why piece ``k`` of the cached path is wrong, from the student's own model (answer-free)."""
+    if k == 0:
+        return ("With an empty cache, forward(x, use_cache=True) must give the same outputs as forward(x): the "
+                "cache only changes what LATER calls see.")
+    attentions = [block.att for block in getattr(model, "blocks", [])] if exercise == "TinyGPT" else [
+        getattr(model, "att", None)]
+    if attentions and all(hasattr(att, "cache_k") and att.cache_k is None for att in attentions):
+        return ("After the use_cache=True calls every attention's cache is still empty (cache_k is None): the cache is "
+                "not used. " + ("Pass use_cache on to every block (nn.Sequential passes one argument only: for block "
+                                "in self.blocks: x = block(x, use_cache=use_cache))." if exercise == "TinyGPT" else
+                                "Hand use_cache on to the attention: self.att(self.norm1(x), use_cache=use_cache)."))
+    piece = x[:, start:start + sizes[k]]
+    with torch.no_grad():
+        try:
+            alone = model(piece.clone())
+        except Exception:  # noqa: BLE001 - no hint from this symptom
+            alone = None
+    if isinstance(alone, torch.Tensor) and tensor_difference(alone, _run_pieces(exercise, model, x, sizes, "")[k]) is None:
+        if exercise == "TinyGPT":
+            return ("These outputs are those of the piece read as a new sequence: the cache is not used. Pass "
+                    "use_cache on to every block (nn.Sequential passes one argument only: for block in "
+                    "self.blocks: x = block(x, use_cache=use_cache)), and start the positions at self.num_cached.")
+        return ("These outputs are those of the piece read as a new sequence: the cache is not used. Hand use_cache "
+                "on to the attention: self.att(self.norm1(x), use_cache=use_cache).")
+    if exercise == "TinyGPT" and isinstance(getattr(model, "pos_emb", None), nn.Module):
+        blind = copy.deepcopy(model)
+        with torch.no_grad():
+            for tensor in list(blind.pos_emb.parameters()) + list(blind.pos_emb.buffers()):
+                tensor.zero_()  # no positions at all: only their offset can differ now
+            whole = blind(x.clone())
+        outs = _run_pieces(exercise, blind, x, sizes, "")
+        if _first_bad_piece(whole, outs, sizes) is None:
+            return (f"Without position vectors the pieces agree, so the positions are wrong: the tokens of a "
+                    f"use_cache=True call continue the sequence, so their positions start at the number of tokens "
+                    f"already cached ({start} here): self.pos_emb(..., start=self.num_cached), and "
+                    f"self.num_cached grows by T after each call.")
+    return ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -297,11 +470,21 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
 
 def _learned_diagnose(case: Case, got: object, want: object) -> str | None:
     if isinstance(got, BaseException):
+        if isinstance(got, TypeError) and "start" in str(got):
+            return "forward takes the first position as a second argument: def forward(self, x, start=0)."
         return _learned_error(case, got)
     if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
         return None
     x = case.args[0]
     b, T, d = x.shape
+    start = case.kwargs.get("start", 0)
+    if start and case.build and got.shape == want.shape:
+        context_length = case.build[0]
+        bound = 1.0 / d ** 0.5
+        table = rand(context_length, d, seed=9700, low=-bound, high=bound)  # the test weights of the table
+        if tensor_difference(x + table[:T], got) is None:
+            return (f"start is ignored: with start={start} the tokens get the vectors of positions {start}.."
+                    f"{start + T - 1}, torch.arange(start, start + T, device=x.device).")
     if tuple(got.shape) == (b, T, 2 * d):
         return "the position vectors are concatenated to x (the last dimension doubled): add them, x + positions."
     if tuple(got.shape) == (T, d):
@@ -322,7 +505,8 @@ def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidde
     configs = [
         ((8, 4), [Case("(3, 5, 4), T < context_length", (rand(3, 5, 4, seed=9012),)),
                   Case("(2, 8, 4), T = context_length", (rand(2, 8, 4, seed=9011),)),
-                  Case("(1, 1, 4), one token", (rand(1, 1, 4, seed=9013),))]),
+                  Case("(1, 1, 4), one token", (rand(1, 1, 4, seed=9013),)),
+                  Case("(2, 3, 4) with start=5: positions 5..7", (rand(2, 3, 4, seed=9017),), {"start": 5})]),
         ((16, 32), [Case("(2, 16, 32), the trained model's size", (rand(2, 16, 32, seed=9014),))]),
     ] + extra
     require_callable(exercise, cls)
@@ -332,9 +516,11 @@ def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidde
     count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
     first = student_with_test_weights(exercise, cls, (8, 4))
     _too_long_raises(exercise, first, rand(1, 9, 4, seed=9015), 8, "built with (8, 4)")
+    _too_long_raises(exercise, first, rand(1, 3, 4, seed=9018), 8, "built with (8, 4)", start=6)
     moves_with_module(exercise, first, rand(2, 5, 4, seed=9016), "built with (8, 4)")
-    passed(exercise, f"{count} outputs agree with the reference (x plus position vectors 0..T-1); too long an input "
-                     f"raises a ValueError; the positions follow the module to another device")
+    passed(exercise, f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
+                     f"positions past context_length raise a ValueError; the positions follow the module to another "
+                     f"device")
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,6 +551,9 @@ def _block_diagnose(exercise: str, cls: Callable) -> Callable:
     causal = modules.not_causal(exercise, cls)
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
+        if isinstance(got, TypeError) and "use_cache" in str(got):
+            return ("self.att does not take use_cache: it must be notebook 08's MultiHeadAttentionKVCache (section 0), "
+                    "or an attention with the same forward(x, use_cache=False) and reset_cache().")
         if case.mode == "train" and isinstance(got, torch.Tensor):
             return _BLOCK_TRAIN_HINT
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape:
@@ -401,8 +590,10 @@ def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> 
     dropped = student_with_test_weights(exercise, cls, (8, 2, 6, 0.25))
     modules.check_dropout_modes(exercise, dropped, x, "built with (8, 2, 6, 0.25)")
     moves_with_module(exercise, first, rand(2, 4, 8, seed=9026), "built with (8, 2, 6, 0.0)")
+    _cached_configs(exercise, cls, configs)
     passed(exercise, f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
-                     f"drops out only in train() mode and moves with .to()")
+                     f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
+                     f"gives the whole input's outputs")
 
 
 # ------------------------------------------------------------------------------------------
@@ -580,6 +771,15 @@ def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
     modules.check_alone("TinyGPT", TinyGPT, _gpt_helpers(), lambda: _check_gpt(TinyGPT, hidden))
 
 
+def _cached_configs(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
+    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode."""
+    for build, cases in configs:
+        case = cases[0]
+        model = student_with_test_weights(exercise, cls, build).eval()
+        want = expected_output(exercise, Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
+        check_cached_path(exercise, model, case.args[0], want, f"built with {build}")
+
+
 def _check_gpt(cls: Callable, hidden: bool) -> None:
     exercise = "TinyGPT"
     extra = hidden_cases(exercise) if hidden else []
@@ -607,9 +807,20 @@ def _check_gpt(cls: Callable, hidden: bool) -> None:
     _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
     moves_with_module(exercise, first, tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
     _positions_option(exercise, cls)
+    _has_context_length(exercise, first, 6)
+    _cached_configs(exercise, cls, configs)
     passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
                      f"and sinusoidal positions; no position sees a later token; too long an input raises a "
-                     f"ValueError")
+                     f"ValueError; a sequence fed in pieces with use_cache=True gives the whole sequence's logits, "
+                     f"and reset_cache() starts a new one")
+
+
+def _has_context_length(exercise: str, model: nn.Module, context_length: int) -> None:
+    """``model.context_length`` is the constructor's ``context_length`` (generate reads it)."""
+    value = getattr(model, "context_length", None)
+    if value != context_length:
+        fail(exercise, f"built with context_length={context_length}, model.context_length is {value!r}: keep "
+                       f"self.context_length = context_length (generate reads it).")
 
 
 # ------------------------------------------------------------------------------------------
@@ -831,3 +1042,282 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
             raise _hinted(error, hint) from None
     passed(exercise, f"{len(specs)} runs of two steps agree with the reference: the loss on the answer positions, "
                      f"the gradients the optimizer stepped with, and the parameters after each step")
+
+
+# ------------------------------------------------------------------------------------------
+# generate
+# ------------------------------------------------------------------------------------------
+class CachedStandInLM(nn.Module):
+    """A stand-in language model with a cache, for checking ``generate``: ids ``(b, T)`` -> logits ``(b, T, V)``.
+
+    Position ``t``'s logits come from the mean of the token vectors ``0..t`` plus ``t``'s position vector
+    (a causal mean, no attention: nothing of an answer). Like ``TinyGPT`` it has ``context_length``,
+    ``forward(idx, use_cache=False)`` (the cache holds a running sum and ``num_cached``) and
+    ``reset_cache()``; it refuses positions past ``context_length`` with a ``ValueError``. Every call is
+    written down in ``calls`` as ``(tokens read, use_cache, tokens cached before)``. Cached and whole
+    reads agree to float64 rounding, so greedy decoding writes the same tokens both ways.
+    """
+
+    def __init__(self, vocab_size: int, d: int, context_length: int):
+        super().__init__()
+        self.context_length = context_length
+        self.embed = nn.Embedding(vocab_size, d)
+        self.pos = nn.Embedding(context_length, d)
+        self.head = nn.Linear(d, vocab_size)
+        self.calls: list[tuple[int, bool, int]] = []
+        self.reset_cache()
+
+    def reset_cache(self) -> None:
+        """Forget the cached sequence: the next ``use_cache=True`` call starts at position 0."""
+        self.total: torch.Tensor | None = None  # (b, 1, d) float64: the sum of the cached token vectors
+        self.num_cached = 0
+
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """Token ids ``(b, T)`` -> logits ``(b, T, V)``; with ``use_cache`` at positions ``num_cached ..``."""
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
+            raise ValueError(f"the stand-in model takes token ids (b, T), got {describe_shape(idx)}")
+        b, T = idx.shape
+        start = self.num_cached if use_cache else 0
+        self.calls.append((T, bool(use_cache), start))
+        if T == 0:
+            raise ValueError("the stand-in model was given no tokens to read")
+        if start + T > self.context_length:
+            raise ValueError(f"the stand-in model cannot read positions {start}..{start + T - 1}: it has "
+                             f"{self.context_length} positions")
+        if use_cache and self.total is not None and self.total.shape[0] != b:
+            raise ValueError(f"the stand-in model's cache holds {self.total.shape[0]} sequences, the input {b}")
+        x = self.embed(idx).double()  # (b, T, d)
+        before = self.total if use_cache and self.total is not None else torch.zeros(b, 1, x.shape[-1],
+                                                                                      dtype=torch.float64)
+        sums = before + x.cumsum(dim=1)  # (b, T, d): sums of the token vectors so far
+        counts = torch.arange(start + 1, start + T + 1, dtype=torch.float64).view(1, T, 1)
+        h = torch.tanh(sums / counts + self.pos(torch.arange(start, start + T)).double())  # (b, T, d)
+        if use_cache:
+            self.total, self.num_cached = sums[:, -1:], start + T
+        return 3.0 * self.head(h.float())  # (b, T, V)
+
+
+def _calls_text(calls: Sequence) -> str:
+    """A model's calls in words: ``read 3 tokens (use_cache=True, 0 cached), ...``."""
+    words = [f"read {n} token{'s' if n != 1 else ''} ({'use_cache=True, ' + str(s) + ' cached' if c else 'no cache'})"
+             for n, c, s in calls]
+    more = f", ... ({len(words)} calls)" if len(words) > 5 else ""
+    return ", ".join(words[:5]) + more if words else "no call"
+
+
+def _spec_text(spec: dict) -> str:
+    """How ``generate`` is called in a case, in words."""
+    runs = spec["runs"]
+    first = runs[0]
+    args = (f"prompt ({spec['b']}, {first[0]}), max_new_tokens={first[1]}, temperature={spec['temperature']}, "
+            f"top_k={spec['top_k']}, use_cache={spec['use_cache']}")
+    extra = []
+    if spec.get("prefill"):
+        extra.append(f"the model's cache holding {spec['prefill']} tokens of an earlier sequence")
+    if len(runs) > 1:
+        extra.append(f"then {len(runs) - 1} more call{'s' if len(runs) > 2 else ''} on the same model "
+                     + ", ".join(f"(prompt ({spec['b']}, {t0}), max_new_tokens={n})" for t0, n in runs[1:]))
+    return f"generate(model, {args}) with context_length={spec['context_length']}" + (
+        "; " + "; ".join(extra) if extra else "")
+
+
+def generate_trace(generate: Callable, spec: dict) -> dict:
+    """Run ``generate`` on a fresh stand-in model as ``spec`` says; what came out of each call.
+
+    ``spec``: ``vocab_size``, ``d``, ``context_length``, ``b``, ``runs`` (a list of ``(T0,
+    max_new_tokens)``, one call of ``generate`` each, on the same model), ``temperature``, ``top_k``,
+    ``use_cache``, ``seed`` and optionally ``prefill`` (tokens read into the cache before the first call).
+    Returns ``{"runs": [{"out", "error", "calls"}, ...]}``: the returned tensor (or ``None``), the error
+    raised as ``[type name, message]`` (or ``None``), and the model's calls.
+    """
+    torch.manual_seed(spec["seed"])
+    model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    if spec.get("prefill"):
+        with torch.no_grad():
+            model(tokens(spec["b"], spec["prefill"], spec["vocab_size"], spec["seed"] + 5), use_cache=True)
+    runs = []
+    for k, (T0, n) in enumerate(spec["runs"]):
+        prompt = tokens(spec["b"], T0, spec["vocab_size"], spec["seed"] + 10 + k)
+        model.calls = []
+        torch.manual_seed(spec["seed"] + 100 + k)
+        out, error = None, None
+        try:
+            result = generate(model, prompt.clone(), n, temperature=spec["temperature"], top_k=spec["top_k"],
+                              use_cache=spec["use_cache"])
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - part of the trace
+            error = [type(exc).__name__, str(exc)]
+        else:
+            out = result.detach().clone() if isinstance(result, torch.Tensor) else [type(result).__name__]
+        runs.append({"out": out, "error": error, "calls": [list(c) for c in model.calls]})
+    return {"runs": runs}
+
+
+def _same_generation(a: dict, b: dict) -> bool:
+    """Two traces return the same tokens (or raise the same kind of error) in every call."""
+    for x, y in zip(a["runs"], b["runs"]):
+        if (x["error"] is None) != (y["error"] is None):
+            return False
+        if x["error"] is not None:
+            if x["error"][0] != y["error"][0]:
+                return False
+            continue
+        if not (isinstance(x["out"], torch.Tensor) and isinstance(y["out"], torch.Tensor)
+                and x["out"].shape == y["out"].shape and torch.equal(x["out"], y["out"])):
+            return False
+    return True
+
+
+def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
+    """What the model's calls say about a ``generate`` whose calls differ from ours (answer-free)."""
+    got = [tuple(c) for c in got_calls]
+    want = [tuple(c) for c in want_calls]
+    if got == want:
+        return None
+    if spec["use_cache"]:
+        if got and not got[0][1]:
+            return ("use_cache=True was asked, but the model was called without it: read the prompt with "
+                    "model(prompt_ids, use_cache=True), then each new token with model(tokens[:, -1:], use_cache=True).")
+        if got and got[0][2] > 0:
+            return (f"the first call found {got[0][2]} tokens already in the cache, from an earlier sequence: call "
+                    f"model.reset_cache() before reading the prompt.")
+        if any(c[1] and c[0] > 1 for c in got[1:]):
+            return ("after the prompt, a use_cache=True call read more than the newest token: the cache already holds "
+                    "the earlier tokens, so reading them again stores them twice (and moves every position). Feed "
+                    "only tokens[:, -1:].")
+        if want and got and got[0][0] != want[0][0]:
+            return (f"the first call read {got[0][0]} tokens: read the whole prompt ({want[0][0]} tokens) in one "
+                    f"call with use_cache=True.")
+    elif any(c[1] for c in got):
+        return "use_cache=False was asked, but the model was called with use_cache=True: read model(tokens) every step."
+    elif want and got and got[-1][0] != want[-1][0]:
+        return ("without the cache every step reads the whole sequence so far, model(tokens), prompt and new tokens "
+                "together.")
+    if len(got) != len(want):
+        return (f"the model was called {len(got)} times for {len(want)} reads: one call per new token, and none "
+                f"after the last one (the last new token is never read).")
+    return None
+
+
+def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got: object) -> str | None:
+    """The first difference between the expected and the returned tokens of call ``k``, in words."""
+    if not isinstance(got, torch.Tensor):
+        return f"generate returned {got[0] if isinstance(got, list) else type(got).__name__}, not a tensor of token ids"
+    n = want.shape[1] - prompt_len
+    if got.shape != want.shape:
+        if tuple(got.shape) == (want.shape[0], n) and n != want.shape[1]:
+            return (f"the output has shape {tuple(got.shape)}: only the {n} new tokens. Return the prompt followed "
+                    f"by the new tokens, ({want.shape[0]}, {want.shape[1]})")
+        return f"the output has shape {tuple(got.shape)}, expected {tuple(want.shape)} (the prompt and {n} new tokens)"
+    if got.dtype != want.dtype:
+        return f"the output's dtype is {got.dtype}, expected {want.dtype} (token ids)"
+    if not torch.equal(got[:, :prompt_len], want[:, :prompt_len]):
+        return f"the first {prompt_len} tokens of each row must be the prompt, unchanged"
+    diff = (got != want).nonzero()
+    if len(diff) == 0:
+        return None
+    row, position = (int(v) for v in diff[0])
+    return (f"row {row}, new token {position - prompt_len + 1} (position {position}): expected token "
+            f"{int(want[row, position])}, got {int(got[row, position])} ({int((got != want).sum())} of "
+            f"{want.shape[0] * n} new tokens differ)")
+
+
+def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str | None] | None:
+    """What is wrong with call ``k`` of a case where ``generate`` must raise a ``ValueError``."""
+    says = spec.get("says", [])
+    if got["error"] is None:
+        return ("generate returned a result instead of raising a ValueError", None)
+    kind, message = got["error"]
+    if kind != "ValueError":
+        return (f"generate raised {kind}: {message}. Raise a ValueError that says what is wrong", None)
+    if got["calls"]:
+        return (f"the ValueError ({message!r}) came after the model had been called ({_calls_text(got['calls'])}), "
+                f"from the model itself: check the arguments and the length at the start of generate, before "
+                f"calling the model", None)
+    missing = [w for w in says if w not in message]
+    if missing:
+        return (f"the ValueError's message {message!r} does not name {' and '.join(repr(w) for w in missing)}: "
+                f"{spec['explain']}", None)
+    return None
+
+
+@check
+def check_generate(generate: Callable, hidden: bool = False) -> None:
+    """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k, use_cache)`` on a stand-in model."""
+    exercise = "generate"
+    require_callable(exercise, generate)
+    check_rules(exercise, generate)
+    base = {"vocab_size": 7, "d": 6, "top_k": None, "prefill": 0}
+    specs = [
+        {**base, "name": "greedy with the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
+         "temperature": 0.0, "use_cache": True, "seed": 9051},
+        {**base, "name": "greedy without the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
+         "temperature": 0.0, "use_cache": False, "seed": 9051},
+        {**base, "name": "sampling at temperature 0.5 with the cache", "context_length": 12, "b": 4,
+         "runs": [(2, 7)], "temperature": 0.5, "use_cache": True, "seed": 9052},
+        {**base, "name": "sampling at temperature 2.0, top_k=3, without the cache", "context_length": 12, "b": 3,
+         "runs": [(4, 5)], "temperature": 2.0, "top_k": 3, "use_cache": False, "seed": 9053},
+        {**base, "name": "top_k=2 with a stale cache, then a second call", "context_length": 10, "b": 2,
+         "runs": [(2, 4), (3, 5)], "temperature": 1.0, "top_k": 2, "use_cache": True, "seed": 9054, "prefill": 3},
+        {**base, "name": "the model reads context_length tokens", "context_length": 8, "b": 2, "runs": [(4, 5)],
+         "temperature": 0.0, "use_cache": True, "seed": 9055},
+    ]
+    errors = [
+        {**base, "name": "9 tokens to read, context_length 8, with the cache", "context_length": 8, "b": 1,
+         "runs": [(4, 6)], "temperature": 0.0, "use_cache": True, "seed": 9056, "says": ["9", "8"],
+         "explain": "name the tokens the model would read, T0 + max_new_tokens - 1 = 9, and context_length = 8"},
+        {**base, "name": "11 tokens to read, context_length 10, without the cache", "context_length": 10, "b": 2,
+         "runs": [(6, 6)], "temperature": 1.0, "use_cache": False, "seed": 9057, "says": ["11", "10"],
+         "explain": "name the tokens the model would read, T0 + max_new_tokens - 1 = 11, and context_length = 10"},
+        {**base, "name": "max_new_tokens=-1", "context_length": 8, "b": 1, "runs": [(2, -1)], "temperature": 0.0,
+         "use_cache": True, "seed": 9058, "says": ["max_new_tokens"], "explain": "say which argument is wrong"},
+        {**base, "name": "temperature=-0.5", "context_length": 8, "b": 1, "runs": [(2, 3)], "temperature": -0.5,
+         "use_cache": True, "seed": 9058, "says": ["temperature"], "explain": "say which argument is wrong"},
+        {**base, "name": "top_k=0", "context_length": 8, "b": 1, "runs": [(2, 3)], "temperature": 1.0, "top_k": 0,
+         "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
+    ]
+    specs = specs + errors + (hidden_cases(exercise) if hidden else [])
+    for spec in specs:
+        case = Case(spec["name"], (spec,))
+        want = expect(exercise, case.key(), lambda: generate_trace(_expected.reference(exercise), spec))
+        if _expected.is_recording():
+            mistake_outputs(exercise, case)
+        try:
+            got = generate_trace(generate, spec)
+        except NotImplementedError:
+            fail(exercise, NOT_IMPLEMENTED)
+        where = _spec_text(spec)
+        for k, (w, g) in enumerate(zip(want["runs"], got["runs"])):
+            call = f"call {k + 1}: " if len(spec["runs"]) > 1 else ""
+            if w["error"] is not None:
+                found = _error_problem(spec, k, w, g)
+                if found:
+                    fail(exercise, f"{where}: {call}{found[0]}.", case)
+                continue
+            if g["error"] is not None:
+                hint = _calls_hint(spec, w["calls"], g["calls"])
+                try:
+                    fail(exercise, f"{where}: {call}generate raised {g['error'][0]}: {g['error'][1]}; the model's "
+                                   f"calls were: {_calls_text(g['calls'])}.", case)
+                except CheckFailed as error:
+                    raise _hinted(error, hint) from None
+            problem = _tokens_problem(spec, k, spec["runs"][k][0], w["out"], g["out"])
+            calls = _calls_hint(spec, w["calls"], g["calls"])
+            if problem is None and calls is None:
+                continue
+            hint = calls
+            if hint is None or problem is not None:
+                for mistake_hint, output in mistake_outputs(exercise, case):
+                    if _same_generation(output, got):
+                        hint = mistake_hint
+                        break
+            text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
+                               f"expected: {_calls_text(w['calls'])}")
+            try:
+                fail(exercise, f"{where}: {call}{text}.", case)
+            except CheckFailed as error:
+                raise _hinted(error, hint) from None
+    passed(exercise, f"{len(specs)} cases agree with the reference: greedy and seeded sampling (temperature, top_k) "
+                     f"with and without the cache, the model read once per new token, reset_cache between calls, "
+                     f"and a ValueError before any model call for too long an output or a bad argument")

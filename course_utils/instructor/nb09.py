@@ -16,7 +16,7 @@ from torch import nn
 
 from course_utils import reference
 from course_utils.checks.core import Case, rand
-from course_utils.checks.nb09 import set_test_weights, step_trace, tokens
+from course_utils.checks.nb09 import generate_trace, set_test_weights, step_trace, tokens
 from course_utils.instructor import Mistake
 
 
@@ -67,12 +67,36 @@ def _step_cases() -> list[dict]:
     ]
 
 
+def _generate_cases() -> list[dict]:
+    base = {"vocab_size": 9, "d": 5, "top_k": None, "prefill": 0}
+    return [
+        {**base, "name": "hidden: one sequence, a one-token prompt, 9 tokens read of 9", "context_length": 9, "b": 1,
+         "runs": [(1, 9)], "temperature": 0.0, "use_cache": True, "seed": 9941},
+        {**base, "name": "hidden: max_new_tokens=0 returns the prompt", "context_length": 6, "b": 2, "runs": [(4, 0)],
+         "temperature": 1.0, "use_cache": True, "seed": 9942},
+        {**base, "name": "hidden: top_k larger than the vocabulary", "context_length": 12, "b": 3, "runs": [(2, 8)],
+         "temperature": 1.3, "top_k": 50, "use_cache": True, "seed": 9943},
+        {**base, "name": "hidden: top_k=1 at temperature 3 is greedy", "context_length": 12, "b": 3, "runs": [(3, 7)],
+         "temperature": 3.0, "top_k": 1, "use_cache": False, "seed": 9944},
+        {**base, "name": "hidden: sampling at temperature 0.8 without the cache, five rows", "context_length": 10,
+         "b": 5, "runs": [(2, 6)], "temperature": 0.8, "use_cache": False, "seed": 9945},
+        {**base, "name": "hidden: three calls on one model with the cache", "context_length": 10, "b": 2,
+         "runs": [(5, 5), (1, 4), (3, 7)], "temperature": 0.6, "top_k": 4, "use_cache": True, "seed": 9946},
+        {**base, "name": "hidden: greedy after a stale cache of 6 tokens", "context_length": 10, "b": 2,
+         "runs": [(3, 4)], "temperature": 0.0, "use_cache": True, "seed": 9947, "prefill": 6},
+        {**base, "name": "hidden: a prompt longer than context_length", "context_length": 5, "b": 1,
+         "runs": [(6, 1)], "temperature": 0.0, "use_cache": False, "seed": 9948, "says": ["6", "5"],
+         "explain": "name the tokens the model would read, T0 + max_new_tokens - 1 = 6, and context_length = 5"},
+    ]
+
+
 HIDDEN = {
     "sinusoidal_positions": _sinusoid_cases,
     "LearnedPositionalEmbedding": _learned_cases,
     "TransformerBlock": _block_cases,
     "TinyGPT": _gpt_cases,
     "train_step": _step_cases,
+    "generate": _generate_cases,
 }
 
 
@@ -507,10 +531,102 @@ STEP_MISTAKES = [
 ]
 
 
+# ------------------------------------------------------------------------------------------
+# generate: traces of mistaken generation loops (one flaw each)
+# ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, *, flaw=""):
+    """``reference.generate`` with one ``flaw`` (named below)."""
+    if max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k < 1):
+        raise ValueError(f"bad argument: max_new_tokens, temperature or top_k ({max_new_tokens}, {temperature}, {top_k})")
+    T0 = prompt_ids.shape[1]
+    needed = T0 + max_new_tokens - 1
+    if flaw != "no length check" and needed > model.context_length:
+        raise ValueError(f"{needed} positions, but context_length is {model.context_length}")
+    model.eval()
+    if use_cache and flaw != "no reset":
+        model.reset_cache()
+    tokens = prompt_ids
+    for step in range(max_new_tokens):
+        if use_cache:
+            new = tokens if step == 0 or flaw == "whole sequence with the cache" else tokens[:, -1:]
+            logits = model(new, use_cache=True)
+        else:
+            logits = model(tokens)
+        logits = logits[:, 0] if flaw == "first position" else logits[:, -1]  # (b, V)
+        if temperature == 0 and flaw != "samples at temperature 0" or flaw == "always greedy":
+            next_token = logits.argmax(dim=-1, keepdim=True)
+        else:
+            if flaw == "temperature multiplies":
+                logits = logits * temperature
+            elif flaw not in ("temperature after softmax", "samples at temperature 0"):
+                logits = logits / temperature
+            if top_k is not None:
+                k = min(top_k, logits.shape[-1])
+                if flaw == "top_k keeps the smallest":
+                    kth = torch.topk(logits, k, dim=-1, largest=False).values[:, -1:]
+                    logits = logits.masked_fill(logits > kth, float("-inf"))
+                elif flaw == "top_k keeps k - 1":
+                    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits <= kth, float("-inf"))
+                elif flaw == "sample among the top k":
+                    values, indices = torch.topk(logits, k, dim=-1)
+                    choice = torch.multinomial(torch.softmax(values, dim=-1), num_samples=1)
+                    tokens = torch.cat([tokens, indices.gather(1, choice)], dim=1)
+                    continue
+                else:
+                    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            if flaw == "temperature after softmax":
+                probs = probs / temperature
+            next_token = torch.multinomial(probs, num_samples=1)
+        tokens = torch.cat([tokens, next_token], dim=1)
+    if use_cache and flaw != "no reset":
+        model.reset_cache()
+    return tokens[:, T0:] if flaw == "prompt dropped" else tokens
+
+
+def _generation(flaw: str):
+    def trace(spec):
+        return generate_trace(lambda *args, **kwargs: _generate(*args, **kwargs, flaw=flaw), spec)
+    return trace
+
+
+GENERATE_MISTAKES = [
+    Mistake("the temperature divides the probabilities after the softmax: torch.multinomial renormalises them, so "
+            "that changes nothing. Divide the LOGITS by the temperature, then take the softmax.",
+            _generation("temperature after softmax")),
+    Mistake("the logits are multiplied by the temperature: DIVIDE them, logits / temperature (a high temperature "
+            "flattens the distribution).", _generation("temperature multiplies")),
+    Mistake("top_k keeps the k SMALLEST logits: keep the k largest, torch.topk(logits, k).values[:, -1:] is the k-th "
+            "largest, and every logit below it becomes -inf.", _generation("top_k keeps the smallest")),
+    Mistake("top_k keeps only k - 1 tokens: the k-th largest logit itself stays, so mask logits < kth, not <= kth.",
+            _generation("top_k keeps k - 1")),
+    Mistake("at temperature 0 you sample: temperature 0 means greedy, logits.argmax(dim=-1, keepdim=True), no "
+            "sampling.", _generation("samples at temperature 0")),
+    Mistake("you always take the argmax: with a temperature above 0, sample with torch.multinomial from the softmax "
+            "of logits / temperature.", _generation("always greedy")),
+    Mistake("you sample among the k values torch.topk returns and map the choice back: the distribution is right, "
+            "but the random draws are not ours. Sample from the full (b, V) softmax, with -inf outside the top k, as "
+            "the exercise says.", _generation("sample among the top k")),
+    Mistake("the logits of the FIRST position are used: the last position predicts the next token, logits[:, -1].",
+            _generation("first position")),
+    Mistake("the output is only the new tokens: return the prompt followed by them, (b, T0 + max_new_tokens).",
+            _generation("prompt dropped")),
+    Mistake("with use_cache=True every step feeds the whole sequence: the cache already holds the earlier tokens, so "
+            "they are stored twice. After the prompt, feed only tokens[:, -1:].",
+            _generation("whole sequence with the cache")),
+    Mistake("model.reset_cache() is never called: the cache still holds the tokens of an earlier sequence when the "
+            "prompt is read. Call it before reading the prompt.", _generation("no reset")),
+]
+
+
 MISTAKES = {
     "sinusoidal_positions": SINUSOID_MISTAKES,
     "LearnedPositionalEmbedding": LEARNED_MISTAKES,
     "TransformerBlock": BLOCK_MISTAKES,
     "TinyGPT": GPT_MISTAKES,
     "train_step": STEP_MISTAKES,
+    "generate": GENERATE_MISTAKES,
 }

@@ -2,8 +2,9 @@
 # # 09 · Capstone: train a tiny transformer with your own attention
 #
 # Every attention weight you have drawn so far came from **random** weights. In this notebook a
-# model finally learns. You will put notebook 05's multi-head attention into a complete GPT-style
-# model, train it on your CPU in a few seconds, and look at what its heads learned to attend to.
+# model finally learns. You will put notebook 05's multi-head attention, with notebook 08's KV cache,
+# into a complete GPT-style model, train it on your CPU in a few seconds, look at what its heads
+# learned to attend to, and let it write with the cache.
 #
 # The task is **reversing a sequence of digits**: after `3 1 4 1 5 9 2 6 |` the model must write
 # `6 2 9 5 1 4 1 3`. It needs attention (the next digit sits somewhere else in the sequence), and it
@@ -18,7 +19,8 @@
 # 4. write one training step with the loss on the answer only (`train_step`), and train;
 # 5. show what positions buy (sinusoidal ones train about as well as learned ones; without any,
 #    the model learns slowly or not at all) and that attention replaced by an average fails;
-# 6. find the head that does the reversal in the trained model's attention maps.
+# 6. find the head that does the reversal in the trained model's attention maps;
+# 7. write text with notebook 08's KV cache (`generate`): greedy or sampled, and time the cache.
 #
 # Shapes use these letters: `b` = batch size, `T` = number of tokens, `d` = `d_model` (the size of
 # every token's vector), `H` = number of heads, `V` = vocabulary size, `L` = number of blocks.
@@ -59,6 +61,18 @@ import torch
 import torch.nn as nn
 
 from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
+# Notebook 08 gave the same attention a **KV cache**: `MultiHeadAttentionKVCache(d_in, d_out,
+# context_length, dropout, num_heads)` has exactly `MultiHeadAttention`'s parameters and outputs, and
+# `forward(x, use_cache=True)` treats `x` as the **next** tokens of a sequence: it keeps their keys and
+# values in `cache_k` and `cache_v` (`(b, H, tokens so far, D)`), and their queries attend to every
+# cached key. `reset_cache()` starts a new sequence. Our model's blocks use it, so that section 10
+# can write text with the cache. Here is our answer from notebook 08, with its rotary positions
+# (`rope=True`), which this notebook does not use. Run the cell.
+
+# %% shows="rope_angles apply_rope MultiHeadAttentionKVCache"
+# Our answers from notebook 08.
 
 # %% [markdown]
 # ## 1. Attention cannot tell order
@@ -198,17 +212,19 @@ print("still equivariant:", torch.allclose(full(shuffled_with_positions), full(w
 #
 # Write `LearnedPositionalEmbedding(context_length, d_model)`:
 # - `__init__`: `self.embedding = nn.Embedding(context_length, d_model)`;
-# - `forward(x)`: `x` is `(b, T, d_model)` (token embeddings); return `x` plus the vectors of
-#   positions `0..T-1`, shape `(b, T, d_model)`. Make the positions with
-#   `torch.arange(T, device=x.device)`, so that the module works on any device.
-# - An input longer than `context_length` must raise a **`ValueError` that names the limit**, e.g.
-#   `f"{T} tokens, but context_length is {self.context_length}"`. (`nn.Embedding` would raise an
-#   `IndexError` by itself, deep inside PyTorch; the course's modules all raise a `ValueError`, here
-#   and in notebook 08.)
+# - `forward(x, start=0)`: `x` is `(b, T, d_model)` (token embeddings); return `x` plus the vectors of
+#   positions `start .. start + T - 1`, shape `(b, T, d_model)`. Make the positions with
+#   `torch.arange(start, start + T, device=x.device)`, so that the module works on any device.
+#   `start` is 0 for a whole sequence; section 10 passes the number of tokens a KV cache already
+#   holds, so that new tokens continue where the cache stopped.
+# - Positions past the table (`start + T > context_length`) must raise a **`ValueError` that names
+#   the limit**, e.g. `f"positions {start}..{start + T - 1}, but context_length is {self.context_length}"`.
+#   (`nn.Embedding` would raise an `IndexError` by itself, deep inside PyTorch; the course's modules
+#   all raise a `ValueError`, here and in notebook 08.)
 
 # %% grade_id="LearnedPositionalEmbedding"
 class LearnedPositionalEmbedding(nn.Module):
-    """x (b, T, d_model) -> x + the learned vectors of positions 0..T-1."""
+    """x (b, T, d_model) -> x + the learned vectors of positions start..start+T-1."""
 
     def __init__(self, context_length: int, d_model: int):
         super().__init__()
@@ -217,17 +233,17 @@ class LearnedPositionalEmbedding(nn.Module):
         self.embedding = nn.Embedding(context_length, d_model)  # (context_length, d_model)
         ### END SOLUTION
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         ### BEGIN SOLUTION
         T = x.shape[1]
-        if T > self.context_length:
-            raise ValueError(f"{T} tokens, but context_length is {self.context_length}")
-        positions = torch.arange(T, device=x.device)  # (T,)
+        if start + T > self.context_length:
+            raise ValueError(f"positions {start}..{start + T - 1}, but context_length is {self.context_length}")
+        positions = torch.arange(start, start + T, device=x.device)  # (T,)
         return x + self.embedding(positions)  # (b, T, d) + (T, d)
         ### END SOLUTION
 
 # %% grade_id="test_LearnedPositionalEmbedding" points=2
-# Check: outputs for several lengths, too long an input (a ValueError), and a move to another device.
+# Check: outputs for several lengths and starts, too long an input (a ValueError), and a move to another device.
 checks.check_LearnedPositionalEmbedding(LearnedPositionalEmbedding)
 ### BEGIN HIDDEN TESTS
 checks.check_LearnedPositionalEmbedding(LearnedPositionalEmbedding, hidden=True)
@@ -271,16 +287,21 @@ print("output:", tuple(positions(torch.zeros(2, 10, 32)).shape))  # (b, T, d): 1
 # Write `TransformerBlock(d_model, num_heads, context_length, dropout)`, `(b, T, d)` -> `(b, T, d)`.
 # Create, **in this order** (the check loads its test weights in parameter order):
 # - `self.norm1 = nn.LayerNorm(d_model)`;
-# - `self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)` (section 0);
+# - `self.att = MultiHeadAttentionKVCache(d_model, d_model, context_length, dropout, num_heads)`
+#   (notebook 08's attention with a KV cache, section 0);
 # - `self.norm2 = nn.LayerNorm(d_model)`;
 # - `self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))`;
 # - `self.drop_resid = nn.Dropout(dropout)`, for the output of each branch.
 #
-# `forward(x)`: `x = x + drop_resid(att(norm1(x)))`, then `x + drop_resid(ff(norm2(x)))`.
+# `forward(x, use_cache=False)`: `x = x + drop_resid(att(norm1(x), use_cache=use_cache))`, then
+# `x + drop_resid(ff(norm2(x)))`. The only new thing is `use_cache`, handed on to the attention: with
+# `use_cache=True`, `x` holds the next tokens of the sequence whose keys and values `self.att` has
+# cached (the feed-forward network works on each token alone, so it needs no cache).
 #
 # You may write your own attention module on `F.scaled_dot_product_attention` (notebook 06) instead
-# of `MultiHeadAttention`, if it has the same layers in the same order (`W_query`, `W_key`,
-# `W_value`, `out_proj`) and attributes `num_heads` and `head_dim`: section 9 reads them.
+# of `MultiHeadAttentionKVCache`, if it has the same layers in the same order (`W_query`, `W_key`,
+# `W_value`, `out_proj`), attributes `num_heads` and `head_dim` (section 9 reads them), and the same
+# `forward(x, use_cache=False)` and `reset_cache()`.
 #
 # **Rule** (the check and the grader apply it): build the block from these parts. PyTorch's
 # ready-made layers `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer`,
@@ -295,20 +316,21 @@ class TransformerBlock(nn.Module):
         super().__init__()
         ### BEGIN SOLUTION
         self.norm1 = nn.LayerNorm(d_model)
-        self.att = MultiHeadAttention(d_model, d_model, context_length, dropout, num_heads)
+        self.att = MultiHeadAttentionKVCache(d_model, d_model, context_length, dropout, num_heads)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
         self.drop_resid = nn.Dropout(dropout)
         ### END SOLUTION
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         ### BEGIN SOLUTION
-        x = x + self.drop_resid(self.att(self.norm1(x)))  # (b, T, d)
+        x = x + self.drop_resid(self.att(self.norm1(x), use_cache=use_cache))  # (b, T, d)
         return x + self.drop_resid(self.ff(self.norm2(x)))  # (b, T, d)
         ### END SOLUTION
 
 # %% grade_id="test_TransformerBlock" points=4
-# Check: parameter shapes, outputs in eval() and train() mode, causality, dropout, .to().
+# Check: parameter shapes, outputs in eval() and train() mode, causality, dropout, .to(), and the
+# cached path (the input fed in pieces with use_cache=True gives the whole input's outputs).
 checks.check_TransformerBlock(TransformerBlock)
 ### BEGIN HIDDEN TESTS
 checks.check_TransformerBlock(TransformerBlock, hidden=True)
@@ -357,9 +379,22 @@ print("output:", tuple(block(torch.randn(2, 16, 32)).shape))  # (b, T, d)
 # - `self.final_norm = nn.LayerNorm(d_model)`;
 # - `self.out_head = nn.Linear(d_model, vocab_size, bias=False)`.
 #
-# `forward(idx)`: `idx` holds token ids `(b, T)`; return the logits `(b, T, vocab_size)` (no
-# softmax: the loss applies it). More than `context_length` tokens raise a `ValueError` that names
-# the limit (your `pos_emb` already does).
+# Also keep `self.context_length = context_length` and `self.num_cached = 0` (how many tokens the
+# blocks' caches hold).
+#
+# `forward(idx, use_cache=False)`: `idx` holds token ids `(b, T)`; return the logits
+# `(b, T, vocab_size)` (no softmax: the loss applies it). More than `context_length` tokens raise a
+# `ValueError` that names the limit (your `pos_emb` already does).
+# - With `use_cache=False` (training) the whole sequence is read: positions `0 .. T-1`, as always.
+# - With `use_cache=True`, `idx` holds the **next** `T` tokens of the sequence in the caches: their
+#   positions start at `start = self.num_cached` (`self.pos_emb(..., start=start)`), every block
+#   gets `use_cache=True` (`nn.Sequential` passes one argument only, so loop:
+#   `for block in self.blocks: x = block(x, use_cache=use_cache)`), and afterwards
+#   `self.num_cached = start + T`.
+#
+# `reset_cache()`: empty every block's cache (`block.att.reset_cache()`) and set `self.num_cached`
+# back to 0. A prompt read with `use_cache=True`, followed by one token at a time, then gives the
+# same logits as `forward` on the whole sequence.
 #
 # **Rule**: as for the block, PyTorch's ready-made transformer layers (`nn.TransformerEncoderLayer`,
 # `nn.TransformerDecoderLayer`, `nn.TransformerEncoder`, `nn.TransformerDecoder`,
@@ -389,17 +424,32 @@ class TinyGPT(nn.Module):
             *[TransformerBlock(d_model, num_heads, context_length, dropout) for _ in range(num_layers)])
         self.final_norm = nn.LayerNorm(d_model)
         self.out_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.context_length = context_length
+        self.num_cached = 0  # tokens held by the blocks' KV caches
         ### END SOLUTION
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         ### BEGIN SOLUTION
-        x = self.drop_emb(self.pos_emb(self.tok_emb(idx)))  # (b, T, d): tokens plus positions
-        x = self.blocks(x)  # (b, T, d)
+        start = self.num_cached if use_cache else 0  # the position of the first token of idx
+        x = self.drop_emb(self.pos_emb(self.tok_emb(idx), start=start))  # (b, T, d): tokens plus positions
+        for block in self.blocks:
+            x = block(x, use_cache=use_cache)  # (b, T, d)
+        if use_cache:
+            self.num_cached = start + idx.shape[1]
         return self.out_head(self.final_norm(x))  # (b, T, V)
         ### END SOLUTION
 
+    def reset_cache(self) -> None:
+        """Empty every block's KV cache: the next use_cache=True call starts a new sequence."""
+        ### BEGIN SOLUTION
+        for block in self.blocks:
+            block.att.reset_cache()
+        self.num_cached = 0
+        ### END SOLUTION
+
 # %% grade_id="test_TinyGPT" points=4
-# Check: parameter shapes, logits in eval() and train() mode (learned and sinusoidal positions), causality.
+# Check: parameter shapes, logits in eval() and train() mode (learned and sinusoidal positions), causality,
+# and the cache: a sequence fed in pieces with use_cache=True gives the whole sequence's logits; reset_cache().
 checks.check_TinyGPT(TinyGPT)
 ### BEGIN HIDDEN TESTS
 checks.check_TinyGPT(TinyGPT, hidden=True)
@@ -549,7 +599,9 @@ print(f"after {STEPS} steps, at least 95% of the held-out sequences are reversed
 class CausalMean(nn.Module):
     """Uniform causal 'attention': token t gets the mean of tokens 0..t. (b, T, d) -> (b, T, d)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        if use_cache:
+            raise ValueError("CausalMean keeps no cache")
         counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)  # (1, T, 1)
         return x.cumsum(dim=1) / counts  # (b, T, d)
 
@@ -704,20 +756,175 @@ training.plot_heads(maps_before[:, 0], text, "the same model before training")
 plt.show()
 
 # %% [markdown]
-# ## 10. Generation
+# ## 10. Generation with the KV cache
 #
-# Generation writes one token at a time: run the model on the sequence so far, append the most likely
-# next token, repeat. `training.generate` does it by **full recompute**: each step runs the whole
-# sequence again. Notebook 08's KV cache keeps the keys and values of the earlier tokens instead, so
-# that each step computes only the new token.
+# Generation writes one token at a time: run the model, take the logits of the **last** position
+# (they predict the next token), choose a token, append it, repeat. The given `training.generate` does
+# it by **full recompute**: each step runs the whole sequence again, although only one token is new.
+#
+# Your blocks hold notebook 08's KV cache, so the model can do better: read the prompt once with
+# `use_cache=True` (every block keeps its keys and values), then feed only the newest token at each
+# step. Each step then computes one token's queries, keys and values instead of the whole sequence's.
+#
+# Which token to choose? **Greedy** decoding takes the most likely one (`argmax`): right for our
+# task, where there is one correct answer. Language models usually **sample** from the softmax instead,
+# shaped by two knobs:
+# - the **temperature** divides the logits before the softmax: below 1 it sharpens the distribution
+#   (towards greedy), above 1 it flattens it (towards uniform); temperature 0 means greedy;
+# - **top-k** keeps only the `k` largest logits (the others get `-inf`, so probability 0), so that
+#   the long tail of unlikely tokens is never drawn.
+#
+# ### Exercise 6: `generate`
+#
+# Write `generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, use_cache=True)`:
+# `prompt_ids` holds token ids `(b, T0)`; return `(b, T0 + max_new_tokens)`: the prompt followed by
+# the `max_new_tokens` new tokens.
+# 1. Check the arguments first and raise a `ValueError` that names the argument when
+#    `max_new_tokens < 0`, `temperature < 0`, or `top_k` is not `None` and below 1.
+# 2. The model reads `T0 + max_new_tokens - 1` tokens (the last new token is never read). If that is
+#    more than `model.context_length`, raise a `ValueError` **before calling the model**, naming both
+#    numbers, e.g. `f"{T0} + {max_new_tokens} tokens need {needed} positions, but context_length is
+#    {model.context_length}"`.
+# 3. `model.eval()`. With `use_cache=True`: `model.reset_cache()`, then the first step reads the whole
+#    prompt, `model(prompt_ids, use_cache=True)`, and every later step only the newest token,
+#    `model(tokens[:, -1:], use_cache=True)`. With `use_cache=False`: every step reads the whole
+#    sequence so far, `model(tokens)`.
+# 4. The next token's logits are those of the last position, `logits[:, -1]`, `(b, V)`.
+#    - `temperature == 0`: greedy, `logits.argmax(dim=-1, keepdim=True)`, `(b, 1)`.
+#    - Otherwise divide the logits by `temperature`; with `top_k`, set every logit below the k-th
+#      largest to `-inf` (`torch.topk(logits, k, dim=-1).values[:, -1:]` is the k-th largest, `(b, 1)`;
+#      a `top_k` above the vocabulary size keeps every token); then
+#      `torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)`, `(b, 1)`: sample from all
+#      `V` probabilities (zero outside the top k), so that the same seed draws the same tokens as ours.
+# 5. Append the new tokens with `torch.cat(..., dim=1)`. At the end, `model.reset_cache()` again, so
+#    that no stale cache stays behind.
+#
+# `@torch.no_grad()` (given) switches off autograd: generation needs no gradients.
+#
+# The check uses a small stand-in model with a cache of its own (a running mean of the token vectors,
+# not a transformer), so that only your `generate` is graded. It tells you which call read what, and
+# at which position your tokens first differ from ours.
+
+# %% grade_id="generate"
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, use_cache: bool = True) -> torch.Tensor:
+    """prompt_ids (b, T0) -> (b, T0 + max_new_tokens): greedy at temperature 0, else seeded sampling."""
+    ### BEGIN SOLUTION
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be None or at least 1, got {top_k}")
+    T0 = prompt_ids.shape[1]
+    needed = T0 + max_new_tokens - 1  # the last new token is never read
+    if needed > model.context_length:
+        raise ValueError(f"{T0} + {max_new_tokens} tokens need {needed} positions, "
+                         f"but context_length is {model.context_length}")
+    model.eval()
+    if use_cache:
+        model.reset_cache()
+    tokens = prompt_ids  # (b, T0)
+    for step in range(max_new_tokens):
+        if use_cache:
+            new = prompt_ids if step == 0 else tokens[:, -1:]  # the prompt, then the newest token
+            logits = model(new, use_cache=True)[:, -1]  # (b, V)
+        else:
+            logits = model(tokens)[:, -1]  # (b, V): the whole sequence again
+        if temperature == 0:
+            next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (b, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)  # (b, 1)
+        tokens = torch.cat([tokens, next_token], dim=1)  # (b, T + 1)
+    if use_cache:
+        model.reset_cache()
+    return tokens
+    ### END SOLUTION
+
+# %% grade_id="test_generate" points=4
+# Check: greedy and seeded sampling (temperature, top_k) with and without the cache, the calls your
+# generate makes, reset_cache between calls, and the errors (too long, bad arguments).
+checks.check_generate(generate)
+### BEGIN HIDDEN TESTS
+checks.check_generate(generate, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The trained model, greedy, with the cache: it writes the reversal of unseen sequences. Without the
+# cache it writes exactly the same tokens, because both ways compute the same logits.
 
 # %%
 prompts = held_out.inputs[:5, : task.num_digits + 1]  # (5, 9): the digits and the separator
-written = training.generate(model, prompts, max_new_tokens=task.num_digits)  # (5, 17)
+written = generate(model, prompts, max_new_tokens=task.num_digits, temperature=0.0)  # (5, 17)
 for row, digits in zip(written, prompts):
     answer = row[task.num_digits + 1:]
     right = torch.equal(answer, digits[: task.num_digits].flip(0))
     print(tasks.as_text(row), " ✓" if right else " ✗")
+prompts = held_out.inputs[:200, : task.num_digits + 1]  # (200, 9)
+with_cache = generate(model, prompts, task.num_digits, temperature=0.0)  # (200, 17)
+without_cache = generate(model, prompts, task.num_digits, temperature=0.0, use_cache=False)
+print("the same tokens with and without the cache:", torch.equal(with_cache, without_cache))
+
+# %% [markdown]
+# Sampling instead of greedy: at temperature 1 the trained model is so sure of each digit that
+# sampling rarely changes anything; at temperature 3 the distribution flattens and mistakes appear;
+# `top_k=1` keeps only the best logit, which is greedy again. (The exact numbers depend on the CPU's
+# rounding; nbval skips this cell's output.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+truth = held_out.inputs[:200, : task.num_digits].flip(1)  # (200, 8): the right answers
+for temperature, top_k in ((1.0, None), (3.0, None), (3.0, 1)):
+    torch.manual_seed(0)
+    sampled = generate(model, prompts, task.num_digits, temperature=temperature, top_k=top_k)  # (200, 17)
+    exact = (sampled[:, task.num_digits + 1:] == truth).all(dim=1).float().mean()
+    print(f"temperature {temperature}, top_k {top_k}: {exact:.0%} of 200 answers exactly right")
+
+# %% [markdown]
+# ### What the cache saves
+#
+# Our task writes 8 tokens after 9, too few for the cache to matter. To see the difference, time a
+# bigger, untrained `TinyGPT` (4 blocks, `d_model = 64`, 512 positions) writing 240 tokens after a
+# 16-token prompt, greedy, with and without the cache (the median of 3 runs each).
+#
+# Without the cache, step `t` runs all `t` tokens through every block: the work grows with `t`, so
+# the whole generation costs about `n²/2` token-passes for `n` tokens. With the cache, each step runs
+# one token (its attention still reads all `t` cached keys, but that is a small part of a step here),
+# so the whole generation costs about `n`. The two ways take turns, three runs each, and we keep each
+# one's median. While grading, this cell is skipped.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (nbval skips this cell's output: the times depend on the machine)
+if training.grading():
+    print("grading now: timing skipped")
+else:
+    torch.manual_seed(0)
+    big = TinyGPT(vocab_size=tasks.VOCAB_SIZE, d_model=64, num_heads=4, num_layers=4, context_length=512,
+                  dropout=0.0).eval()
+    prompt = torch.randint(0, tasks.VOCAB_SIZE, (1, 16), generator=torch.Generator().manual_seed(0))  # (1, 16)
+    runs = {True: [], False: []}
+    for _ in range(3):
+        for use_cache in (True, False):  # taken in turns, so that a busy moment of the machine hits both
+            began = time.perf_counter()
+            generate(big, prompt, max_new_tokens=240, temperature=0.0, use_cache=use_cache)
+            runs[use_cache].append(time.perf_counter() - began)
+    seconds = {use_cache: sorted(times)[1] for use_cache, times in runs.items()}  # the median of 3
+    print(f"240 tokens with the cache:    {seconds[True]:.2f} s")
+    print(f"240 tokens without the cache: {seconds[False]:.2f} s "
+          f"({seconds[False] / seconds[True]:.1f} times the time with the cache)")
+
+# %% [markdown]
+# On the CPU we wrote this on, the cache made these 240 tokens two to three times faster, and the gap
+# grows with the length: from 120 to 240 new tokens the time with the cache about doubled, the time
+# without it more than tripled. The price is memory: the cache holds two `(b, H, T, D)` tensors per
+# block (notebook 08 counts them for real models). Every serving system for large models decodes
+# this way.
 
 # %% [markdown]
 # ## Check your understanding
@@ -751,21 +958,32 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 # value. Zero the gradients **before** `backward`.
 # </details>
 #
-# <details><summary>3. Why is the loss taken on the answer positions only?</summary>
+# <details><summary>3. Find the bug: a <code>generate</code> with <code>use_cache=True</code> calls
+# <code>model(tokens, use_cache=True)</code> at every step, on the whole sequence so far. What
+# goes wrong?</summary>
+#
+# The cache already holds the keys and values of every earlier token, so each step stores them
+# **again**: after the prompt of `T0` tokens and one step, the cache holds `T0` twice and the new
+# token at position `2 T0`. The positions run past the real ones, the attention sees duplicates, the
+# logits are wrong, and soon the cache passes `context_length` and raises. With the cache, feed only
+# the newest token, `tokens[:, -1:]`.
+# </details>
+#
+# <details><summary>4. Why is the loss taken on the answer positions only?</summary>
 #
 # The first 8 digits are random: no model can predict them better than 1 in 10. Their loss would
 # stay near `ln 10` whatever the model does, adding noise to the gradient and hiding the progress on
 # the part that can be learned.
 # </details>
 #
-# <details><summary>4. Why add the positions before the first block, not after the last one?</summary>
+# <details><summary>5. Why add the positions before the first block, not after the last one?</summary>
 #
 # Attention decides where to look from the queries and keys, which are computed from the block's
 # input. Positions added after the blocks reach only the head: every attention layer stays blind to
 # order, and the model fails just like the one without positions.
 # </details>
 #
-# <details><summary>5. The block is pre-LN. What would change with <code>x = norm1(x + att(x))</code>?</summary>
+# <details><summary>6. The block is pre-LN. What would change with <code>x = norm1(x + att(x))</code>?</summary>
 #
 # That is post-LN (the 2017 transformer): every residual addition is followed by a norm, so the
 # path from input to output passes a norm in every block. Deep post-LN stacks need a learning-rate
@@ -775,7 +993,7 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 # Adam at the start. Both compute different functions, so the check tells them apart.
 # </details>
 #
-# <details><summary>6. Held-out accuracy is measured with one forward pass, not with generation. Why
+# <details><summary>7. Held-out accuracy is measured with one forward pass, not with generation. Why
 # is that the same?</summary>
 #
 # The forward pass predicts each answer digit from the *true* earlier digits. If all of a
@@ -784,7 +1002,7 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 # the sequence as wrong.
 # </details>
 #
-# <details><summary>7. Sinusoidal positions trained as well as learned ones in section 8. What can
+# <details><summary>8. Sinusoidal positions trained as well as learned ones in section 8. What can
 # learned positions not do that sinusoids can?</summary>
 #
 # Handle more positions than they were built for: `nn.Embedding(context_length, d)` has no row for
@@ -808,7 +1026,9 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 #   mean instead of attention it never does. Without positions one block cannot; two blocks slowly
 #   can, because the causal mask leaks order (NoPE). One head's map shows the anti-diagonal: the
 #   model learned where to look.
+# - Generation: greedy at temperature 0, sampling with a temperature and top-k otherwise; with the
+#   KV cache the prompt is read once and then one token per step, and greedy writes the same tokens as
+#   a full recompute, several times faster for long sequences.
 #
-# Where next: feed the generation loop with notebook 08's KV cache, try the copy task (`digits |
-# digits`) and watch a diagonal appear instead, or make the sequences longer than the positions the
-# model was trained on and see learned positions fail.
+# Where next: try the copy task (`digits | digits`) and watch a diagonal appear instead, or make the
+# sequences longer than the positions the model was trained on and see learned positions fail.

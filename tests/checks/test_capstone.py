@@ -224,13 +224,13 @@ def test_a_tiny_gpt_that_relies_on_its_own_helpers_attributes_still_passes():
         x = self.tok_emb(idx)
         T = x.shape[1]
         if isinstance(self.pos_emb, training.FixedPositions):
-            x = self.pos_emb(x)
+            x = self.pos_emb(x, start=start)
         else:
-            if T > self.pos_emb.pos.num_embeddings:
-                raise ValueError(f"{T} tokens, but context_length is {self.pos_emb.pos.num_embeddings}")
-            x = x + self.pos_emb.pos.weight[:T]
+            if start + T > self.pos_emb.pos.num_embeddings:
+                raise ValueError(f"{start + T} positions, but context_length is {self.pos_emb.pos.num_embeddings}")
+            x = x + self.pos_emb.pos.weight[start:start + T]
 """
-    gpt = nb09._GPT.replace("        x = self.pos_emb(self.tok_emb(idx))\n", own.lstrip("\n"))
+    gpt = nb09._GPT.replace("        x = self.pos_emb(self.tok_emb(idx), start=start)\n", own.lstrip("\n"))
     assert gpt != nb09._GPT
     namespace, cells = _notebook_with("LearnedPositionalEmbedding", helper)
     from tests.support import harness
