@@ -32,6 +32,7 @@ import io
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -430,7 +431,7 @@ class JudgeOutside(NbGraderPreprocessor):
     (see the module docstring). Runs after execution, before ``SaveAutoGrades``."""
 
     def preprocess(self, nb: NotebookNode, resources: dict):
-        from grader import cells
+        from grader import cells, intake
         from grader.execute import CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT
 
         notebook = resources.get("nbgrader", {}).get("notebook")
@@ -439,13 +440,14 @@ class JudgeOutside(NbGraderPreprocessor):
             return nb, resources
         handoff: HandOff | None = resources.get("course_handoff")
         sources = answer_sources(nb, exercises)
+        known = intake.load_source(notebook).tests
         try:
             for cell in nb.cells:
                 if cell.cell_type != "code" or not cells.is_test(cell):
                     continue
                 test_id = cells.grade_id(cell)
                 exercise = cells.exercise_of_test(test_id, exercises)
-                if exercise is None:
+                if exercise is None or test_id not in known:
                     continue
                 limits = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"
                           and o.get("ename") in (CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT, "SystemExit")]
@@ -458,6 +460,11 @@ class JudgeOutside(NbGraderPreprocessor):
                               if o.get("output_type") == "error"]
                     said = f" (the kernel's own error: {kernel[-1][:300]})" if kernel else ""
                     verdict = Verdict("", HANDOFF_ERROR, _handoff_message(exercise, f"{exc}{said}"))
+                except Exception as exc:  # noqa: BLE001 - a fault of the grader's own costs this test, said so
+                    print(f"grader.judge: could not judge {notebook} {test_id}: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
+                    verdict = Verdict("", "GraderError", f"the grader could not judge this test "
+                                                         f"({type(exc).__name__}: {exc}); ask your instructor")
                 cell.outputs = (limits if verdict.ename == HANDOFF_ERROR else []) + verdict.outputs()
         finally:
             if handoff is not None:

@@ -35,6 +35,47 @@ def _answers():
                         yield pytest.param(notebook, exercise, source, id=f"{notebook[:2]}-{exercise}-{label}")
 
 
+#: Outputs of every kind the hand-off carries, each replayed to the same verdict and message.
+EDGES = {
+    "changes its input in place": ("02_softmax_and_context", "softmax_stable",
+                                   "def softmax_stable(x, dim=-1):\n    x -= x.max(dim=dim, keepdim=True).values\n"
+                                   "    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"),
+    "returns a list": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                       "    return (inputs @ inputs.transpose(-2, -1)).tolist()\n"),
+    "returns a tuple": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                        "    s = inputs @ inputs.transpose(-2, -1)\n    return s, s\n"),
+    "returns None": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                     "    inputs @ inputs.transpose(-2, -1)\n"),
+    "returns a Python float": ("01_dot_products", "dot", "def dot(x, y):\n    total = 0.0\n"
+                               "    for a, b in zip(x.tolist(), y.tolist()):\n        total += a * b\n    return total\n"),
+    "returns a Parameter": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                            "    return torch.nn.Parameter(inputs @ inputs.transpose(-2, -1))\n"),
+    "returns an integer tensor": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                                  "    return (inputs @ inputs.transpose(-2, -1)).long()\n"),
+    "returns a string": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n    return 'scores'\n"),
+    "returns an object": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n    return object()\n"),
+    "raises its own exception": ("02_softmax_and_context", "softmax_stable",
+                                 "class Oops(Exception):\n    pass\n\n"
+                                 "def softmax_stable(x, dim=-1):\n    raise Oops('no idea how')\n"),
+    "raises a KeyError": ("02_softmax_and_context", "softmax_naive",
+                          "def softmax_naive(x, dim=-1):\n    return {}['exp']\n"),
+    "raises an IndexError": ("01_dot_products", "attention_scores_for_query",
+                             "def attention_scores_for_query(inputs, query):\n"
+                             "    return torch.stack([inputs[i] @ query for i in range(6)])\n"),
+    "not implemented": ("01_dot_products", "dot", "def dot(x, y):\n    # YOUR CODE HERE\n"
+                        "    raise NotImplementedError()\n"),
+    "not callable": ("01_dot_products", "dot", "dot = 3\n"),
+    "batch breaks .T (a diagnosis that reads the source)": (
+        "02_softmax_and_context", "context_vectors",
+        "def context_vectors(inputs):\n    w = torch.softmax(inputs @ inputs.T, dim=-1)\n    return w @ inputs\n"),
+}
+
+
+@pytest.mark.parametrize("notebook, exercise, source", EDGES.values(), ids=EDGES.keys())
+def test_every_kind_of_output_replays_to_the_same_verdict(notebook, exercise, source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypatch, capsys)
+
+
 def _inside(notebook: str, exercise: str, source: str) -> dict[str, tuple[str | None, str]]:
     """test id -> (error name or None, message): each test cell decided in this process, the old way."""
     base, cells = harness._executed(notebook)
