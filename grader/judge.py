@@ -155,6 +155,12 @@ class BadHandOff(ValueError):
 
 def load_results(folder: str | Path, test_id: str) -> list[dict]:
     """The records test ``test_id`` handed out, checked; :class:`BadHandOff` says why not."""
+    return load_hand_off(folder, test_id)[0]
+
+
+def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str]]:
+    """``(records, sources)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
+    ``sources``: exercise -> the source of the function checked, as the kernel read it."""
     import torch
 
     path = Path(folder) / f"{test_id}.pt"
@@ -186,10 +192,10 @@ def load_results(folder: str | Path, test_id: str) -> list[dict]:
     return _check_file(loaded, test_id)
 
 
-def _check_file(loaded: Any, test_id: str) -> list[dict]:
+def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str]]:
     from course_utils.checks import probe
 
-    if not isinstance(loaded, dict) or set(loaded) != {"format", "test", "records"}:
+    if not isinstance(loaded, dict) or set(loaded) != {"format", "test", "records", "sources"}:
         raise BadHandOff("the result does not have the hand-off's layout")
     if loaded["format"] != probe.FORMAT or loaded["test"] != test_id:
         raise BadHandOff(f"the result is not this test's (format {loaded['format']!r}, test {loaded['test']!r})")
@@ -200,7 +206,11 @@ def _check_file(loaded: Any, test_id: str) -> list[dict]:
         why = _record_problem(record)
         if why:
             raise BadHandOff(f"record {i + 1} is malformed: {why}")
-    return records
+    sources = loaded["sources"]
+    if not (isinstance(sources, dict) and all(_is_name(k) and isinstance(v, str) and len(v) <= probe.MAX_SOURCE
+                                              for k, v in sources.items())):
+        raise BadHandOff("the sources handed out are not a mapping of exercise names to short texts")
+    return records, sources
 
 
 def _is_name(value: Any) -> bool:
@@ -334,8 +344,8 @@ class Replay:
         from course_utils.checks import probe
 
         if self.used >= len(self.records):
-            raise HandOffFailure(f"no output came back for input {self.used + 1} that the test gives {self.exercise} (the kernel "
-                                 f"stopped before it, or the hand-off was changed)")
+            raise HandOffFailure(f"no output came back for input {self.used + 1} that the test gives "
+                                 f"{self.exercise} (the kernel stopped before it, or the hand-off was changed)")
         record = self.records[self.used]
         self.used += 1
         if record["digest"] != probe.digest(args, kwargs):
@@ -381,7 +391,10 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
 def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str]) -> Verdict:
     """Run the solution's test cell ``test_id`` with each judged exercise replayed from ``records``.
 
-    ``sources``: exercise -> the answer cell's source (the submission's, read by the grader)."""
+    ``sources``: exercise -> the source of the student's function: what the kernel handed out (the
+    function it actually checked, wherever it was defined), else the answer cell's (read by the grader).
+    It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
+    earn them: the grader checks the answer cells' rules itself, whatever the kernel says."""
     import torch
 
     from course_utils import checks
@@ -408,6 +421,13 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
               "): the hand-off was changed"
         return Verdict("", HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, why))
     return Verdict(printed.getvalue())
+
+
+def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
+    """The verdict of test ``test_id`` from what the kernel handed out into ``folder``; ``answers``:
+    exercise -> the answer cell's source. :class:`BadHandOff` when the hand-off cannot be used."""
+    records, seen = load_hand_off(folder, test_id)
+    return judge_test(notebook, test_id, records, {**answers, **seen})
 
 
 def _handoff_message(exercise: str, why: str) -> str:
@@ -454,7 +474,7 @@ class JudgeOutside(NbGraderPreprocessor):
                 try:
                     if handoff is None:
                         raise BadHandOff("the grader prepared no hand-off for this notebook")
-                    verdict = judge_test(notebook, test_id, load_results(handoff.outputs, test_id), sources)
+                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
                 except BadHandOff as exc:
                     kernel = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
                               if o.get("output_type") == "error"]

@@ -8,7 +8,10 @@ writes what came back to a folder that the grader reads once the kernel has exit
 - a tensor (detached, on the CPU, a plain ``torch.Tensor``), a number, ``None``, a string, or a
   list or tuple of those;
 - an exception, as its type name and its message text;
-- anything else as its type name only.
+- anything else as its type name only;
+
+and, once per exercise, the source of the function checked (for the rules and the diagnoses that
+read code, as ``check_rules`` in the kernel read it).
 
 The grader then replays these outputs through the same checks, in its own process, against the
 reference. Nothing in this kernel decides a verdict, and nothing here holds an answer, an expected
@@ -48,11 +51,14 @@ INPUTS_VARIABLE = "COURSE_PROBE_INPUTS"
 FORMAT = 1
 #: Longest exception message kept, in characters.
 MAX_MESSAGE = 2000
+#: Longest source of a checked function kept, in characters.
+MAX_SOURCE = 100_000
 #: How deep a returned list or tuple is followed, and how long it may be.
 MAX_DEPTH, MAX_ITEMS = 4, 64
 
 _current: list[str] = []  # the test cell running now: [] or [test id]
 _records: dict[str, list[dict]] = {}  # test id -> what its checks handed out so far
+_sources: dict[str, dict[str, str]] = {}  # test id -> exercise -> the source of the function checked
 _inputs: dict[str, Any] | None = None
 _hooked = False
 
@@ -87,6 +93,7 @@ def begin(test_id: str) -> None:
     global _hooked
     _current[:] = [test_id]
     _records[test_id] = []
+    _sources[test_id] = {}
     _save(test_id)
     if not _hooked:
         try:
@@ -187,8 +194,13 @@ def _error(exc: BaseException) -> dict:
 def record(exercise: str, student: Callable, cases: Sequence[Any]) -> None:
     """Run ``student`` on every case and hand out what came back (the kernel's whole part of
     :func:`course_utils.checks.core.compare_function` under the grader). Never compares."""
+    from course_utils import rules
+
     test_id = _current[0]
     store = _records.setdefault(test_id, [])
+    source = rules.source_of(student) if callable(student) else None
+    if source is not None:  # what the rules and the diagnoses that read code read, as the kernel sees it
+        _sources.setdefault(test_id, {})[exercise] = source[:MAX_SOURCE]
     if not callable(student):
         store.append({"exercise": exercise, "callable": False, "type": type(student).__name__})
         _save(test_id)
@@ -217,5 +229,6 @@ def _save(test_id: str) -> None:
     folder = Path(os.environ[DIR_VARIABLE])
     path = folder / f"{test_id}.pt"
     partial = folder / f".{test_id}.pt.partial"
-    torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id]}, partial)
+    torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id],
+                "sources": _sources.get(test_id, {})}, partial)
     os.replace(partial, path)

@@ -123,7 +123,7 @@ def test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypa
     try:
         sources = {exercise: autograde._def_source(source, exercise)[0]}
         for gid, (ename, message) in want.items():
-            verdict = judge.judge_test(notebook, gid, judge.load_results(handoff.outputs, gid), sources)
+            verdict = judge.judge_handed_out(handoff.outputs, notebook, gid, sources)
             assert (verdict.ename, verdict.evalue) == (ename, message), gid
     finally:
         handoff.remove()
@@ -154,7 +154,7 @@ def _refused(folder, words: str) -> None:
 
 
 def test_a_well_formed_hand_off_is_read(tmp_path):
-    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "records": [_record()]})
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record()]})
     assert judge.load_results(tmp_path, TEST)[0]["exercise"] == "dot"
 
 
@@ -188,33 +188,55 @@ class _RunsCode:
 
 
 def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
-    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "records": [_RunsCode()]})
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_RunsCode()]})
     _refused(tmp_path, "could not be read as plain data")
     assert "must never run" not in capfd.readouterr().out
 
 
 @pytest.mark.parametrize("data, words", [
     ({"passed": True}, "does not have the hand-off's layout"),
-    ({"format": 99, "test": TEST, "records": []}, "not this test's"),
-    ({"format": probe.FORMAT, "test": "test_other", "records": []}, "not this test's"),
-    ({"format": probe.FORMAT, "test": TEST, "records": "all good"}, "not a list"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record(verdict="pass")]}, "expected a result or an error"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record(digest="x")]}, "no digest"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record({"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))})]},
+    ({"format": 99, "test": TEST, "sources": {}, "records": []}, "not this test's"),
+    ({"format": probe.FORMAT, "test": "test_other", "sources": {}, "records": []}, "not this test's"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(digest="x")]}, "no digest"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))})]},
      "not a plain torch.Tensor"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record({"kind": "tensor",
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
                                                                  "value": torch.ones(1).expand(10**7)})]},
      "over the limit"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record({"kind": "number", "type": "int", "value": 1.5})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "number", "type": "int", "value": 1.5})]},
      "a number whose type"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [_record({"kind": "other", "type": "not a name"})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "other", "type": "not a name"})]},
      "without a type name"),
-    ({"format": probe.FORMAT, "test": TEST, "records": [{"exercise": "dot", "digest": "a" * 64,
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "digest": "a" * 64,
                                                          "error": {"type": "ValueError"}}]}, "an error without"),
 ])
 def test_malformed_or_mistyped_records(tmp_path, data, words):
     _write(tmp_path, data)
     _refused(tmp_path, words)
+
+
+def test_sources_must_be_short_texts_by_exercise(tmp_path):
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "records": [], "sources": {"dot": 3}})
+    _refused(tmp_path, "sources handed out")
+
+
+def test_rules_read_the_function_the_kernel_checked(monkeypatch, capsys):
+    """A clean answer cell, and the function redefined with a forbidden call in a later cell: the rule
+    applies to the function that was checked, as it did when the kernel decided."""
+    clean = "def softmax_stable(x, dim=-1):\n    e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n" \
+            "    return e / e.sum(dim=dim, keepdim=True)\n"
+    sneaky = "def softmax_stable(x, dim=-1):\n    return torch.softmax(x, dim=dim)\n"
+    want = _inside("02_softmax_and_context", "softmax_stable", clean + "\n" + sneaky)
+    handoff, _ = _handed_out("02_softmax_and_context", "softmax_stable", clean + "\n" + sneaky, monkeypatch)
+    try:
+        verdict = judge.judge_handed_out(handoff.outputs, "02_softmax_and_context", "test_softmax_stable",
+                                         {"softmax_stable": clean})
+    finally:
+        handoff.remove()
+    assert (verdict.ename, verdict.evalue) == want["test_softmax_stable"]
+    assert "torch.softmax" in verdict.evalue and "does not allow" in verdict.evalue
 
 
 def test_an_output_of_other_inputs_or_one_too_many_scores_zero(tmp_path):
