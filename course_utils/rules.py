@@ -288,8 +288,8 @@ def source_of(obj: object) -> str | None:
 
     For a class, the source of each method is joined: ``inspect.getsource`` of a class defined in
     a notebook fails on Python < 3.13, but its methods' code objects still point at the cell.
-    An object that carries its source as ``__course_source__`` (the grader's replay of an answer,
-    ``grader/judge.py``, whose source the grader read from the answer cell) gives that.
+    An object whose class carries a source as ``__course_source__`` (the grader's replay of a
+    student's function, ``grader/judge.py``) gives that.
     """
     given = getattr(type(obj), "__course_source__", None)
     if isinstance(given, str):

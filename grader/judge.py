@@ -330,7 +330,8 @@ class Replay:
 
     A call whose inputs are not those the recorded output was computed from, or a call with no
     recorded output left, raises :class:`HandOffFailure`. ``__course_source__`` (set on a subclass)
-    is the answer cell's source as the grader read it, for the rules and the diagnoses that read code.
+    is the student's function's source (see :func:`judge_test`), for the rules and the diagnoses
+    that read code.
     """
 
     __course_source__: str | None = None
