@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from course_utils.checks import probe
-from grader import autograde, judge
+from grader import autograde, course, judge
 from tests.fixtures.answers import load
 from tests.support import harness
 
-NOTEBOOKS = [n for n in harness.course.available_notebooks() if judge.judged_exercises(n)]
+NOTEBOOKS = [n for n in course.available_notebooks() if judge.judged_exercises(n)]
 
 
 def _answers():
