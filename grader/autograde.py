@@ -154,9 +154,15 @@ def autograde_config(settings: Settings | None = None) -> Config:
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     execute_index = next(i for i, step in enumerate(steps) if step.__name__ == "Execute")
     from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside, MarkTests
 
-    steps[execute_index:execute_index + 1] = [RestoreImports, RobustExecute, StderrIsNotFailure]
+    # JudgeOutside writes the verdicts of the exercises judged outside the kernel (grader/judge.py)
+    # into their test cells, after execution and before nbgrader's SaveAutoGrades reads them.
+    judged = [MarkTests] if settings.judge_outside else []
+    steps[execute_index:execute_index + 1] = [RestoreImports, *judged, RobustExecute, StderrIsNotFailure,
+                                              *([JudgeOutside] if settings.judge_outside else [])]
     config.Autograde.autograde_preprocessors = steps
+    config.RobustExecute.hand_off = settings.judge_outside
     config.OverwriteCells.add_missing_cells = False  # intake already restored missing tests
     config.RobustExecute.kernel_manager_class = "grader.sandbox.SandboxedKernelManager"
     config.RobustExecute.timeout = settings.cell_timeout

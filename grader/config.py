@@ -11,7 +11,7 @@ import functools
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nbgrader.apps import NbGraderAPI
@@ -34,6 +34,8 @@ class Settings:
     max_output_lines: int = 200  # outputs kept per cell in the graded notebook
     max_traceback: int = 40  # traceback lines kept per error
     db_url: str | None = None  # the merged gradebook (default: SQLite in the output folder)
+    #: Judge grader/judge.py's exercises outside the kernel (``GRADER_JUDGE_OUTSIDE=0``: inside it, as before).
+    judge_outside: bool = field(default_factory=lambda: os.environ.get("GRADER_JUDGE_OUTSIDE", "1") != "0")
 
     def with_(self, **changes) -> "Settings":
         """A copy with ``changes`` (``None`` values are ignored, so CLI options pass through)."""

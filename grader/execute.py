@@ -19,7 +19,7 @@ from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Integer
+from traitlets import Bool, Integer
 
 KERNEL_DIED = "KernelDied"
 NOTEBOOK_TIMEOUT = "NotebookTimeLimit"
@@ -35,12 +35,29 @@ class RobustExecute(Execute):
 
     notebook_timeout = Integer(600, help="seconds for the whole notebook (0: no limit)").tag(config=True)
     max_restarts = Integer(5, help="kernel restarts allowed per notebook").tag(config=True)
+    hand_off = Bool(False, help="prepare the hand-off of grader/judge.py for the notebooks it judges "
+                                "(set together with its JudgeOutside step)").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         self._deadline = time.monotonic() + self.notebook_timeout if self.notebook_timeout else None
         self._lost: set[int] = set()  # cells whose execution killed or hung the kernel
         self._restarts = 0
+        self._handoff = None
+        if self.hand_off and resources is not None:
+            from grader import judge
+
+            self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"))
+            if self._handoff is not None:
+                resources["course_handoff"] = self._handoff
         return super().preprocess(nb, resources, km=km)
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        handoff = getattr(self, "_handoff", None)
+        if handoff is not None:  # every kernel of this notebook (restarts too) hands out to the same folder
+            km.probe_dir, km.probe_inputs = handoff.outputs, handoff.inputs
+            km.student_edition = handoff.student_edition
+        return km
 
     def _remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()

@@ -105,8 +105,51 @@ def font_cache() -> Path | None:
     return built if any(built.glob("fontlist-*.json")) else None
 
 
-def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str) -> list[str]:
-    """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``."""
+#: Where the kernel sees the grader's hand-off folders (``grader/judge.py``): the folder it writes its
+#: outputs to, and the read-only folder of the hidden inputs.
+PROBE_DIR_INSIDE = "/tmp/course-probe"
+PROBE_INPUTS_INSIDE = "/tmp/course-probe-inputs"
+
+
+def student_edition_binds() -> list[str]:
+    """bubblewrap arguments that show the kernel the student edition of ``course_utils``: its
+    ``instructor/`` folder empty, ``reference.py`` replaced by the student edition's stub (which
+    raises ``ImportError``) and that file's compiled copies emptied. Mounted over the package's own
+    read-only bind, so nothing is copied."""
+    from grader.edition import TEMPLATES
+
+    package = Path(_course_utils_dir())
+    args = ["--tmpfs", str(package / "instructor"),
+            "--ro-bind", str(TEMPLATES / "reference.py"), str(package / "reference.py")]
+    for compiled in sorted((package / "__pycache__").glob("reference.*.pyc")):
+        args += ["--ro-bind", "/dev/null", str(compiled)]
+    return args
+
+
+def _course_utils_dir() -> str:
+    import course_utils
+
+    return str(Path(course_utils.__file__).resolve().parent)
+
+
+def probe_env(probe_dir: str, probe_inputs: str, *, inside: bool) -> dict[str, str]:
+    """The kernel's environment variables that switch the hand-off on (:mod:`course_utils.checks.probe`):
+    the paths as the kernel sees them, inside the sandbox or not."""
+    from course_utils.checks import probe
+
+    if inside:
+        return {probe.DIR_VARIABLE: PROBE_DIR_INSIDE,
+                probe.INPUTS_VARIABLE: f"{PROBE_INPUTS_INSIDE}/{Path(probe_inputs).name}"}
+    return {probe.DIR_VARIABLE: probe_dir, probe.INPUTS_VARIABLE: probe_inputs}
+
+
+def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str, probe_dir: str = "",
+                    probe_inputs: str = "", student_edition: bool = False) -> list[str]:
+    """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``.
+
+    With ``probe_dir`` and ``probe_inputs`` (a folder and a file of the grader's, ``grader/judge.py``)
+    the kernel writes its outputs into that folder and reads the hidden inputs from that file; with
+    ``student_edition`` it sees ``course_utils`` without the answers and the hidden cases."""
     cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv",
            # The private /tmp comes first: a later mount on top of it would hide the binds below
            # whenever the course itself lives under /tmp (a CI checkout, say).
@@ -122,6 +165,8 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
             cmd += ["--ro-bind", str(target), str(target)]
     for path in readable_paths():
         cmd += ["--ro-bind", path, path]
+    if student_edition:
+        cmd += student_edition_binds()
     cmd += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--dir", "/tmp/home/.matplotlib",
             "--bind", socket_dir, socket_dir,
             "--chdir", "/tmp/work"]
@@ -132,6 +177,10 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1"}
+    if probe_dir and probe_inputs:
+        cmd += ["--bind", probe_dir, PROBE_DIR_INSIDE,
+                "--ro-bind", str(Path(probe_inputs).parent), PROBE_INPUTS_INSIDE]
+        env.update(probe_env(probe_dir, probe_inputs, inside=True))
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     return cmd + ["--", *limits_prefix(memory), *inner]
@@ -156,6 +205,10 @@ class SandboxedKernelManager(AsyncKernelManager):
     memory_limit = Integer(DEFAULT_MEMORY, help="address-space cap for the kernel, bytes (0: none)").tag(config=True)
     bwrap = Unicode("", help="bubblewrap executable (default: found on PATH)").tag(config=True)
     extra_env = List(Unicode(), help="VAR=VALUE pairs for the kernel's environment").tag(config=True)
+    # Set per notebook by ``grader.execute.RobustExecute`` (see ``grader/judge.py``).
+    probe_dir = Unicode("", help="the grader's folder the kernel hands its outputs out to")
+    probe_inputs = Unicode("", help="the grader's file of hidden inputs the kernel reads")
+    student_edition = Bool(False, help="show the kernel course_utils without answers or hidden cases")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -176,13 +229,19 @@ class SandboxedKernelManager(AsyncKernelManager):
         exe = self.bwrap or bwrap_path()
         if not exe:
             raise RuntimeError("bubblewrap is not available; refusing to run student code unsandboxed")
-        cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe)
+        cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe,
+                              probe_dir=self.probe_dir, probe_inputs=self.probe_inputs,
+                              student_edition=self.student_edition)
         return cmd
 
     async def _async_start_kernel(self, **kw):
         # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
         kw.setdefault("stdout", subprocess.DEVNULL)
         kw.setdefault("stdin", subprocess.DEVNULL)
+        if not self.sandbox and self.probe_dir and self.probe_inputs:
+            # Unsandboxed (--allow-unsandboxed) the kernel inherits the environment: add the hand-off.
+            kw["env"] = {**(kw.get("env") or os.environ),
+                         **probe_env(self.probe_dir, self.probe_inputs, inside=False)}
         return await super()._async_start_kernel(**kw)
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]

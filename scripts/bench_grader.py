@@ -5,6 +5,8 @@
 Builds a class of ``--students`` copies of the released notebook with the solution's answers
 filled in (so every test runs in full), grades it once per worker count into a temporary folder,
 and prints wall time and notebooks per minute. Not a test: timings depend on the machine.
+``GRADER_JUDGE_OUTSIDE=0`` in the environment measures the grader with every verdict decided in the
+student's kernel, as before grader/judge.py (for a before/after comparison on one machine).
 """
 
 from __future__ import annotations

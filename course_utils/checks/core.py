@@ -26,6 +26,7 @@ import torch
 
 from course_utils import rules
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 
 
@@ -237,6 +238,8 @@ def hidden_cases(exercise: str) -> Any:
     They live in ``course_utils.instructor.hidden``, which only the instructor edition (and so the
     grading sandbox) has; asking for them in the student edition raises a clear error.
     """
+    if _probe.judged(exercise):  # under the grader, which hands the hidden inputs in as data
+        return _probe.hidden_cases(exercise)
     try:
         return _expected.instructor().hidden(exercise)
     except _expected.InstructorOnly as exc:
@@ -268,7 +271,13 @@ def compare_function(
     instructor edition, read from the recording in the student edition. Inputs are cloned for each
     call, and a student function that modifies its input is reported. A failure message ends with a
     hint when one is found (see :func:`explain`).
+
+    Under the grader, for an exercise it judges itself, this only runs ``student`` on every case and
+    hands the outputs out (:mod:`course_utils.checks.probe`); the grader compares them in its own process.
     """
+    if _probe.active(exercise):  # under the grader: hand the outputs out, the grader judges them
+        _probe.record(exercise, student, cases)
+        return
     require_callable(exercise, student)
     check_rules(exercise, student)
     ref = reference_function(reference or exercise)

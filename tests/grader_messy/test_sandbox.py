@@ -43,3 +43,39 @@ def test_the_font_list_is_built_once_and_read_only_inside(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["/tmp/home/.matplotlib", "True", "True", "read-only"], done.stdout
     assert "building the font cache" not in done.stderr
+
+
+def test_a_judged_notebook_gets_the_student_edition_and_its_hand_off(monkeypatch, tmp_path):
+    """grader/judge.py: the kernel sees course_utils without its answers and hidden cases, writes into
+    the hand-off folder, reads the hidden inputs read-only, and is told where both are."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import course_utils
+
+    package = Path(course_utils.__file__).resolve().parent
+    outputs, inputs = tmp_path / "out", tmp_path / "in" / "inputs.pt"
+    outputs.mkdir(), inputs.parent.mkdir()
+    inputs.write_bytes(b"")
+    cmd = sandbox.sandbox_command(["python"], socket_dir=str(tmp_path), memory=0, bwrap="bwrap",
+                                  probe_dir=str(outputs), probe_inputs=str(inputs), student_edition=True)
+    assert cmd[cmd.index(str(package / "instructor")) - 1] == "--tmpfs"
+    stub = cmd.index(str(package / "reference.py"))
+    assert cmd[stub - 2] == "--ro-bind" and "templates/student/reference.py" in cmd[stub - 1]
+    assert cmd[cmd.index(sandbox.PROBE_DIR_INSIDE) - 2:cmd.index(sandbox.PROBE_DIR_INSIDE)] == ["--bind", str(outputs)]
+    assert cmd[cmd.index(sandbox.PROBE_INPUTS_INSIDE) - 2] == "--ro-bind"
+    assert f"{sandbox.PROBE_INPUTS_INSIDE}/inputs.pt" in cmd
+    if sandbox.check_bwrap()[0]:  # and in a real sandbox: no answers, no hidden cases to be found
+        real = sandbox.sandbox_command([sys.executable, "-c", (
+            "import os, course_utils\n"
+            "p = os.path.dirname(course_utils.__file__)\n"
+            "print(sorted(os.listdir(os.path.join(p, 'instructor'))))\n"
+            "try:\n    import course_utils.reference\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+            "open(os.path.join(os.environ['COURSE_PROBE_DIR'], 'x'), 'w').write('ok')\n")],
+            socket_dir=str(tmp_path), memory=0, bwrap=sandbox.bwrap_path(), probe_dir=str(outputs),
+            probe_inputs=str(inputs), student_edition=True)
+        done = subprocess.run(real, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "[]" in done.stdout and "not part of the student edition" in done.stdout
+        assert (outputs / "x").read_text() == "ok"

@@ -1,0 +1,493 @@
+"""The verdict outside the kernel: the grader judges what the student's code handed out.
+
+For the exercises in :data:`JUDGED` (each checked by ``core.compare_function`` alone), nothing in
+the student's kernel decides a grade:
+
+1. **Hand-off in** (:func:`prepare`, called by ``grader.execute.RobustExecute``): a private folder
+   for the kernel's outputs and a file of the hidden inputs (inputs are not secret; expected outputs
+   are). Where every exercise of the notebook is judged, the sandbox shows the kernel the student
+   edition of ``course_utils`` (no answers, no hidden cases, no known mistakes).
+2. **In the kernel** (:mod:`course_utils.checks.probe`): each test cell starts with
+   ``probe.begin("<test id>")`` (:class:`MarkTests` adds the line); ``compare_function`` runs the
+   student's function on every case and writes what came back, without comparing.
+3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
+   the grader's own process, each judged test cell's check calls, taken from the *solution's* test
+   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs.
+   The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
+   or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
+   error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
+
+The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
+:data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
+record of the wrong shape or type, an output computed from other inputs than the grader's, a
+missing output or one too many: each scores 0 for that test with the reason in its message, and the
+notebook's other tests still count. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+#: Exercises judged outside the kernel: every check of theirs is ``core.compare_function`` calls.
+JUDGED = frozenset({
+    "dot", "attention_scores_for_query", "attention_scores",  # 01
+    "softmax_naive", "softmax_stable", "context_vectors",  # 02
+    # Notebooks 03, 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
+    # edition: these exercises' verdicts are computed outside, but their answers are not hidden there.
+    "scaled_dot_product_attention",  # 03
+    "split_heads", "merge_heads",  # 05
+    "attention_flops",  # 06
+})
+#: Largest hand-off file of one test cell, bytes.
+MAX_BYTES = 16 * 1024**2
+#: Most outputs handed out by one test cell, and most elements of one returned tensor.
+MAX_RECORDS, MAX_ELEMENTS = 2000, 4 * 1024**2
+#: Tensor types a returned value may have.
+DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+          "int8", "int16", "int32", "int64", "uint8", "bool")
+#: ``ename`` of a test whose hand-off could not be used.
+HANDOFF_ERROR = "HandOffError"
+#: Marks the line the grader adds at the top of each judged test cell.
+PROBE_MARK = "# (added by the grader: this test's outputs are handed out and judged outside the kernel)"
+
+_made: list[str] = []  # folders made by prepare() in this process, removed at exit if still there
+
+
+def judged_exercises(notebook: str | None) -> list[str]:
+    """The exercises of ``notebook`` that are judged outside the kernel, in the notebook's order."""
+    from grader import course
+
+    return [e for e in course.EXERCISES.get(notebook or "", []) if e in JUDGED]
+
+
+def student_edition_kernel(notebook: str | None) -> bool:
+    """Whether ``notebook``'s kernel can run with the student edition: every exercise judged outside."""
+    from grader import course
+
+    exercises = course.EXERCISES.get(notebook or "", [])
+    return bool(exercises) and all(e in JUDGED for e in exercises)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. The hand-off in
+# --------------------------------------------------------------------------------------------
+@dataclass
+class HandOff:
+    """The folders of one notebook's hand-off: ``outputs`` (the kernel writes), ``inputs`` (the
+    grader's file of hidden inputs), and the exercises judged."""
+
+    notebook: str
+    outputs: str
+    inputs: str
+    exercises: list[str]
+    student_edition: bool
+
+    def remove(self) -> None:
+        for folder in (self.outputs, str(Path(self.inputs).parent)):
+            shutil.rmtree(folder, ignore_errors=True)
+            if folder in _made:
+                _made.remove(folder)
+
+
+def prepare(notebook: str | None) -> HandOff | None:
+    """The hand-off of ``notebook``, or ``None`` when none of its exercises is judged outside."""
+    import torch
+
+    from course_utils.checks import expected, probe
+
+    exercises = judged_exercises(notebook)
+    if not exercises:
+        return None
+    outputs = tempfile.mkdtemp(prefix="grader-probe-")
+    inputs_dir = tempfile.mkdtemp(prefix="grader-probe-inputs-")
+    _made.extend([outputs, inputs_dir])
+    os.chmod(outputs, 0o700)
+    inputs = Path(inputs_dir) / "inputs.pt"
+    with expected.using(expected.LIVE):
+        hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises}
+    torch.save({"format": probe.FORMAT, "exercises": hidden}, inputs)
+    return HandOff(notebook or "", outputs, str(inputs), exercises, student_edition_kernel(notebook))
+
+
+@atexit.register
+def _remove_left_over() -> None:
+    for folder in list(_made):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class MarkTests(NbGraderPreprocessor):
+    """Start every judged test cell with ``probe.begin("<test id>")``, so that the kernel files its
+    outputs under that test. Runs before execution; the line is marked with :data:`PROBE_MARK`."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        from grader import cells
+
+        exercises = judged_exercises(resources.get("nbgrader", {}).get("notebook"))
+        if exercises:
+            for cell in nb.cells:
+                if cell.cell_type == "code" and cells.is_test(cell) and \
+                        cells.exercise_of_test(cells.grade_id(cell), exercises):
+                    cell.source = (f"{PROBE_MARK}\nfrom course_utils.checks import probe as _course_probe; "
+                                   f"_course_probe.begin({cells.grade_id(cell)!r})\n{cell.source}")
+        return nb, resources
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Reading the hand-off: untrusted data
+# --------------------------------------------------------------------------------------------
+class BadHandOff(ValueError):
+    """What a kernel handed out cannot be used; the message says why, in words."""
+
+
+def load_results(folder: str | Path, test_id: str) -> list[dict]:
+    """The records test ``test_id`` handed out, checked; :class:`BadHandOff` says why not."""
+    return load_hand_off(folder, test_id)[0]
+
+
+def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str]]:
+    """``(records, sources)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
+    ``sources``: exercise -> the source of the function checked, as the kernel read it."""
+    import torch
+
+    path = Path(folder) / f"{test_id}.pt"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise BadHandOff("no result came back from the kernel for this test") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise BadHandOff("the result is not a plain file (a link or a special file)")
+    if info.st_size > MAX_BYTES:
+        raise BadHandOff(f"the result is {info.st_size:,} bytes, over the limit of {MAX_BYTES:,}")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise BadHandOff(f"the result is over the limit of {MAX_BYTES:,} bytes")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise BadHandOff(f"the result is not a file written by torch.save ({exc})") from None
+    if any(e.compress_type != zipfile.ZIP_STORED for e in entries) or sum(e.file_size for e in entries) > MAX_BYTES:
+        raise BadHandOff("the result is not a file written by torch.save (compressed or oversized entries)")
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any refusal is a bad hand-off
+        raise BadHandOff(f"the result could not be read as plain data ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    return _check_file(loaded, test_id)
+
+
+def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str]]:
+    from course_utils.checks import probe
+
+    if not isinstance(loaded, dict) or set(loaded) != {"format", "test", "records", "sources"}:
+        raise BadHandOff("the result does not have the hand-off's layout")
+    if loaded["format"] != probe.FORMAT or loaded["test"] != test_id:
+        raise BadHandOff(f"the result is not this test's (format {loaded['format']!r}, test {loaded['test']!r})")
+    records = loaded["records"]
+    if not isinstance(records, list) or len(records) > MAX_RECORDS:
+        raise BadHandOff(f"the result's records are not a list of at most {MAX_RECORDS}")
+    for i, record in enumerate(records):
+        why = _record_problem(record)
+        if why:
+            raise BadHandOff(f"record {i + 1} is malformed: {why}")
+    sources = loaded["sources"]
+    if not (isinstance(sources, dict) and all(_is_name(k) and isinstance(v, str) and len(v) <= probe.MAX_SOURCE
+                                              for k, v in sources.items())):
+        raise BadHandOff("the sources handed out are not a mapping of exercise names to short texts")
+    return records, sources
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 100 and value.isidentifier()
+
+
+def _record_problem(record: Any) -> str | None:
+    from course_utils.checks import probe
+
+    if not isinstance(record, dict) or not isinstance(record.get("exercise"), str):
+        return "not a record of an exercise"
+    if record.get("callable") is False:
+        return None if set(record) == {"exercise", "callable", "type"} and _is_name(record["type"]) \
+            else "a non-callable record with other fields"
+    keys = set(record) - {"exercise", "digest", "changed_inputs"}
+    if not (isinstance(record.get("digest"), str) and len(record["digest"]) == 64):
+        return "no digest of its inputs"
+    if keys not in ({"result"}, {"error"}):
+        return f"expected a result or an error, got fields {sorted(map(str, keys))}"
+    changed = record.get("changed_inputs", [])
+    if not (isinstance(changed, list) and len(changed) <= 64 and all(type(i) is int and 0 <= i < 64 for i in changed)):
+        return "changed_inputs is not a list of argument positions"
+    if "error" in record:
+        error = record["error"]
+        if not (isinstance(error, dict) and set(error) == {"type", "message"} and _is_name(error["type"])
+                and isinstance(error["message"], str) and len(error["message"]) <= probe.MAX_MESSAGE):
+            return "an error without a type name and a message"
+        return None
+    return _value_problem(record["result"], 0)
+
+
+def _value_problem(value: Any, depth: int) -> str | None:
+    import torch
+
+    from course_utils.checks import probe
+
+    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+        return "a value without a kind"
+    kind, keys = value["kind"], set(value)
+    if kind == "tensor":
+        t = value.get("value")
+        if keys != {"kind", "value"} or type(t) is not torch.Tensor:
+            return "a tensor value that is not a plain torch.Tensor"
+        if t.layout != torch.strided or str(t.dtype).removeprefix("torch.") not in DTYPES or t.device.type != "cpu":
+            return f"a tensor of an unsupported type ({t.dtype}, {t.layout})"
+        if t.numel() > MAX_ELEMENTS:
+            return f"a tensor of {t.numel():,} elements, over the limit of {MAX_ELEMENTS:,}"
+        return None
+    if kind == "number":
+        types = {"bool": bool, "int": int, "float": float}
+        if keys != {"kind", "type", "value"} or types.get(value["type"]) is not type(value["value"]):
+            return "a number whose type is not bool, int or float"
+        return None
+    if kind == "none":
+        return None if keys == {"kind"} else "None with other fields"
+    if kind == "text":
+        return None if keys == {"kind", "value"} and isinstance(value["value"], str) \
+            and len(value["value"]) <= probe.MAX_MESSAGE else "a text value that is not a short string"
+    if kind in ("list", "tuple"):
+        items = value.get("items")
+        if keys != {"kind", "items"} or not isinstance(items, list) or len(items) > probe.MAX_ITEMS \
+                or depth >= probe.MAX_DEPTH:
+            return "a list or tuple that is too long, too deep or malformed"
+        for item in items:
+            why = _value_problem(item, depth + 1)
+            if why:
+                return why
+        return None
+    if kind == "other":
+        return None if keys == {"kind", "type"} and _is_name(value["type"]) else "another object without a type name"
+    return f"an unknown kind of value {kind!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The replay, and the verdict
+# --------------------------------------------------------------------------------------------
+class HandOffFailure(BaseException):
+    """The replay met a missing, forged or extra output. A ``BaseException``, so that the check
+    engine (which turns a student's ``Exception`` into a verdict) lets it through to the judge."""
+
+
+def _decode(value: dict) -> Any:
+    kind = value["kind"]
+    if kind == "tensor":
+        return value["value"].contiguous().clone()
+    if kind == "number":
+        return value["value"]
+    if kind == "none":
+        return None
+    if kind == "text":
+        return value["value"]
+    if kind in ("list", "tuple"):
+        items = [_decode(v) for v in value["items"]]
+        return items if kind == "list" else tuple(items)
+    return type(value["type"], (), {"__repr__": lambda self: f"<{type(self).__name__} object>"})()
+
+
+def _exception(error: dict) -> Exception:
+    """An exception of the recorded type name (a builtin one where that name is one) whose text is
+    the recorded message."""
+    import builtins
+
+    name, message = error["type"], error["message"]
+    base = getattr(builtins, name, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = Exception
+    try:
+        cls = type(name, (base,), {"__str__": lambda self: message, "__module__": "builtins"})
+        return cls(message)
+    except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
+        return type(name, (Exception,), {"__str__": lambda self: message})(message)
+
+
+class Replay:
+    """Stands for a student's function in the grader's process: each call returns (or raises) what
+    the student's function gave in the kernel on the same inputs, in the order the checks call it.
+
+    A call whose inputs are not those the recorded output was computed from, or a call with no
+    recorded output left, raises :class:`HandOffFailure`. ``__course_source__`` (set on a subclass)
+    is the student's function's source (see :func:`judge_test`), for the rules and the diagnoses
+    that read code.
+    """
+
+    __course_source__: str | None = None
+
+    def __init__(self, exercise: str, records: list[dict]):
+        self.exercise = exercise
+        self.records = records
+        self.used = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from course_utils.checks import probe
+
+        if self.used >= len(self.records):
+            raise HandOffFailure(f"no output came back for input {self.used + 1} that the test gives "
+                                 f"{self.exercise} (the kernel stopped before it, or the hand-off was changed)")
+        record = self.records[self.used]
+        self.used += 1
+        if record["digest"] != probe.digest(args, kwargs):
+            raise HandOffFailure(f"output {self.used} of {self.exercise} was not computed from the inputs the "
+                                 f"grader gave (the hand-off was changed)")
+        for i in record.get("changed_inputs", []):
+            if i < len(args) and hasattr(args[i], "set_"):
+                import torch
+
+                args[i].set_(torch.zeros(args[i].numel() + 1, dtype=args[i].dtype))  # changed, as in the kernel
+        if "error" in record:
+            raise _exception(record["error"])
+        return _decode(record["result"])
+
+
+@dataclass
+class Verdict:
+    """A judged test: its printed lines, and its error (``None`` when it passed)."""
+
+    text: str
+    ename: str | None = None
+    evalue: str = ""
+
+    def outputs(self) -> list[NotebookNode]:
+        found = []
+        if self.text:
+            found.append(NotebookNode(output_type="stream", name="stdout", text=self.text))
+        if self.ename is not None:
+            found.append(NotebookNode(output_type="error", ename=self.ename, evalue=self.evalue,
+                                      traceback=[f"\x1b[0;31m{self.ename}\x1b[0m: {self.evalue}"]))
+        return found
+
+
+def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
+    """What stands for the student's ``exercise`` in the replay: a :class:`Replay` of its records,
+    or, when the kernel found no callable under that name, an object of the type it found."""
+    mine = [r for r in records if r["exercise"] == exercise]
+    if mine and mine[0].get("callable") is False:
+        return type(mine[0]["type"], (), {})()
+    return type(f"Replay_{exercise}", (Replay,), {"__course_source__": source})(exercise, mine)
+
+
+def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str]) -> Verdict:
+    """Run the solution's test cell ``test_id`` with each judged exercise replayed from ``records``.
+
+    ``sources``: exercise -> the source of the student's function: what the kernel handed out (the
+    function it actually checked, wherever it was defined), else the answer cell's (read by the grader).
+    It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
+    earn them: the grader checks the answer cells' rules itself, whatever the kernel says."""
+    import torch
+
+    from course_utils import checks
+    from course_utils.checks import expected
+    from grader import intake
+
+    src = intake.load_source(notebook)
+    exercises = judged_exercises(notebook)
+    replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
+    namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
+    printed = io.StringIO()
+    try:
+        with expected.using(expected.LIVE), contextlib.redirect_stdout(printed):
+            exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
+    except HandOffFailure as failure:
+        return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
+    except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
+        return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
+    extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
+             if isinstance(r, Replay) and r.used < len(r.records)]
+    unknown = sorted({r["exercise"] for r in records} - set(exercises))
+    if extra or unknown:
+        why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \
+              "): the hand-off was changed"
+        return Verdict("", HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, why))
+    return Verdict(printed.getvalue())
+
+
+def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
+    """The verdict of test ``test_id`` from what the kernel handed out into ``folder``; ``answers``:
+    exercise -> the answer cell's source. :class:`BadHandOff` when the hand-off cannot be used."""
+    records, seen = load_hand_off(folder, test_id)
+    return judge_test(notebook, test_id, records, {**answers, **seen})
+
+
+def _handoff_message(exercise: str, why: str) -> str:
+    return f"❌ {exercise}: this test scores 0: {why}."
+
+
+def answer_sources(nb: NotebookNode, exercises: list[str]) -> dict[str, str]:
+    """exercise -> its definition in the submission's answer cell (the last one of that name)."""
+    from grader import intake
+    from grader.autograde import _def_source
+
+    found = {}
+    for gid, index in intake.answer_cells(nb).items():
+        if gid in exercises:
+            found[gid] = _def_source(nb.cells[index].source, gid)[0]
+    return found
+
+
+class JudgeOutside(NbGraderPreprocessor):
+    """Write the verdict of every judged test cell into its outputs, from what the kernel handed out
+    (see the module docstring). Runs after execution, before ``SaveAutoGrades``."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        from grader import cells, intake
+        from grader.execute import CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT
+
+        notebook = resources.get("nbgrader", {}).get("notebook")
+        exercises = judged_exercises(notebook)
+        if not exercises:
+            return nb, resources
+        handoff: HandOff | None = resources.get("course_handoff")
+        sources = answer_sources(nb, exercises)
+        known = intake.load_source(notebook).tests
+        try:
+            for cell in nb.cells:
+                if cell.cell_type != "code" or not cells.is_test(cell):
+                    continue
+                test_id = cells.grade_id(cell)
+                exercise = cells.exercise_of_test(test_id, exercises)
+                if exercise is None or test_id not in known:
+                    continue
+                limits = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"
+                          and o.get("ename") in (CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT, "SystemExit")]
+                try:
+                    if handoff is None:
+                        raise BadHandOff("the grader prepared no hand-off for this notebook")
+                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
+                except BadHandOff as exc:
+                    kernel = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
+                              if o.get("output_type") == "error"]
+                    said = f" (the kernel's own error: {kernel[-1][:300]})" if kernel else ""
+                    verdict = Verdict("", HANDOFF_ERROR, _handoff_message(exercise, f"{exc}{said}"))
+                except Exception as exc:  # noqa: BLE001 - a fault of the grader's own costs this test, said so
+                    print(f"grader.judge: could not judge {notebook} {test_id}: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
+                    verdict = Verdict("", "GraderError", f"the grader could not judge this test "
+                                                         f"({type(exc).__name__}: {exc}); ask your instructor")
+                cell.outputs = (limits if verdict.ename == HANDOFF_ERROR else []) + verdict.outputs()
+        finally:
+            if handoff is not None:
+                handoff.remove()
+        return nb, resources

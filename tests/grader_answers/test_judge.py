@@ -1,0 +1,262 @@
+"""The verdict outside the kernel (grader/judge.py) is the verdict the kernel gave, and the hand-off is
+read as untrusted data.
+
+In this process, for every known answer (right and wrong) of every exercise judged outside: the
+answer and its test cells run once the old way (the check compares, instructor edition) and once as
+under the grader (the check only hands the outputs out, ``course_utils.checks.probe``; then
+``judge.judge_test`` replays them against the reference). Both give the same pass or fail and the same
+message. Then each way a hand-off can be bad is refused with its reason, and nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+import pytest
+import torch
+
+from course_utils.checks import probe
+from grader import autograde, course, judge
+from tests.fixtures.answers import load
+from tests.support import harness
+
+NOTEBOOKS = [n for n in course.available_notebooks() if judge.judged_exercises(n)]
+
+
+def _answers():
+    for notebook in NOTEBOOKS:
+        module = load(notebook)
+        for kind in ("WRONG", "RIGHT"):
+            for exercise, answers in getattr(module, kind).items():
+                if exercise in judge.JUDGED:
+                    for label, source in answers.items():
+                        yield pytest.param(notebook, exercise, source, id=f"{notebook[:2]}-{exercise}-{label}")
+
+
+#: Outputs of every kind the hand-off carries, each replayed to the same verdict and message.
+EDGES = {
+    "changes its input in place": ("02_softmax_and_context", "softmax_stable",
+                                   "def softmax_stable(x, dim=-1):\n    x -= x.max(dim=dim, keepdim=True).values\n"
+                                   "    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"),
+    "returns a list": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                       "    return (inputs @ inputs.transpose(-2, -1)).tolist()\n"),
+    "returns a tuple": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                        "    s = inputs @ inputs.transpose(-2, -1)\n    return s, s\n"),
+    "returns None": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                     "    inputs @ inputs.transpose(-2, -1)\n"),
+    "returns a Python float": ("01_dot_products", "dot", "def dot(x, y):\n    total = 0.0\n"
+                               "    for a, b in zip(x.tolist(), y.tolist()):\n        total += a * b\n    return total\n"),
+    "returns a Parameter": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                            "    return torch.nn.Parameter(inputs @ inputs.transpose(-2, -1))\n"),
+    "returns an integer tensor": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n"
+                                  "    return (inputs @ inputs.transpose(-2, -1)).long()\n"),
+    "returns a string": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n    return 'scores'\n"),
+    "returns an object": ("01_dot_products", "attention_scores", "def attention_scores(inputs):\n    return object()\n"),
+    "raises its own exception": ("02_softmax_and_context", "softmax_stable",
+                                 "class Oops(Exception):\n    pass\n\n"
+                                 "def softmax_stable(x, dim=-1):\n    raise Oops('no idea how')\n"),
+    "raises a KeyError": ("02_softmax_and_context", "softmax_naive",
+                          "def softmax_naive(x, dim=-1):\n    return {}['exp']\n"),
+    "raises an IndexError": ("01_dot_products", "attention_scores_for_query",
+                             "def attention_scores_for_query(inputs, query):\n"
+                             "    return torch.stack([inputs[i] @ query for i in range(6)])\n"),
+    "not implemented": ("01_dot_products", "dot", "def dot(x, y):\n    # YOUR CODE HERE\n"
+                        "    raise NotImplementedError()\n"),
+    "not callable": ("01_dot_products", "dot", "dot = 3\n"),
+    "batch breaks .T (a diagnosis that reads the source)": (
+        "02_softmax_and_context", "context_vectors",
+        "def context_vectors(inputs):\n    w = torch.softmax(inputs @ inputs.T, dim=-1)\n    return w @ inputs\n"),
+}
+
+
+@pytest.mark.parametrize("notebook, exercise, source", EDGES.values(), ids=EDGES.keys())
+def test_every_kind_of_output_replays_to_the_same_verdict(notebook, exercise, source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypatch, capsys)
+
+
+def _inside(notebook: str, exercise: str, source: str) -> dict[str, tuple[str | None, str]]:
+    """test id -> (error name or None, message): each test cell decided in this process, the old way."""
+    base, cells = harness._executed(notebook)
+    namespace = dict(base)
+    harness.run_source(source, namespace, f"{notebook}:{exercise}:answer")
+    found = {}
+    for gid in harness.test_ids_for(exercise, cells, notebook):
+        try:
+            harness.run_source(cells[gid], namespace, f"{notebook}:{gid}")
+            found[gid] = (None, "")
+        except Exception as exc:  # noqa: BLE001 - the verdict
+            found[gid] = (type(exc).__name__, str(exc))
+    return found
+
+
+def _handed_out(notebook: str, exercise: str, source: str, monkeypatch) -> tuple[judge.HandOff, dict]:
+    """Run the answer and its test cells as the grading kernel does; return the hand-off."""
+    handoff = judge.prepare(notebook)
+    base, cells = harness._executed(notebook)
+    namespace = dict(base)
+    monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+    monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+    monkeypatch.setattr(probe, "_inputs", None)
+    try:
+        harness.run_source(source, namespace, f"{notebook}:{exercise}:answer")
+        for gid in harness.test_ids_for(exercise, cells, notebook):
+            probe.begin(gid)
+            try:
+                harness.run_source(cells[gid], namespace, f"{notebook}:{gid}")
+            except Exception:  # noqa: BLE001 - what the kernel shows decides nothing
+                pass
+            finally:
+                probe._end()
+    finally:
+        monkeypatch.delenv(probe.DIR_VARIABLE)
+        monkeypatch.delenv(probe.INPUTS_VARIABLE)
+        monkeypatch.setattr(probe, "_inputs", None)
+    return handoff, cells
+
+
+@pytest.mark.parametrize("notebook, exercise, source", list(_answers()))
+def test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypatch, capsys):
+    want = _inside(notebook, exercise, source)
+    handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
+    try:
+        sources = {exercise: autograde._def_source(source, exercise)[0]}
+        for gid, (ename, message) in want.items():
+            verdict = judge.judge_handed_out(handoff.outputs, notebook, gid, sources)
+            assert (verdict.ename, verdict.evalue) == (ename, message), gid
+    finally:
+        handoff.remove()
+
+
+# --------------------------------------------------------------------------------------------
+# The hand-off is untrusted
+# --------------------------------------------------------------------------------------------
+TEST = "test_dot"
+
+
+def _record(value=None, **changes) -> dict:
+    record = {"exercise": "dot", "digest": "a" * 64, "result": {"kind": "tensor", "value": torch.tensor(1.0)}}
+    if value is not None:
+        record["result"] = value
+    record.update(changes)
+    return record
+
+
+def _write(folder, data, name=f"{TEST}.pt"):
+    torch.save(data, folder / name)
+
+
+def _refused(folder, words: str) -> None:
+    with pytest.raises(judge.BadHandOff) as info:
+        judge.load_results(folder, TEST)
+    assert words in str(info.value), str(info.value)
+
+
+def test_a_well_formed_hand_off_is_read(tmp_path):
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record()]})
+    assert judge.load_results(tmp_path, TEST)[0]["exercise"] == "dot"
+
+
+def test_missing_file(tmp_path):
+    _refused(tmp_path, "no result came back")
+
+
+def test_link_and_special_file(tmp_path):
+    os.symlink("/etc/hostname", tmp_path / f"{TEST}.pt")
+    _refused(tmp_path, "not a plain file")
+    (tmp_path / f"{TEST}.pt").unlink()
+    os.mkfifo(tmp_path / f"{TEST}.pt")  # opening it would block the grader
+    _refused(tmp_path, "not a plain file")
+
+
+def test_oversized_and_compressed(tmp_path):
+    (tmp_path / f"{TEST}.pt").write_bytes(bytes(judge.MAX_BYTES + 1))
+    _refused(tmp_path, "over the limit")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", bytes(10_000_000))  # a zip bomb in miniature
+    (tmp_path / f"{TEST}.pt").write_bytes(buffer.getvalue())
+    _refused(tmp_path, "compressed or oversized")
+    (tmp_path / f"{TEST}.pt").write_bytes(b"not a zip at all")
+    _refused(tmp_path, "not a file written by torch.save")
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_RunsCode()]})
+    _refused(tmp_path, "could not be read as plain data")
+    assert "must never run" not in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"passed": True}, "does not have the hand-off's layout"),
+    ({"format": 99, "test": TEST, "sources": {}, "records": []}, "not this test's"),
+    ({"format": probe.FORMAT, "test": "test_other", "sources": {}, "records": []}, "not this test's"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(digest="x")]}, "no digest"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))})]},
+     "not a plain torch.Tensor"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
+                                                                 "value": torch.ones(1).expand(10**7)})]},
+     "over the limit"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "number", "type": "int", "value": 1.5})]},
+     "a number whose type"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "other", "type": "not a name"})]},
+     "without a type name"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "digest": "a" * 64,
+                                                         "error": {"type": "ValueError"}}]}, "an error without"),
+])
+def test_malformed_or_mistyped_records(tmp_path, data, words):
+    _write(tmp_path, data)
+    _refused(tmp_path, words)
+
+
+def test_sources_must_be_short_texts_by_exercise(tmp_path):
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "records": [], "sources": {"dot": 3}})
+    _refused(tmp_path, "sources handed out")
+
+
+def test_rules_read_the_function_the_kernel_checked(monkeypatch, capsys):
+    """A clean answer cell, and the function redefined with a forbidden call in a later cell: the rule
+    applies to the function that was checked, as it did when the kernel decided."""
+    clean = "def softmax_stable(x, dim=-1):\n    e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n" \
+            "    return e / e.sum(dim=dim, keepdim=True)\n"
+    sneaky = "def softmax_stable(x, dim=-1):\n    return torch.softmax(x, dim=dim)\n"
+    want = _inside("02_softmax_and_context", "softmax_stable", clean + "\n" + sneaky)
+    handoff, _ = _handed_out("02_softmax_and_context", "softmax_stable", clean + "\n" + sneaky, monkeypatch)
+    try:
+        verdict = judge.judge_handed_out(handoff.outputs, "02_softmax_and_context", "test_softmax_stable",
+                                         {"softmax_stable": clean})
+    finally:
+        handoff.remove()
+    assert (verdict.ename, verdict.evalue) == want["test_softmax_stable"]
+    assert "torch.softmax" in verdict.evalue and "does not allow" in verdict.evalue
+
+
+def test_an_output_of_other_inputs_or_one_too_many_scores_zero(tmp_path):
+    from course_utils.data import book_inputs
+
+    x = book_inputs()
+    right = {"exercise": "dot", "digest": probe.digest((x[0], x[1]), {}),
+             "result": {"kind": "tensor", "value": x[0] @ x[1]}}
+    forged = dict(right, digest=probe.digest((x[1], x[0] * 2), {}))
+    verdict = judge.judge_test("01_dot_products", TEST, [forged], {})
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue
+    verdict = judge.judge_test("01_dot_products", TEST, [right], {})
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for input 2" in verdict.evalue
+
+
+def test_the_replay_raises_what_the_student_code_raised():
+    error = judge._exception({"type": "IndexError", "message": "index 6 is out of bounds"})
+    assert isinstance(error, IndexError) and type(error).__name__ == "IndexError"
+    assert str(error) == "index 6 is out of bounds"
+    odd = judge._exception({"type": "SystemExit", "message": "bye"})  # never an escape from the check engine
+    assert isinstance(odd, Exception) and type(odd).__name__ == "SystemExit"
+    mine = judge._exception({"type": "MyOwnError", "message": "boom"})
+    assert isinstance(mine, Exception) and type(mine).__name__ == "MyOwnError"

@@ -1,0 +1,150 @@
+"""Cheats score 0 on their exercise under the real grader (issue 18), honest work keeps full marks.
+
+Every cheat of ``tests/fixtures/cheats.py`` goes into an otherwise solved notebook, and the class is
+graded in one sandboxed ``autograde`` run. Each cheat's exercise scores 0, no static rule is what
+stopped it, and the notebook's other tests keep their points. The cheats of the issue's classes are
+shown to be real first: decided the old way, in a process with the instructor edition (as the
+grading kernel was), each gets full marks.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import sys
+import types
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import cells as nbcells
+from grader import course, intake
+from grader.autograde import autograde
+from tests.fixtures import cheats
+from tests.support import harness
+
+NOTEBOOKS = sorted({c.notebook for c in cheats.CHEATS.values()})
+pytestmark = pytest.mark.skipif(any(n not in course.available_notebooks() for n in NOTEBOOKS),
+                                reason="notebooks 01 and 02 are not built")
+LIMITS = dict(cell_timeout=30, notebook_timeout=300, progress=False)
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)[:60].strip("_")
+
+
+def _solved(notebook: str, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released notebook with the solution's answers, ``answers`` replacing some."""
+    student = nbformat.read(course.notebooks_dir() / f"{notebook}.ipynb", as_version=4)
+    solution = harness.solution_notebook(notebook)
+    solved = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
+    for cell in student.cells:
+        gid = harness.grade_id(cell)
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and gid:
+            cell.source = "\n".join(line for line in answers.get(gid, solved[gid]).splitlines() if "### " not in line)
+    return student
+
+
+def _calls(notebook: str, exercise: str | None, callee: str) -> bool:
+    """Whether the solution's answer to ``exercise`` calls the exercise ``callee``."""
+    answer = intake.load_source(notebook).answers.get(exercise)
+    return answer is not None and re.search(rf"\b{callee}\(", answer.source) is not None
+
+
+@pytest.fixture
+def checks_restored():
+    """Put the check engine back after a cheat has patched it in this process."""
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("course_utils.checks") and m]
+    attributes = [(m, dict(vars(m))) for m in modules]
+    functions = [f for m in modules for f in vars(m).values() if isinstance(f, types.FunctionType)]
+    functions += [f.__wrapped__ for f in functions if isinstance(getattr(f, "__wrapped__", None), types.FunctionType)]
+    codes = [(f, f.__code__) for f in functions]
+    yield
+    for f, code in codes:
+        f.__code__ = code
+    for module, saved in attributes:
+        for key in set(vars(module)) - set(saved):
+            delattr(module, key)
+        for key, value in saved.items():
+            setattr(module, key, value)
+
+
+@pytest.mark.parametrize("name", cheats.WORKED_INSIDE)
+def test_the_cheat_worked_while_the_kernel_decided(name, checks_restored, capsys):
+    cheat = cheats.CHEATS[name]
+    harness.run_tests_with_answer(cheat.notebook, cheat.exercise, cheat.source)  # no failure: full marks
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("submissions")
+    out = tmp_path_factory.mktemp("grading")
+    Path(cheats.PAYLOAD_MARKER).unlink(missing_ok=True)
+    plan = {}
+    for notebook in NOTEBOOKS:
+        (subs / f"honest_{notebook[:2]}").mkdir()
+        nbformat.write(_solved(notebook, {}), subs / f"honest_{notebook[:2]}" / f"{notebook}.ipynb")
+        plan[(f"honest_{notebook[:2]}", notebook)] = None
+    for name, cheat in cheats.CHEATS.items():
+        student = _slug(name)
+        (subs / student).mkdir()
+        nbformat.write(_solved(cheat.notebook, {cheat.exercise: cheat.source}), subs / student / f"{cheat.notebook}.ipynb")
+        plan[(student, cheat.notebook)] = cheat
+    assert autograde(subs, out, workers=2, **LIMITS) == 0
+    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
+    cells = defaultdict(dict)
+    with open(out / "cells.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = r
+    return {"plan": plan, "grades": grades, "cells": cells, "out": out}
+
+
+def test_honest_work_keeps_full_marks(graded):
+    for (student, notebook), cheat in graded["plan"].items():
+        if cheat is None:
+            row = graded["grades"][(student, notebook)]
+            assert float(row["score"]) == float(row["max_score"]) > 0, (student, row["status"], graded["cells"][(student, notebook)])
+
+
+@pytest.mark.parametrize("name", list(cheats.CHEATS))
+def test_each_cheat_scores_zero_on_its_exercise(graded, name):
+    cheat = cheats.CHEATS[name]
+    key = (_slug(name), cheat.notebook)
+    row, cells = graded["grades"][key], graded["cells"][key]
+    mine = harness.test_ids_for(cheat.exercise, cells, cheat.notebook)
+    assert mine, f"no test cells for {cheat.exercise}"
+    for gid in mine:
+        assert float(cells[gid]["score"]) == 0, f"{name}: {gid} scored {cells[gid]['score']} ({cells[gid]['message']})"
+        assert cells[gid]["message"], f"{name}: {gid} lost its points without a reason"
+    assert "rule broken" not in row["status"], f"{name}: a static rule caught it, so this proves nothing: {row['status']}"
+    for gid, cell in cells.items():
+        other = nbcells.exercise_of_test(gid, course.EXERCISES[cheat.notebook])
+        # The notebook's other tests still count (those whose answer calls the cheat's function aside:
+        # the solution's context_vectors calls the student's softmax_stable).
+        if gid not in mine and not _calls(cheat.notebook, other, cheat.exercise):
+            assert float(cell["score"]) == float(cell["max_score"]), f"{name}: {gid} lost points: {cell['message']}"
+
+
+def test_handoff_failures_say_why(graded):
+    messages = {name: " ".join(c["message"] for gid, c in graded["cells"][(_slug(name), cheat.notebook)].items()
+                               if gid.startswith(f"test_{cheat.exercise}"))
+                for name, cheat in cheats.CHEATS.items() if cheat.kind == "handoff"}
+    said = {
+        "softmax_stable: hand out a pickle that runs code when loaded": "could not be read as plain data",
+        "softmax_stable: hand out a link to another file": "not a plain file",
+        "softmax_stable: hand out a file too big to read": "over the limit",
+        "softmax_stable: right outputs padded with an extra record": "more outputs came back than the test asked for",
+        "softmax_stable: hand out a verdict instead of outputs": "does not have the hand-off's layout",
+        "softmax_stable: forge the outputs from the recorded visible expectations": "values differ",
+        "dot: forge the handed-out outputs": "values differ",
+    }
+    for name, words in said.items():
+        assert words in messages[name], f"{name}: {messages[name]!r} lacks {words!r}"
+
+
+def test_no_payload_ran_in_the_grader(graded):
+    assert not os.path.exists(cheats.PAYLOAD_MARKER), "a handed-out pickle ran code in the grader's process"
