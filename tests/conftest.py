@@ -40,10 +40,12 @@ LONGEST_FIRST = [
     "tests/release/test_editions.py",
     "tests/grader_messy/test_grader_shards.py",
     "tests/release/test_browser.py",
+    "tests/grader_messy/test_cheats.py",
     "tests/release/test_other_cpu.py",
     "tests/grader_messy/test_similarity.py",
     "tests/grader_messy/test_gradescope.py",
     "tests/checks/test_capstone.py",
+    "tests/grader_answers/test_judge.py",
     "tests/grader_messy/test_lms.py",
 ]
 
