@@ -9,12 +9,10 @@ grading kernel was), each gets full marks.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import sys
 import types
-from collections import defaultdict
 from pathlib import Path
 
 import nbformat
@@ -94,12 +92,7 @@ def graded(tmp_path_factory):
         nbformat.write(_solved(cheat.notebook, {cheat.exercise: cheat.source}), subs / student / f"{cheat.notebook}.ipynb")
         plan[(student, cheat.notebook)] = cheat
     assert autograde(subs, out, workers=2, **LIMITS) == 0
-    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
-        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
-    cells = defaultdict(dict)
-    with open(out / "cells.csv", newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = r
+    grades, cells = harness.read_grading(out)
     return {"plan": plan, "grades": grades, "cells": cells, "out": out}
 
 

@@ -8,12 +8,10 @@ gives the same grades and a re-submission replaces the earlier one.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import nbformat
@@ -23,6 +21,7 @@ from grader import course
 from grader.autograde import autograde
 from grader.feedback import feedback
 from tests.fixtures import submissions as cases
+from tests.support import harness
 
 pytestmark = pytest.mark.skipif("01_dot_products" not in course.available_notebooks(),
                                 reason="notebook 01 is not built")
@@ -31,13 +30,7 @@ LIMITS = dict(cell_timeout=10, notebook_timeout=120, memory=2 * 1024**3, progres
 
 
 def _read(out: Path):
-    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
-        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
-    cells = defaultdict(dict)
-    with open(out / "cells.csv", newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = r
-    return grades, cells
+    return harness.read_grading(out)
 
 
 def _digest(root: Path) -> dict[str, str]:

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from jupyter_client.manager import start_new_kernel
 
 from grader import course

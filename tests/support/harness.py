@@ -11,6 +11,7 @@ import contextlib
 import functools
 import linecache
 import os
+from pathlib import Path
 
 import nbformat
 
@@ -124,3 +125,18 @@ def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> N
         raise LookupError(f"{notebook}: no test cells for exercise {exercise!r}")
     for gid in tests:
         run_source(cells[gid], namespace, f"{notebook}:{gid}")
+
+
+def read_grading(out: Path) -> tuple[dict, dict]:
+    """A grading output folder's ``grades.csv`` rows by ``(student_id, notebook)``, and its
+    ``cells.csv`` rows by ``(student_id, notebook)`` then ``grade_id``."""
+    import csv
+    from collections import defaultdict
+
+    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
+    cells: dict = defaultdict(dict)
+    with open(out / "cells.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = r
+    return grades, cells
