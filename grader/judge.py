@@ -225,9 +225,10 @@ def _record_problem(record: Any) -> str | None:
     if record.get("callable") is False:
         return None if set(record) == {"exercise", "callable", "type"} and _is_name(record["type"]) \
             else "a non-callable record with other fields"
-    keys = set(record) - {"exercise", "digest", "changed_inputs"}
-    if not (isinstance(record.get("digest"), str) and len(record["digest"]) == 64):
-        return "no digest of its inputs"
+    keys = set(record) - {"exercise", "inputs", "changed_inputs"}
+    why = _inputs_problem(record.get("inputs"))
+    if why:
+        return why
     if keys not in ({"result"}, {"error"}):
         return f"expected a result or an error, got fields {sorted(map(str, keys))}"
     changed = record.get("changed_inputs", [])
@@ -240,6 +241,66 @@ def _record_problem(record: Any) -> str | None:
             return "an error without a type name and a message"
         return None
     return _value_problem(record["result"], 0)
+
+
+def _inputs_problem(inputs: Any) -> str | None:
+    """What is wrong with a record's handed-out inputs (:func:`course_utils.checks.probe.inputs_of`), if anything."""
+    if not (isinstance(inputs, dict) and set(inputs) == {"args", "kwargs"} and isinstance(inputs["kwargs"], dict)):
+        return "no inputs of its call"
+    if not (isinstance(inputs["args"], dict) and inputs["args"].get("kind") == "list"):
+        return "its inputs' arguments are not a list"
+    if len(inputs["kwargs"]) > 64 or not all(_is_name(k) for k in inputs["kwargs"]):
+        return "its inputs' keyword arguments are not named"
+    for value in [inputs["args"], *inputs["kwargs"].values()]:
+        why = _value_problem(value, 0)
+        if why:
+            return f"its inputs hold {why}"
+    return None
+
+
+def same_inputs(handed: dict, given: dict) -> bool:
+    """Whether inputs handed out by the kernel are the ones the grader gave (both as
+    :func:`course_utils.checks.probe.inputs_of` writes them): the same structure, types, dtypes and
+    shapes; floating-point values up to ``torch.testing.assert_close``'s tolerance for their dtype
+    (another CPU's rounding of the same arithmetic), NaN and infinities in the same places; everything
+    else equal."""
+    return (set(handed["kwargs"]) == set(given["kwargs"]) and _same_value(handed["args"], given["args"])
+            and all(_same_value(handed["kwargs"][k], given["kwargs"][k]) for k in given["kwargs"]))
+
+
+def _same_value(a: dict, b: dict) -> bool:
+    import math
+
+    import torch
+
+    kind = a["kind"]
+    if kind != b["kind"]:
+        return False
+    if kind == "tensor":
+        x, y = a["value"], b["value"]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if x.is_floating_point() or x.is_complex():
+            try:
+                torch.testing.assert_close(x, y, equal_nan=True, check_stride=False)
+            except AssertionError:
+                return False
+            return True
+        return torch.equal(x, y)
+    if kind == "number":
+        if a["type"] != b["type"]:
+            return False
+        if a["type"] == "float":
+            u, v = a["value"], b["value"]
+            return (math.isnan(u) and math.isnan(v)) or u == v or math.isclose(u, v, rel_tol=1.3e-6, abs_tol=1e-5)
+        return a["value"] == b["value"]
+    if kind in ("list", "tuple"):
+        return len(a["items"]) == len(b["items"]) and all(_same_value(u, v) for u, v in zip(a["items"], b["items"]))
+    if kind == "text":
+        return a["value"] == b["value"]
+    if kind == "other":
+        return a["type"] == b["type"]
+    return kind == "none"
 
 
 def _value_problem(value: Any, depth: int) -> str | None:
@@ -349,7 +410,7 @@ class Replay:
                                  f"{self.exercise} (the kernel stopped before it, or the hand-off was changed)")
         record = self.records[self.used]
         self.used += 1
-        if record["digest"] != probe.digest(args, kwargs):
+        if not same_inputs(record["inputs"], probe.inputs_of(args, kwargs)):
             raise HandOffFailure(f"output {self.used} of {self.exercise} was not computed from the inputs the "
                                  f"grader gave (the hand-off was changed)")
         for i in record.get("changed_inputs", []):

@@ -136,7 +136,8 @@ TEST = "test_dot"
 
 
 def _record(value=None, **changes) -> dict:
-    record = {"exercise": "dot", "digest": "a" * 64, "result": {"kind": "tensor", "value": torch.tensor(1.0)}}
+    record = {"exercise": "dot", "inputs": probe.inputs_of((torch.ones(2), torch.ones(2)), {}),
+              "result": {"kind": "tensor", "value": torch.tensor(1.0)}}
     if value is not None:
         record["result"] = value
     record.update(changes)
@@ -199,7 +200,7 @@ def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
     ({"format": probe.FORMAT, "test": "test_other", "sources": {}, "records": []}, "not this test's"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(digest="x")]}, "no digest"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs="x")]}, "no inputs"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))})]},
      "not a plain torch.Tensor"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
@@ -209,8 +210,10 @@ def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
      "a number whose type"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "other", "type": "not a name"})]},
      "without a type name"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "digest": "a" * 64,
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "inputs": probe.inputs_of((), {}),
                                                          "error": {"type": "ValueError"}}]}, "an error without"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs={"args": {"kind": "list", "items": [
+        {"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))}]}, "kwargs": {}})]}, "its inputs hold"),
 ])
 def test_malformed_or_mistyped_records(tmp_path, data, words):
     _write(tmp_path, data)
@@ -243,13 +246,32 @@ def test_an_output_of_other_inputs_or_one_too_many_scores_zero(tmp_path):
     from course_utils.data import book_inputs
 
     x = book_inputs()
-    right = {"exercise": "dot", "digest": probe.digest((x[0], x[1]), {}),
+    right = {"exercise": "dot", "inputs": probe.inputs_of((x[0], x[1]), {}),
              "result": {"kind": "tensor", "value": x[0] @ x[1]}}
-    forged = dict(right, digest=probe.digest((x[1], x[0] * 2), {}))
+    forged = dict(right, inputs=probe.inputs_of((x[1], x[0] * 2), {}))
     verdict = judge.judge_test("01_dot_products", TEST, [forged], {})
     assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue
     verdict = judge.judge_test("01_dot_products", TEST, [right], {})
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for input 2" in verdict.evalue
+
+
+def test_inputs_are_compared_up_to_another_cpus_rounding():
+    """The kernel and the grader may round the same float32 arithmetic differently (another CPU, other
+    threads): inputs a few ulp apart are the same inputs; other values, shapes or dtypes are not."""
+    x = torch.linspace(-3, 3, 12).reshape(3, 4)
+    given = probe.inputs_of((x,), {"dim": -1})
+    noisy = x * (1 + 3 * torch.finfo(torch.float32).eps)
+    assert judge.same_inputs(probe.inputs_of((noisy,), {"dim": -1}), given)
+    assert not judge.same_inputs(probe.inputs_of((x + 1e-3,), {"dim": -1}), given)
+    assert not judge.same_inputs(probe.inputs_of((x.double(),), {"dim": -1}), given)
+    assert not judge.same_inputs(probe.inputs_of((x.T,), {"dim": -1}), given)
+    assert not judge.same_inputs(probe.inputs_of((x,), {"dim": 0}), given)
+    assert not judge.same_inputs(probe.inputs_of((x,), {}), given)
+    assert not judge.same_inputs(probe.inputs_of((x, x), {"dim": -1}), given)
+    with_nan = x.clone()
+    with_nan[0, 0] = float("nan")
+    assert judge.same_inputs(probe.inputs_of((with_nan,), {}), probe.inputs_of((with_nan.clone(),), {}))
+    assert not judge.same_inputs(probe.inputs_of((with_nan,), {}), probe.inputs_of((x,), {}))
 
 
 def test_the_replay_raises_what_the_student_code_raised():
