@@ -145,15 +145,7 @@ def launch_backward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                          f"{[tuple(t.shape) for t in (q, k, v, o, do)]}")
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
-    T, D = q.shape[-2], q.shape[-1]
-    if D not in flash.TRITON_HEAD_DIMS:
-        raise ValueError(f"the kernel needs a head size D in {flash.TRITON_HEAD_DIMS} (a power of two, at least 16 "
-                         f"for tl.dot), got D={D}")
-    for value, name in ((block_m, "block_m"), (block_n, "block_n")):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
-    if torch.cuda.is_available() and q.device.type != "cuda":
-        raise ValueError(f"the inputs are on {q.device}: move them to the GPU the kernel is compiled for")
+    T, D = flash.check_launch(q, block_m, block_n)
     run = flash._jitted(kernel)
     q3, k3, v3, do3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v, do))  # (BH, T, D)
     delta = (do.float() * o.float()).sum(dim=-1).reshape(-1, T).contiguous()  # (BH, T)

@@ -152,6 +152,22 @@ def _jitted(kernel: Any) -> Any:
 _JIT_CACHE: dict[Callable, Any] = {}
 
 
+def check_launch(q: torch.Tensor, block_m: int, block_n: int) -> tuple[int, int]:
+    """``(T, D)`` of ``q`` ``(..., T, D)``, or a ``ValueError`` naming what a Triton launch of the course's
+    kernels (forward and backward) cannot take: a head size outside :data:`TRITON_HEAD_DIMS`, a block
+    size that is not a power of two of at least 16, inputs off the GPU the kernel is compiled for."""
+    T, D = q.shape[-2], q.shape[-1]
+    if D not in TRITON_HEAD_DIMS:
+        raise ValueError(f"the kernel needs a head size D in {TRITON_HEAD_DIMS} (a power of two, at least 16 for "
+                         f"tl.dot), got D={D}")
+    for value, name in ((block_m, "block_m"), (block_n, "block_n")):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
+    if torch.cuda.is_available() and q.device.type != "cuda":
+        raise ValueError(f"the inputs are on {q.device}: move them to the GPU the kernel is compiled for")
+    return T, D
+
+
 def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
            block_m: int = 16, block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the notebook's FlashAttention kernel on ``q``, ``k``, ``v`` of shape ``(..., T, D)``.
@@ -165,15 +181,7 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if q.dim() < 2 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k and v must have the same shape (..., T, D), got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    T, D = q.shape[-2], q.shape[-1]
-    if D not in TRITON_HEAD_DIMS:
-        raise ValueError(f"the kernel needs a head size D in {TRITON_HEAD_DIMS} (a power of two, at least 16 for "
-                         f"tl.dot), got D={D}")
-    for value, name in ((block_m, "block_m"), (block_n, "block_n")):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
-    if torch.cuda.is_available() and q.device.type != "cuda":
-        raise ValueError(f"the inputs are on {q.device}: move them to the GPU the kernel is compiled for")
+    T, D = check_launch(q, block_m, block_n)
     run = _jitted(kernel)
     batch = q.shape[:-2]
     q3, k3, v3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v))  # (BH, T, D)

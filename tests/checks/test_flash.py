@@ -276,3 +276,19 @@ def test_an_online_softmax_hint_never_speaks_of_a_dim_argument():
     wrong = torch.softmax(x, dim=0)  # sums to 1 along dim 0: what statistics without keepdim can give
     hint = nb07._online_diagnose(nb07.Case("c", (x, 2)), wrong, torch.softmax(x, dim=-1))
     assert "`dim`" not in hint and "keepdim" in hint
+
+
+@pytest.mark.parametrize("shape, blocks, words", [
+    ((1, 2, 32, 12), (16, 16), "head size D in"),
+    ((1, 2, 32, 16), (24, 16), "block_m must be a power of two of at least 16, got 24"),
+    ((1, 2, 32, 16), (16, 8), "block_n must be a power of two of at least 16, got 8"),
+])
+def test_both_kernel_launchers_name_what_triton_cannot_take(shape, blocks, words):
+    """The forward (notebook 07) and backward (notebook 10) launchers check their inputs in one place."""
+    from course_utils import backward
+
+    q = torch.zeros(shape)
+    with pytest.raises(ValueError, match=words):
+        flash.launch(lambda *a, **k: None, q, q, q, True, *blocks)
+    with pytest.raises(ValueError, match=words):
+        backward.launch_backward(lambda *a, **k: None, q, q, q, q, torch.zeros(shape[:-1]), q, True, *blocks)
