@@ -17,6 +17,7 @@ says why; the grader then refuses to grade unless the instructor passes ``--allo
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -92,6 +93,7 @@ def font_cache() -> Path | None:
     sandbox reads it through a read-only bind.
     """
     folder = Path(tempfile.mkdtemp(prefix="grader-mplconfig-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     home = folder / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "MPLCONFIGDIR": str(folder / "mpl"),
