@@ -17,8 +17,8 @@ says why; the grader then refuses to grade unless the instructor passes ``--allo
 
 from __future__ import annotations
 
-import atexit
 import functools
+import multiprocessing.util
 import os
 import shutil
 import subprocess
@@ -93,7 +93,10 @@ def font_cache() -> Path | None:
     sandbox reads it through a read-only bind.
     """
     folder = Path(tempfile.mkdtemp(prefix="grader-mplconfig-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # Removed when this process ends: multiprocessing's exit hooks run in the grading pool's workers,
+    # where atexit's do not (a worker leaves through os._exit).
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(folder),), kwargs={"ignore_errors": True},
+                                  exitpriority=0)
     home = folder / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "MPLCONFIGDIR": str(folder / "mpl"),
