@@ -307,3 +307,34 @@ def plot_roofline(
     ax.set_title(title)
     ax.legend(fontsize=8)
     return ax
+
+
+def format_peaks(seq_lens: Sequence[int], peaks: dict[str, Sequence[float]]) -> str:
+    """One line per way of computing: its peak memory at each sequence length, in MiB to one decimal.
+
+    ``peaks[name][i]`` is the peak in bytes at ``seq_lens[i]`` (notebooks 07 and 10 measure them with
+    ``flash.measure_peak_memory`` and ``backward.peak_memory_with_backward``).
+    """
+    width = max(len(name) for name in peaks) + 1
+    return "\n".join(f"{name:{width}s} " + "  ".join(f"T={T}: {b / 2**20:6.1f} MiB" for T, b in zip(seq_lens, values))
+                     for name, values in peaks.items())
+
+
+def plot_peaks(seq_lens: Sequence[int], peaks: dict[str, Sequence[float]], *, ylabel: str, title: str,
+               reference: tuple[Sequence[float], str] | None = None) -> "plt.Figure":
+    """Peak memory (bytes, shown in MiB) against the sequence length ``T`` on log axes, one line per way
+    of computing; ``reference``: ``(bytes per T, label)``, drawn dotted in grey (e.g. the size of the
+    ``(T, T)`` tensors the naive way keeps)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in peaks.items():
+        ax.plot(seq_lens, [b / 2**20 for b in values], "o-", label=name)
+    if reference is not None:
+        values, label = reference
+        ax.plot(seq_lens, [b / 2**20 for b in values], ":", color="gray", label=label)
+    readable_log_axes(ax, seq_lens)
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from course_utils import bench, checks, data, flash
+from course_utils import bench, checks, data, flash, plotting
 
 torch.manual_seed(123)
 torch.set_num_threads(1)  # small tensors: one thread is as fast, and steady on a busy machine
@@ -340,23 +340,13 @@ if flash.grading():
     print("skipped while grading")
 else:
     peaks = peak_memory_sweep(SEQ_LENS)
-    for name, values in peaks.items():
-        print(f"{name:14s}", "  ".join(f"T={T}: {b / 2**20:6.1f} MiB" for T, b in zip(SEQ_LENS, values)))
+    print(plotting.format_peaks(SEQ_LENS, peaks))
 
 # %%
 if peaks is not None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in peaks.items():
-        ax.plot(SEQ_LENS, [b / 2**20 for b in values], "o-", label=name)
-    ax.plot(SEQ_LENS, [2 * 4 * T * T * 4 / 2**20 for T in SEQ_LENS], ":", color="gray",
-            label="two (1, 4, T, T) float32 tensors")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("peak tensor memory (MiB)")
-    ax.set_title("measured on the CPU: naive grows like T², tiled like T")
-    ax.legend()
-    fig.tight_layout()
+    plotting.plot_peaks(SEQ_LENS, peaks, ylabel="peak tensor memory (MiB)",
+                        title="measured on the CPU: naive grows like T², tiled like T",
+                        reference=([2 * 4 * T * T * 4 for T in SEQ_LENS], "two (1, 4, T, T) float32 tensors"))
     plt.show()
 
 # %% [markdown]

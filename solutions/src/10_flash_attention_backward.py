@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from course_utils import backward, bench, checks, flash, tasks, training
+from course_utils import backward, bench, checks, flash, plotting, tasks, training
 
 torch.manual_seed(123)
 torch.set_num_threads(1)  # small tensors: one thread is as fast, and steady on a busy machine
@@ -439,21 +439,12 @@ else:
         peaks["naive (autograd)"].append(backward.peak_memory_with_backward(naive_attention, q, k, v))
         peaks["yours"].append(backward.peak_memory_with_backward(
             lambda q, k, v: FlashAttention.apply(q, k, v, True, 128, 128), q, k, v))
-    for name, values in peaks.items():
-        print(f"{name:17s}", "  ".join(f"T={T}: {b / 2**20:6.1f} MiB" for T, b in zip(SEQ_LENS, values)))
+    print(plotting.format_peaks(SEQ_LENS, peaks))
 
 # %%
 if peaks is not None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in peaks.items():
-        ax.plot(SEQ_LENS, [b / 2**20 for b in values], "o-", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("peak tensor memory, forward + backward (MiB)")
-    ax.set_title("measured on the CPU: naive grows like T², yours like T")
-    ax.legend()
-    fig.tight_layout()
+    plotting.plot_peaks(SEQ_LENS, peaks, ylabel="peak tensor memory, forward + backward (MiB)",
+                        title="measured on the CPU: naive grows like T², yours like T")
     plt.show()
 
 # %% [markdown]

@@ -94,3 +94,21 @@ def test_readable_log_axes_show_plain_numbers():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "256"]
     assert any(t.get_text() == "1" for t in ax.get_yticklabels())
     plt.close(fig)
+
+
+def test_peaks_print_one_aligned_line_per_way_in_mib():
+    peaks = {"naive": [2 * 2**20, 8 * 2**20], "tiled (yours)": [1.5 * 2**20, 1.75 * 2**20]}
+    lines = plotting.format_peaks([256, 512], peaks).splitlines()
+    assert lines == ["naive          T=256:    2.0 MiB  T=512:    8.0 MiB",
+                     "tiled (yours)  T=256:    1.5 MiB  T=512:    1.8 MiB"]
+
+
+def test_peak_plot_draws_each_way_and_the_reference_in_mib():
+    peaks = {"naive": [2 * 2**20, 8 * 2**20], "yours": [2**20, 2 * 2**20]}
+    fig = plotting.plot_peaks([256, 512], peaks, ylabel="peak (MiB)", title="t",
+                              reference=([4 * 2**20, 16 * 2**20], "two (T, T) tensors"))
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["naive", "yours", "two (T, T) tensors"]
+    assert list(ax.get_lines()[0].get_ydata()) == [2.0, 8.0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and ax.get_ylabel() == "peak (MiB)"
+    plt.close(fig)
