@@ -83,15 +83,29 @@ def readable_paths() -> list[str]:
     return seen
 
 
-@functools.lru_cache(maxsize=1)
+_adopted: list[Path | None] = []  # the font list a grading process was handed by its caller
+
+
 def font_cache() -> Path | None:
-    """A folder holding matplotlib's font list, built once per grading process (``None`` if that fails).
+    """A folder holding matplotlib's font list (``None`` if it cannot be built): the one the grading
+    run handed this process (:func:`adopt_font_cache`), else one built once per process.
 
     Every kernel starts with an empty home in the sandbox, where matplotlib would build its font list
-    again (about 0.5 s of CPU per notebook graded). The list is built here instead, from the same
+    again (about 0.5 s of CPU per notebook graded). The list is built once instead, from the same
     fonts the sandbox shows (``/usr``, ``/etc/fonts``, matplotlib's own) and an empty home, and each
     sandbox reads it through a read-only bind.
     """
+    return _adopted[0] if _adopted else _build_font_cache()
+
+
+def adopt_font_cache(folder: Path | None) -> None:
+    """Use ``folder`` (built by :func:`font_cache` in the grading run's own process, which removes it
+    when it ends) instead of building one in this grading process."""
+    _adopted[:] = [folder] if folder is not None and folder.is_dir() else []
+
+
+@functools.lru_cache(maxsize=1)
+def _build_font_cache() -> Path | None:
     folder = Path(tempfile.mkdtemp(prefix="grader-mplconfig-"))
     # Removed when this process ends: multiprocessing's exit hooks run in the grading pool's workers,
     # where atexit's do not (a worker leaves through os._exit).

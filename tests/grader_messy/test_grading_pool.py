@@ -1,0 +1,49 @@
+"""The grading processes (``grader.autograde.grading_pool``): forks of a server that has imported torch,
+nbgrader and the course, which still see their caller's environment as it is at the call, and read the
+caller's matplotlib font list instead of building their own."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from grader import autograde, sandbox
+
+
+def _state(variable: str) -> dict:
+    """What a grading process sees (run inside one)."""
+    return {"env": os.environ.get(variable), "preloaded": [m for m in autograde.PRELOAD if m in sys.modules],
+            "fonts": str(sandbox.font_cache()), "pid": os.getpid()}
+
+
+def test_a_grading_process_sees_the_callers_environment_at_the_call(monkeypatch):
+    monkeypatch.delenv("COURSE_POOL_TEST", raising=False)
+    with autograde.grading_pool(1) as pool:  # starts the fork server, if no earlier test did
+        before = pool.submit(_state, "COURSE_POOL_TEST").result()
+    monkeypatch.setenv("COURSE_POOL_TEST", "set after the fork server started")
+    with autograde.grading_pool(1) as pool:
+        after = pool.submit(_state, "COURSE_POOL_TEST").result()
+    assert before["env"] is None
+    assert after["env"] == "set after the fork server started"
+    assert after["pid"] != before["pid"] != os.getpid()
+
+
+def test_a_grading_process_starts_with_the_course_imported():
+    if autograde.pool_context().get_start_method() != "forkserver":
+        pytest.skip("no fork server on this platform: each grading process is a fresh interpreter")
+    with autograde.grading_pool(1) as pool:
+        state = pool.submit(_state, "PATH").result()
+    assert state["preloaded"] == autograde.PRELOAD, "the fork server did not import what it should"
+
+
+def test_a_grading_process_reads_the_callers_font_list():
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    with autograde.grading_pool(2) as pool:
+        seen = {pool.submit(_state, "PATH").result()["fonts"] for _ in range(4)}
+    assert seen == {str(sandbox.font_cache())}, "each grading process built a font list of its own"
+    with autograde.grading_pool(1, sandboxed=False) as pool:  # no sandbox: no font list handed down
+        assert pool.submit(_state, "PATH").result()["fonts"] != str(sandbox.font_cache())
