@@ -2,6 +2,8 @@
 #   make lab        set up .venv on first use, then start JupyterLab in notebooks/ and print its URL
 #                   [PORT=8888]
 #   make test       set up .venv on first use, then every check CI runs
+#   make test-colab the Colab stand-in under Python 3.12 and PyPI's torch, as Colab has them (CI runs it
+#                   after make test; downloads about 3 GB into .venv-colab on first use) [COLAB_PY=...]
 # Instructors:
 #   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel, and the
 #                   checks' expected outputs recorded into course_utils/expected/
@@ -25,7 +27,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
+.PHONY: setup lab test test-colab test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +78,30 @@ test:
 	@$(MAKE) --no-print-directory -j2 setup test-tools
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The Colab stand-in (tests/release/test_colab.py) under Colab's Python (3.12) and PyPI's torch (a CUDA
+# build, as Colab has; about 3 GB, downloaded once into .venv-colab). make test runs the same tests under
+# the course environment's Python 3.11; CI (.ci/run) runs both.
+COLAB_PY ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+  $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
+COLAB_VENV := .venv-colab
+COLAB_STAMP := $(COLAB_VENV)/.installed
+
+$(COLAB_STAMP): constraints.txt
+	@[ -n "$(COLAB_PY)" ] || { echo "make test-colab needs Python 3.12 (python3.12 on PATH, or COLAB_PY=/path/to/python3.12)"; exit 2; }
+	@echo "building the Colab stand-in's environment in $(COLAB_VENV): $$($(COLAB_PY) --version), torch from PyPI"
+	rm -rf $(COLAB_VENV)
+	$(COLAB_PY) -m venv $(COLAB_VENV)
+	@# The course's pins, less Triton: PyPI's torch brings the Triton it was built with, as on Colab.
+	grep -v '^triton==' constraints.txt > $(COLAB_VENV)/constraints.txt
+	$(COLAB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c $(COLAB_VENV)/constraints.txt \
+	  torch numpy matplotlib tqdm ipykernel
+	touch $(COLAB_STAMP)
+
+test-colab: setup $(COLAB_STAMP)
+	@$(COLAB_VENV)/bin/python -c "import platform, torch; print('Colab stand-in: Python', platform.python_version(), 'torch', torch.__version__)"
+	COURSE_COLAB_PYTHON=$(abspath $(COLAB_VENV))/bin/python OMP_NUM_THREADS=1 $(BIN)/python -m pytest \
+	  tests/release/test_colab.py -p no:randomly -q
 
 build: setup
 	$(BIN)/python -m grader build $(NOTEBOOKS)

@@ -6,9 +6,17 @@ set-up cell takes its Colab branch. ``COURSE_UTILS_FROM`` points its ``pip insta
 local student edition instead of the network (``PIP_NO_INDEX`` makes sure nothing is downloaded). The
 notebook, as released, must run top to bottom with every check saying "not implemented yet", and the
 install must leave torch, numpy and matplotlib alone.
+
+Colab runs Python 3.12 with PyPI's torch (a CUDA build). ``make test-colab`` builds such an environment
+(``.venv-colab``) and runs this module in it, through ``COURSE_COLAB_PYTHON``; ``make test`` runs it in the
+course environment (Python 3.11, the CPU build of torch).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -18,6 +26,8 @@ from tests.support import studentenv
 
 NOTEBOOKS = course.available_notebooks()
 KEPT = ("torch", "numpy", "matplotlib")
+#: The interpreter whose environment stands in for Colab's (torch, numpy, matplotlib, ipykernel, pip).
+COLAB_PYTHON = Path(os.environ.get("COURSE_COLAB_PYTHON") or sys.executable)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +35,7 @@ def colab(student_edition, tmp_path_factory):
     """A fresh environment that imports a stand-in ``google.colab`` at start-up, and its kernel."""
     _, wheel = student_edition
     root = tmp_path_factory.mktemp("colab")
-    python, site = studentenv.fresh_venv(root)
+    python, site = studentenv.fresh_venv(root, COLAB_PYTHON)
     (site / "google" / "colab").mkdir(parents=True)
     (site / "google" / "__init__.py").write_text("")
     (site / "google" / "colab" / "__init__.py").write_text('"""Stand-in for Colab\'s own module."""\n')
@@ -105,6 +115,18 @@ def test_a_failed_install_says_so_in_one_line(colab, student_edition, tmp_path):
     assert message.startswith("Could not install course_utils from git+https://example.invalid/no-such-repository")
     assert "run this cell again" in message and "\n" not in message
     assert not any("Traceback" in (o.get("text", "")) for o in nb.cells[0].outputs), "a pip traceback was shown"
+
+
+def test_the_stand_in_runs_the_python_and_torch_it_was_given(colab):
+    """The fresh environment runs ``COURSE_COLAB_PYTHON`` (Python 3.12 under ``make test-colab``) with
+    that environment's torch, not the course environment's."""
+    import subprocess
+
+    what = "import platform, torch; print(platform.python_version(), torch.__version__, torch.__file__)"
+    want = subprocess.run([str(COLAB_PYTHON), "-c", what], capture_output=True, text=True,
+                          env=studentenv.clean_env()).stdout
+    got = studentenv.run(colab["python"], what, colab["root"]).stdout
+    assert got and got == want, f"the stand-in runs {got!r}, not {want!r}"
 
 
 def test_every_notebook_opens_with_its_colab_badge(student_edition):

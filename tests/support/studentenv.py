@@ -21,19 +21,23 @@ def build_wheel(folder: Path, dist: Path) -> Path:
     return wheel
 
 
-def fresh_venv(root: Path) -> tuple[Path, Path]:
+def fresh_venv(root: Path, base: Path | None = None) -> tuple[Path, Path]:
     """A new virtual environment at ``root/venv``: ``(python, site-packages)``.
 
-    The third-party packages (torch, numpy, matplotlib, ipykernel, pip) are the course environment's,
-    read as a plain folder on ``sys.path``: its ``.pth`` files, among them the instructor edition's
-    editable install of ``course_utils``, are not processed from there. So nothing of the instructor
-    edition is importable, and pip sees the course's torch as installed.
+    The third-party packages (torch, numpy, matplotlib, ipykernel, pip) are those of the environment
+    whose interpreter is ``base`` (default: the course environment, this interpreter), read as a plain
+    folder on ``sys.path``: its ``.pth`` files, among them the instructor edition's editable install
+    of ``course_utils``, are not processed from there. So nothing of the instructor edition is
+    importable, and pip sees that environment's torch as installed.
     """
+    base = Path(base or sys.executable)
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(run(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", root).stdout.strip())
-    (site / "course_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(run(python, purelib, root).stdout.strip())
+    deps = sysconfig.get_paths()["purelib"] if base == Path(sys.executable) else run(base, purelib, root).stdout.strip()
+    (site / "course_deps.pth").write_text(deps + "\n")
     return python, site
 
 
