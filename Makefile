@@ -4,6 +4,7 @@
 #   make test       set up .venv on first use, then every check CI runs
 #   make test-colab the Colab stand-in under Python 3.12 and PyPI's torch, as Colab has them (CI runs it
 #                   after make test; downloads about 3 GB into .venv-colab on first use) [COLAB_PY=...]
+#   make test-torch-floor  the Colab stand-in with the oldest torch pyproject.toml admits (2.5.0)
 # Instructors:
 #   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel, and the
 #                   checks' expected outputs recorded into course_utils/expected/
@@ -27,7 +28,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test test-colab test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
+.PHONY: setup lab test test-colab test-torch-floor test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -79,29 +80,38 @@ test:
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The Colab stand-in (tests/release/test_colab.py) under Colab's Python (3.12) and PyPI's torch (a CUDA
-# build, as Colab has; about 3 GB, downloaded once into .venv-colab). make test runs the same tests under
-# the course environment's Python 3.11; CI (.ci/run) runs both.
+# The Colab stand-in (tests/release/test_colab.py) in another environment than the course's, built once:
+#   make test-colab        Colab's Python (3.12) and PyPI's torch 2.13.0, a CUDA build as Colab has
+#                          (about 3 GB); CI runs it after make test, which runs the same tests on 3.11
+#   make test-torch-floor  the oldest torch pyproject.toml admits (2.5.0, with the Triton it brings), on
+#                          the course's Python; the student edition with the solution's answers too
+# Only numpy, matplotlib, tqdm and ipykernel keep the course's pins: torch brings its own Triton, sympy...
 COLAB_PY ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
   $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
-COLAB_VENV := .venv-colab
-COLAB_STAMP := $(COLAB_VENV)/.installed
+COLAB_TORCH ?= 2.13.0
+COLAB_VENV ?= .venv-colab
+COLAB_STAMP := $(COLAB_VENV)/.installed-torch-$(COLAB_TORCH)
+COLAB_TESTS ?= tests/release/test_colab.py
+TORCH_FLOOR := 2.5.0
 
 $(COLAB_STAMP): constraints.txt
 	@[ -n "$(COLAB_PY)" ] || { echo "make test-colab needs Python 3.12 (python3.12 on PATH, or COLAB_PY=/path/to/python3.12)"; exit 2; }
-	@echo "building the Colab stand-in's environment in $(COLAB_VENV): $$($(COLAB_PY) --version), torch from PyPI"
+	@echo "building $(COLAB_VENV): $$($(COLAB_PY) --version), torch $(COLAB_TORCH) from PyPI"
 	rm -rf $(COLAB_VENV)
 	$(COLAB_PY) -m venv $(COLAB_VENV)
-	@# The course's pins, less Triton: PyPI's torch brings the Triton it was built with, as on Colab.
-	grep -v '^triton==' constraints.txt > $(COLAB_VENV)/constraints.txt
+	grep -E '^(numpy|matplotlib|tqdm|ipykernel)==' constraints.txt > $(COLAB_VENV)/constraints.txt
 	$(COLAB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c $(COLAB_VENV)/constraints.txt \
-	  torch numpy matplotlib tqdm ipykernel
+	  torch==$(COLAB_TORCH) numpy matplotlib tqdm ipykernel
 	touch $(COLAB_STAMP)
 
 test-colab: setup $(COLAB_STAMP)
 	@$(COLAB_VENV)/bin/python -c "import platform, torch; print('Colab stand-in: Python', platform.python_version(), 'torch', torch.__version__)"
-	COURSE_COLAB_PYTHON=$(abspath $(COLAB_VENV))/bin/python OMP_NUM_THREADS=1 $(BIN)/python -m pytest \
-	  tests/release/test_colab.py -p no:randomly -q
+	COURSE_STUDENT_PYTHON=$(abspath $(COLAB_VENV))/bin/python OMP_NUM_THREADS=1 $(BIN)/python -m pytest \
+	  $(COLAB_TESTS) -p no:randomly -q
+
+test-torch-floor:
+	@$(MAKE) --no-print-directory test-colab COLAB_PY=$(PYTHON) COLAB_TORCH=$(TORCH_FLOOR) COLAB_VENV=.venv-torch-floor \
+	  COLAB_TESTS="tests/release/test_colab.py tests/release/test_editions.py"
 
 build: setup
 	$(BIN)/python -m grader build $(NOTEBOOKS)

@@ -33,6 +33,11 @@ TRITON_VERSION = "3.6.0"
 #: The one command that installs it from a notebook cell.
 TRITON_INSTALL = f'%pip install "triton=={TRITON_VERSION}"'
 
+#: The oldest Triton whose interpreter runs the course's kernels (notebooks 07 and 10) correctly: 3.0
+#: and 3.1 refuse ``tl.arange`` over block sizes, or compute other values (tested: 3.0.0, 3.1.0 fail;
+#: 3.2.0, 3.6.0 and 3.7.1 pass). ``course_utils.versions`` names it for the notebooks that need it.
+TRITON_FLOOR = "3.2"
+
 #: Head sizes the notebook's kernel accepts: ``tl.arange`` needs a power of two, ``tl.dot`` at least 16.
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -52,6 +57,14 @@ def triton_status() -> tuple[bool, str]:
                            f"`{TRITON_INSTALL}` in a cell, then restart the kernel")
         return False, ("Triton is not installed here: it has no build for macOS or Windows, so the Triton section "
                        "is skipped. To run it, open this notebook in Google Colab, where Triton comes with PyTorch")
+    from importlib.metadata import version
+
+    from torch.torch_version import TorchVersion
+
+    installed = version("triton")
+    if TorchVersion(installed) < TRITON_FLOOR:
+        return False, (f"this kernel has Triton {installed}, older than the {TRITON_FLOOR} these kernels need, so the "
+                       f"Triton section is skipped. To run it, run `{TRITON_INSTALL}` in a cell, then restart the kernel")
     if torch.cuda.is_available():
         return True, f"compiled for the GPU ({torch.cuda.get_device_name()})"
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -91,9 +104,16 @@ def _index_scalars_with_numpy_2() -> None:
     if getattr(original, "course_utils_fix", False):
         return
 
-    def patch(tensor: Any, scope: Any) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+    def patch(tensor: Any, *scope: Any) -> None:  # Triton 3.2 and later pass a scope; 3.0 and 3.1 do not
+        original(tensor, *scope)
+
+        def index(self: Any) -> int:
+            return int(self.handle.data.reshape(-1)[0].item())
+
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
 
     patch.course_utils_fix = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patch

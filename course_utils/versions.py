@@ -31,6 +31,41 @@ NEEDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: What the PyTorch that recorded ``course_utils/expected/`` (the version in ``constraints.txt``) draws
+#: from a seed: :func:`random_streams` there. ``tests/release/test_recordings.py`` checks it.
+RECORDED_RANDOM_STREAMS = {
+    "dropout": "0x1cbdbc90857c43",
+    "sampling": "6507552767473673455477715064653772774775657074756075634266477657",
+}
+
+
+def random_streams() -> dict[str, str]:
+    """What this PyTorch draws right after ``torch.manual_seed(7)``, for each kind of random output the
+    checks record: ``dropout`` (which of 64 ones ``F.dropout(p=0.5)`` keeps, as a hex number) and
+    ``sampling`` (64 draws of ``torch.multinomial(probs, 1)``, as digits).
+
+    PyTorch releases draw differently from the same seed (2.5 and 2.13 do, for both), so outputs with
+    dropout or sampling recorded with one release cannot be matched with another. The global random
+    state is left as it was.
+    """
+    import torch.nn.functional as F
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        kept = F.dropout(torch.ones(64), 0.5, training=True) > 0  # (64,)
+        torch.manual_seed(7)
+        probs = torch.softmax(torch.arange(8.0) / 4, dim=-1).repeat(64, 1)  # (64, 8)
+        drawn = torch.multinomial(probs, 1)  # (64, 1)
+    return {"dropout": hex(sum(int(bit) << i for i, bit in enumerate(kept.tolist()))),
+            "sampling": "".join(str(i) for i in drawn.flatten().tolist())}
+
+
+def same_random_stream(kind: str) -> bool:
+    """Whether this PyTorch draws ``kind`` (``dropout`` or ``sampling``) as the one that recorded the
+    expectations did."""
+    return random_streams()[kind] == RECORDED_RANDOM_STREAMS[kind]
+
+
 def torch_needed(notebook: str) -> tuple[str, str]:
     """``(version, what for)``: the oldest PyTorch ``notebook`` runs on."""
     return NEEDS.get(notebook, (TORCH_FLOOR, "torch.nn.attention.sdpa_kernel and the checks"))

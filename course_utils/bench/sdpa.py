@@ -105,12 +105,14 @@ def sdpa_backends_available(
     return result
 
 
-def flex_attention_status(device: torch.device | str, compile: bool | None = None) -> tuple[bool, str]:
+def flex_attention_status(device: torch.device | str, compile: bool | None = None,
+                          head_dim: int = 16) -> tuple[bool, str]:
     """Whether FlexAttention runs here: ``(True, how)`` or ``(False, why not)``.
 
-    Tries a tiny causal call. ``compile`` defaults to True on CUDA (the fused kernel only exists
-    compiled) and False elsewhere (eager FlexAttention runs everywhere but materialises the scores,
-    so it shows the API, not the speed).
+    Tries a tiny causal call on ``(1, 1, 128, head_dim)`` inputs: give the smallest head size you will
+    use (PyTorch 2.5's FlexAttention refuses head sizes under 16). ``compile`` defaults to True on CUDA
+    (the fused kernel only exists compiled) and False elsewhere (eager FlexAttention runs everywhere but
+    materialises the scores, so it shows the API, not the speed).
     """
     device = torch.device(device)
     compile = device.type == "cuda" if compile is None else compile
@@ -119,7 +121,7 @@ def flex_attention_status(device: torch.device | str, compile: bool | None = Non
     except ImportError as exc:
         return False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({exc}); it needs torch >= 2.5"
     try:
-        q = torch.randn(1, 1, 128, 16, device=device)
+        q = torch.randn(1, 1, 128, head_dim, device=device)  # (B, H, T, head_dim)
         block_mask = create_block_mask(causal_mask_mod, None, None, 128, 128, device=device)
         fn = torch.compile(flex_attention) if compile else flex_attention
         with warnings.catch_warnings():

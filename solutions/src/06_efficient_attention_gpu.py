@@ -434,7 +434,7 @@ from course_utils.validation import check_heads_divide, check_input_3d
 # correct, not fast. We try it and print what happened:
 
 # %% tags=["nbval-ignore-output"]
-FLEX_OK, FLEX_HOW = bench.flex_attention_status(device)
+FLEX_OK, FLEX_HOW = bench.flex_attention_status(device, head_dim=1)  # the demo below has heads of size 1
 print("FlexAttention:", "available," if FLEX_OK else "skipped:", FLEX_HOW)
 if FLEX_OK:
     from torch.nn.attention.flex_attention import create_block_mask

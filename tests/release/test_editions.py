@@ -199,10 +199,24 @@ def runs(student_env, edition, tmp_path_factory):
     return {name: future.result() for name, future in futures.items()}
 
 
+@pytest.fixture(scope="module")
+def triton_runs(student_env, tmp_path_factory) -> bool:
+    """Whether the student environment can run the Triton kernels of notebooks 07 and 10 (not where
+    its Triton is older than ``flash.TRITON_FLOOR``: ``make test-torch-floor``'s is)."""
+    python, _ = student_env
+    return studentenv.triton_runs(python, tmp_path_factory.mktemp("triton"))
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_student_notebook_runs_in_the_student_edition(runs, name):
+def test_student_notebook_runs_in_the_student_edition(runs, triton_runs, name):
+    """Every check passes; a Triton check may instead say, in one line naming the version needed, that
+    it is skipped, where the environment's Triton cannot run the kernels."""
     solved, error = runs[name]
     assert error is None, f"{name} with the solution's answers raised: {error}"
     for cell in _check_cells(solved):
         text = studentenv.output_text(cell)
-        assert "✅" in text and "❌" not in text, f"{name}: {text[:300]}"
+        assert "❌" not in text, f"{name}: {text[:300]}"
+        if not triton_runs and "⏭" in text:
+            assert all(words in text for words in studentenv.TRITON_TOO_OLD), text[:300]
+            continue
+        assert "✅" in text, f"{name}: {text[:300]}"

@@ -119,3 +119,13 @@ def test_recording_again_leaves_a_file_that_only_differs_by_noise_untouched(stor
     save()
     record.write([NAME], tmp_path / "expected")
     assert record.stale([NAME], tmp_path / "expected") == {} and path.read_bytes() != before
+
+
+def test_the_recorded_random_streams_are_this_torchs():
+    """``versions.RECORDED_RANDOM_STREAMS`` is what the PyTorch that records (the course environment's)
+    draws: when the pinned torch changes, the recordings and this constant change together."""
+    from course_utils import versions
+
+    assert versions.random_streams() == versions.RECORDED_RANDOM_STREAMS, (
+        f"this torch ({torch.__version__}) draws {versions.random_streams()}: re-record the expectations "
+        f"(make build) and set versions.RECORDED_RANDOM_STREAMS to it")

@@ -103,3 +103,24 @@ def test_the_student_package_compiles_under_each_declared_python(python):
             "print('\\n'.join(bad)); sys.exit(1 if bad else 0)")
     done = subprocess.run([python, "-c", code, *map(str, STUDENT_PACKAGE)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_declared_triton_is_the_one_the_kernels_need():
+    """``pyproject.toml`` asks for the Triton whose interpreter runs notebooks 07 and 10's kernels
+    (``flash.TRITON_FLOOR``), and an older one makes their checks say so instead of running."""
+    from unittest import mock
+
+    from course_utils import flash
+
+    (spec,) = [d for d in PYPROJECT["project"]["optional-dependencies"]["dev"] if d.startswith("triton")]
+    assert re.search(r">=\s*([\d.]+)", spec).group(1) == flash.TRITON_FLOOR
+    with mock.patch("importlib.metadata.version", return_value="3.1.0"):
+        runs, why = flash.triton_status()
+    assert not runs and "Triton 3.1.0" in why and f"the {flash.TRITON_FLOOR} these kernels need" in why
+
+
+def test_make_test_torch_floor_runs_the_declared_floor():
+    """``make test-torch-floor`` runs the student notebooks on the oldest torch ``pyproject.toml`` admits."""
+    makefile = (ROOT / "Makefile").read_text()
+    floor = re.search(r"^TORCH_FLOOR := ([\d.]+)$", makefile, re.M).group(1)
+    assert TorchVersion(floor) == TorchVersion(_declared("torch")), (floor, _declared("torch"))

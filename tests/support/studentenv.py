@@ -21,16 +21,21 @@ def build_wheel(folder: Path, dist: Path) -> Path:
     return wheel
 
 
+#: The interpreter whose environment stands in for a student's (Colab's, a laptop's): its torch, numpy,
+#: matplotlib, ipykernel and pip. Default: the course environment's (``make test-colab`` sets another).
+STUDENT_PYTHON = "COURSE_STUDENT_PYTHON"
+
+
 def fresh_venv(root: Path, base: Path | None = None) -> tuple[Path, Path]:
     """A new virtual environment at ``root/venv``: ``(python, site-packages)``.
 
     The third-party packages (torch, numpy, matplotlib, ipykernel, pip) are those of the environment
-    whose interpreter is ``base`` (default: the course environment, this interpreter), read as a plain
+    whose interpreter is ``base`` (default: ``$COURSE_STUDENT_PYTHON``, else this interpreter's), read as a plain
     folder on ``sys.path``: its ``.pth`` files, among them the instructor edition's editable install
     of ``course_utils``, are not processed from there. So nothing of the instructor edition is
     importable, and pip sees that environment's torch as installed.
     """
-    base = Path(base or sys.executable)
+    base = Path(base or os.environ.get(STUDENT_PYTHON) or sys.executable)
     venv = root / "venv"
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -44,6 +49,18 @@ def fresh_venv(root: Path, base: Path | None = None) -> tuple[Path, Path]:
 def install(wheel: Path, site: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     "--disable-pip-version-check", "--target", str(site), str(wheel)], check=True)
+
+
+def triton_runs(python: Path, cwd: Path) -> bool:
+    """Whether an environment with ``course_utils`` installed can run the Triton kernels of notebooks 07
+    and 10 (``flash.triton_status``: not where its Triton is older than ``flash.TRITON_FLOOR``)."""
+    said = run(python, "from course_utils import flash; print(flash.triton_status()[0])", cwd)
+    assert said.stdout.strip() in ("True", "False"), said.stderr
+    return said.stdout.strip() == "True"
+
+
+#: What a Triton check says where the environment's Triton cannot run the kernels (flash.triton_status).
+TRITON_TOO_OLD = ("skipped: this kernel has Triton", "these kernels need")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
