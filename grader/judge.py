@@ -1,7 +1,8 @@
 """The verdict outside the kernel: the grader judges what the student's code handed out.
 
-For the exercises in :data:`JUDGED` (each checked by ``core.compare_function`` alone), nothing in
-the student's kernel decides a grade:
+For the exercises in :data:`JUDGED` (functions checked by ``core.compare_function``, modules by
+``core.compare_module``, and notebook 03's copy of weights between modules), nothing in the
+student's kernel decides a grade:
 
 1. **Hand-off in** (:func:`prepare`, called by ``grader.execute.RobustExecute``): a private folder
    for the kernel's outputs and a file of the hidden inputs (inputs are not secret; expected outputs
@@ -9,25 +10,33 @@ the student's kernel decides a grade:
    edition of ``course_utils`` (no answers, no hidden cases, no known mistakes).
 2. **In the kernel** (:mod:`course_utils.checks.probe`): each test cell starts with
    ``probe.begin("<test id>")`` (:class:`MarkTests` adds the line); ``compare_function`` runs the
-   student's function on every case and writes what came back, without comparing.
+   student's function on every case and writes what came back, without comparing;
+   ``compare_module`` builds the student's module for each constructor's arguments under the
+   check's seed and writes its parameters, the kinds of the attributes the diagnoses read, and its
+   output on every case; a function that changes modules in place also writes what it left in them.
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
-   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs.
+   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
+   (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
+   the handed-out parameters, whose forward passes replay the kernel's outputs).
    The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
 
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
-record of the wrong shape or type, an output computed from other inputs than the grader's, a
-missing output or one too many: each scores 0 for that test with the reason in its message, and the
-notebook's other tests still count. Nothing is ever unpickled.
+record of the wrong shape or type (a module's parameters that are not plain tensors or do not
+rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`), an output computed from other
+inputs than the grader's or by another construction, a missing output or one too many: each scores
+0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
+is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -557,6 +566,7 @@ class Replay:
 # --------------------------------------------------------------------------------------------
 # Modules: rebuilt from their handed-out parameters, with their outputs replayed
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _replay_linear_class() -> type:
     import torch
 
@@ -622,8 +632,11 @@ def _leave_in(arg: Any, states: dict, exercise: str) -> None:
             _rebind(arg, name, _attribute_value(state))
 
 
+@functools.lru_cache(maxsize=None)
 def _replay_module_class() -> type:
     import torch
+
+    from course_utils.checks import probe
 
     class ReplayModule(torch.nn.Module):
         """A student's module rebuilt from what the kernel handed out: its parameters (names, in
@@ -653,7 +666,7 @@ def _replay_module_class() -> type:
                 found = getattr(self, name, None)
                 if kind == "None" and found is None:
                     continue
-                if found is None or probe_kind(found) != kind:
+                if found is None or probe.kind_of(found) != kind:
                     object.__setattr__(self, name, _attribute_value({"kind": kind, "type": kind if kind != "other"
                                                                      else "object"}))
             if [n for n, _ in self.named_parameters()] != [n for n, _ in module["parameters"]]:
@@ -663,12 +676,6 @@ def _replay_module_class() -> type:
             return self._course_replay.forward(self, args, kwargs)
 
     return ReplayModule
-
-
-def probe_kind(value: Any) -> str:
-    from course_utils.checks import probe
-
-    return probe.kind_of(value)
 
 
 class ModuleReplay(Replay):
@@ -704,6 +711,7 @@ class ModuleReplay(Replay):
 
         given = probe.inputs_of(args, kwargs)
         upcoming = self.records[self.used] if self.used < len(self.records) else None
+
         def construction(r: dict) -> bool:
             return "build" in r and "mode" not in r and same_inputs(r["build"], given)
 
