@@ -343,11 +343,10 @@ def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[
     store = _start(exercise, student_cls)
     if store is None:
         return
-    name = getattr(student_cls, "__name__", None)
     try:
-        text = str(student_cls)[:MAX_MESSAGE]
-    except Exception:  # noqa: BLE001
-        text = ""
+        name, text = getattr(student_cls, "__name__", None), str(student_cls)[:MAX_MESSAGE]
+    except Exception:  # noqa: BLE001 - a class whose name or text cannot be read: the checks' messages say "it"
+        name, text = None, ""
     label = {"name": name if isinstance(name, str) and len(name) <= MAX_MESSAGE else None, "text": text}
     for build, cases in configs:
         build_inputs = inputs_of(build, {})
