@@ -526,6 +526,12 @@ class Replay:
     """Stands for a student's function in the grader's process: each call returns (or raises) what
     the student's function gave in the kernel on the same inputs, in the order the checks call it.
 
+    A function that changed modules in place (its record has ``"after"``) leaves in the modules it is
+    given what it left in the kernel's: each named attribute rebuilt as a real ``nn.Parameter``,
+    tensor, ``nn.Linear`` or ``nn.Module`` of the recorded kind, or kept as the grader's own where the
+    kernel saw it ``unchanged`` (so that the checks' exact comparisons with the inputs come out as
+    they did in the kernel).
+
     A call whose inputs are not those the recorded output was computed from, or a call with no
     recorded output left, raises :class:`HandOffFailure`. ``__course_source__`` (set on a subclass)
     is the student's function's source (see :func:`judge_test`), for the rules and the diagnoses
