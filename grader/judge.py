@@ -1,7 +1,8 @@
 """The verdict outside the kernel: the grader judges what the student's code handed out.
 
-For the exercises in :data:`JUDGED` (each checked by ``core.compare_function`` alone), nothing in
-the student's kernel decides a grade:
+For the exercises in :data:`JUDGED` (functions checked by ``core.compare_function``, modules by
+``core.compare_module``, and notebook 03's copy of weights between modules), nothing in the
+student's kernel decides a grade:
 
 1. **Hand-off in** (:func:`prepare`, called by ``grader.execute.RobustExecute``): a private folder
    for the kernel's outputs and a file of the hidden inputs (inputs are not secret; expected outputs
@@ -9,25 +10,33 @@ the student's kernel decides a grade:
    edition of ``course_utils`` (no answers, no hidden cases, no known mistakes).
 2. **In the kernel** (:mod:`course_utils.checks.probe`): each test cell starts with
    ``probe.begin("<test id>")`` (:class:`MarkTests` adds the line); ``compare_function`` runs the
-   student's function on every case and writes what came back, without comparing.
+   student's function on every case and writes what came back, without comparing;
+   ``compare_module`` builds the student's module for each constructor's arguments under the
+   check's seed and writes its parameters, the kinds of the attributes the diagnoses read, and its
+   output on every case; a function that changes modules in place also writes what it left in them.
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
-   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs.
+   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
+   (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
+   the handed-out parameters, whose forward passes replay the kernel's outputs).
    The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
 
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
-record of the wrong shape or type, an output computed from other inputs than the grader's, a
-missing output or one too many: each scores 0 for that test with the reason in its message, and the
-notebook's other tests still count. Nothing is ever unpickled.
+record of the wrong shape or type (a module's parameters that are not plain tensors or do not
+rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`), an output computed from other
+inputs than the grader's or by another construction, a missing output or one too many: each scores
+0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
+is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -42,13 +51,15 @@ from typing import Any
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-#: Exercises judged outside the kernel: every check of theirs is ``core.compare_function`` calls.
+#: Exercises judged outside the kernel: every check of theirs is ``core.compare_function`` or
+#: ``core.compare_module`` calls, or (``copy_v2_weights_to_v1``) a call that hands out what it left in
+#: the modules it was given.
 JUDGED = frozenset({
     "dot", "attention_scores_for_query", "attention_scores",  # 01
     "softmax_naive", "softmax_stable", "context_vectors",  # 02
-    # Notebooks 03, 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
+    "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1",  # 03
+    # Notebooks 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
     # edition: these exercises' verdicts are computed outside, but their answers are not hidden there.
-    "scaled_dot_product_attention",  # 03
     "split_heads", "merge_heads",  # 05
     "attention_flops",  # 06
 })
@@ -218,14 +229,14 @@ def _is_name(value: Any) -> bool:
 
 
 def _record_problem(record: Any) -> str | None:
-    from course_utils.checks import probe
-
     if not isinstance(record, dict) or not isinstance(record.get("exercise"), str):
         return "not a record of an exercise"
     if record.get("callable") is False:
         return None if set(record) == {"exercise", "callable", "type"} and _is_name(record["type"]) \
             else "a non-callable record with other fields"
-    keys = set(record) - {"exercise", "inputs", "changed_inputs"}
+    if "build" in record:
+        return _module_record_problem(record)
+    keys = set(record) - {"exercise", "inputs", "changed_inputs", "after"}
     why = _inputs_problem(record.get("inputs"))
     if why:
         return why
@@ -234,6 +245,17 @@ def _record_problem(record: Any) -> str | None:
     changed = record.get("changed_inputs", [])
     if not (isinstance(changed, list) and len(changed) <= 64 and all(type(i) is int and 0 <= i < 64 for i in changed)):
         return "changed_inputs is not a list of argument positions"
+    if "after" in record:
+        why = _after_problem(record["after"], len(record["inputs"]["args"]["items"]))
+        if why:
+            return why
+    return _outcome_problem(record)
+
+
+def _outcome_problem(record: dict) -> str | None:
+    """What is wrong with a record's ``error`` or ``result``, if anything."""
+    from course_utils.checks import probe
+
     if "error" in record:
         error = record["error"]
         if not (isinstance(error, dict) and set(error) == {"type", "message"} and _is_name(error["type"])
@@ -241,6 +263,104 @@ def _record_problem(record: Any) -> str | None:
             return "an error without a type name and a message"
         return None
     return _value_problem(record["result"], 0)
+
+
+def _module_record_problem(record: dict) -> str | None:
+    """What is wrong with a module exercise's record (``probe.record_module``): a construction or a
+    forward pass."""
+    from course_utils.checks import probe
+
+    why = _inputs_problem(record.get("build"))
+    if why:
+        return f"its constructor arguments: {why}"
+    if "mode" in record:  # a forward pass
+        if record["mode"] not in ("eval", "train"):
+            return "a forward pass in a mode other than eval or train"
+        why = _inputs_problem(record.get("inputs"))
+        if why:
+            return why
+        keys = set(record) - {"exercise", "build", "mode", "inputs"}
+        if keys not in ({"result"}, {"error"}):
+            return f"expected a forward pass's result or error, got fields {sorted(map(str, keys))}"
+        return _outcome_problem(record)
+    label = record.get("cls")
+    if not (isinstance(label, dict) and set(label) == {"name", "text"} and isinstance(label["text"], str)
+            and len(label["text"]) <= probe.MAX_MESSAGE and (label["name"] is None or (
+                isinstance(label["name"], str) and len(label["name"]) <= probe.MAX_MESSAGE))):
+        return "a construction without the name of the class built"
+    keys = set(record) - {"exercise", "build", "cls"}
+    if keys not in ({"module"}, {"result"}, {"error"}):
+        return f"expected a module, a result or an error of the construction, got fields {sorted(map(str, keys))}"
+    if "module" not in record:
+        return _outcome_problem(record)
+    module = record["module"]
+    if not (isinstance(module, dict) and set(module) == {"parameters", "attributes"}):
+        return "a module without its parameters and attributes (and nothing else)"
+    why = _parameters_problem(module["parameters"])
+    if why:
+        return why
+    kinds = module["attributes"]
+    if not (isinstance(kinds, dict) and len(kinds) <= 64 and all(_attribute_name(k) for k in kinds)
+            and all(v in probe.KINDS for v in kinds.values())):
+        return f"a module's attributes are not names with kinds from {list(probe.KINDS)}"
+    return None
+
+
+def _attribute_name(name: Any) -> bool:
+    """A name a module's attribute may be rebuilt under: no private name, nothing ``nn.Module`` has."""
+    import torch
+
+    return _is_name(name) and not name.startswith("_") and not hasattr(torch.nn.Module, name)
+
+
+def _parameters_problem(parameters: Any) -> str | None:
+    """What is wrong with a module's handed-out parameters (``probe.parameters_of``), if anything."""
+    from course_utils.checks import probe
+
+    if not isinstance(parameters, list) or len(parameters) > probe.MAX_PARAMETERS:
+        return f"a module's parameters are not a list of at most {probe.MAX_PARAMETERS}"
+    names, total = set(), 0
+    for item in parameters:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and len(item[0]) <= 300):
+            return "a module's parameter is not a [name, tensor] pair"
+        name, value = item
+        parts = name.split(".")
+        if not all((p.isidentifier() and not p.startswith("_")) or p.isdigit() for p in parts) or name in names:
+            return f"a module's parameter has a malformed or repeated name {name[:100]!r}"
+        names.add(name)
+        why = _value_problem({"kind": "tensor", "value": value}, 0)
+        if why:
+            return f"a module's parameter {name!r} is {why}"
+        total += value.numel()
+    if total > MAX_ELEMENTS:
+        return f"a module's parameters hold {total:,} numbers, over the limit of {MAX_ELEMENTS:,}"
+    return None
+
+
+def _after_problem(after: Any, count: int) -> str | None:
+    """What is wrong with what a call left in the modules it was given (``probe.record``'s ``after``)."""
+    from course_utils.checks import probe
+
+    if not (isinstance(after, list) and len(after) == count):
+        return "what the call left in its arguments is not one entry per argument"
+    for states in after:
+        if states is None:
+            continue
+        if not (isinstance(states, dict) and len(states) <= 64 and all(_attribute_name(k) for k in states)):
+            return "what the call left in a module is not a mapping of attribute names"
+        for state in states.values():
+            if isinstance(state, dict) and set(state) == {"kind"} and state["kind"] == "unchanged":
+                continue
+            if not (isinstance(state, dict) and state.get("kind") in probe.KINDS and _is_name(state.get("type"))):
+                return "an attribute left by the call without a kind and a type name"
+            tensor_kind = state["kind"] in ("Parameter", "Tensor", "Linear")
+            if set(state) - {"kind", "type"} != ({"value"} if tensor_kind and "value" in state else set()):
+                return "an attribute left by the call with other fields"
+            if "value" in state:
+                why = _value_problem({"kind": "tensor", "value": state["value"]}, 0)
+                if why:
+                    return f"an attribute left by the call holds {why}"
+    return None
 
 
 def _inputs_problem(inputs: Any) -> str | None:
@@ -252,7 +372,7 @@ def _inputs_problem(inputs: Any) -> str | None:
     if len(inputs["kwargs"]) > 64 or not all(_is_name(k) for k in inputs["kwargs"]):
         return "its inputs' keyword arguments are not named"
     for value in [inputs["args"], *inputs["kwargs"].values()]:
-        why = _value_problem(value, 0)
+        why = _value_problem(value, 0, modules=True)
         if why:
             return f"its inputs hold {why}"
     return None
@@ -296,6 +416,10 @@ def _same_value(a: dict, b: dict) -> bool:
         return a["value"] == b["value"]
     if kind in ("list", "tuple"):
         return len(a["items"]) == len(b["items"]) and all(_same_value(u, v) for u, v in zip(a["items"], b["items"]))
+    if kind == "module":  # an argument that is a module: its parameters, by name and value
+        return [n for n, _ in a["parameters"]] == [n for n, _ in b["parameters"]] and all(
+            _same_value({"kind": "tensor", "value": x}, {"kind": "tensor", "value": y})
+            for (_, x), (_, y) in zip(a["parameters"], b["parameters"]))
     if kind == "text":
         return a["value"] == b["value"]
     if kind == "other":
@@ -303,7 +427,9 @@ def _same_value(a: dict, b: dict) -> bool:
     return kind == "none"
 
 
-def _value_problem(value: Any, depth: int) -> str | None:
+def _value_problem(value: Any, depth: int, modules: bool = False) -> str | None:
+    """What is wrong with a handed-out value (``probe.encode``), if anything; ``modules``: a module
+    (as its parameters) may be among them, as among a call's inputs."""
     import torch
 
     from course_utils.checks import probe
@@ -311,6 +437,9 @@ def _value_problem(value: Any, depth: int) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
         return "a value without a kind"
     kind, keys = value["kind"], set(value)
+    if kind == "module" and modules:
+        return _parameters_problem(value.get("parameters")) if keys == {"kind", "parameters"} \
+            else "a module value with other fields"
     if kind == "tensor":
         t = value.get("value")
         if keys != {"kind", "value"} or type(t) is not torch.Tensor:
@@ -336,7 +465,7 @@ def _value_problem(value: Any, depth: int) -> str | None:
                 or depth >= probe.MAX_DEPTH:
             return "a list or tuple that is too long, too deep or malformed"
         for item in items:
-            why = _value_problem(item, depth + 1)
+            why = _value_problem(item, depth + 1, modules)
             if why:
                 return why
         return None
@@ -348,9 +477,17 @@ def _value_problem(value: Any, depth: int) -> str | None:
 # --------------------------------------------------------------------------------------------
 # 3. The replay, and the verdict
 # --------------------------------------------------------------------------------------------
-class HandOffFailure(BaseException):
-    """The replay met a missing, forged or extra output. A ``BaseException``, so that the check
-    engine (which turns a student's ``Exception`` into a verdict) lets it through to the judge."""
+def _replay_miss() -> type:
+    from course_utils.checks import probe
+
+    return probe.ReplayMiss
+
+
+class HandOffFailure(_replay_miss()):  # type: ignore[misc]
+    """The replay met a missing, forged or extra output. A ``BaseException``
+    (``course_utils.checks.probe.ReplayMiss``), so that the check engine (which turns a student's
+    ``Exception`` into a verdict) lets it through to the judge; only a diagnose's own call that the
+    replay cannot answer is stopped there (``core.explain``: no hint then)."""
 
 
 def _decode(value: dict) -> Any:
@@ -389,6 +526,12 @@ class Replay:
     """Stands for a student's function in the grader's process: each call returns (or raises) what
     the student's function gave in the kernel on the same inputs, in the order the checks call it.
 
+    A function that changed modules in place (its record has ``"after"``) leaves in the modules it is
+    given what it left in the kernel's: each named attribute rebuilt as a real ``nn.Parameter``,
+    tensor, ``nn.Linear`` or ``nn.Module`` of the recorded kind, or kept as the grader's own where the
+    kernel saw it ``unchanged`` (so that the checks' exact comparisons with the inputs come out as
+    they did in the kernel).
+
     A call whose inputs are not those the recorded output was computed from, or a call with no
     recorded output left, raises :class:`HandOffFailure`. ``__course_source__`` (set on a subclass)
     is the student's function's source (see :func:`judge_test`), for the rules and the diagnoses
@@ -418,6 +561,196 @@ class Replay:
                 import torch
 
                 args[i].set_(torch.zeros(args[i].numel() + 1, dtype=args[i].dtype))  # changed, as in the kernel
+        for arg, states in zip(args, record.get("after", [])):
+            if states is not None:
+                _leave_in(arg, states, self.exercise)
+        if "error" in record:
+            raise _exception(record["error"])
+        return _decode(record["result"])
+
+
+# --------------------------------------------------------------------------------------------
+# Modules: rebuilt from their handed-out parameters, with their outputs replayed
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _replay_linear_class() -> type:
+    import torch
+
+    class ReplayLinear(torch.nn.Linear):
+        """An ``nn.Linear`` (for the checks' ``isinstance``) holding only what was handed out."""
+
+        def __init__(self, weight: Any = None):  # noqa: D107
+            torch.nn.Module.__init__(self)
+            self.in_features = self.out_features = 0
+            if weight is not None:
+                self.weight = torch.nn.Parameter(weight.clone(), requires_grad=weight.is_floating_point())
+                self.out_features, self.in_features = tuple(weight.shape) if weight.dim() == 2 else (0, 0)
+                self.register_parameter("bias", None)
+
+    return ReplayLinear
+
+
+def _attribute_value(state: dict) -> Any:
+    """An attribute as handed out (``probe.attribute_state``): a real ``nn.Parameter``, tensor,
+    ``nn.Linear`` or ``nn.Module``, or an object of the type's name."""
+    import torch
+
+    kind, name, value = state["kind"], state["type"], state.get("value")
+    if kind == "Parameter":
+        return torch.nn.Parameter(value.clone(), requires_grad=value.is_floating_point()) if value is not None \
+            else torch.nn.Parameter(torch.zeros(0))
+    if kind == "Tensor":
+        plain = value.clone() if value is not None else torch.zeros(0)
+        return plain if name == "Tensor" else plain.as_subclass(type(name, (torch.Tensor,), {}))
+    if kind == "Linear":
+        base = _replay_linear_class()
+        return (base if name == "Linear" else type(name, (base,), {}))(value)
+    if kind == "Module":
+        return (torch.nn.Module if name == "Module" else type(name, (torch.nn.Module,), {}))()
+    if kind == "None":
+        return None
+    return type(name, (), {})()
+
+
+def _rebind(module: Any, name: str, value: Any) -> None:
+    """Make ``getattr(module, name)`` give ``value``, registered as the kernel's was where it is a
+    parameter or a module."""
+    import torch
+
+    for store in ("_parameters", "_modules", "_buffers"):
+        getattr(module, store, {}).pop(name, None)
+    module.__dict__.pop(name, None)
+    if isinstance(value, (torch.nn.Parameter, torch.nn.Module)):
+        setattr(module, name, value)
+    else:
+        object.__setattr__(module, name, value)
+
+
+def _leave_in(arg: Any, states: dict, exercise: str) -> None:
+    """Leave in the module ``arg`` what the student's call left in the kernel's (``"after"``)."""
+    import torch
+
+    if not isinstance(arg, torch.nn.Module):
+        raise HandOffFailure(f"what {exercise} left in its arguments was handed out for one that is not a module "
+                             f"(the hand-off was changed)")
+    for name, state in states.items():
+        if state["kind"] != "unchanged":
+            _rebind(arg, name, _attribute_value(state))
+
+
+@functools.lru_cache(maxsize=None)
+def _replay_module_class() -> type:
+    import torch
+
+    from course_utils.checks import probe
+
+    class ReplayModule(torch.nn.Module):
+        """A student's module rebuilt from what the kernel handed out: its parameters (names, in
+        order, and values), the kinds of the attributes the check named, and a forward pass that
+        replays the kernel's outputs (:meth:`ModuleReplay.forward`)."""
+
+        def __init__(self, replay: "ModuleReplay", build: dict, module: dict):
+            super().__init__()
+            object.__setattr__(self, "_course_replay", replay)
+            object.__setattr__(self, "_course_build", build)
+            kinds = module["attributes"]
+            for name, value in module["parameters"]:
+                *path, leaf = name.split(".")
+                owner: torch.nn.Module = self
+                for depth, part in enumerate(path):
+                    child = owner._modules.get(part)
+                    if child is None:
+                        linear = depth == 0 and kinds.get(part) == "Linear"
+                        child = _replay_linear_class()() if linear else torch.nn.Module()
+                        owner.add_module(part, child)
+                    owner = child
+                owner.register_parameter(leaf, torch.nn.Parameter(value.clone(), requires_grad=value.is_floating_point()))
+            for child in self._modules.values():  # a layer without a bias has bias None, as nn.Linear's
+                if isinstance(child, torch.nn.Linear) and "bias" not in child._parameters:
+                    child.register_parameter("bias", None)
+            for name, kind in kinds.items():
+                found = getattr(self, name, None)
+                if kind == "None" and found is None:
+                    continue
+                if found is None or probe.kind_of(found) != kind:
+                    object.__setattr__(self, name, _attribute_value({"kind": kind, "type": kind if kind != "other"
+                                                                     else "object"}))
+            if [n for n, _ in self.named_parameters()] != [n for n, _ in module["parameters"]]:
+                raise ValueError("its parameters do not rebuild in the order handed out")
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self._course_replay.forward(self, args, kwargs)
+
+    return ReplayModule
+
+
+class ModuleReplay(Replay):
+    """Stands for a student's module class in the grader's process. ``cls(*build)`` gives what the
+    kernel's construction with those arguments gave: a :class:`ReplayModule`-like ``nn.Module`` rebuilt
+    from the handed-out parameters, the object the constructor returned, or the error it raised.
+    Each forward pass of that module returns (or raises) the kernel's output for that input, mode and
+    construction, in the order the check runs them.
+
+    A construction is taken in order; calling the class again with the arguments of the last one
+    (a diagnose looking at the module again) gives it again. Anything else, or inputs other than the
+    grader's, raises :class:`HandOffFailure`.
+    """
+
+    def __init__(self, exercise: str, records: list[dict]):
+        super().__init__(exercise, records)
+        self._last: dict | None = None  # the last construction taken
+
+    def _take(self, what: str, match: Any) -> dict:
+        """The next record, which ``match`` must accept (:class:`HandOffFailure` if there is none or it does not)."""
+        if self.used >= len(self.records):
+            raise HandOffFailure(f"no {what} came back for {self.exercise} at step {self.used + 1} of the test "
+                                 f"(the kernel stopped before it, or the hand-off was changed)")
+        record = self.records[self.used]
+        if not match(record):
+            raise HandOffFailure(f"output {self.used + 1} of {self.exercise} is not the {what} the grader asked for: "
+                                 f"another kind of output, or one computed from other inputs (the hand-off was changed)")
+        self.used += 1
+        return record
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from course_utils.checks import probe
+
+        given = probe.inputs_of(args, kwargs)
+        upcoming = self.records[self.used] if self.used < len(self.records) else None
+
+        def construction(r: dict) -> bool:
+            return "build" in r and "mode" not in r and same_inputs(r["build"], given)
+
+        if (upcoming is None or not construction(upcoming)) and self._last is not None \
+                and same_inputs(self._last["build"], given):
+            record = self._last  # built again (a diagnose looks at it): the same construction
+        else:
+            record = self._last = self._take("construction", construction)
+        label = record["cls"]
+        if label["name"] is not None:
+            self.__name__ = label["name"]
+        else:
+            self.__dict__.pop("__name__", None)
+        self._text = label["text"]
+        if "error" in record:
+            raise _exception(record["error"])
+        if "result" in record:
+            return _decode(record["result"])
+        try:
+            return _replay_module_class()(self, given, record["module"])
+        except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:
+            raise HandOffFailure(f"the module handed out for {self.exercise} cannot be rebuilt ({exc})") from None
+
+    def __str__(self) -> str:
+        return getattr(self, "_text", "") or super().__str__()
+
+    def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        from course_utils.checks import probe
+
+        mode = "train" if module.training else "eval"
+        given = probe.inputs_of(args, kwargs)
+        record = self._take("forward pass", lambda r: "mode" in r and r["mode"] == mode and same_inputs(
+            r["build"], module._course_build) and same_inputs(r["inputs"], given))
         if "error" in record:
             raise _exception(record["error"])
         return _decode(record["result"])
@@ -447,7 +780,8 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     mine = [r for r in records if r["exercise"] == exercise]
     if mine and mine[0].get("callable") is False:
         return type(mine[0]["type"], (), {})()
-    return type(f"Replay_{exercise}", (Replay,), {"__course_source__": source})(exercise, mine)
+    base = ModuleReplay if any("build" in r for r in mine) else Replay
+    return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
 
 
 def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str]) -> Verdict:

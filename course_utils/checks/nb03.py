@@ -6,6 +6,11 @@ mistake exactly (no scaling, scaling by ``d_k`` instead of ``sqrt(d_k)``, scalin
 softmax, softmax over the wrong dimension, parameters created in the wrong order, an
 untransposed ``nn.Linear`` weight ...) is named by it; otherwise the checks read the symptoms:
 parameter shapes against the expected ones, and code that breaks on a batch.
+
+Under the grader every exercise here is judged outside the kernel (``grader/judge.py``): the kernel
+only hands out what the student's code gave (``compare_function``, ``compare_module`` with the
+projections' kinds that the diagnoses read, and for the copy, what it left in the modules' named
+attributes), and the grader runs these checks on a replay of it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn as nn
 
 from course_utils import rules
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
@@ -175,7 +181,8 @@ def check_SelfAttention_v1(SelfAttention_v1: Callable, hidden: bool = False) -> 
         "x @ W; nn.Linear layers are SelfAttention_v2's way.",
         "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).")
     compare_module("SelfAttention_v1", SelfAttention_v1,
-                   _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else []), diagnose=diagnose)
+                   _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else []), diagnose=diagnose,
+                   attributes=_NAMES)
 
 
 @check
@@ -191,7 +198,8 @@ def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> 
         "self.W_query(x).",
         "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as (d_out, d_in).")
     compare_module("SelfAttention_v2", SelfAttention_v2,
-                   configs + (hidden_cases("SelfAttention_v2") if hidden else []), diagnose=diagnose)
+                   configs + (hidden_cases("SelfAttention_v2") if hidden else []), diagnose=diagnose,
+                   attributes=_NAMES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,12 +329,18 @@ def check_copy_v2_weights_to_v1(copy_v2_weights_to_v1: Callable, hidden: bool = 
     Also checks that ``sa_v2`` is untouched and that ``sa_v1`` keeps three ``(d_in, d_out)`` parameters.
     """
     exercise = "copy_v2_weights_to_v1"
-    require_callable(exercise, copy_v2_weights_to_v1)
-    check_rules(exercise, copy_v2_weights_to_v1)
-    cases = [
+    visible = [
         copy_case(3, 2, "book sizes d_in=3, d_out=2", seed=91),
         copy_case(4, 6, "d_in=4, d_out=6", seed=93),
-    ] + (hidden_cases(exercise) if hidden else [])
+    ]
+    if _probe.active(exercise):  # under the grader: hand out what the copy leaves in the modules
+        _probe.record(exercise, copy_v2_weights_to_v1, visible + (hidden_cases(exercise) if hidden else []),
+                      attributes=_NAMES,
+                      prepare=lambda case: (_LinearProjections(case.args[0]), _MatrixProjections(case.args[1])))
+        return
+    require_callable(exercise, copy_v2_weights_to_v1)
+    check_rules(exercise, copy_v2_weights_to_v1)
+    cases = visible + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         _copy_case(copy_v2_weights_to_v1, case)
     passed(exercise, f"{len(cases)} copies make sa_v1 compute what sa_v2 computes "

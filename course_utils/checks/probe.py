@@ -9,6 +9,14 @@ writes what came back to a folder that the grader reads once the kernel has exit
   list or tuple of those;
 - an exception, as its type name and its message text;
 - anything else as its type name only;
+- for a module exercise (:func:`record_module`, the kernel's part of ``compare_module``): each
+  construction under the check's seed, as the module's parameters (names, in creation order, and
+  values) and the kinds of the attributes the check names (``Parameter``, ``Linear``... from
+  :data:`KINDS`, never a class), or what the constructor raised or returned; then the module's
+  output on every case, in every mode the check runs, under the check's seed;
+- for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
+  what it returned or raised, and what it left in the named attributes of each module it was
+  given (their kinds and values, or ``unchanged``);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
 read code, as ``check_rules`` in the kernel read it).
@@ -54,6 +62,17 @@ MAX_MESSAGE = 2000
 MAX_SOURCE = 100_000
 #: How deep a returned list or tuple is followed, and how long it may be.
 MAX_DEPTH, MAX_ITEMS = 4, 64
+#: Most parameters handed out for one module.
+MAX_PARAMETERS = 256
+#: The kinds an attribute of a module is handed out as (see :func:`kind_of`).
+KINDS = ("Parameter", "Tensor", "Linear", "Module", "None", "other")
+
+
+class ReplayMiss(BaseException):
+    """Raised by the grader's replay of a student's code (``grader/judge.py``) for a call it has no
+    handed-out output for. A ``BaseException``, so that the check engine, which turns a student's
+    ``Exception`` into a verdict, lets it through; only the diagnoses' path (``core.explain``) stops
+    it, since a hint is a bonus."""
 
 _current: list[str] = []  # the test cell running now: [] or [test id]
 _records: dict[str, list[dict]] = {}  # test id -> what its checks handed out so far
@@ -111,36 +130,51 @@ def _end(*_: Any) -> None:
 
 
 def hidden_cases(exercise: str) -> list:
-    """The hidden cases of ``exercise`` as the grader handed them in (inputs only)."""
+    """The hidden cases of ``exercise`` as the grader handed them in (inputs only): cases, or for a
+    module exercise ``(constructor_args, cases)`` pairs."""
     from course_utils.checks.core import Case
 
-    return [Case(c["name"], tuple(c["args"]), dict(c["kwargs"])) for c in _grader_inputs()["exercises"][exercise]]
+    def case(c: dict) -> Case:
+        return Case(c["name"], tuple(c["args"]), dict(c["kwargs"]))
+
+    return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else case(c)
+            for c in _grader_inputs()["exercises"][exercise]]
 
 
 def encode_cases(cases: Sequence[Any]) -> list[dict]:
-    """Cases as plain data for the inputs file (the grader's side of :func:`hidden_cases`)."""
-    return [{"name": c.name, "args": list(c.args), "kwargs": dict(c.kwargs)} for c in cases]
+    """Cases (or a module exercise's ``(constructor_args, cases)`` pairs) as plain data for the inputs
+    file (the grader's side of :func:`hidden_cases`)."""
+    def case(c: Any) -> dict:
+        return {"name": c.name, "args": list(c.args), "kwargs": dict(c.kwargs)}
+
+    return [{"build": list(c[0]), "cases": [case(k) for k in c[1]]} if isinstance(c, tuple) else case(c)
+            for c in cases]
 
 
 # --------------------------------------------------------------------------------------------
 # A case's inputs, handed out beside its output
 # --------------------------------------------------------------------------------------------
 def inputs_of(args: Sequence[Any], kwargs: dict) -> dict:
-    """A call's inputs as plain data (:func:`encode`): ``{"args": <list>, "kwargs": {name: value}}``.
+    """A call's inputs as plain data (:func:`encode`): ``{"args": <list>, "kwargs": {name: value}}``;
+    a module among them as its parameters (``{"kind": "module", "parameters": [[name, tensor], ...]}``).
 
     The grader compares them with the inputs it gave: tensors by dtype, shape and values (floating
     point up to ``torch.testing.assert_close``'s tolerance for the dtype, since the kernel and the
     grader may round float32 arithmetic differently; everything else exactly).
     """
-    return {"args": encode(list(args)), "kwargs": {str(k): encode(kwargs[k]) for k in sorted(kwargs, key=str)}}
+    return {"args": encode(list(args), modules=True),
+            "kwargs": {str(k): encode(kwargs[k], modules=True) for k in sorted(kwargs, key=str)}}
 
 
 # --------------------------------------------------------------------------------------------
 # What came back, as plain data
 # --------------------------------------------------------------------------------------------
-def encode(value: Any, depth: int = 0) -> dict:
+def encode(value: Any, depth: int = 0, modules: bool = False) -> dict:
     """A returned value as plain data: ``{"kind": "tensor" | "number" | "none" | "text" | "list" |
-    "tuple" | "other", ...}``."""
+    "tuple" | "other", ...}``; with ``modules`` (a call's inputs), an ``nn.Module`` as ``{"kind":
+    "module", "parameters": ...}`` (:func:`parameters_of`)."""
+    if modules and isinstance(value, torch.nn.Module):
+        return {"kind": "module", "parameters": parameters_of(value)}
     if isinstance(value, torch.Tensor):
         t = value.detach().to("cpu")
         if t.layout != torch.strided:
@@ -153,8 +187,77 @@ def encode(value: Any, depth: int = 0) -> dict:
     if isinstance(value, str) and len(value) <= MAX_MESSAGE:
         return {"kind": "text", "value": value}
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH and len(value) <= MAX_ITEMS:
-        return {"kind": type(value).__name__, "items": [encode(v, depth + 1) for v in value]}
+        return {"kind": type(value).__name__, "items": [encode(v, depth + 1, modules) for v in value]}
     return {"kind": "other", "type": type(value).__name__}
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` detached, on the CPU, as a plain strided ``torch.Tensor`` (``None`` for another layout)."""
+    t = t.detach().to("cpu")
+    return t.as_subclass(torch.Tensor).clone() if t.layout == torch.strided else None
+
+
+def parameters_of(module: torch.nn.Module) -> list[list]:
+    """``[[name, tensor], ...]``: the module's parameters in ``named_parameters()`` order (creation
+    order, a module's own before its children's), as plain tensors."""
+    found = []
+    for name, p in module.named_parameters():
+        plain = _plain(p)
+        found.append([name, plain if plain is not None else torch.zeros(0)])
+        if len(found) > MAX_PARAMETERS:  # the grader refuses it; no need to copy more
+            break
+    return found
+
+
+def kind_of(value: Any) -> str:
+    """What an attribute of a module is, as one of :data:`KINDS` (a name, never a class)."""
+    if isinstance(value, torch.nn.Parameter):
+        return "Parameter"
+    if isinstance(value, torch.Tensor):
+        return "Tensor"
+    if isinstance(value, torch.nn.Linear):
+        return "Linear"
+    if isinstance(value, torch.nn.Module):
+        return "Module"
+    return "None" if value is None else "other"
+
+
+def _type_name(value: Any) -> str:
+    name = type(value).__name__
+    return name if isinstance(name, str) and name.isidentifier() and len(name) <= 100 else "object"
+
+
+def attribute_state(value: Any) -> dict:
+    """An attribute of a module as plain data: ``{"kind": <one of KINDS>, "type": <its type's name>}``,
+    and ``"value"``: a tensor attribute's numbers, or a linear layer's weight."""
+    kind = kind_of(value)
+    state: dict[str, Any] = {"kind": kind, "type": _type_name(value)}
+    tensor = value if kind in ("Parameter", "Tensor") else getattr(value, "weight", None) if kind == "Linear" else None
+    if isinstance(tensor, torch.Tensor):
+        plain = _plain(tensor)
+        if plain is not None:
+            state["value"] = plain
+    return state
+
+
+def _attribute(module: Any, name: str) -> Any:
+    try:
+        return getattr(module, name, None)
+    except Exception:  # noqa: BLE001 - a student's __getattr__ that raises something else
+        return None
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    if {k: v for k, v in a.items() if k != "value"} != {k: v for k, v in b.items() if k != "value"}:
+        return False
+    if ("value" in a) != ("value" in b):
+        return False
+    return "value" not in a or (a["value"].dtype == b["value"].dtype and torch.equal(a["value"], b["value"]))
+
+
+def module_states(module: Any, attributes: Sequence[str]) -> dict[str, dict]:
+    """name -> :func:`attribute_state` of each of ``attributes`` of ``module``."""
+    return {name: attribute_state(_attribute(module, name)) for name in attributes}
 
 
 def _error(exc: BaseException) -> dict:
@@ -165,9 +268,9 @@ def _error(exc: BaseException) -> dict:
     return {"type": type(exc).__name__, "message": message[:MAX_MESSAGE]}
 
 
-def record(exercise: str, student: Callable, cases: Sequence[Any]) -> None:
-    """Run ``student`` on every case and hand out what came back (the kernel's whole part of
-    :func:`course_utils.checks.core.compare_function` under the grader). Never compares."""
+def _start(exercise: str, student: Any) -> list[dict] | None:
+    """The current test's records, with the source of ``student`` noted; ``None`` (and a record
+    saying so) when ``student`` cannot be called."""
     from course_utils import rules
 
     test_id = _current[0]
@@ -178,20 +281,100 @@ def record(exercise: str, student: Callable, cases: Sequence[Any]) -> None:
     if not callable(student):
         store.append({"exercise": exercise, "callable": False, "type": type(student).__name__})
         _save(test_id)
+        return None
+    return store
+
+
+def record(exercise: str, student: Callable, cases: Sequence[Any], *,
+           prepare: Callable[[Any], tuple] | None = None, attributes: Sequence[str] = ()) -> None:
+    """Run ``student`` on every case and hand out what came back (the kernel's whole part of
+    :func:`course_utils.checks.core.compare_function` under the grader). Never compares.
+
+    ``prepare(case)``: the arguments of the call, made from the case's (e.g. modules holding its
+    tensors), when they are not the case's own; then, for a function that changes modules in place,
+    ``attributes`` names what of each module argument is handed out after the call (``"after"``:
+    :func:`attribute_state` of each, or ``{"kind": "unchanged"}`` where it is exactly as before).
+    """
+    store = _start(exercise, student)
+    if store is None:
         return
     for case in cases:
-        entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}
-        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
+        args = prepare(case) if prepare is not None else \
+            tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
+        entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(args if prepare else case.args, case.kwargs)}
+        before = [module_states(a, attributes) if attributes and isinstance(a, torch.nn.Module) else None
+                  for a in args]
         try:
             entry["result"] = encode(student(*args, **case.kwargs))
         except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
             entry["error"] = _error(exc)
-        changed = [i for i, (before, after) in enumerate(zip(case.args, args))
-                   if isinstance(before, torch.Tensor) and not _same(before, after)]
-        if changed:
-            entry["changed_inputs"] = changed
+        if attributes:
+            after = []
+            for arg, was in zip(args, before):
+                now = module_states(arg, attributes) if was is not None else None
+                after.append(None if now is None else
+                             {n: {"kind": "unchanged"} if _same_state(was[n], s) else s for n, s in now.items()})
+            entry["after"] = after
+        elif prepare is None:
+            changed = [i for i, (old, new) in enumerate(zip(case.args, args))
+                       if isinstance(old, torch.Tensor) and not _same(old, new)]
+            if changed:
+                entry["changed_inputs"] = changed
         store.append(entry)
-    _save(test_id)  # once per check call: a call cut short (a time limit, a crash) hands out none of its cases
+    _save(_current[0])  # once per check call: a call cut short (a time limit, a crash) hands out none of its cases
+
+
+def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[tuple, Sequence[Any]]], *,
+                  train: bool = False, attributes: Sequence[str] = ()) -> None:
+    """Build the student's module for every ``(constructor_args, cases)`` and run it on every case,
+    as :func:`course_utils.checks.core.compare_module` would, and hand out what came back. Never compares.
+
+    Records, in the order the check makes them:
+
+    - a construction, ``{"exercise", "build": <inputs_of(constructor_args)>, "cls": {"name", "text"}}``
+      with ``"module": {"parameters": parameters_of(module), "attributes": {name: kind}}`` (the kind of
+      each of ``attributes``, :func:`kind_of`), or ``"result"`` when the constructor gave something
+      else than an ``nn.Module``, or ``"error"`` when it raised;
+    - then each forward pass of that module, ``{"exercise", "build", "mode": "eval" | "train",
+      "inputs", "result" | "error"}``, under the check's seeds (``core.construct``, ``core.module_output``).
+    """
+    from course_utils.checks.core import Case, construct, module_output
+
+    store = _start(exercise, student_cls)
+    if store is None:
+        return
+    try:
+        name, text = getattr(student_cls, "__name__", None), str(student_cls)[:MAX_MESSAGE]
+    except Exception:  # noqa: BLE001 - a class whose name or text cannot be read: the checks' messages say "it"
+        name, text = None, ""
+    label = {"name": name if isinstance(name, str) and len(name) <= MAX_MESSAGE else None, "text": text}
+    for build, cases in configs:
+        build_inputs = inputs_of(build, {})
+        entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
+        try:
+            module = construct(student_cls, build)
+        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+            entry["error"] = _error(exc)
+            store.append(entry)
+            continue
+        if not isinstance(module, torch.nn.Module):
+            entry["result"] = encode(module)
+            store.append(entry)
+            continue
+        entry["module"] = {"parameters": parameters_of(module),
+                           "attributes": {a: kind_of(_attribute(module, a)) for a in attributes}}
+        store.append(entry)
+        for mode in ("eval", "train") if train else ("eval",):
+            for case in cases:
+                forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": mode,
+                                           "inputs": inputs_of(case.args, case.kwargs)}
+                try:
+                    forward["result"] = encode(module_output(module, Case(case.name, case.args, case.kwargs,
+                                                                          build=build, mode=mode)))
+                except Exception as exc:  # noqa: BLE001
+                    forward["error"] = _error(exc)
+                store.append(forward)
+    _save(_current[0])
 
 
 def _same(before: torch.Tensor, after: Any) -> bool:

@@ -23,6 +23,15 @@ from tests.fixtures.answers import load
 from tests.support import harness
 
 NOTEBOOKS = [n for n in course.available_notebooks() if judge.judged_exercises(n)]
+NB03 = "03_trainable_self_attention"
+_V1_INIT = ("class SelfAttention_v1(nn.Module):\n    def __init__(self, d_in, d_out):\n        super().__init__()\n"
+            "        self.W_query = nn.Parameter(torch.rand(d_in, d_out))\n"
+            "        self.W_key = nn.Parameter(torch.rand(d_in, d_out))\n"
+            "        self.W_value = nn.Parameter(torch.rand(d_in, d_out))\n")
+_V2_INIT = ("class SelfAttention_v2(nn.Module):\n    def __init__(self, d_in, d_out, qkv_bias=False):\n"
+            "        super().__init__()\n        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+            "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n\n")
 
 
 def _answers():
@@ -68,6 +77,48 @@ EDGES = {
     "batch breaks .T (a diagnosis that reads the source)": (
         "02_softmax_and_context", "context_vectors",
         "def context_vectors(inputs):\n    w = torch.softmax(inputs @ inputs.T, dim=-1)\n    return w @ inputs\n"),
+    # Modules (notebook 03): what a construction and a forward pass can give.
+    "a class that is not an nn.Module": (NB03, "SelfAttention_v1", "class SelfAttention_v1:\n"
+                                         "    def __init__(self, d_in, d_out):\n        self.d_out = d_out\n\n"
+                                         "    def __call__(self, x):\n        return x\n"),
+    "a constructor that raises, under another class name": (
+        NB03, "SelfAttention_v1", "class Mine(nn.Module):\n    def __init__(self, d_in, d_out):\n"
+        "        super().__init__()\n        raise ValueError(f'no {d_in}')\n\nSelfAttention_v1 = Mine\n"),
+    "a constructor that returns another object": (
+        NB03, "SelfAttention_v2", "class SelfAttention_v2(nn.Module):\n    def __new__(cls, *args):\n"
+        "        return [1, 2]\n"),
+    "projections kept as plain tensors (a diagnose reads their kind)": (
+        NB03, "SelfAttention_v1", "class SelfAttention_v1(nn.Module):\n    def __init__(self, d_in, d_out):\n"
+        "        super().__init__()\n        self.W_query = torch.rand(d_in, d_out)\n"
+        "        self.W_key = torch.rand(d_in, d_out)\n        self.W_value = torch.rand(d_in, d_out)\n\n"
+        "    def forward(self, x):\n        return x @ self.W_value\n"),
+    "nested layers, parameters of their own first": (
+        NB03, "SelfAttention_v2", "class SelfAttention_v2(nn.Module):\n"
+        "    def __init__(self, d_in, d_out, qkv_bias=False):\n        super().__init__()\n"
+        "        self.scale = nn.Parameter(torch.ones(1))\n"
+        "        self.proj = nn.ModuleList([nn.Linear(d_in, d_out, bias=qkv_bias) for _ in range(3)])\n\n"
+        "    def forward(self, x):\n        q, k, v = (layer(x) for layer in self.proj)\n"
+        "        return torch.softmax(q @ k.mT * self.scale, dim=-1) @ v\n"),
+    "a forward that raises a shape error": (
+        NB03, "SelfAttention_v2", _V2_INIT + "    def forward(self, x):\n"
+        "        return self.W_query(x) @ self.W_key(x)\n"),
+    "a module that counts its calls": (
+        NB03, "SelfAttention_v1", _V1_INIT + "        self.calls = 0\n\n    def forward(self, x):\n"
+        "        self.calls += 1\n        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value\n"
+        "        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-1)\n"
+        "        return w @ v * (1 if self.calls < 2 else 2)\n"),
+    # A function that changes modules in place: what it leaves there, of every kind.
+    "a copy that changes nothing": (NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n    pass\n"),
+    "a copy that puts another module in place of a parameter": (
+        NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n"
+        "    del sa_v1._parameters['W_query']\n    sa_v1.W_query = nn.Identity()\n"),
+    "a copy that empties a parameter": (
+        NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n    sa_v1.W_key = None\n"),
+    "a copy that replaces sa_v2's layer": (
+        NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n"
+        "    sa_v2.W_value = nn.Linear(2, 2)\n"),
+    "a copy that raises": (NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n"
+                           "    sa_v1.W_query.copy_(sa_v2.W_query.weight)\n"),
 }
 
 
@@ -282,3 +333,174 @@ def test_the_replay_raises_what_the_student_code_raised():
     assert isinstance(odd, Exception) and type(odd).__name__ == "SystemExit"
     mine = judge._exception({"type": "MyOwnError", "message": "boom"})
     assert isinstance(mine, Exception) and type(mine).__name__ == "MyOwnError"
+
+
+# --------------------------------------------------------------------------------------------
+# Modules and in-place changes (notebook 03): the new records are untrusted too
+# --------------------------------------------------------------------------------------------
+_RIGHT_V1 = _V1_INIT + ("\n    def forward(self, x):\n        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value\n"
+                        "        return torch.softmax(q @ k.mT / k.shape[-1] ** 0.5, dim=-1) @ v\n")
+V1_TEST = "test_SelfAttention_v1"
+
+
+@pytest.fixture(scope="module")
+def honest_v1():
+    """What an honest SelfAttention_v1 hands out for its test cell: ``(records, sources)``."""
+    monkeypatch = pytest.MonkeyPatch()
+    handoff, _ = _handed_out(NB03, "SelfAttention_v1", _RIGHT_V1, monkeypatch)
+    try:
+        yield judge.load_hand_off(handoff.outputs, V1_TEST)
+    finally:
+        handoff.remove()
+        monkeypatch.undo()
+
+
+def _v1_verdict(tmp_path, records, sources) -> judge.Verdict:
+    _write(tmp_path, {"format": probe.FORMAT, "test": V1_TEST, "records": records, "sources": sources}, f"{V1_TEST}.pt")
+    return judge.judge_handed_out(tmp_path, NB03, V1_TEST, {})
+
+
+def _copy(records: list[dict]) -> list[dict]:
+    import copy
+
+    return copy.deepcopy(records)
+
+
+def test_an_honest_module_hand_off_passes(tmp_path, honest_v1):
+    records, sources = honest_v1
+    kinds = [("construction" if "mode" not in r else "forward") for r in records]
+    assert kinds[:4] == ["construction", "forward", "construction", "forward"], kinds
+    assert records[0]["module"]["attributes"] == {"W_query": "Parameter", "W_key": "Parameter", "W_value": "Parameter"}
+    assert [n for n, _ in records[0]["module"]["parameters"]] == ["W_query", "W_key", "W_value"]
+    verdict = _v1_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "module outputs agree" in verdict.text
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.nn.Parameter(torch.ones(3, 2))]),
+     "not a plain torch.Tensor"),
+    (lambda c: c["module"]["parameters"].__setitem__(0, ["W query", torch.ones(3, 2)]), "malformed or repeated name"),
+    (lambda c: c["module"]["parameters"].append(["W_key", torch.ones(3, 2)]), "malformed or repeated name"),
+    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.ones(1).expand(10**7)]), "over the limit"),
+    (lambda c: c["module"].__setitem__("state", {}), "parameters and attributes (and nothing else)"),
+    (lambda c: c["module"]["attributes"].__setitem__("W_query", "SelfAttention_v1"), "kinds from"),
+    (lambda c: c["module"]["attributes"].__setitem__("forward", "Parameter"), "kinds from"),
+    (lambda c: c.__setitem__("verdict", "pass"), "expected a module, a result or an error of the construction"),
+    (lambda c: c.__setitem__("error", {"type": "ValueError", "message": "x"}), "expected a module, a result or an error"),
+    (lambda c: c.pop("cls"), "without the name of the class built"),
+    (lambda c: c.__setitem__("build", "(3, 2)"), "its constructor arguments"),
+])
+def test_a_forged_construction_is_refused(tmp_path, honest_v1, forge, words):
+    records, sources = honest_v1
+    records = _copy(records)
+    forge(records[0])
+    with pytest.raises(judge.BadHandOff) as info:
+        _v1_verdict(tmp_path, records, sources)
+    assert words in str(info.value), str(info.value)
+
+
+def test_a_forward_pass_record_is_checked(tmp_path, honest_v1):
+    records, sources = honest_v1
+    for forge, words in [(lambda f: f.__setitem__("mode", "test"), "a mode other than eval or train"),
+                         (lambda f: f.__setitem__("changed_inputs", [0]), "expected a forward pass's result or error")]:
+        forged = _copy(records)
+        forge(forged[1])
+        with pytest.raises(judge.BadHandOff) as info:
+            _v1_verdict(tmp_path, forged, sources)
+        assert words in str(info.value), str(info.value)
+
+
+def test_a_state_dict_that_does_not_rebuild_scores_zero(tmp_path, honest_v1):
+    records, sources = honest_v1
+    forged = _copy(records)
+    forged[0]["module"]["parameters"] = [["W_query", torch.ones(3, 2)], ["W_query.weight", torch.ones(3, 2)]]
+    verdict = _v1_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "cannot be rebuilt" in verdict.evalue, verdict.evalue
+
+
+def test_a_forged_state_dict_earns_nothing(tmp_path, honest_v1):
+    """Parameters of the wrong shapes fail as the kernel's own would; the outputs are what is judged."""
+    records, sources = honest_v1
+    forged = _copy(records)
+    forged[0]["module"]["parameters"] = [[n, t.T.contiguous()] for n, t in forged[0]["module"]["parameters"]]
+    verdict = _v1_verdict(tmp_path, forged, sources)
+    assert verdict.ename == "CheckFailed" and "expected parameters of shapes" in verdict.evalue
+
+
+def test_a_module_output_from_other_inputs_or_one_too_many_scores_zero(tmp_path, honest_v1):
+    records, sources = honest_v1
+    other = _copy(records)
+    x = other[1]["inputs"]["args"]["items"][0]["value"]
+    other[1]["inputs"] = probe.inputs_of((x + 1,), {})
+    verdict = _v1_verdict(tmp_path, other, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass the grader asked for" in verdict.evalue
+    built = _copy(records)
+    built[1]["build"] = probe.inputs_of((4, 3), {})  # an output of another construction
+    verdict = _v1_verdict(tmp_path, built, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass" in verdict.evalue
+    extra = _copy(records)
+    extra.append(_copy(records)[1])
+    verdict = _v1_verdict(tmp_path, extra, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back than the test asked for" in verdict.evalue
+    missing = [r for r in _copy(records) if "mode" not in r]  # constructions only
+    verdict = _v1_verdict(tmp_path, missing, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass" in verdict.evalue
+    verdict = _v1_verdict(tmp_path, _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no forward pass came back" in verdict.evalue
+
+
+def test_what_a_copy_leaves_is_checked(tmp_path, monkeypatch):
+    source = ("def copy_v2_weights_to_v1(sa_v2, sa_v1):\n    with torch.no_grad():\n"
+              "        for n in ('W_query', 'W_key', 'W_value'):\n"
+              "            getattr(sa_v1, n).copy_(getattr(sa_v2, n).weight.T)\n")
+    handoff, _ = _handed_out(NB03, "copy_v2_weights_to_v1", source, monkeypatch)
+    try:
+        records, sources = judge.load_hand_off(handoff.outputs, "test_copy_v2_weights_to_v1")
+    finally:
+        handoff.remove()
+    assert records[0]["after"][0] == {n: {"kind": "unchanged"} for n in ("W_query", "W_key", "W_value")}
+    assert records[0]["inputs"]["args"]["items"][0]["kind"] == "module"
+
+    def verdict(forged):
+        _write(tmp_path, {"format": probe.FORMAT, "test": "test_copy_v2_weights_to_v1", "records": forged,
+                          "sources": sources}, "test_copy_v2_weights_to_v1.pt")
+        return judge.judge_handed_out(tmp_path, NB03, "test_copy_v2_weights_to_v1", {})
+
+    assert verdict(records).ename is None
+    for forge, words in [
+        (lambda r: r["after"].pop(), "one entry per argument"),
+        (lambda r: r["after"][1].__setitem__("W_query", {"kind": "Parameter", "type": "Parameter", "value": "x"}),
+         "holds a tensor value that is not"),
+        (lambda r: r["after"][1].__setitem__("W_query", {"kind": "Evil", "type": "Evil"}), "without a kind"),
+        (lambda r: r["after"][1].__setitem__("_parameters", {"kind": "unchanged"}), "mapping of attribute names"),
+        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("parameters", [["w", "x"]]), "its inputs hold"),
+    ]:
+        forged = _copy(records)
+        forge(forged[0])
+        with pytest.raises(judge.BadHandOff) as info:
+            verdict(forged)
+        assert words in str(info.value), str(info.value)
+    other = _copy(records)  # what the copy left, handed out for other modules than the grader's
+    other[0]["inputs"]["args"]["items"][1]["parameters"][0][1] += 1
+    assert "not computed from the inputs" in verdict(other).evalue
+
+
+def test_hidden_module_configs_reach_the_kernel_as_data(monkeypatch):
+    """A module exercise's hidden ``(constructor_args, cases)`` go into the grader's inputs file and come
+    back out of it in the kernel as they were."""
+    from course_utils.checks import expected
+
+    handoff = judge.prepare(NB03)
+    try:
+        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+        monkeypatch.setattr(probe, "_inputs", None)
+        for exercise in ("SelfAttention_v1", "SelfAttention_v2"):
+            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
+            assert [b for b, _ in got] == [b for b, _ in want]
+            for (_, mine), (_, theirs) in zip(got, want):
+                assert [c.name for c in mine] == [c.name for c in theirs]
+                assert all(torch.equal(a, b) for c, d in zip(mine, theirs) for a, b in zip(c.args, d.args))
+    finally:
+        handoff.remove()
+        monkeypatch.setattr(probe, "_inputs", None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from grader import sandbox
 
 
@@ -79,3 +81,17 @@ def test_a_judged_notebook_gets_the_student_edition_and_its_hand_off(monkeypatch
         assert done.returncode == 0, done.stderr
         assert "[]" in done.stdout and "not part of the student edition" in done.stdout
         assert (outputs / "x").read_text() == "ok"
+
+
+@pytest.mark.parametrize("notebook", ["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention"])
+def test_a_fully_judged_notebooks_kernel_gets_the_student_edition(notebook):
+    """Every exercise of these notebooks is judged outside (grader/judge.py, notebook 03's modules
+    included), so their grading kernels see course_utils without answers or hidden cases."""
+    from grader import course, judge
+
+    assert judge.student_edition_kernel(notebook)
+    handoff = judge.prepare(notebook)
+    try:
+        assert handoff.student_edition and handoff.exercises == list(course.EXERCISES[notebook])
+    finally:
+        handoff.remove()
