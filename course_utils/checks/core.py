@@ -550,9 +550,10 @@ def random_outputs_comparable(exercise: str, kind: str = "dropout") -> bool:
     """
     if _expected.mode() != _expected.RECORDED or versions.same_random_stream(kind):
         return True
-    what = "outputs with dropout (train() mode)" if kind == "dropout" else "sampled tokens"
-    print(f"ℹ️ {exercise}: {what} are not compared here: your PyTorch {torch.__version__} draws other "
-          f"{kind} numbers from the same seed than the one that recorded these checks. The grader compares them.")
+    what, drawn = ("outputs with dropout (train() mode)", "dropout masks") if kind == "dropout" \
+        else ("sampled tokens", "samples")
+    print(f"ℹ️ {exercise}: {what} are not compared here: from the same seed, your PyTorch {torch.__version__} "
+          f"draws different {drawn} from the PyTorch that recorded these checks. The grader compares them.")
     return False
 
 
