@@ -170,6 +170,7 @@ def autograde_config(settings: Settings | None = None) -> Config:
     config.RobustExecute.startup_timeout = settings.startup_timeout
     config.SandboxedKernelManager.sandbox = settings.sandbox
     config.SandboxedKernelManager.memory_limit = settings.memory
+    config.RobustExecute.disk_limit = settings.disk_limit
     return config
 
 
@@ -492,9 +493,10 @@ def limit_events(nb: nbformat.NotebookNode) -> list[str]:
     cell that hangs at its top level costs the tests below it as surely as a test that hangs.
 
     ``"CellTimeoutError in answer dot (cell 5)"``, ``"KernelDied in test_dot (cell 6)"``,
-    ``"memory limit in cell 3"``, ``"SystemExit in cell 9"``, ``"NotebookTimeLimit from cell 12 on"``.
+    ``"memory limit in cell 3"``, ``"disk limit in answer dot (cell 5)"``, ``"SystemExit in cell 9"``,
+    ``"NotebookTimeLimit from cell 12 on"``.
     """
-    from grader.execute import CELL_TIMEOUT, KERNEL_DIED, NOTEBOOK_TIMEOUT
+    from grader.execute import CELL_TIMEOUT, DISK_LIMIT_WORDS, KERNEL_DIED, NOTEBOOK_TIMEOUT
 
     found: list[str] = []
     for index, cell in enumerate(nb.cells):
@@ -507,7 +509,9 @@ def limit_events(nb: nbformat.NotebookNode) -> list[str]:
             if name == NOTEBOOK_TIMEOUT:
                 found.append(f"{NOTEBOOK_TIMEOUT} from {_where(cell, index)} on")
                 return found
-            if name in (CELL_TIMEOUT, KERNEL_DIED, "SystemExit"):
+            if name == KERNEL_DIED and DISK_LIMIT_WORDS in text:
+                found.append(f"disk limit in {_where(cell, index)}")
+            elif name in (CELL_TIMEOUT, KERNEL_DIED, "SystemExit"):
                 found.append(f"{name} in {_where(cell, index)}")
             elif "MemoryError" in text or "can't allocate memory" in text or "DefaultCPUAllocator" in text:
                 found.append(f"memory limit in {_where(cell, index)}")

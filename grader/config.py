@@ -31,6 +31,7 @@ class Settings:
     notebook_timeout: int = 600  # seconds for a whole notebook
     startup_timeout: int = 120  # seconds a kernel may take to start
     memory: int = 4 * 1024**3  # address-space cap of a student kernel, bytes (0: none)
+    disk_limit: int = 256 * 1024**2  # bytes a kernel may write into the grader's folders it reaches (0: none)
     max_output_lines: int = 200  # outputs kept per cell in the graded notebook
     max_traceback: int = 40  # traceback lines kept per error
     db_url: str | None = None  # the merged gradebook (default: SQLite in the output folder)

@@ -9,11 +9,20 @@
   the cell gets an error output, a fresh kernel is started, the cells before it are replayed
   silently, and execution goes on with the next cell. Cells that needed what the lost cell
   defined then fail on their own.
+* The kernel can write into two of the grader's folders on its disk: its socket folder and the
+  hand-off folder (``grader/judge.py``). A :class:`FolderGuard` watches both; when they hold more than
+  ``disk_limit`` bytes, it empties the hand-off folder and stops the kernel, which then costs that
+  cell as above (its error says why). So a notebook cannot fill the grader's disk.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import threading
 import time
+from typing import Callable
 
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -21,9 +30,65 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer
 
+from grader.config import SETTINGS
+
 KERNEL_DIED = "KernelDied"
 NOTEBOOK_TIMEOUT = "NotebookTimeLimit"
 CELL_TIMEOUT = "CellTimeoutError"
+#: Bytes a kernel may write into the grader's folders it can reach, all files together
+#: (``Settings.disk_limit``). A judged test hands out at most ``judge.MAX_BYTES`` (16 MB); honest
+#: notebooks hand out well under 1 MB.
+DISK_LIMIT = SETTINGS.disk_limit
+#: How a cell's error says the kernel was stopped for writing too much (``autograde.limit_events`` reads it).
+DISK_LIMIT_WORDS = "into the grader's folders"
+
+
+def folder_bytes(folder: str) -> int:
+    """Bytes held by the files under ``folder`` (links not followed; 0 if it is gone)."""
+    total, stack = 0, [folder]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    info = entry.stat(follow_symlinks=False)
+                    total += max(info.st_size, info.st_blocks * 512)
+            except OSError:
+                continue
+    return total
+
+
+class FolderGuard:
+    """A thread that sums the bytes in ``folders()`` every ``every`` seconds; above ``limit`` it calls
+    ``stop()`` (which stops the kernel writing them) and counts a trip."""
+
+    def __init__(self, folders: Callable[[], list[str]], limit: int, stop: Callable[[], None], every: float = 0.2):
+        self.folders, self.limit, self.stop, self.every = folders, limit, stop, every
+        self.trips = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="grader-folder-guard", daemon=True)
+
+    def __enter__(self) -> "FolderGuard":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.every):
+            try:
+                if sum(folder_bytes(f) for f in self.folders()) > self.limit:
+                    self.trips += 1
+                    self.stop()
+            except Exception as exc:  # noqa: BLE001 - the guard keeps watching, and says what went wrong
+                print(f"grader: the folder guard met {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _error(ename: str, evalue: str) -> NotebookNode:
@@ -37,6 +102,8 @@ class RobustExecute(Execute):
     max_restarts = Integer(5, help="kernel restarts allowed per notebook").tag(config=True)
     hand_off = Bool(False, help="prepare the hand-off of grader/judge.py for the notebooks it judges "
                                 "(set together with its JudgeOutside step)").tag(config=True)
+    disk_limit = Integer(DISK_LIMIT, help="bytes the kernel may write into the grader's folders it can reach "
+                                          "(its socket folder, the hand-off folder); 0: no limit").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         self._deadline = time.monotonic() + self.notebook_timeout if self.notebook_timeout else None
@@ -49,7 +116,40 @@ class RobustExecute(Execute):
             self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"))
             if self._handoff is not None:
                 resources["course_handoff"] = self._handoff
-        return super().preprocess(nb, resources, km=km)
+        if not self.disk_limit:
+            return super().preprocess(nb, resources, km=km)
+        with FolderGuard(self._kernel_folders, self.disk_limit, self._stop_writer) as self._guard:
+            return super().preprocess(nb, resources, km=km)
+
+    def _kernel_folders(self) -> list[str]:
+        """The grader's folders the running kernel can write to."""
+        folders = [getattr(self.km, "_socket_dir", None)]
+        if self._handoff is not None:
+            folders.append(self._handoff.outputs)
+        return [f for f in folders if f]
+
+    def _stop_writer(self) -> None:
+        """Called by the guard (another thread): empty the hand-off folder and kill the kernel's process;
+        its socket folder goes with its kernel manager."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is not None:
+            try:
+                process.kill()
+            except OSError:
+                pass
+        if self._handoff is not None:
+            try:
+                entries = list(os.scandir(self._handoff.outputs))
+            except OSError:
+                entries = []
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(entry.path)
+                    except OSError:
+                        pass
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -77,6 +177,7 @@ class RobustExecute(Execute):
             cell.outputs = [_error(NOTEBOOK_TIMEOUT, f"not run: the notebook's time limit of "
                                                      f"{self.notebook_timeout} s was used up by earlier cells")]
             return cell
+        trips = self._trips()
         try:
             cell = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
         except CellTimeoutError:
@@ -88,9 +189,11 @@ class RobustExecute(Execute):
                 await self._recover(cell_index)
             return cell
         except DeadKernelError:
+            why = (f"the kernel wrote more than {self.disk_limit / 1024**2:g} MB {DISK_LIMIT_WORDS} while "
+                   f"running this cell, so the grader stopped it" if self._trips() > trips else
+                   "the kernel stopped while running this cell (os._exit, a crash, or the memory limit)")
             cell.outputs = list(cell.get("outputs", [])) + [_error(
-                KERNEL_DIED, "the kernel stopped while running this cell (os._exit, a crash, or the "
-                             "memory limit); the grader restarted it and went on with the next cell")]
+                KERNEL_DIED, f"{why}; the grader restarted it and went on with the next cell")]
             await self._recover(cell_index)
             return cell
         if any(o.get("output_type") == "error" and o.get("ename") == CELL_TIMEOUT for o in cell.outputs):
@@ -100,6 +203,10 @@ class RobustExecute(Execute):
             if not await self._responsive():
                 await self._recover(cell_index)
         return cell
+
+    def _trips(self) -> int:
+        guard = getattr(self, "_guard", None)
+        return guard.trips if guard is not None else 0
 
     # nbconvert's ExecutePreprocessor calls the sync wrapper, bound to the base class's coroutine.
     execute_cell = run_sync(async_execute_cell)

@@ -110,6 +110,17 @@ def test_no_background_process_survives(graded):
     assert not alive, f"processes left running by a submission: {alive}"
 
 
+def test_a_disk_flood_was_stopped_and_cleaned_up(graded):
+    """The flood's kernel was stopped (its status says so) and none of its files is left on the
+    grader's disk: the hand-off folder was emptied, the socket folder went with its kernel."""
+    import glob
+    import tempfile
+
+    assert "disk limit in cell" in graded["grades"][("disk_flood", cases.NB)]["status"]
+    left = glob.glob(os.path.join(tempfile.gettempdir(), "grader-*", "flood-*"))
+    assert not left, f"files of the flood are still on the grader's disk: {left[:3]}"
+
+
 def test_dynamic_code_is_flagged_for_the_instructor_only(graded):
     out = graded["out"]
     grades, _ = _read(out)
