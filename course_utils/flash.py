@@ -35,7 +35,8 @@ TRITON_INSTALL = f'%pip install "triton=={TRITON_VERSION}"'
 
 #: The oldest Triton whose interpreter runs the course's kernels (notebooks 07 and 10) correctly: 3.0
 #: and 3.1 refuse ``tl.arange`` over block sizes, or compute other values (tested: 3.0.0, 3.1.0 fail;
-#: 3.2.0, 3.6.0 and 3.7.1 pass). ``course_utils.versions`` names it for the notebooks that need it.
+#: 3.2.0, 3.6.0 and 3.7.1 pass). With an older one, :func:`triton_status` says so and the Triton
+#: sections and checks of notebooks 07 and 10 are skipped.
 TRITON_FLOOR = "3.2"
 
 #: Head sizes the notebook's kernel accepts: ``tl.arange`` needs a power of two, ``tl.dot`` at least 16.
