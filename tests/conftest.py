@@ -36,11 +36,11 @@ def student_edition(tmp_path_factory):
 LONGEST_FIRST = [
     "tests/grader_answers/test_autograde.py",
     "tests/grader_messy/test_grader_e2e.py",
+    "tests/grader_messy/test_cheats.py",
     "tests/release/test_colab.py",
     "tests/release/test_editions.py",
     "tests/grader_messy/test_grader_shards.py",
     "tests/release/test_browser.py",
-    "tests/grader_messy/test_cheats.py",
     "tests/release/test_other_cpu.py",
     "tests/grader_messy/test_similarity.py",
     "tests/grader_messy/test_gradescope.py",
