@@ -168,16 +168,30 @@ def _notebook_code(path: Path) -> str:
     return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
 
 
+def _quoted(text: str, names: set[str]) -> set[str]:
+    """The ``names`` that ``text`` holds between two equal quotes (``"name"`` or ``'name'``): one pass
+    over the text for all of them, overlapping occurrences included (names with quotes in them are
+    looked for one by one)."""
+    plain = sorted((n for n in names if "'" not in n and '"' not in n), key=len, reverse=True)
+    found: set[str] = set()
+    if plain:
+        pattern = re.compile(r"""(?=(["'])(""" + "|".join(map(re.escape, plain)) + r")\1)")
+        found = {m.group(2) for m in pattern.finditer(text)}
+    for name in names - set(plain):
+        if re.search(r"""(["'])""" + re.escape(name) + r"\1", text):
+            found.add(name)
+    return found
+
+
 def scan_text(label: str, text: str, secrets: Secrets, answers_from: list[str]) -> list[Leak]:
     """Leaks in one file's ``text``: answers of the notebooks ``answers_from``, and hidden cases
     (a hidden case's name as a string literal, or one of its seeds)."""
     leaks = []
-    for case_name in sorted(secrets.hidden_names):
-        if re.search(r"""(["'])""" + re.escape(case_name) + r"\1", text):
-            leaks.append(Leak(label, f"the name of a hidden case: {case_name!r}"))
-    for seed in sorted(secrets.hidden_seeds):
-        if re.search(rf"\bseed\s*=\s*{seed}\b", text):
-            leaks.append(Leak(label, f"seed={seed}, a seed of a hidden case"))
+    for case_name in sorted(_quoted(text, secrets.hidden_names)):
+        leaks.append(Leak(label, f"the name of a hidden case: {case_name!r}"))
+    written = set(re.findall(r"\bseed\s*=\s*(\d+)\b", text))  # as written: seed=012 is not seed 12
+    for seed in sorted(s for s in secrets.hidden_seeds if str(s) in written):
+        leaks.append(Leak(label, f"seed={seed}, a seed of a hidden case"))
     lines = normalise(text)
     present = _windows(lines)
     for notebook in answers_from:
