@@ -29,6 +29,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Bool, Integer, List, Unicode
 
+from grader import cgroups
 from grader.config import SETTINGS
 
 #: Memory per kernel (address space), bytes. torch needs ~1 GiB of address space to import.
@@ -251,7 +252,16 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe,
                               probe_dir=self.probe_dir, probe_inputs=self.probe_inputs,
                               student_edition=self.student_edition)
-        return cmd
+        # A cap on the kernel's processes (grader/cgroups.py), where this machine lets the grader set one.
+        self._remove_pids_group()
+        self._pids_group = cgroups.make_group()
+        return (self._pids_group.join_prefix() if self._pids_group is not None else []) + cmd
+
+    def _remove_pids_group(self) -> None:
+        group = getattr(self, "_pids_group", None)
+        if group is not None:
+            group.remove()
+            self._pids_group = None
 
     async def _async_start_kernel(self, **kw):
         # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
@@ -267,6 +277,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        self._remove_pids_group()
         if not restart:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 

@@ -95,3 +95,35 @@ def test_a_fully_judged_notebooks_kernel_gets_the_student_edition(notebook):
         assert handoff.student_edition and handoff.exercises == list(course.EXERCISES[notebook])
     finally:
         handoff.remove()
+
+
+def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
+    """grader/cgroups.py: in the sandbox, as the kernel manager starts it, fork fails past the cap, and the
+    group is gone once removed (a kernel's cleanup removes it)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from grader import cgroups
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    capped, why = cgroups.status()
+    if not capped:
+        pytest.skip(f"no process cap on this machine: {why}")
+    bomb = ("import os, time\nn = 0\ntry:\n    for _ in range(400):\n        if os.fork() == 0:\n"
+            "            time.sleep(2)\n            os._exit(0)\n        n += 1\n"
+            "except OSError as exc:\n    print('refused after', n, type(exc).__name__)\nelse:\n    print('forked', n)\n")
+    group = cgroups.make_group(pids_max=64)
+    assert group is not None
+    try:
+        cmd = group.join_prefix() + sandbox.sandbox_command([sys.executable, "-c", bomb], socket_dir=str(tmp_path),
+                                                            memory=0, bwrap=sandbox.bwrap_path())
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        group.remove()
+    words = done.stdout.split()
+    assert words[:2] == ["refused", "after"] and int(words[2]) < 64, done.stdout + done.stderr[-1000:]
+    assert not group.folder.exists()
