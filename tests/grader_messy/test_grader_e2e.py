@@ -121,6 +121,21 @@ def test_a_disk_flood_was_stopped_and_cleaned_up(graded):
     assert not left, f"files of the flood are still on the grader's disk: {left[:3]}"
 
 
+def test_a_fork_bomb_stopped_at_the_process_cap(graded):
+    """Through the grader's own kernel manager, a kernel's processes are capped (grader/cgroups.py)."""
+    import re
+
+    from grader import cgroups
+
+    capped, why = cgroups.status()
+    if not capped:
+        pytest.skip(f"no process cap on this machine: {why}")
+    (path,) = (graded["out"] / "nbgrader" / "autograded" / "fork_bomb").rglob("*.ipynb")
+    text = "".join(o.get("text", "") for c in nbformat.read(path, as_version=4).cells for o in c.get("outputs", []))
+    got = re.search(r"FORK-BOMB-GOT (\d+)", text)
+    assert got and int(got.group(1)) < cgroups.PIDS_MAX, text[-500:]
+
+
 def test_dynamic_code_is_flagged_for_the_instructor_only(graded):
     out = graded["out"]
     grades, _ = _read(out)
