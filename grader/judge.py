@@ -1,8 +1,9 @@
 """The verdict outside the kernel: the grader judges what the student's code handed out.
 
 For the exercises in :data:`JUDGED` (functions checked by ``core.compare_function``, modules by
-``core.compare_module``, and notebook 03's copy of weights between modules), nothing in the
-student's kernel decides a grade:
+``core.compare_module``, notebook 03's copy of weights between modules, and notebook 04's
+``CausalAttention``, whose checks probe the module: :data:`KEYED`), nothing in the student's kernel
+decides a grade:
 
 1. **Hand-off in** (:func:`prepare`, called by ``grader.execute.RobustExecute``): a private folder
    for the kernel's outputs and a file of the hidden inputs (inputs are not secret; expected outputs
@@ -13,12 +14,16 @@ student's kernel decides a grade:
    student's function on every case and writes what came back, without comparing;
    ``compare_module`` builds the student's module for each constructor's arguments under the
    check's seed and writes its parameters, the kinds of the attributes the diagnoses read, and its
-   output on every case; a function that changes modules in place also writes what it left in them.
+   output on every case; a function that changes modules in place also writes what it left in them;
+   a module check that probes the module (:data:`KEYED`) writes each construction's make-up
+   (buffers, plain tensors, what ``.to("meta")`` left) and every forward pass its checks make, with
+   mode, seed, copy and input (``probe.record_module_probes``).
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
    cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
    (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
-   the handed-out parameters, whose forward passes replay the kernel's outputs).
+   the handed-out parameters, whose forward passes replay the kernel's outputs; a
+   :class:`KeyedModuleReplay` for a :data:`KEYED` one, which looks them up instead).
    The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
@@ -26,7 +31,8 @@ student's kernel decides a grade:
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
 record of the wrong shape or type (a module's parameters that are not plain tensors or do not
-rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`), an output computed from other
+rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's
+seed or copy that is malformed), an output computed from other
 inputs than the grader's or by another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
@@ -53,7 +59,7 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 
 #: Exercises judged outside the kernel: every check of theirs is ``core.compare_function`` or
 #: ``core.compare_module`` calls, or (``copy_v2_weights_to_v1``) a call that hands out what it left in
-#: the modules it was given.
+#: the modules it was given, or (:data:`KEYED`) a module check whose probes are all handed out.
 JUDGED = frozenset({
     "dot", "attention_scores_for_query", "attention_scores",  # 01
     "softmax_naive", "softmax_stable", "context_vectors",  # 02

@@ -6,6 +6,12 @@ wrong scale, a mask that is a plain attribute instead of a buffer, a mask not cu
 length, dropout in the wrong place or still active in ``eval()`` mode. Every diagnosis here reads
 symptoms off the student's output and the expected one; the module checks shared with notebooks 05
 and 06 live in :mod:`course_utils.checks.modules`.
+
+Under the grader every exercise here is judged outside the kernel (``grader/judge.py``): the kernel
+only hands out what the student's code gave (``compare_function``; the dtype pass and the device
+probe's call; and for ``CausalAttention`` every forward pass its checks make, planned by
+``modules.module_class_plan``, with the module's buffers and plain tensors), and the grader runs
+these checks on a replay of it.
 """
 
 from __future__ import annotations

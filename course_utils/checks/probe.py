@@ -14,6 +14,11 @@ writes what came back to a folder that the grader reads once the kernel has exit
   values) and the kinds of the attributes the check names (``Parameter``, ``Linear``... from
   :data:`KINDS`, never a class), or what the constructor raised or returned; then the module's
   output on every case, in every mode the check runs, under the check's seed;
+- for a module check that probes the module (notebook 04's ``CausalAttention``,
+  :func:`record_module_probes`): each construction once, with its make-up (buffers, tensors kept
+  as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
+  (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
+- a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
 - for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
   what it returned or raised, and what it left in the named attributes of each module it was
   given (their kinds and values, or ``unchanged``);
