@@ -491,6 +491,10 @@ def _same_value(a: dict, b: dict) -> bool:
         if x.dtype != y.dtype or x.shape != y.shape:
             return False
         if x.is_floating_point() or x.is_complex():
+            if torch.equal(x, y):  # the usual case, and a quick one
+                return True
+            if not torch.allclose(x, y, rtol=0.05, atol=1e-3, equal_nan=True):  # looser than any dtype's: quickly not
+                return False
             try:
                 torch.testing.assert_close(x, y, equal_nan=True, check_stride=False)
             except AssertionError:
@@ -934,13 +938,18 @@ class KeyedModuleReplay(ModuleReplay):
     for that did not come back raises :class:`HandOffFailure`."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         from course_utils.checks import probe
 
         given = probe.inputs_of(args, kwargs)
         for record in self.records:
             if "build" in record and "mode" not in record and same_inputs(record["build"], given):
                 self._last = record
-                return self._construct(record, given)
+                built = self._construct(record, given)
+                if isinstance(built, torch.nn.Module):  # its passes name the record's own arguments
+                    object.__setattr__(built, "_course_build", record["build"])
+                return built
         raise HandOffFailure(f"no construction of {self.exercise} with the arguments the grader gave came back "
                              f"(the kernel stopped before it, or the hand-off was changed)")
 
@@ -951,8 +960,9 @@ class KeyedModuleReplay(ModuleReplay):
 
         mode, seed, copy = "train" if module.training else "eval", torch.initial_seed(), module._course_copy
         given = probe.inputs_of(args, kwargs)
+        build = module._course_build
         found = [r for r in self.records if "mode" in r and r["mode"] == mode and r.get("copy") == copy
-                 and same_inputs(r["build"], module._course_build) and same_inputs(r["inputs"], given)]
+                 and (r["build"] is build or same_inputs(r["build"], build)) and same_inputs(r["inputs"], given)]
         record = next((r for r in found if r.get("seed") == seed), None) or \
             next((r for r in found if r.get("seed") is None), None)
         if record is None:
