@@ -57,6 +57,9 @@ __all__ = [
     "helpers_used",
     "check_alone",
     "shared_parameters",
+    "ProbePlan",
+    "causal_probes",
+    "module_class_plan",
 ]
 
 
@@ -245,32 +248,62 @@ def causal_probes(x: torch.Tensor) -> list[_probe.Probe]:
     return [_probe.Probe("eval", None, v) for v in xs]
 
 
+class ProbePlan:
+    """The forward passes a module check makes, per construction (constructor arguments), in the
+    order it first makes them: what the kernel hands out under the grader
+    (``probe.record_module_probes``). Adding a pass already planned adds nothing."""
+
+    def __init__(self) -> None:
+        self.plan: dict[tuple, list[_probe.Probe]] = {}
+
+    def add(self, build: tuple, *probes: _probe.Probe) -> None:
+        found = self.plan.setdefault(tuple(build), [])
+        found += [p for p in probes if not any(p.same(q) for q in found)]
+
+    def causal(self, cases: Sequence[Case]) -> None:
+        """:func:`check_causal_module` on each case's input, the module built with ``case.build``."""
+        for case in cases:
+            self.add(case.build, *causal_probes(case.args[0]))
+
+    def compared(self, configs: Sequence[tuple[tuple, Sequence[Case]]], train: bool = False,
+                 diagnosed_causal: bool = False) -> None:
+        """``compare_module(configs, train=train)``; with ``diagnosed_causal``, also what its
+        :func:`not_causal` diagnosis makes on each case's input."""
+        for build, cases in configs:
+            self.add(build, *[_probe.Probe(mode, 7, case.args[0]) for mode in ("eval", "train")[:1 + train]
+                              for case in cases])
+            if diagnosed_causal:
+                self.add(build, *[p for case in cases if case.args[0].dim() == 3 and case.args[0].shape[1] > 1
+                                  for p in causal_probes(case.args[0])])
+
+    def items(self) -> list[tuple[tuple, list[_probe.Probe]]]:
+        return list(self.plan.items())
+
+
 def module_class_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], first_extra: Sequence[_probe.Probe] = (),
-                      causal: Sequence[Case] = ()) -> list[tuple[tuple, list[_probe.Probe]]]:
+                      causal: Sequence[Case] = (), plan: ProbePlan | None = None,
+                      diagnosed_causal: bool = False) -> list[tuple[tuple, list[_probe.Probe]]]:
     """Every forward pass :func:`check_module_class` (then its hidden ``causal`` cases, built with
     ``case.build``) makes, per construction, in the order it makes them, for the kernel to hand out
     under the grader (``probe.record_module_probes``). ``first_extra``: the exercise's own passes of
-    the first construction, made before."""
+    the first construction, made before; ``plan``: the passes of the checks made before, added to;
+    ``diagnosed_causal``: the comparison's diagnosis is :func:`not_causal`."""
     first = configs[0][0]
     x_full, x_short, x_long = _class_inputs(first)
-    plan: dict[tuple, list[_probe.Probe]] = {}
-
-    def add(build: tuple, *probes: _probe.Probe) -> None:
-        found = plan.setdefault(tuple(build), [])
-        found += [p for p in probes if not any(p.same(q) for q in found)]
-
+    plan = plan or ProbePlan()
+    add = plan.add
     add(first, *first_extra, _probe.Probe("eval", 7, x_short), _probe.Probe("eval", 7, x_full),
         *[_probe.Probe(mode, seed, x_full) for mode in ("eval", "train") for seed in (1, 2)],
         *causal_probes(x_full), _probe.Probe("eval", 7, x_long))
     for build, cases in configs:
         add(build, *[_probe.Probe("eval", 7, case.args[0]) for case in cases])
-    for build, cases in configs:
-        add(build, *[_probe.Probe(mode, 7, case.args[0]) for mode in ("eval", "train") for case in cases])
+    plan.compared(configs, train=True, diagnosed_causal=diagnosed_causal)
     add(first, _probe.Probe("eval", 7, x_short.to(torch.float64), "float64"),
         _probe.Probe("eval", 7, x_short.to("meta"), "meta"))
     for case in causal:
-        add(case.build, _probe.Probe("eval", 7, case.args[0]), *causal_probes(case.args[0]))
-    return list(plan.items())
+        add(case.build, _probe.Probe("eval", 7, case.args[0]))
+    plan.causal(causal)
+    return plan.items()
 
 
 def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
