@@ -6,6 +6,12 @@ repeated, the ``d_out``-per-head versus ``d_out``-total confusion, a missing ``o
 layers created in another order), heads joined on the wrong dimension or added, one head's output
 repeated, ``view`` on a non-contiguous tensor, a module that sees the future, NaN in the output;
 and the known mistakes by their exact outputs.
+
+Under the grader, every exercise here but ``count_parameters`` is judged outside the kernel
+(``grader/judge.py``): ``split_heads`` and ``merge_heads`` hand out their outputs
+(``compare_function``), and the two module classes every construction and forward pass their checks
+make (``modules.ProbePlan``, ``probe.record_module_probes``); the grader runs these checks on a
+replay of them.
 """
 
 from __future__ import annotations
