@@ -999,7 +999,8 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     mine = [r for r in records if r["exercise"] == exercise]
     if mine and mine[0].get("callable") is False:
         return type(mine[0]["type"], (), {})()
-    base = KeyedModuleReplay if exercise in KEYED else ModuleReplay if any("build" in r for r in mine) else Replay
+    base = KeyedModuleReplay if exercise in KEYED else \
+        ModuleReplay if any("build" in r for r in mine) else Replay
     return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
 
 
