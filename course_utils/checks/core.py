@@ -632,6 +632,17 @@ def _compare_forward(exercise: str, student: Any, want: Any, case: Case, atol: f
             raise _hinted(error, hint) from None
 
 
+def causal_inputs(x: torch.Tensor) -> list[torch.Tensor]:
+    """The inputs :func:`check_causal` gives after ``x`` itself: for each position ``t`` but the last,
+    ``x`` with the tokens after ``t`` replaced by other random values."""
+    found = []
+    for t in range(x.shape[1] - 1):
+        changed = x.clone()
+        changed[:, t + 1:] = rand(*changed[:, t + 1:].shape, seed=1000 + t) * 3
+        found.append(changed)
+    return found
+
+
 def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, quiet: bool = True) -> None:
     """Fail if output position ``i`` of ``fn(x)`` (shape ``(b, T, ...)``) depends on a token after ``i``.
 
@@ -640,9 +651,7 @@ def check_causal(exercise: str, fn: Callable[[torch.Tensor], torch.Tensor], x: t
     """
     base = call_student(exercise, fn, Case("causality", (x.clone(),)))
     T = x.shape[1]
-    for t in range(T - 1):
-        changed = x.clone()
-        changed[:, t + 1:] = rand(*changed[:, t + 1:].shape, seed=1000 + t) * 3
+    for t, changed in enumerate(causal_inputs(x)):
         out = call_student(exercise, fn, Case("causality", (changed,)))
         if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
             fail(exercise, f"output shape changed between calls: {describe_shape(base)} vs {describe_shape(out)}")

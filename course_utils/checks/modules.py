@@ -16,12 +16,14 @@ import torch
 import torch.nn as nn
 
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
     build_student,
     call_student,
+    causal_inputs,
     check_causal,
     check_rules,
     compare_module,
@@ -55,6 +57,9 @@ __all__ = [
     "helpers_used",
     "check_alone",
     "shared_parameters",
+    "ProbePlan",
+    "causal_probes",
+    "module_class_plan",
 ]
 
 
@@ -163,7 +168,7 @@ def check_truncated(exercise: str, student: torch.nn.Module, x_short: torch.Tens
 
 def check_too_long_raises(exercise: str, student: torch.nn.Module, d_in: int, context_length: int, where: str) -> None:
     """An input with ``context_length + 1`` tokens must raise: the mask does not cover it."""
-    x = rand(1, context_length + 1, d_in, seed=77)
+    x = _class_inputs((d_in, None, context_length))[2]
     if _forward_raises(student, x, exercise) is None:
         fail(exercise, f"{where}: an input of T = context_length + 1 = {context_length + 1} tokens returned "
                        f"an output instead of raising an error. The mask covers only context_length "
@@ -209,8 +214,7 @@ def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor
         check_causal(exercise, lambda inp: student(inp), x)
     except CheckFailed as err:
         if "at position 0 " in str(err) and x.shape[1] > 2:
-            changed = x.clone()
-            changed[:, 2:] = rand(*changed[:, 2:].shape, seed=99) * 3
+            changed = _later_tokens_changed(x)
             with torch.no_grad():
                 moved = (student(changed)[:, 1] - student(x)[:, 1]).abs().max().item()
             if moved < 1e-5:
@@ -221,6 +225,85 @@ def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor
                               f"the keys (dim=-1)? A score of 0 still gets weight exp(0) = 1, and a mask applied "
                               f"after the softmax must be followed by a renormalisation.") from None
         raise
+
+
+def _later_tokens_changed(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with tokens 2.. replaced: whether position 1 moves tells a masked diagonal from a missing mask."""
+    changed = x.clone()
+    changed[:, 2:] = rand(*changed[:, 2:].shape, seed=99) * 3
+    return changed
+
+
+def _class_inputs(first: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x_full, x_short, x_too_long)``: the inputs :func:`check_module_class` gives the module built
+    with ``first`` (``d_in, d_out, context_length, ...``)."""
+    d_in, context_length = first[0], first[2]
+    return (rand(2, context_length, d_in, seed=71), rand(2, max(1, context_length - 2), d_in, seed=72),
+            rand(1, context_length + 1, d_in, seed=77))
+
+
+def causal_probes(x: torch.Tensor) -> list[_probe.Probe]:
+    """The forward passes :func:`check_causal_module` makes on ``x`` (``eval()`` mode, no seed of its own)."""
+    xs = [x, *causal_inputs(x)] + ([_later_tokens_changed(x)] if x.shape[1] > 2 else [])
+    return [_probe.Probe("eval", None, v) for v in xs]
+
+
+class ProbePlan:
+    """The forward passes a module check makes, per construction (constructor arguments), in the
+    order it first makes them: what the kernel hands out under the grader
+    (``probe.record_module_probes``). Adding a pass already planned adds nothing."""
+
+    def __init__(self) -> None:
+        self.plan: dict[tuple, list[_probe.Probe]] = {}
+
+    def add(self, build: tuple, *probes: _probe.Probe) -> None:
+        found = self.plan.setdefault(tuple(build), [])
+        found += [p for p in probes if not any(p.same(q) for q in found)]
+
+    def causal(self, cases: Sequence[Case]) -> None:
+        """:func:`check_causal_module` on each case's input, the module built with ``case.build``."""
+        for case in cases:
+            self.add(case.build, *causal_probes(case.args[0]))
+
+    def compared(self, configs: Sequence[tuple[tuple, Sequence[Case]]], train: bool = False,
+                 diagnosed_causal: bool = False) -> None:
+        """``compare_module(configs, train=train)``; with ``diagnosed_causal``, also what its
+        :func:`not_causal` diagnosis makes on each case's input."""
+        for build, cases in configs:
+            self.add(build, *[_probe.Probe(mode, 7, case.args[0]) for mode in ("eval", "train")[:1 + train]
+                              for case in cases])
+            if diagnosed_causal:
+                self.add(build, *[p for case in cases if case.args[0].dim() == 3 and case.args[0].shape[1] > 1
+                                  for p in causal_probes(case.args[0])])
+
+    def items(self) -> list[tuple[tuple, list[_probe.Probe]]]:
+        return list(self.plan.items())
+
+
+def module_class_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], first_extra: Sequence[_probe.Probe] = (),
+                      causal: Sequence[Case] = (), plan: ProbePlan | None = None,
+                      diagnosed_causal: bool = False) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every forward pass :func:`check_module_class` (then its hidden ``causal`` cases, built with
+    ``case.build``) makes, per construction, in the order it makes them, for the kernel to hand out
+    under the grader (``probe.record_module_probes``). ``first_extra``: the exercise's own passes of
+    the first construction, made before; ``plan``: the passes of the checks made before, added to;
+    ``diagnosed_causal``: the comparison's diagnosis is :func:`not_causal`."""
+    first = configs[0][0]
+    x_full, x_short, x_long = _class_inputs(first)
+    plan = plan or ProbePlan()
+    add = plan.add
+    add(first, *first_extra, _probe.Probe("eval", 7, x_short), _probe.Probe("eval", 7, x_full),
+        *[_probe.Probe(mode, seed, x_full) for mode in ("eval", "train") for seed in (1, 2)],
+        *causal_probes(x_full), _probe.Probe("eval", 7, x_long))
+    for build, cases in configs:
+        add(build, *[_probe.Probe("eval", 7, case.args[0]) for case in cases])
+    plan.compared(configs, train=True, diagnosed_causal=diagnosed_causal)
+    add(first, _probe.Probe("eval", 7, x_short.to(torch.float64), "float64"),
+        _probe.Probe("eval", 7, x_short.to("meta"), "meta"))
+    for case in causal:
+        add(case.build, _probe.Probe("eval", 7, case.args[0]))
+    plan.causal(causal)
+    return plan.items()
 
 
 def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
@@ -237,8 +320,7 @@ def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tup
     d_in, context_length = first[0], first[2]
     where = f"built with {first}"
     student = build_student(exercise, cls, first)
-    x_full = rand(2, context_length, d_in, seed=71)
-    x_short = rand(2, max(1, context_length - 2), d_in, seed=72)
+    x_full, x_short, _ = _class_inputs(first)
     check_mask_buffer(exercise, student, context_length, where)
     check_truncated(exercise, student, x_short, context_length, where)
     check_finite(exercise, student, x_full, where)

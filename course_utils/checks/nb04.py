@@ -6,6 +6,12 @@ wrong scale, a mask that is a plain attribute instead of a buffer, a mask not cu
 length, dropout in the wrong place or still active in ``eval()`` mode. Every diagnosis here reads
 symptoms off the student's output and the expected one; the module checks shared with notebooks 05
 and 06 live in :mod:`course_utils.checks.modules`.
+
+Under the grader every exercise here is judged outside the kernel (``grader/judge.py``): the kernel
+only hands out what the student's code gave (``compare_function``; the dtype pass and the device
+probe's call; and for ``CausalAttention`` every forward pass its checks make, planned by
+``modules.module_class_plan``, with the module's buffers and plain tensors), and the grader runs
+these checks on a replay of it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import torch
 
 from course_utils.checks import expected as _expected
 from course_utils.checks import modules
+from course_utils.checks import probe as _probe
+from course_utils.checks.probe import Probe
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -102,6 +110,9 @@ def check_causal_mask(causal_mask: Callable, hidden: bool = False) -> None:
     cases = [Case(f"num_tokens={T}", (T,)) for T in (6, 1, 4)]
     cases += hidden_cases(exercise) if hidden else []
     compare_function(exercise, causal_mask, cases, diagnose=_mask_diagnosis, quiet=True)
+    if _probe.active(exercise):  # under the grader: the dtype pass below runs outside, on these outputs
+        _probe.record(exercise, causal_mask, cases)
+        return
     # The comparison reads a 0/1 mask as booleans; masked_fill needs the dtype too.
     for case in cases:
         want = expect(exercise, case.key(), lambda: _expected.reference(exercise)(*case.args))
@@ -308,6 +319,9 @@ def check_follows_device(exercise: str, fn: Callable) -> None:
     """
     # (T, d_k) inputs: this tests devices only; batch dimensions are the other cases' job.
     q, k = torch.empty(5, 4, device="meta"), torch.empty(5, 4, device="meta")
+    if _probe.active(exercise):  # under the grader: hand out what the meta inputs gave; judged outside
+        _probe.record(exercise, fn, [Case("inputs on the meta device", (q, k))])
+        return
     try:
         out = fn(q, k)
     except NotImplementedError:
@@ -365,11 +379,17 @@ def _known_mistake_first(exercise: str, cls: Callable, config: tuple) -> None:
     _check_rows_sum_to_one(exercise, student, build)
 
 
+def _identical_tokens(build: tuple) -> torch.Tensor:
+    """``(1, T, d_in)``: one token repeated ``T = context_length`` times."""
+    d_in, T = build[0], build[2]
+    return rand(1, 1, d_in, seed=71).expand(1, T, d_in).clone()
+
+
 def _check_rows_sum_to_one(exercise: str, student: torch.nn.Module, build: tuple) -> None:
     """With ``T`` copies of one token every value vector is the same, so every position must output
     that vector whatever its weights, provided each row of weights sums to 1."""
-    d_in, T = build[0], build[2]
-    x = rand(1, 1, d_in, seed=71).expand(1, T, d_in).clone()
+    x = _identical_tokens(build)
+    T = build[2]
     try:
         out = module_output(student, Case("identical tokens", (x,)))
     except Exception:  # noqa: BLE001 - the full check explains errors
@@ -407,6 +427,12 @@ def check_CausalAttention(CausalAttention: Callable, hidden: bool = False) -> No
         ((3, 2, 6, 0.0), [Case("book batch (2, 6, 3)", (batch,))]),
     ]
     more = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
+    if _probe.active(exercise):  # under the grader: hand out every forward pass the checks below make
+        build, cases = configs[0]  # _known_mistake_first's passes first
+        first = [Probe("eval", 7, case.args[0]) for case in cases] + [Probe("eval", 7, _identical_tokens(build))]
+        _probe.record_module_probes(exercise, CausalAttention, modules.module_class_plan(
+            configs + more["configs"], first, more["causal"]))
+        return
     _known_mistake_first(exercise, CausalAttention, configs[0])
     modules.check_module_class(exercise, CausalAttention, configs + more["configs"], diagnose=_module_diagnosis)
     for case in more["causal"]:

@@ -6,6 +6,12 @@ repeated, the ``d_out``-per-head versus ``d_out``-total confusion, a missing ``o
 layers created in another order), heads joined on the wrong dimension or added, one head's output
 repeated, ``view`` on a non-contiguous tensor, a module that sees the future, NaN in the output;
 and the known mistakes by their exact outputs.
+
+Under the grader, every exercise here but ``count_parameters`` is judged outside the kernel
+(``grader/judge.py``): ``split_heads`` and ``merge_heads`` hand out their outputs
+(``compare_function``), and the two module classes every construction and forward pass their checks
+make (``modules.ProbePlan``, ``probe.record_module_probes``); the grader runs these checks on a
+replay of them.
 """
 
 from __future__ import annotations
@@ -28,15 +34,20 @@ from course_utils.checks.core import (
     rand,
     tensor_difference,
 )
+from course_utils.checks import probe as _probe
 from course_utils.checks.modules import (
+    ProbePlan,
+    causal_probes,
     check_causal_module,
     check_finite,
     check_module_class,
     check_truncated,
     finite_then_values,
+    module_class_plan,
     module_checks,
     not_causal,
 )
+from course_utils.checks.probe import Probe
 from course_utils.data import book_batch
 
 __all__ = [
@@ -120,6 +131,16 @@ def check_MultiHeadAttentionWrapper(MultiHeadAttentionWrapper: Callable, hidden:
         ((3, 1, 6, 0.0, 2), [Case("exercise 3.2: d_out=1, two heads", (batch,))]),
         ((3, 2, 6, 0.5, 2), [Case("dropout 0.5, T=4", (rand(2, 4, 3, seed=82),))]),
     ] + extra["configs"]
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        first, x_short = configs[0][0], rand(2, 4, 3, seed=81)
+        plan = ProbePlan()
+        for build in [_WRAPPER_SHAPES] + [build for build, _ in configs]:
+            plan.add(build)
+        plan.add(first, Probe("eval", 7, batch), Probe("eval", 7, x_short), *causal_probes(batch))
+        plan.causal(extra["causal"])
+        plan.compared(configs, train=True)
+        _probe.record_module_probes(exercise, cls, plan.items())
+        return
     module_checks(exercise, cls, [_WRAPPER_SHAPES] + [build for build, _ in configs], _wrapper_shapes)
     first = configs[0][0]
     student = build_student(exercise, cls, first)
@@ -223,6 +244,15 @@ def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False)
                              Case("T=5 < context_length", (rand(2, 5, 4, seed=113),))]),
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
     ] + extra["configs"]
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        plan = ProbePlan()
+        for build in [values[0]] + [build for build, _ in configs]:
+            plan.add(build)
+        plan.add(values[0], *[Probe("eval", 7, case.args[0]) for case in values[1]])
+        plan.compared([values], diagnosed_causal=True)
+        _probe.record_module_probes(exercise, cls, module_class_plan(configs, causal=extra["causal"], plan=plan,
+                                                                     diagnosed_causal=True))
+        return
     module_checks(exercise, cls, [values[0]] + [build for build, _ in configs], _mha_shapes)
     diagnose = not_causal(exercise, cls)
     finite_then_values(exercise, cls, values, diagnose)

@@ -14,6 +14,11 @@ writes what came back to a folder that the grader reads once the kernel has exit
   values) and the kinds of the attributes the check names (``Parameter``, ``Linear``... from
   :data:`KINDS`, never a class), or what the constructor raised or returned; then the module's
   output on every case, in every mode the check runs, under the check's seed;
+- for a module check that probes the module (notebook 04's ``CausalAttention``,
+  :func:`record_module_probes`): each construction once, with its make-up (buffers, tensors kept
+  as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
+  (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
+- a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
 - for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
   what it returned or raised, and what it left in the named attributes of each module it was
   given (their kinds and values, or ``unchanged``);
@@ -45,6 +50,7 @@ another CPU: the grader and the kernel may compute float32 inputs in different l
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -129,24 +135,35 @@ def _end(*_: Any) -> None:
     _current.clear()
 
 
-def hidden_cases(exercise: str) -> list:
+def hidden_cases(exercise: str) -> Any:
     """The hidden cases of ``exercise`` as the grader handed them in (inputs only): cases, or for a
-    module exercise ``(constructor_args, cases)`` pairs."""
+    module exercise ``(constructor_args, cases)`` pairs, or a mapping of named groups of these."""
+    return _decode_cases(_grader_inputs()["exercises"][exercise])
+
+
+def _decode_cases(cases: Any) -> Any:
     from course_utils.checks.core import Case
 
     def case(c: dict) -> Case:
-        return Case(c["name"], tuple(c["args"]), dict(c["kwargs"]))
+        build = tuple(c["module_build"]) if "module_build" in c else None
+        return Case(c["name"], tuple(c["args"]), dict(c["kwargs"]), build=build)
 
-    return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else case(c)
-            for c in _grader_inputs()["exercises"][exercise]]
+    if isinstance(cases, dict):  # named groups of cases (notebook 04's module: configs, causal)
+        return {k: _decode_cases(v) for k, v in cases.items()}
+    return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else case(c) for c in cases]
 
 
-def encode_cases(cases: Sequence[Any]) -> list[dict]:
-    """Cases (or a module exercise's ``(constructor_args, cases)`` pairs) as plain data for the inputs
-    file (the grader's side of :func:`hidden_cases`)."""
+def encode_cases(cases: Any) -> Any:
+    """Cases (or a module exercise's ``(constructor_args, cases)`` pairs, or a mapping of named groups
+    of these) as plain data for the inputs file (the grader's side of :func:`hidden_cases`)."""
     def case(c: Any) -> dict:
-        return {"name": c.name, "args": list(c.args), "kwargs": dict(c.kwargs)}
+        found = {"name": c.name, "args": list(c.args), "kwargs": dict(c.kwargs)}
+        if c.build is not None:
+            found["module_build"] = list(c.build)
+        return found
 
+    if isinstance(cases, dict):
+        return {k: encode_cases(v) for k, v in cases.items()}
     return [{"build": list(c[0]), "cases": [case(k) for k in c[1]]} if isinstance(c, tuple) else case(c)
             for c in cases]
 
@@ -175,6 +192,8 @@ def encode(value: Any, depth: int = 0, modules: bool = False) -> dict:
     "module", "parameters": ...}`` (:func:`parameters_of`)."""
     if modules and isinstance(value, torch.nn.Module):
         return {"kind": "module", "parameters": parameters_of(value)}
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":  # shapes without data (a stand-in for a GPU)
+        return {"kind": "meta", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
     if isinstance(value, torch.Tensor):
         t = value.detach().to("cpu")
         if t.layout != torch.strided:
@@ -192,7 +211,10 @@ def encode(value: Any, depth: int = 0, modules: bool = False) -> dict:
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor | None:
-    """``t`` detached, on the CPU, as a plain strided ``torch.Tensor`` (``None`` for another layout)."""
+    """``t`` detached, on the CPU, as a plain strided ``torch.Tensor`` (``None`` for another layout or
+    a tensor without data)."""
+    if t.device.type == "meta":
+        return None
     t = t.detach().to("cpu")
     return t.as_subclass(torch.Tensor).clone() if t.layout == torch.strided else None
 
@@ -377,7 +399,127 @@ def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[
     _save(_current[0])
 
 
+#: How a probed forward pass's module was converted first: ``None`` (as built), ``"float64"``
+#: (``copy.deepcopy(module).to(torch.float64)``) or ``"meta"`` (``copy.deepcopy(module).to("meta")``).
+COPIES = (None, "float64", "meta")
+#: Most buffers, plain tensor attributes or tensors left behind handed out for one module.
+MAX_STRUCTURE = 64
+
+
+@dataclass
+class Probe:
+    """One forward pass a module check makes: in ``mode``, right after ``torch.manual_seed(seed)``
+    (``None``: the check sets no seed of its own before it), on ``x``, of the module as built or of a
+    converted copy (:data:`COPIES`)."""
+
+    mode: str
+    seed: int | None
+    x: torch.Tensor
+    copy: str | None = None
+
+    def same(self, other: "Probe") -> bool:
+        return (self.mode, self.seed, self.copy) == (other.mode, other.seed, other.copy) and \
+            self.x.dtype == other.x.dtype and self.x.shape == other.x.shape and \
+            self.x.device == other.x.device and (self.x.device.type == "meta" or torch.equal(self.x, other.x))
+
+
+def structure_of(module: torch.nn.Module) -> dict:
+    """What a check reads of a module's make-up, as plain data: ``buffers`` (``[name, shape, dtype,
+    in state_dict]``), ``plain`` (tensors kept as plain attributes: ``[name, shape, dtype]``)."""
+    try:
+        kept = set(module.state_dict().keys())
+    except Exception:  # noqa: BLE001 - a state_dict that fails: no buffer is in it
+        kept = set()
+    buffers = [[n, list(b.shape), str(b.dtype).removeprefix("torch."), n in kept]
+               for n, b in list(module.named_buffers())[:MAX_STRUCTURE + 1]]
+    plain = [[n, list(v.shape), str(v.dtype).removeprefix("torch.")]
+             for n, v in list(vars(module).items()) if isinstance(v, torch.Tensor)][:MAX_STRUCTURE + 1]
+    return {"buffers": buffers, "plain": plain}
+
+
+def left_behind(meta: torch.nn.Module) -> list[list[str]]:
+    """``[[name, device], ...]``: the tensors of a module that ``.to("meta")`` did not move (its
+    parameters and buffers, then its plain tensor attributes), as ``modules.check_moves_with_module``
+    lists them."""
+    left = [[n, str(v.device)] for n, v in list(meta.named_parameters()) + list(meta.named_buffers())
+            if v.device.type != "meta"]
+    left += [[n, str(v.device)] for n, v in vars(meta).items() if isinstance(v, torch.Tensor)]
+    return left[:MAX_STRUCTURE + 1]
+
+
+def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]]) -> None:
+    """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
+    what a module check reads of it: the construction (as :func:`record_module`, with its
+    :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
+    "seed", "copy", "inputs", "result" | "error"}``. The first probe of a converted copy makes it
+    (``copy.deepcopy``, then ``.to``), and the construction's structure then also says what
+    ``.to("meta")`` left behind (``"meta_left"``), or what the copy raised (``"copy_error"``).
+
+    The grader looks the forward passes up by construction, mode, seed, copy and inputs
+    (``judge.KeyedModuleReplay``), so the checks outside may ask for them in any order, and some
+    (a diagnosis's) not at all. Never compares.
+    """
+    import copy as _copy
+
+    from course_utils.checks.core import construct
+
+    store = _start(exercise, student_cls)
+    if store is None:
+        return
+    label = _label(student_cls)
+    for build, probes in plan:
+        build_inputs = inputs_of(build, {})
+        entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
+        try:
+            module = construct(student_cls, build)
+        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+            entry["error"] = _error(exc)
+            store.append(entry)
+            continue
+        if not isinstance(module, torch.nn.Module):
+            entry["result"] = encode(module)
+            store.append(entry)
+            continue
+        structure = structure_of(module)
+        entry["module"] = {"parameters": parameters_of(module), "attributes": {}, "structure": structure}
+        store.append(entry)
+        copies: dict[str, Any] = {}
+        for p in probes:
+            forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
+                                       "copy": p.copy, "inputs": inputs_of((p.x,), {})}
+            target = module
+            if p.copy is not None:
+                if p.copy not in copies:
+                    try:
+                        converted = _copy.deepcopy(module).to(torch.float64 if p.copy == "float64" else p.copy)
+                        if p.copy == "meta":
+                            structure["meta_left"] = left_behind(converted)
+                        copies[p.copy] = converted
+                    except Exception as exc:  # noqa: BLE001
+                        structure["copy_error"] = _error(exc)
+                        break
+                target = copies[p.copy]
+            try:
+                getattr(target, p.mode)()
+                torch.manual_seed(7 if p.seed is None else p.seed)
+                forward["result"] = encode(target(p.x.clone()))
+            except Exception as exc:  # noqa: BLE001
+                forward["error"] = _error(exc)
+            store.append(forward)
+    _save(_current[0])
+
+
+def _label(student_cls: Any) -> dict:
+    try:
+        name, text = getattr(student_cls, "__name__", None), str(student_cls)[:MAX_MESSAGE]
+    except Exception:  # noqa: BLE001 - a class whose name or text cannot be read: the checks' messages say "it"
+        name, text = None, ""
+    return {"name": name if isinstance(name, str) and len(name) <= MAX_MESSAGE else None, "text": text}
+
+
 def _same(before: torch.Tensor, after: Any) -> bool:
+    if isinstance(after, torch.Tensor) and "meta" in (before.device.type, after.device.type):
+        return before.device == after.device and before.shape == after.shape  # no data to compare
     return isinstance(after, torch.Tensor) and torch.equal(before, after)
 
 

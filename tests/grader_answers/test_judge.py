@@ -33,6 +33,23 @@ _V2_INIT = ("class SelfAttention_v2(nn.Module):\n    def __init__(self, d_in, d_
             "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
             "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n\n")
 
+NB04 = "04_causal_attention"
+#: A right CausalAttention, the base of notebook 04's edge cases.
+_CA = ("class CausalAttention(nn.Module):\n"
+       "    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):\n"
+       "        super().__init__()\n"
+       "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+       "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+       "        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+       "        self.dropout = nn.Dropout(dropout)\n"
+       "        self.register_buffer('mask', torch.ones(context_length, context_length, dtype=torch.bool).triu(1))\n\n"
+       "    def forward(self, x):\n"
+       "        T = x.shape[1]\n"
+       "        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)\n"
+       "        s = (q @ k.transpose(1, 2)).masked_fill(self.mask[:T, :T], -torch.inf)\n"
+       "        w = self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1))\n"
+       "        return w @ v\n")
+
 
 def _answers():
     for notebook in NOTEBOOKS:
@@ -119,6 +136,24 @@ EDGES = {
         "    sa_v2.W_value = nn.Linear(2, 2)\n"),
     "a copy that raises": (NB03, "copy_v2_weights_to_v1", "def copy_v2_weights_to_v1(sa_v2, sa_v1):\n"
                            "    sa_v1.W_query.copy_(sa_v2.W_query.weight)\n"),
+    # Modules whose checks probe them (notebook 04): what the module is made of, and its converted copies.
+    "a module that keeps its mask on the CPU when moved": (
+        NB04, "CausalAttention", _CA + "\n    def _apply(self, fn, recurse=True):\n        mask = self.mask\n"
+        "        out = super()._apply(fn, recurse)\n        self._buffers['mask'] = mask\n        return out\n"),
+    "a module that keeps a plain tensor besides its mask buffer": (
+        NB04, "CausalAttention", _CA.replace("        self.dropout = nn.Dropout(dropout)\n",
+                                             "        self.dropout = nn.Dropout(dropout)\n"
+                                             "        self.scale = torch.tensor(float(d_out) ** -0.5)\n")),
+    "a module that cannot be copied": (
+        NB04, "CausalAttention", _CA + "\n    def __deepcopy__(self, memo):\n"
+        "        raise RuntimeError('this module cannot be copied')\n"),
+    "a device probe whose output stays on the CPU": (
+        "04_causal_attention", "causal_attention_weights",
+        "def causal_attention_weights(queries, keys):\n    T = queries.shape[-2]\n"
+        "    if queries.device.type == 'meta':\n        return torch.zeros(T, T)\n"
+        "    scores = queries @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5\n"
+        "    future = torch.ones(T, T, dtype=torch.bool).triu(1)\n"
+        "    return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1)\n"),
 }
 
 
@@ -501,6 +536,144 @@ def test_hidden_module_configs_reach_the_kernel_as_data(monkeypatch):
             for (_, mine), (_, theirs) in zip(got, want):
                 assert [c.name for c in mine] == [c.name for c in theirs]
                 assert all(torch.equal(a, b) for c, d in zip(mine, theirs) for a, b in zip(c.args, d.args))
+    finally:
+        handoff.remove()
+        monkeypatch.setattr(probe, "_inputs", None)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules whose checks probe them (notebook 04): forward passes looked up, make-up handed out
+# --------------------------------------------------------------------------------------------
+CA_TEST = "test_CausalAttention"
+
+
+@pytest.fixture(scope="module")
+def honest_ca():
+    """What an honest CausalAttention hands out for its test cell: ``(records, sources)``."""
+    monkeypatch = pytest.MonkeyPatch()
+    handoff, _ = _handed_out(NB04, "CausalAttention", _CA, monkeypatch)
+    try:
+        yield judge.load_hand_off(handoff.outputs, CA_TEST)
+    finally:
+        handoff.remove()
+        monkeypatch.undo()
+
+
+def _ca_verdict(tmp_path, records, sources) -> judge.Verdict:
+    _write(tmp_path, {"format": probe.FORMAT, "test": CA_TEST, "records": records, "sources": sources}, f"{CA_TEST}.pt")
+    return judge.judge_handed_out(tmp_path, NB04, CA_TEST, {})
+
+
+def _first_build(records: list[dict]) -> dict:
+    return next(r for r in records if "mode" not in r)
+
+
+def test_an_honest_probed_module_hand_off_passes(tmp_path, honest_ca):
+    records, sources = honest_ca
+    first = _first_build(records)
+    assert first["module"]["structure"]["buffers"] == [["mask", [6, 6], "bool", True]]
+    assert first["module"]["structure"]["plain"] == [] and first["module"]["structure"]["meta_left"] == []
+    forwards = [r for r in records if "mode" in r]
+    assert {r["copy"] for r in forwards} == {None, "float64", "meta"}
+    assert {r["seed"] for r in forwards} >= {None, 1, 2, 7}
+    meta = next(r for r in forwards if r["copy"] == "meta")
+    assert meta["inputs"]["args"]["items"][0]["kind"] == "meta" and meta["result"]["kind"] == "meta"
+    verdict = _ca_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "no position sees the future" in verdict.text, verdict.evalue
+    # The causality diagnosis's own passes are handed out too, and left unread when nothing fails.
+    assert verdict.ename is None
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [6, 6], "bool", "yes"]]),
+     "[name, shape, dtype, in state_dict]"),
+    (lambda c: c["module"]["structure"].__setitem__("buffers", [["_mask", [6, 6], "bool", True]]),
+     "malformed or repeated name"),
+    (lambda c: c["module"]["structure"].__setitem__("buffers", [["W_query.weight", [6, 6], "bool", True]]),
+     "malformed or repeated name"),
+    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [2**20, 2**20], "bool", True]]),
+     "over the limit"),
+    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [6, 6], "object", True]]),
+     "unsupported dtype"),
+    (lambda c: c["module"]["structure"].__setitem__("plain", [["_parameters", [6, 6], "bool"]]),
+     "under a name of its own"),
+    (lambda c: c["module"]["structure"].__setitem__("plain", [["training", [6, 6], "bool"]]),
+     "under a name of its own"),
+    (lambda c: c["module"]["structure"].__setitem__("meta_left", [["elsewhere", "cpu"]]),
+     "what .to('meta') left behind"),
+    (lambda c: c["module"]["structure"].__setitem__("verdict", "pass"), "make-up without"),
+    (lambda c: c["module"]["structure"].__setitem__("copy_error", {"type": "not a name", "message": ""}),
+     "a copy's error"),
+])
+def test_a_forged_make_up_is_refused(tmp_path, honest_ca, forge, words):
+    records, sources = honest_ca
+    records = _copy(records)
+    forge(_first_build(records))
+    with pytest.raises(judge.BadHandOff) as info:
+        _ca_verdict(tmp_path, records, sources)
+    assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda f: f.__setitem__("seed", 1.5), "seed is not a whole number"),
+    (lambda f: f.__setitem__("seed", -1), "seed is not a whole number"),
+    (lambda f: f.__setitem__("copy", "cuda"), "a copy other than"),
+    (lambda f: f.__setitem__("result", {"kind": "meta", "dtype": "float32", "shape": "big"}), "a meta tensor with"),
+    (lambda f: f.__setitem__("result", {"kind": "meta", "dtype": "float32", "shape": [1], "data": 1}),
+     "a meta tensor with other fields"),
+])
+def test_a_forged_probe_record_is_refused(tmp_path, honest_ca, forge, words):
+    records, sources = honest_ca
+    records = _copy(records)
+    forge(next(r for r in records if "mode" in r))
+    with pytest.raises(judge.BadHandOff) as info:
+        _ca_verdict(tmp_path, records, sources)
+    assert words in str(info.value), str(info.value)
+
+
+def test_a_missing_probe_scores_zero_and_a_forged_one_earns_nothing(tmp_path, honest_ca):
+    records, sources = honest_ca
+    # A forward pass the check makes that did not come back (the meta copy's): 0, saying which.
+    verdict = _ca_verdict(tmp_path, [r for r in _copy(records) if r.get("copy") != "meta"], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a forward pass" in verdict.evalue
+    assert "a meta copy" in verdict.evalue, verdict.evalue
+    # Dropout's passes under seeds 1 and 2 forged equal: the train() check fails, as it would live.
+    forged = _copy(records)
+    train = [r for r in forged if r.get("mode") == "train" and r["seed"] in (1, 2)]
+    train[1]["result"] = _copy([train[0]["result"]])[0]
+    verdict = _ca_verdict(tmp_path, forged, sources)
+    assert verdict.ename == "CheckFailed" and "no dropout in train() mode" in verdict.evalue
+    # A construction the check asks for that did not come back.
+    hidden = probe.inputs_of((5, 4, 10, 0.3, True), {})
+    gone = [r for r in _copy(records) if not judge.same_inputs(r["build"], hidden)]
+    verdict = _ca_verdict(tmp_path, gone, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no construction of CausalAttention" in verdict.evalue
+
+
+def test_what_the_meta_copy_left_is_replayed(tmp_path, honest_ca):
+    """The kernel says the mask stayed on the CPU after .to('meta'): the check outside sees it there."""
+    records, sources = honest_ca
+    forged = _copy(records)
+    _first_build(forged)["module"]["structure"]["meta_left"] = [["mask", "cpu"]]
+    verdict = _ca_verdict(tmp_path, forged, sources)
+    assert verdict.ename == "CheckFailed" and "stayed behind: ['mask (cpu)']" in verdict.evalue, verdict.evalue
+
+
+def test_hidden_groups_of_cases_reach_the_kernel_as_data(monkeypatch):
+    """CausalAttention's hidden cases are named groups (configs, and causal cases with their own
+    construction): they come back out of the inputs file in the kernel as they were."""
+    from course_utils.checks import expected
+
+    handoff = judge.prepare(NB04)
+    try:
+        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+        monkeypatch.setattr(probe, "_inputs", None)
+        got, want = probe.hidden_cases("CausalAttention"), expected.instructor().hidden("CausalAttention")
+        assert set(got) == set(want) == {"configs", "causal"}
+        assert [b for b, _ in got["configs"]] == [b for b, _ in want["configs"]]
+        assert [(c.name, c.build) for c in got["causal"]] == [(c.name, c.build) for c in want["causal"]]
+        assert all(torch.equal(a.args[0], b.args[0]) for a, b in zip(got["causal"], want["causal"]))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)

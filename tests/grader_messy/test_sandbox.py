@@ -83,9 +83,10 @@ def test_a_judged_notebook_gets_the_student_edition_and_its_hand_off(monkeypatch
         assert (outputs / "x").read_text() == "ok"
 
 
-@pytest.mark.parametrize("notebook", ["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention"])
+@pytest.mark.parametrize("notebook", ["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention",
+                                      "04_causal_attention"])
 def test_a_fully_judged_notebooks_kernel_gets_the_student_edition(notebook):
-    """Every exercise of these notebooks is judged outside (grader/judge.py, notebook 03's modules
+    """Every exercise of these notebooks is judged outside (grader/judge.py, the modules of 03 and 04
     included), so their grading kernels see course_utils without answers or hidden cases."""
     from grader import course, judge
 
