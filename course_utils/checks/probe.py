@@ -360,32 +360,19 @@ def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[
     - then each forward pass of that module, ``{"exercise", "build", "mode": "eval" | "train",
       "inputs", "result" | "error"}``, under the check's seeds (``core.construct``, ``core.module_output``).
     """
-    from course_utils.checks.core import Case, construct, module_output
+    from course_utils.checks.core import Case, module_output
 
     store = _start(exercise, student_cls)
     if store is None:
         return
-    try:
-        name, text = getattr(student_cls, "__name__", None), str(student_cls)[:MAX_MESSAGE]
-    except Exception:  # noqa: BLE001 - a class whose name or text cannot be read: the checks' messages say "it"
-        name, text = None, ""
-    label = {"name": name if isinstance(name, str) and len(name) <= MAX_MESSAGE else None, "text": text}
+    label = _label(student_cls)
     for build, cases in configs:
         build_inputs = inputs_of(build, {})
-        entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
-        try:
-            module = construct(student_cls, build)
-        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
-            entry["error"] = _error(exc)
-            store.append(entry)
+        module = _record_construction(store, exercise, student_cls, build, build_inputs, label,
+                                      lambda m: {"parameters": parameters_of(m),
+                                                 "attributes": {a: kind_of(_attribute(m, a)) for a in attributes}})
+        if module is None:
             continue
-        if not isinstance(module, torch.nn.Module):
-            entry["result"] = encode(module)
-            store.append(entry)
-            continue
-        entry["module"] = {"parameters": parameters_of(module),
-                           "attributes": {a: kind_of(_attribute(module, a)) for a in attributes}}
-        store.append(entry)
         for mode in ("eval", "train") if train else ("eval",):
             for case in cases:
                 forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": mode,
@@ -461,28 +448,18 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
     """
     import copy as _copy
 
-    from course_utils.checks.core import construct
-
     store = _start(exercise, student_cls)
     if store is None:
         return
     label = _label(student_cls)
     for build, probes in plan:
         build_inputs = inputs_of(build, {})
-        entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
-        try:
-            module = construct(student_cls, build)
-        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
-            entry["error"] = _error(exc)
-            store.append(entry)
+        module = _record_construction(store, exercise, student_cls, build, build_inputs, label,
+                                      lambda m: {"parameters": parameters_of(m), "attributes": {},
+                                                 "structure": structure_of(m)})
+        if module is None:
             continue
-        if not isinstance(module, torch.nn.Module):
-            entry["result"] = encode(module)
-            store.append(entry)
-            continue
-        structure = structure_of(module)
-        entry["module"] = {"parameters": parameters_of(module), "attributes": {}, "structure": structure}
-        store.append(entry)
+        structure = store[-1]["module"]["structure"]  # what a copy leaves behind is added below
         copies: dict[str, Any] = {}
         for p in probes:
             forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
@@ -507,6 +484,29 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                 forward["error"] = _error(exc)
             store.append(forward)
     _save(_current[0])
+
+
+def _record_construction(store: list, exercise: str, student_cls: Any, build: tuple, build_inputs: dict,
+                         label: dict, describe: Callable[[torch.nn.Module], dict]) -> torch.nn.Module | None:
+    """Build ``student_cls(*build)`` under the checks' seed and hand out the construction: what the
+    constructor raised or returned, or ``describe(module)``. Returns the module, or ``None`` when there is
+    none to run."""
+    from course_utils.checks.core import construct
+
+    entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
+    try:
+        module = construct(student_cls, build)
+    except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+        entry["error"] = _error(exc)
+        store.append(entry)
+        return None
+    if not isinstance(module, torch.nn.Module):
+        entry["result"] = encode(module)
+        store.append(entry)
+        return None
+    entry["module"] = describe(module)
+    store.append(entry)
+    return module
 
 
 def _label(student_cls: Any) -> dict:
