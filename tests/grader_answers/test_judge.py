@@ -378,21 +378,31 @@ _RIGHT_V1 = _V1_INIT + ("\n    def forward(self, x):\n        q, k, v = x @ self
 V1_TEST = "test_SelfAttention_v1"
 
 
-@pytest.fixture(scope="module")
-def honest_v1():
-    """What an honest SelfAttention_v1 hands out for its test cell: ``(records, sources)``."""
+def _honest(notebook: str, exercise: str, answer: str, test: str):
+    """What an honest ``answer`` hands out for its test cell: ``(records, sources)`` (a fixture's body)."""
     monkeypatch = pytest.MonkeyPatch()
-    handoff, _ = _handed_out(NB03, "SelfAttention_v1", _RIGHT_V1, monkeypatch)
+    handoff, _ = _handed_out(notebook, exercise, answer, monkeypatch)
     try:
-        yield judge.load_hand_off(handoff.outputs, V1_TEST)
+        yield judge.load_hand_off(handoff.outputs, test)
     finally:
         handoff.remove()
         monkeypatch.undo()
 
 
+def _verdict_of(tmp_path, notebook: str, test: str, records, sources) -> judge.Verdict:
+    """The verdict of ``test`` from ``records`` and ``sources`` written as a kernel would hand them out."""
+    _write(tmp_path, {"format": probe.FORMAT, "test": test, "records": records, "sources": sources}, f"{test}.pt")
+    return judge.judge_handed_out(tmp_path, notebook, test, {})
+
+
+@pytest.fixture(scope="module")
+def honest_v1():
+    """What an honest SelfAttention_v1 hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB03, "SelfAttention_v1", _RIGHT_V1, V1_TEST)
+
+
 def _v1_verdict(tmp_path, records, sources) -> judge.Verdict:
-    _write(tmp_path, {"format": probe.FORMAT, "test": V1_TEST, "records": records, "sources": sources}, f"{V1_TEST}.pt")
-    return judge.judge_handed_out(tmp_path, NB03, V1_TEST, {})
+    return _verdict_of(tmp_path, NB03, V1_TEST, records, sources)
 
 
 def _copy(records: list[dict]) -> list[dict]:
@@ -550,18 +560,11 @@ CA_TEST = "test_CausalAttention"
 @pytest.fixture(scope="module")
 def honest_ca():
     """What an honest CausalAttention hands out for its test cell: ``(records, sources)``."""
-    monkeypatch = pytest.MonkeyPatch()
-    handoff, _ = _handed_out(NB04, "CausalAttention", _CA, monkeypatch)
-    try:
-        yield judge.load_hand_off(handoff.outputs, CA_TEST)
-    finally:
-        handoff.remove()
-        monkeypatch.undo()
+    yield from _honest(NB04, "CausalAttention", _CA, CA_TEST)
 
 
 def _ca_verdict(tmp_path, records, sources) -> judge.Verdict:
-    _write(tmp_path, {"format": probe.FORMAT, "test": CA_TEST, "records": records, "sources": sources}, f"{CA_TEST}.pt")
-    return judge.judge_handed_out(tmp_path, NB04, CA_TEST, {})
+    return _verdict_of(tmp_path, NB04, CA_TEST, records, sources)
 
 
 def _first_build(records: list[dict]) -> dict:
