@@ -9,6 +9,8 @@ package for those APIs and checks that every notebook's floor covers what it use
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.torch_version import TorchVersion
 
@@ -39,6 +41,7 @@ RECORDED_RANDOM_STREAMS = {
 }
 
 
+@functools.lru_cache(maxsize=1)
 def random_streams() -> dict[str, str]:
     """What this PyTorch draws right after ``torch.manual_seed(7)``, for each kind of random output the
     checks record: ``dropout`` (which of 64 ones ``F.dropout(p=0.5)`` keeps, as a hex number) and
@@ -46,7 +49,7 @@ def random_streams() -> dict[str, str]:
 
     PyTorch releases draw differently from the same seed (2.5 and 2.13 do, for both), so outputs with
     dropout or sampling recorded with one release cannot be matched with another. The global random
-    state is left as it was.
+    state is left as it was. Computed once per process (a check asks on every module comparison).
     """
     import torch.nn.functional as F
 
