@@ -28,7 +28,7 @@ from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer
+from traitlets import Bool, Enum, Integer
 
 from grader.config import SETTINGS
 
@@ -98,6 +98,11 @@ def _error(ename: str, evalue: str) -> NotebookNode:
 class RobustExecute(Execute):
     """``Execute`` that survives dead or stuck kernels and enforces a notebook-wide time limit."""
 
+    #: After the last cell nothing the kernel does counts (its hand-off is written as each test cell ends),
+    #: so it is stopped at once: no waiting 1 to 2 s per notebook for Python to wind torch down, and no
+    #: ``atexit`` hook of the student's ever runs.
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate",
+                           help="how the kernel is stopped after the last cell").tag(config=True)
     notebook_timeout = Integer(600, help="seconds for the whole notebook (0: no limit)").tag(config=True)
     max_restarts = Integer(5, help="kernel restarts allowed per notebook").tag(config=True)
     hand_off = Bool(False, help="prepare the hand-off of grader/judge.py for the notebooks it judges "

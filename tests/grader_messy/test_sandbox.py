@@ -128,3 +128,27 @@ def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
     words = done.stdout.split()
     assert words[:2] == ["refused", "after"] and int(words[2]) < 64, done.stdout + done.stderr[-1000:]
     assert not group.folder.exists()
+
+
+@pytest.mark.parametrize("shutdown, hook_runs", [("immediate", False), ("graceful", True)])
+def test_the_kernel_is_stopped_at_once_after_the_last_cell(tmp_path, shutdown, hook_runs):
+    """grader.execute.RobustExecute stops the kernel without letting it wind down (its default): a
+    student's ``atexit`` hook never runs, and no notebook waits for Python to finalise torch. The
+    ``graceful`` case shows the hook is real: it runs when the kernel is let to exit."""
+    import nbformat
+    from traitlets.config import Config
+
+    from grader.execute import RobustExecute
+
+    marker = tmp_path / "atexit-ran"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'ran')")])
+    config = Config()
+    config.RobustExecute.kernel_manager_class = "grader.sandbox.SandboxedKernelManager"
+    config.SandboxedKernelManager.sandbox = False  # the hook must be able to reach tmp_path
+    if shutdown != RobustExecute.shutdown_kernel.default_value:
+        config.RobustExecute.shutdown_kernel = shutdown
+    assert RobustExecute.shutdown_kernel.default_value == "immediate"
+    RobustExecute(config=config).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    assert not any(o.get("output_type") == "error" for o in nb.cells[0].outputs), nb.cells[0].outputs
+    assert marker.exists() == hook_runs
