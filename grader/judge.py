@@ -17,7 +17,9 @@ decides a grade:
    output on every case; a function that changes modules in place also writes what it left in them;
    a module check that probes the module (:data:`KEYED`) writes each construction's make-up
    (buffers, plain tensors, what ``.to("meta")`` left) and every forward pass its checks make, with
-   mode, seed, copy and input (``probe.record_module_probes``).
+   mode, seed, copy and input (``probe.record_module_probes``); a function of a module
+   (:data:`LAYOUT_INPUTS`, ``count_parameters``) is given modules rebuilt from the layouts handed in
+   (``probe.build_layout``), and each module it was given goes out as its layout beside the output.
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
    cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
@@ -32,8 +34,9 @@ The kernel's hand-off is untrusted data (:func:`load_results`): a link, a specia
 :data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
 record of the wrong shape or type (a module's parameters that are not plain tensors or do not
 rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's
-seed or copy that is malformed), an output computed from other
-inputs than the grader's or by another construction, a missing output or one too many: each scores
+seed or copy that is malformed, a module layout that ``probe.layout_problem`` refuses), an output
+computed from other inputs than the grader's (a count of another module's layout included) or by
+another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
 """

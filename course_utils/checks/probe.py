@@ -22,6 +22,10 @@ writes what came back to a folder that the grader reads once the kernel has exit
 - for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
   what it returned or raised, and what it left in the named attributes of each module it was
   given (their kinds and values, or ``unchanged``);
+- for a function of a module whose values do not matter (notebook 05's ``count_parameters``,
+  ``record(..., layouts=True)``): each module it was given as its layout (:func:`module_layout`:
+  submodules, parameters' shapes, dtypes and ``requires_grad``, buffers, shared tensors), beside
+  its output; its hidden modules arrive as layouts too, rebuilt here (:func:`build_layout`);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
 read code, as ``check_rules`` in the kernel read it).
