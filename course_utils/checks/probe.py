@@ -588,7 +588,9 @@ def module_layout(module: torch.nn.Module) -> dict:
     persistent, tied], ...], "children": [[name, <layout> | path], ...]}``, each list in registration
     order. ``tied`` is ``None``, or the dotted path of the earlier parameter (buffer) that is the same
     tensor; a child given as a path (``""``: the module itself) is the same module as the earlier one
-    there. Enough to count parameters (trainable, frozen, shared once) and buffers as the module does.
+    there. Enough to count parameters (trainable, frozen, shared once) and buffers as the module does;
+    no class travels, so code that asks a submodule's class (``isinstance(m, nn.Linear)``) sees plain
+    ``nn.Module`` containers in a module rebuilt from it.
     """
     modules: dict[int, str] = {}
     tensors: dict[str, dict[int, str]] = {"parameters": {}, "buffers": {}}
