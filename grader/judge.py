@@ -68,12 +68,13 @@ JUDGED = frozenset({
     # Notebooks 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
     # edition: these exercises' verdicts are computed outside, but their answers are not hidden there.
     "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention",  # 05
-    "attention_flops",  # 06
+    "MultiHeadAttentionCombinedQKV", "attention_flops",  # 06
 })
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
 #: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
 #: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).
-KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention"})
+KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+                   "MultiHeadAttentionCombinedQKV"})
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.

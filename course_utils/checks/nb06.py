@@ -41,16 +41,20 @@ from course_utils.checks.core import (
     reference_function,
     require_callable,
 )
+from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 from course_utils.checks.modules import (
+    ProbePlan,
     check_causal_module,
     check_dropout_modes,
     check_finite,
     check_module_class,
     finite_then_values,
     module_checks,
+    module_class_plan,
     not_causal,
 )
+from course_utils.checks.probe import Probe
 from course_utils.data import book_batch
 
 __all__ = ["check_MultiHeadAttentionCombinedQKV", "check_MHAPyTorchSDPA", "check_attention_flops", "check_time_cuda_aware"]
@@ -94,6 +98,16 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
     cls = MultiHeadAttentionCombinedQKV
     extra = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
     configs = [_dropout_config()] + _configs() + extra["configs"]
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        values = _values_config()
+        plan = ProbePlan()
+        for build, _ in configs:
+            plan.add(build)
+        plan.add(values[0], *[Probe("eval", 7, case.args[0]) for case in values[1]])
+        plan.compared([values], diagnosed_causal=True)
+        _probe.record_module_probes(exercise, cls, module_class_plan(configs, causal=extra["causal"], plan=plan,
+                                                                     diagnosed_causal=True))
+        return
     module_checks(exercise, cls, [build for build, _ in configs], _qkv_shapes)
     diagnose = not_causal(exercise, cls)
     finite_then_values(exercise, cls, _values_config(), diagnose)
