@@ -68,13 +68,13 @@ JUDGED = frozenset({
     # Notebooks 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
     # edition: these exercises' verdicts are computed outside, but their answers are not hidden there.
     "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention",  # 05
-    "MultiHeadAttentionCombinedQKV", "attention_flops",  # 06
+    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops",  # 06
 })
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
 #: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
 #: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).
 KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
-                   "MultiHeadAttentionCombinedQKV"})
+                   "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA"})
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
@@ -296,7 +296,12 @@ def _module_record_problem(record: dict) -> str | None:
             return "a forward pass whose seed is not a whole number"
         if "copy" in record and record["copy"] not in probe.COPIES:
             return f"a forward pass of a copy other than {list(probe.COPIES)}"
-        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy"}
+        if "calls" in record and not (isinstance(record["calls"], dict) and set(record["calls"]) <= set(probe.COUNTED)
+                                      and all(type(n) is int and 0 <= n <= probe.MAX_CALLS
+                                              for n in record["calls"].values())):
+            return (f"a forward pass's count of calls is not a whole number from 0 to {probe.MAX_CALLS} for each of "
+                    f"{list(probe.COUNTED)}")
+        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy", "calls"}
         if keys not in ({"result"}, {"error"}):
             return f"expected a forward pass's result or error, got fields {sorted(map(str, keys))}"
         return _outcome_problem(record)
@@ -971,6 +976,7 @@ class KeyedModuleReplay(ModuleReplay):
                                  f"({mode}() mode, seed {seed}{f', a {copy} copy' if copy else ''}, input shape "
                                  f"{tuple(args[0].shape) if args and hasattr(args[0], 'shape') else '?'}): the "
                                  f"kernel stopped before it, or the hand-off was changed")
+        probe.add_replayed_calls(record.get("calls", {}))  # the calls a check counts (probe.CallCounter)
         if "error" in record:
             raise _exception(record["error"])
         return _decode(record["result"])

@@ -22,7 +22,6 @@ from typing import Callable
 from unittest import mock
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -45,6 +44,7 @@ from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 from course_utils.checks.modules import (
     ProbePlan,
+    causal_probes,
     check_causal_module,
     check_dropout_modes,
     check_finite,
@@ -119,17 +119,12 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
 # ------------------------------------------------------------------------------------------
 # MHAPyTorchSDPA
 # ------------------------------------------------------------------------------------------
-class _SDPACalls(TorchFunctionMode):
-    """Counts calls of ``F.scaled_dot_product_attention`` made while active."""
+class _SDPACalls(_probe.CallCounter):
+    """Counts calls of ``F.scaled_dot_product_attention`` made while active (in the grader's replay:
+    the calls the kernel counted for each replayed forward pass)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+        super().__init__("scaled_dot_product_attention")
 
 
 def _check_one_sdpa_call(exercise: str, module: torch.nn.Module, x: torch.Tensor) -> None:
@@ -151,15 +146,32 @@ def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None
     extra = hidden_cases(exercise) if hidden else {"configs": [], "dropout": [], "causal": []}
     configs = _configs() + extra["configs"]
     dropout = [_dropout_config()] + extra["dropout"]
+    main_build, x_causal, x_calls = _values_config()[0], rand(2, 10, 8, seed=74), rand(2, 10, 8, seed=73)
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        plan = ProbePlan()
+        for build, _ in configs + dropout:
+            plan.add(build)
+        for build, cases in configs:  # finite_then_values
+            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases])
+        plan.compared(configs, diagnosed_causal=True)
+        plan.add(main_build, *causal_probes(x_causal))
+        plan.causal(extra["causal"])
+        plan.add(main_build, Probe("eval", None, x_calls))  # _check_one_sdpa_call: its calls are counted
+        for build, cases in dropout:  # check_finite, check_dropout_modes
+            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases],
+                     *[Probe(mode, seed, cases[0].args[0]) for mode in ("eval", "train") for seed in (1, 2)])
+        plan.compared(dropout, train=True, diagnosed_causal=True)
+        _probe.record_module_probes(exercise, cls, plan.items(), count=("scaled_dot_product_attention",))
+        return
     module_checks(exercise, cls, [build for build, _ in configs + dropout], _qkv_shapes)
     diagnose = not_causal(exercise, cls)
     for config in configs:
         finite_then_values(exercise, cls, config, diagnose)
-    main = build_student(exercise, cls, _values_config()[0])
-    check_causal_module(exercise, main, rand(2, 10, 8, seed=74))
+    main = build_student(exercise, cls, main_build)
+    check_causal_module(exercise, main, x_causal)
     for case in extra["causal"]:
         check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
-    _check_one_sdpa_call(exercise, main, rand(2, 10, 8, seed=73))
+    _check_one_sdpa_call(exercise, main, x_calls)
     for build, cases in dropout:
         student = build_student(exercise, cls, build)
         for case in cases:

@@ -49,12 +49,14 @@ another CPU: the grader and the kernel may compute float32 inputs in different l
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 #: The folder the kernel writes its outputs to (set by the grader in the sandboxed kernel only).
 DIR_VARIABLE = "COURSE_PROBE_DIR"
@@ -434,7 +436,8 @@ def left_behind(meta: torch.nn.Module) -> list[list[str]]:
     return left[:MAX_STRUCTURE + 1]
 
 
-def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]]) -> None:
+def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]],
+                         count: Sequence[str] = ()) -> None:
     """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
     what a module check reads of it: the construction (as :func:`record_module`, with its
     :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
@@ -444,7 +447,8 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
 
     The grader looks the forward passes up by construction, mode, seed, copy and inputs
     (``judge.KeyedModuleReplay``), so the checks outside may ask for them in any order, and some
-    (a diagnosis's) not at all. Never compares.
+    (a diagnosis's) not at all. ``count``: torch functions (:data:`COUNTED`) whose calls each forward
+    pass also hands out, ``"calls": {name: count}`` (:class:`CallCounter`). Never compares.
     """
     import copy as _copy
 
@@ -476,12 +480,18 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                         structure["copy_error"] = _error(exc)
                         break
                 target = copies[p.copy]
+            counters = [CallCounter(name) for name in count]
             try:
                 getattr(target, p.mode)()
                 torch.manual_seed(7 if p.seed is None else p.seed)
-                forward["result"] = encode(target(p.x.clone()))
+                with contextlib.ExitStack() as counting:
+                    for counter in counters:
+                        counting.enter_context(counter)
+                    forward["result"] = encode(target(p.x.clone()))
             except Exception as exc:  # noqa: BLE001
                 forward["error"] = _error(exc)
+            if counters:
+                forward["calls"] = {c.name: min(c.count, MAX_CALLS) for c in counters}
             store.append(forward)
     _save(_current[0])
 
@@ -531,3 +541,50 @@ def _save(test_id: str) -> None:
     torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id],
                 "sources": _sources.get(test_id, {})}, partial)
     os.replace(partial, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Calls counted: how an output was computed (notebook 06: one call of the fused kernel)
+# --------------------------------------------------------------------------------------------
+#: Torch functions whose calls a module check counts, by name.
+COUNTED = ("scaled_dot_product_attention",)
+#: Most calls of a counted function handed out for one forward pass (a count above is handed out as this).
+MAX_CALLS = 1000
+
+
+class CallCounter(TorchFunctionMode):
+    """Counts the calls of the torch function named ``name`` (one of :data:`COUNTED`) made while active.
+
+    In the kernel, a check's spy; under the grader, :func:`record_module_probes` hands each forward
+    pass's count out. In the grader's replay (``grader/judge.py``) no student code runs: a replayed
+    forward pass adds the calls the kernel counted for it to every counter active then
+    (:func:`add_replayed_calls`), so the check reads the count it would have read in the kernel.
+    """
+
+    _active: list["CallCounter"] = []
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.count = 0
+
+    def __enter__(self) -> "CallCounter":
+        CallCounter._active.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        if self in CallCounter._active:
+            CallCounter._active.remove(self)
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == self.name:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def add_replayed_calls(calls: dict[str, int]) -> None:
+    """Add ``calls`` (name -> count, as a forward pass handed them out) to every :class:`CallCounter`
+    active now: the grader's replay of a forward pass that made them in the kernel."""
+    for counter in CallCounter._active:
+        counter.count += calls.get(counter.name, 0)
