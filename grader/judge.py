@@ -65,10 +65,11 @@ JUDGED = frozenset({
     "softmax_naive", "softmax_stable", "context_vectors",  # 02
     "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1",  # 03
     "causal_mask", "causal_attention_weights", "CausalAttention",  # 04
-    # Notebooks 05 and 06 also have exercises of other kinds, so their kernels keep the instructor
-    # edition: these exercises' verdicts are computed outside, but their answers are not hidden there.
+    # Notebook 05 also has an exercise of another kind, so its kernel keeps the instructor edition:
+    # these exercises' verdicts are computed outside, but their answers are not hidden there.
+    # Notebook 06 is judged entirely outside, so its kernel has the student edition.
     "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention",  # 05
-    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops",  # 06
+    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware",  # 06
 })
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
 #: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
@@ -633,7 +634,13 @@ def _exception(error: dict) -> Exception:
         return type(name, (Exception,), {"__str__": lambda self: message})(message)
 
 
-class Replay:
+def _replayed() -> type:
+    from course_utils.checks import probe
+
+    return probe.Replayed
+
+
+class Replay(_replayed()):  # type: ignore[misc]
     """Stands for a student's function in the grader's process: each call returns (or raises) what
     the student's function gave in the kernel on the same inputs, in the order the checks call it.
 
@@ -1032,7 +1039,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     try:
         with expected.using(expected.LIVE), contextlib.redirect_stdout(printed):
             exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
-    except HandOffFailure as failure:
+    except _replay_miss() as failure:  # a HandOffFailure, or a check's own refusal of a replayed outcome
         return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
     except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))

@@ -588,3 +588,44 @@ def add_replayed_calls(calls: dict[str, int]) -> None:
     active now: the grader's replay of a forward pass that made them in the kernel."""
     for counter in CallCounter._active:
         counter.count += calls.get(counter.name, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Code a check runs its own way (notebook 06's timer on a simulated device)
+# --------------------------------------------------------------------------------------------
+class Replayed:
+    """The base of the grader's stand-ins for a student's code (``grader/judge.py``'s ``Replay``). A
+    check that runs the student's code its own way hands out what it observed (:func:`record_runs`),
+    and asks a stand-in for that instead of running it (:func:`run_or_replay`)."""
+
+
+def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable[[Any, Any], Any]) -> None:
+    """Hand out ``run(student, case)`` for every case (the kernel's part of a check that runs the
+    student's code its own way, e.g. on a simulated device): what ``run`` returns (plain data: what
+    the student's code gave, and what the check observed of it) or raises. Never compares.
+
+    Each record is ``{"exercise", "inputs": inputs_of(case.args, case.kwargs), "result" | "error"}``,
+    as :func:`record` writes them, so the grader replays them the same way: its stand-in for the
+    student's code, called with a case's arguments, checks them and returns (or raises) what ``run``
+    did in the kernel (:func:`run_or_replay`).
+    """
+    store = _start(exercise, student)
+    if store is None:
+        return
+    for case in cases:
+        entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}
+        try:
+            entry["result"] = encode(run(student, case))
+        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+            entry["error"] = _error(exc)
+        store.append(entry)
+    _save(_current[0])
+
+
+def run_or_replay(student: Any, case: Any, run: Callable[[Any, Any], Any]) -> Any:
+    """``run(student, case)``; in the grader's replay (``student`` is a :class:`Replayed`), what the
+    kernel's ``run`` handed out for the same case (:func:`record_runs`), which is untrusted: the check
+    must refuse a malformed one with :class:`ReplayMiss`."""
+    if isinstance(student, Replayed):
+        return student(*case.args, **case.kwargs)
+    return run(student, case)

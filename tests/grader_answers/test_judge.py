@@ -774,3 +774,72 @@ def test_a_combined_qkv_hand_off_is_judged_outside(tmp_path, honest_combined):
             r["module"]["structure"]["buffers"] = []
     verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "no buffer of shape" in verdict.evalue, verdict.evalue
+
+
+# The timer (notebook 06): what each simulated device saw comes back, and the verdict is computed outside.
+TIMER_TEST = "test_time_cuda_aware"
+_TIMER_RIGHT = _NB06._TIMER
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy as np\n" + _TIMER_RIGHT.replace("statistics.median(times)", "np.median(times)"),
+    _TIMER_RIGHT.replace("return statistics.median(times)", "return torch.tensor(times).median()"),
+    _TIMER_RIGHT.replace("return statistics.median(times)", "return str(statistics.median(times))"),
+    _TIMER_RIGHT.replace("    for _ in range(warmup):\n        fn()\n", "    for _ in range(warmup):\n        fn(1)\n"),
+], ids=["numpy's float64", "a 0-dim tensor", "a string", "calls fn with an argument"])
+def test_every_kind_of_timer_outcome_replays_to_the_same_verdict(source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(NB06, "time_cuda_aware", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_timer():
+    """What an honest time_cuda_aware hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB06, "time_cuda_aware", _TIMER_RIGHT, TIMER_TEST)
+
+
+def _timer_verdict(tmp_path, records, sources) -> judge.Verdict:
+    return _verdict_of(tmp_path, NB06, TIMER_TEST, records, sources)
+
+
+def test_an_honest_timer_hand_off_passes(tmp_path, honest_timer):
+    records, sources = honest_timer
+    first = records[0]["result"]["items"]
+    assert [i["kind"] for i in first] == ["number"] * 4 and [i["value"] for i in first[1:]] == [8, 10, 10]
+    verdict = _timer_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "simulated devices timed right" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("item, value", [(1, {"kind": "number", "type": "float", "value": 8.0}),
+                                         (2, {"kind": "number", "type": "int", "value": -1}),
+                                         (3, {"kind": "text", "value": "10"}),
+                                         (3, None)])
+def test_a_malformed_timer_outcome_scores_zero(tmp_path, honest_timer, item, value):
+    records, sources = honest_timer
+    forged = _copy(records)
+    items = forged[0]["result"]["items"]
+    if value is None:
+        items.pop(item)
+    else:
+        items[item] = value
+    verdict = _timer_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "simulated device" in verdict.evalue, verdict.evalue
+
+
+def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
+    """Counts and results are read from the hand-off and judged as the kernel's own would be; an outcome
+    of another simulated device is refused."""
+    records, sources = honest_timer
+    fewer = _copy(records)
+    fewer[0]["result"]["items"][1]["value"] = 5  # fn called 5 times: no warm-up
+    verdict = _timer_verdict(tmp_path, fewer, sources)
+    assert verdict.ename == "CheckFailed" and "warm-up calls are missing" in verdict.evalue, verdict.evalue
+    slow = _copy(records)
+    slow[0]["result"]["items"][0]["value"] *= 2
+    verdict = _timer_verdict(tmp_path, slow, sources)
+    assert verdict.ename == "CheckFailed" and "expected 0.011 s" in verdict.evalue, verdict.evalue
+    swapped = _copy(records)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    verdict = _timer_verdict(tmp_path, swapped, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _timer_verdict(tmp_path, _copy(records)[:2], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
