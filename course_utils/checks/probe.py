@@ -22,6 +22,10 @@ writes what came back to a folder that the grader reads once the kernel has exit
 - for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
   what it returned or raised, and what it left in the named attributes of each module it was
   given (their kinds and values, or ``unchanged``);
+- for a forward pass whose check counts calls of a torch function (notebook 06's one call of
+  ``F.scaled_dot_product_attention``), how often it called it (:class:`CallCounter`);
+- for a check that runs the student's code its own way (notebook 06's timer on a simulated
+  device), what it observed per case (:func:`record_runs`);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
 read code, as ``check_rules`` in the kernel read it).
