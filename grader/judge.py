@@ -17,18 +17,17 @@ decides a grade:
    output on every case; a function that changes modules in place also writes what it left in them;
    a module check that probes the module (:data:`KEYED`) writes each construction's make-up
    (buffers, plain tensors, what ``.to("meta")`` left) and every forward pass its checks make, with
-   mode, seed, copy and input (``probe.record_module_probes``), and with the calls of a counted torch
-   function it made where the check counts them (``probe.CallCounter``); a check that runs the
-   student's code its own way (notebook 06's timer on a simulated device) writes what it observed
-   per case (``probe.record_runs``).
+   mode, seed, copy and input (``probe.record_module_probes``).
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
    cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
    (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
    the handed-out parameters, whose forward passes replay the kernel's outputs; a
    :class:`KeyedModuleReplay` for a :data:`KEYED` one, which looks them up instead, and hands the
-   counted calls to the check's counter; a check that runs the code its own way asks the
-   :class:`Replay` for the kernel's observation, ``probe.run_or_replay``).
+   check's counter the calls of a counted torch function that the kernel handed out with each
+   forward pass, ``probe.CallCounter``; a check that runs the student's code its own way, notebook
+   06's timer on a simulated device, asks the :class:`Replay` for what the kernel observed per case,
+   ``probe.record_runs`` and ``probe.run_or_replay``).
    The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.

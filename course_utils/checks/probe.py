@@ -19,13 +19,13 @@ writes what came back to a folder that the grader reads once the kernel has exit
   as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
   (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
 - a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
-- for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
-  what it returned or raised, and what it left in the named attributes of each module it was
-  given (their kinds and values, or ``unchanged``);
 - for a forward pass whose check counts calls of a torch function (notebook 06's one call of
   ``F.scaled_dot_product_attention``), how often it called it (:class:`CallCounter`);
 - for a check that runs the student's code its own way (notebook 06's timer on a simulated
   device), what it observed per case (:func:`record_runs`);
+- for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
+  what it returned or raised, and what it left in the named attributes of each module it was
+  given (their kinds and values, or ``unchanged``);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
 read code, as ``check_rules`` in the kernel read it).
@@ -537,16 +537,6 @@ def _same(before: torch.Tensor, after: Any) -> bool:
     return isinstance(after, torch.Tensor) and torch.equal(before, after)
 
 
-def _save(test_id: str) -> None:
-    """Write test ``test_id``'s records (a new file moved into place, so a reader never sees half)."""
-    folder = Path(os.environ[DIR_VARIABLE])
-    path = folder / f"{test_id}.pt"
-    partial = folder / f".{test_id}.pt.partial"
-    torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id],
-                "sources": _sources.get(test_id, {})}, partial)
-    os.replace(partial, path)
-
-
 # --------------------------------------------------------------------------------------------
 # Calls counted: how an output was computed (notebook 06: one call of the fused kernel)
 # --------------------------------------------------------------------------------------------
@@ -633,3 +623,13 @@ def run_or_replay(student: Any, case: Any, run: Callable[[Any, Any], Any]) -> An
     if isinstance(student, Replayed):
         return student(*case.args, **case.kwargs)
     return run(student, case)
+
+
+def _save(test_id: str) -> None:
+    """Write test ``test_id``'s records (a new file moved into place, so a reader never sees half)."""
+    folder = Path(os.environ[DIR_VARIABLE])
+    path = folder / f"{test_id}.pt"
+    partial = folder / f".{test_id}.pt.partial"
+    torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id],
+                "sources": _sources.get(test_id, {})}, partial)
+    os.replace(partial, path)
