@@ -17,7 +17,9 @@ decides a grade:
    output on every case; a function that changes modules in place also writes what it left in them;
    a module check that probes the module (:data:`KEYED`) writes each construction's make-up
    (buffers, plain tensors, what ``.to("meta")`` left) and every forward pass its checks make, with
-   mode, seed, copy and input (``probe.record_module_probes``).
+   mode, seed, copy and input (``probe.record_module_probes``); a function of a module
+   (:data:`LAYOUT_INPUTS`, ``count_parameters``) is given modules rebuilt from the layouts handed in
+   (``probe.build_layout``), and each module it was given goes out as its layout beside the output.
 3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
    the grader's own process, each judged test cell's check calls, taken from the *solution's* test
    cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
@@ -36,8 +38,9 @@ The kernel's hand-off is untrusted data (:func:`load_results`): a link, a specia
 :data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
 record of the wrong shape or type (a module's parameters that are not plain tensors or do not
 rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's
-seed or copy that is malformed), an output computed from other
-inputs than the grader's or by another construction, a missing output or one too many: each scores
+seed or copy that is malformed, a module layout that ``probe.layout_problem`` refuses), an output
+computed from other inputs than the grader's (a count of another module's layout included) or by
+another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
 """
@@ -69,10 +72,9 @@ JUDGED = frozenset({
     "softmax_naive", "softmax_stable", "context_vectors",  # 02
     "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1",  # 03
     "causal_mask", "causal_attention_weights", "CausalAttention",  # 04
-    # Notebook 05 also has an exercise of another kind, so its kernel keeps the instructor edition:
-    # these exercises' verdicts are computed outside, but their answers are not hidden there.
-    # Notebook 06 is judged entirely outside, so its kernel has the student edition.
-    "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention",  # 05
+    # Every exercise of 05 and 06 is judged outside, so their kernels have the student edition
+    # (count_parameters' modules travel as layouts: LAYOUT_INPUTS).
+    "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters",  # 05
     "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware",  # 06
 })
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
@@ -80,6 +82,10 @@ JUDGED = frozenset({
 #: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).
 KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
                    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA"})
+#: Function exercises whose module arguments travel as their make-up, not their values
+#: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
+#: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
+LAYOUT_INPUTS = frozenset({"count_parameters"})
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
@@ -527,6 +533,8 @@ def _same_value(a: dict, b: dict) -> bool:
         return [n for n, _ in a["parameters"]] == [n for n, _ in b["parameters"]] and all(
             _same_value({"kind": "tensor", "value": x}, {"kind": "tensor", "value": y})
             for (_, x), (_, y) in zip(a["parameters"], b["parameters"]))
+    if kind == "layout":  # a module argument as its make-up: plain data, equal or not
+        return a["layout"] == b["layout"]
     if kind == "text":
         return a["value"] == b["value"]
     if kind == "other":
@@ -547,6 +555,9 @@ def _value_problem(value: Any, depth: int, modules: bool = False) -> str | None:
     if kind == "module" and modules:
         return _parameters_problem(value.get("parameters")) if keys == {"kind", "parameters"} \
             else "a module value with other fields"
+    if kind == "layout" and modules:  # a module argument as its make-up (LAYOUT_INPUTS)
+        why = probe.layout_problem(value.get("layout")) if keys == {"kind", "layout"} else "it has other fields"
+        return f"a module layout that is malformed: {why}" if why else None
     if kind == "tensor":
         t = value.get("value")
         if keys != {"kind", "value"} or type(t) is not torch.Tensor:
@@ -675,7 +686,7 @@ class Replay(_replayed()):  # type: ignore[misc]
                                  f"{self.exercise} (the kernel stopped before it, or the hand-off was changed)")
         record = self.records[self.used]
         self.used += 1
-        if not same_inputs(record["inputs"], probe.inputs_of(args, kwargs)):
+        if not same_inputs(record["inputs"], probe.inputs_of(args, kwargs, self.exercise in LAYOUT_INPUTS)):
             raise HandOffFailure(f"output {self.used} of {self.exercise} was not computed from the inputs the "
                                  f"grader gave (the hand-off was changed)")
         for i in record.get("changed_inputs", []):

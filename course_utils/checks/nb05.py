@@ -7,11 +7,13 @@ layers created in another order), heads joined on the wrong dimension or added, 
 repeated, ``view`` on a non-contiguous tensor, a module that sees the future, NaN in the output;
 and the known mistakes by their exact outputs.
 
-Under the grader, every exercise here but ``count_parameters`` is judged outside the kernel
-(``grader/judge.py``): ``split_heads`` and ``merge_heads`` hand out their outputs
-(``compare_function``), and the two module classes every construction and forward pass their checks
-make (``modules.ProbePlan``, ``probe.record_module_probes``); the grader runs these checks on a
-replay of them.
+Under the grader, every exercise here is judged outside the kernel (``grader/judge.py``), so the
+grading kernel has the student edition: ``split_heads`` and ``merge_heads`` hand out their outputs
+(``compare_function``), ``count_parameters`` its counts, each beside the layout of the module it
+counted (``probe.module_layout``: the hidden modules reach the kernel as layouts and are rebuilt
+there, ``probe.build_layout``), and the two module classes every construction and forward pass
+their checks make (``modules.ProbePlan``, ``probe.record_module_probes``); the grader runs these
+checks on a replay of them.
 """
 
 from __future__ import annotations
@@ -301,6 +303,8 @@ def check_count_parameters(count_parameters: Callable, hidden: bool = False) -> 
         Case("nn.Linear(3, 2)", (nn.Linear(3, 2),)),
         Case("Sequential with a frozen first layer", (frozen,)),
     ]
-    compare_function("count_parameters", count_parameters,
-                     cases + (hidden_cases("count_parameters") if hidden else []), atol=0.0, rtol=0.0,
-                     diagnose=_count_diagnose)
+    cases += hidden_cases("count_parameters") if hidden else []
+    if _probe.active("count_parameters"):  # under the grader: hand out each count beside its module's layout
+        _probe.record("count_parameters", count_parameters, cases, layouts=True)
+        return
+    compare_function("count_parameters", count_parameters, cases, atol=0.0, rtol=0.0, diagnose=_count_diagnose)

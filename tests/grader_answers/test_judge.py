@@ -552,6 +552,117 @@ def test_hidden_module_configs_reach_the_kernel_as_data(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
+# A function of a module (notebook 05's count_parameters): modules travel as layouts
+# --------------------------------------------------------------------------------------------
+NB05 = "05_multi_head_attention"
+COUNT_TEST = "test_count_parameters"
+_COUNT = "def count_parameters(module):\n    return sum(p.numel() for p in module.parameters() if p.requires_grad)\n"
+
+
+@pytest.fixture(scope="module")
+def honest_count():
+    """What an honest count_parameters hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB05, "count_parameters", _COUNT, COUNT_TEST)
+
+
+def _count_verdict(tmp_path, records, sources) -> judge.Verdict:
+    return _verdict_of(tmp_path, NB05, COUNT_TEST, records, sources)
+
+
+def test_hidden_modules_reach_the_kernel_as_layouts(monkeypatch):
+    """count_parameters' hidden modules (the reference's classes among them) go into the inputs file as
+    plain layouts, and the kernel rebuilds modules of the same make-up from them."""
+    from course_utils.checks import expected
+
+    handoff = judge.prepare(NB05)
+    try:
+        data = torch.load(handoff.inputs, weights_only=True)  # plain data: no module, no class
+        encoded = data["exercises"]["count_parameters"]
+        assert all(c["args"] == [None] and [i for i, _ in c["module_args"]] == [0] for c in encoded)
+        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+        monkeypatch.setattr(probe, "_inputs", None)
+        got, want = probe.hidden_cases("count_parameters"), expected.instructor().hidden("count_parameters")
+        assert [c.name for c in got] == [c.name for c in want]
+        for mine, theirs in zip(got, want):
+            assert probe.module_layout(mine.args[0]) == probe.module_layout(theirs.args[0])
+            assert type(mine.args[0]) is torch.nn.Module
+    finally:
+        handoff.remove()
+        monkeypatch.setattr(probe, "_inputs", None)
+
+
+def test_an_honest_count_hand_off_passes(tmp_path, honest_count):
+    records, sources = honest_count
+    assert len(records) == 11  # the visible check's 3 cases, then the hidden check's 3 and 5 hidden
+    assert all(r["inputs"]["args"]["items"][0]["kind"] == "layout" for r in records)
+    assert [r["result"] for r in records[6:8]] == [{"kind": "number", "type": "int", "value": 96},
+                                                   {"kind": "number", "type": "int", "value": 25}]
+    verdict = _count_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "✅ count_parameters: 8 cases agree" in verdict.text, verdict.evalue
+
+
+_COUNT_WRONG = load(NB05).WRONG["count_parameters"]
+
+
+@pytest.mark.parametrize("label", list(_COUNT_WRONG))
+def test_a_wrong_count_judged_outside_loses_its_points_with_its_message(label, monkeypatch):
+    answer = _COUNT_WRONG[label]
+    handoff, _ = _handed_out(NB05, "count_parameters", answer, monkeypatch)
+    try:
+        verdict = judge.judge_handed_out(handoff.outputs, NB05, COUNT_TEST, {})
+    finally:
+        handoff.remove()
+    assert verdict.ename == "CheckFailed" and answer.hint in verdict.evalue, verdict.evalue
+
+
+def _layout_of(module) -> dict:
+    return probe.inputs_of((module,), {}, layouts=True)
+
+
+def _flip_frozen(record: dict) -> None:
+    """The frozen layer of the visible Sequential handed out as trainable: a count of another module."""
+    first = record["inputs"]["args"]["items"][0]["layout"]["children"][0][1]["parameters"]
+    for item in first:
+        item[3] = True
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda rs: rs[6].__setitem__("inputs", _layout_of(torch.nn.Linear(3, 2))), "not computed from the inputs"),
+    (lambda rs: _flip_frozen(rs[2]), "not computed from the inputs"),
+    (lambda rs: rs[1].__setitem__("inputs", probe.inputs_of((torch.nn.Linear(3, 2),), {})),
+     "not computed from the inputs"),  # the module's values instead of its layout
+    (lambda rs: rs.pop(), "no output came back for input 11"),
+])
+def test_a_count_of_another_module_or_a_missing_one_scores_zero(tmp_path, honest_count, forge, words):
+    records, sources = honest_count
+    forged = _copy(records)
+    forge(forged)
+    verdict = _count_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
+
+
+def test_a_mistyped_count_record_scores_zero_with_a_reason(tmp_path, honest_count):
+    records, sources = honest_count
+    text = _copy(records)
+    text[0]["result"] = {"kind": "text", "value": "2,360,064"}
+    verdict = _count_verdict(tmp_path, text, sources)
+    assert verdict.ename == "CheckFailed" and "expected a number, got str" in verdict.evalue, verdict.evalue
+    for forge, words in [
+        (lambda r: r["inputs"]["args"]["items"][0]["layout"]["parameters"].append(["w", [1], "float32", "yes", None]),
+         "a module layout that is malformed"),
+        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("layout", {"cls": "CausalAttention"}),
+         "a module layout that is malformed"),
+        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("extra", 1), "other fields"),
+    ]:
+        forged = _copy(records)
+        forge(forged[0])
+        with pytest.raises(judge.BadHandOff) as info:
+            _count_verdict(tmp_path, forged, sources)
+        assert words in str(info.value), str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
 # Modules whose checks probe them (notebook 04): forward passes looked up, make-up handed out
 # --------------------------------------------------------------------------------------------
 CA_TEST = "test_CausalAttention"

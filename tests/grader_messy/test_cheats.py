@@ -6,7 +6,8 @@ stopped it, and the notebook's other tests keep their points. The cheats of the 
 shown to be real first: decided the old way, in a process with the instructor edition (as the
 grading kernel was), each gets full marks. Notebook 03's and 04's cheats attack module exercises (a
 class whose construction builds the reference's module, a forward that reads the expected output from
-the checker's frames).
+the checker's frames); notebook 05's attack ``count_parameters``, a function of a module (the reference's
+count, imported by a computed name; the expected count read from the checker's frames).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.support import harness
 
 NOTEBOOKS = sorted({c.notebook for c in cheats.CHEATS.values()})
 pytestmark = pytest.mark.skipif(any(n not in course.available_notebooks() for n in NOTEBOOKS),
-                                reason="notebooks 01 to 04 are not built")
+                                reason="notebooks 01 to 05 are not built")
 LIMITS = dict(cell_timeout=30, notebook_timeout=300, progress=False)
 
 
@@ -146,9 +147,10 @@ def test_no_payload_ran_in_the_grader(graded):
 
 
 @pytest.mark.parametrize("name", ["SelfAttention_v2: build the reference's module, imported by a computed name",
-                                  "CausalAttention: build the reference's module, imported by a computed name"])
+                                  "CausalAttention: build the reference's module, imported by a computed name",
+                                  "count_parameters: count with the reference, imported by a computed name"])
 def test_a_fully_judged_notebooks_kernel_cannot_import_the_reference(graded, name):
-    """Notebooks 03 and 04 are judged entirely outside, so their kernels have the student edition: the
+    """Notebooks 03 to 05 are judged entirely outside, so their kernels have the student edition: the
     answers imported by a computed name are not there to be found."""
     cheat = cheats.CHEATS[name]
     message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]

@@ -84,10 +84,11 @@ def test_a_judged_notebook_gets_the_student_edition_and_its_hand_off(monkeypatch
 
 
 @pytest.mark.parametrize("notebook", ["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention",
-                                      "04_causal_attention"])
+                                      "04_causal_attention", "05_multi_head_attention"])
 def test_a_fully_judged_notebooks_kernel_gets_the_student_edition(notebook):
-    """Every exercise of these notebooks is judged outside (grader/judge.py, the modules of 03 and 04
-    included), so their grading kernels see course_utils without answers or hidden cases."""
+    """Every exercise of these notebooks is judged outside (grader/judge.py, the modules of 03 to 05 and
+    05's count_parameters included), so their grading kernels see course_utils without answers or hidden
+    cases."""
     from grader import course, judge
 
     assert judge.student_edition_kernel(notebook)
