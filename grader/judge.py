@@ -25,7 +25,11 @@ decides a grade:
    cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
    (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
    the handed-out parameters, whose forward passes replay the kernel's outputs; a
-   :class:`KeyedModuleReplay` for a :data:`KEYED` one, which looks them up instead).
+   :class:`KeyedModuleReplay` for a :data:`KEYED` one, which looks them up instead, and hands the
+   check's counter the calls of a counted torch function that the kernel handed out with each
+   forward pass, ``probe.CallCounter``; a check that runs the student's code its own way, notebook
+   06's timer on a simulated device, asks the :class:`Replay` for what the kernel observed per case,
+   ``probe.record_runs`` and ``probe.run_or_replay``).
    The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
@@ -68,17 +72,16 @@ JUDGED = frozenset({
     "softmax_naive", "softmax_stable", "context_vectors",  # 02
     "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1",  # 03
     "causal_mask", "causal_attention_weights", "CausalAttention",  # 04
-    # Every exercise of 05 is judged outside, so its kernel has the student edition (count_parameters'
-    # modules travel as layouts: LAYOUT_INPUTS). Notebook 06 also has exercises of other kinds, so its
-    # kernel keeps the instructor edition: these exercises' verdicts are computed outside, but their
-    # answers are not hidden there.
+    # Every exercise of 05 and 06 is judged outside, so their kernels have the student edition
+    # (count_parameters' modules travel as layouts: LAYOUT_INPUTS).
     "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters",  # 05
-    "attention_flops",  # 06
+    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware",  # 06
 })
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
 #: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
 #: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).
-KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention"})
+KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+                   "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA"})
 #: Function exercises whose module arguments travel as their make-up, not their values
 #: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
@@ -304,7 +307,12 @@ def _module_record_problem(record: dict) -> str | None:
             return "a forward pass whose seed is not a whole number"
         if "copy" in record and record["copy"] not in probe.COPIES:
             return f"a forward pass of a copy other than {list(probe.COPIES)}"
-        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy"}
+        if "calls" in record and not (isinstance(record["calls"], dict) and set(record["calls"]) <= set(probe.COUNTED)
+                                      and all(type(n) is int and 0 <= n <= probe.MAX_CALLS
+                                              for n in record["calls"].values())):
+            return (f"a forward pass's count of calls is not a whole number from 0 to {probe.MAX_CALLS} for each of "
+                    f"{list(probe.COUNTED)}")
+        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy", "calls"}
         if keys not in ({"result"}, {"error"}):
             return f"expected a forward pass's result or error, got fields {sorted(map(str, keys))}"
         return _outcome_problem(record)
@@ -641,7 +649,13 @@ def _exception(error: dict) -> Exception:
         return type(name, (Exception,), {"__str__": lambda self: message})(message)
 
 
-class Replay:
+def _replayed() -> type:
+    from course_utils.checks import probe
+
+    return probe.Replayed
+
+
+class Replay(_replayed()):  # type: ignore[misc]
     """Stands for a student's function in the grader's process: each call returns (or raises) what
     the student's function gave in the kernel on the same inputs, in the order the checks call it.
 
@@ -984,6 +998,7 @@ class KeyedModuleReplay(ModuleReplay):
                                  f"({mode}() mode, seed {seed}{f', a {copy} copy' if copy else ''}, input shape "
                                  f"{tuple(args[0].shape) if args and hasattr(args[0], 'shape') else '?'}): the "
                                  f"kernel stopped before it, or the hand-off was changed")
+        probe.add_replayed_calls(record.get("calls", {}))  # the calls a check counts (probe.CallCounter)
         if "error" in record:
             raise _exception(record["error"])
         return _decode(record["result"])
@@ -1039,7 +1054,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     try:
         with expected.using(expected.LIVE), contextlib.redirect_stdout(printed):
             exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
-    except HandOffFailure as failure:
+    except _replay_miss() as failure:  # a HandOffFailure, or a check's own refusal of a replayed outcome
         return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
     except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))

@@ -8,6 +8,14 @@ fused kernel. A wrong FLOP count is named by its ratio to the expected one. A ti
 simulated device (:class:`FakeDevice`): a GPU whose work finishes only when synchronised, whose first
 calls are slow, and a CPU without CUDA; the device counts calls, synchronisations and clock reads, so
 a missing warm-up or synchronisation is named.
+
+Under the grader every check here only hands out what the student's code did, and the verdict is
+computed outside the kernel (``grader/judge.py``), so notebook 06's grading kernel has the student
+edition: the module checks hand out each construction and every forward pass they make
+(``probe.record_module_probes``), for ``MHAPyTorchSDPA`` with its count of
+``F.scaled_dot_product_attention`` calls (``probe.CallCounter``); the timer check hands out, per
+simulated device, what the timer returned or raised and the device's counts of calls,
+synchronisations and clock reads (``probe.record_runs``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from typing import Callable
 from unittest import mock
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -41,16 +48,21 @@ from course_utils.checks.core import (
     reference_function,
     require_callable,
 )
+from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 from course_utils.checks.modules import (
+    ProbePlan,
+    causal_probes,
     check_causal_module,
     check_dropout_modes,
     check_finite,
     check_module_class,
     finite_then_values,
     module_checks,
+    module_class_plan,
     not_causal,
 )
+from course_utils.checks.probe import Probe
 from course_utils.data import book_batch
 
 __all__ = ["check_MultiHeadAttentionCombinedQKV", "check_MHAPyTorchSDPA", "check_attention_flops", "check_time_cuda_aware"]
@@ -94,6 +106,16 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
     cls = MultiHeadAttentionCombinedQKV
     extra = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
     configs = [_dropout_config()] + _configs() + extra["configs"]
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        values = _values_config()
+        plan = ProbePlan()
+        for build, _ in configs:
+            plan.add(build)
+        plan.add(values[0], *[Probe("eval", 7, case.args[0]) for case in values[1]])
+        plan.compared([values], diagnosed_causal=True)
+        _probe.record_module_probes(exercise, cls, module_class_plan(configs, causal=extra["causal"], plan=plan,
+                                                                     diagnosed_causal=True))
+        return
     module_checks(exercise, cls, [build for build, _ in configs], _qkv_shapes)
     diagnose = not_causal(exercise, cls)
     finite_then_values(exercise, cls, _values_config(), diagnose)
@@ -105,17 +127,12 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
 # ------------------------------------------------------------------------------------------
 # MHAPyTorchSDPA
 # ------------------------------------------------------------------------------------------
-class _SDPACalls(TorchFunctionMode):
-    """Counts calls of ``F.scaled_dot_product_attention`` made while active."""
+class _SDPACalls(_probe.CallCounter):
+    """Counts calls of ``F.scaled_dot_product_attention`` made while active (in the grader's replay:
+    the calls the kernel counted for each replayed forward pass)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+        super().__init__("scaled_dot_product_attention")
 
 
 def _check_one_sdpa_call(exercise: str, module: torch.nn.Module, x: torch.Tensor) -> None:
@@ -137,15 +154,32 @@ def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None
     extra = hidden_cases(exercise) if hidden else {"configs": [], "dropout": [], "causal": []}
     configs = _configs() + extra["configs"]
     dropout = [_dropout_config()] + extra["dropout"]
+    main_build, x_causal, x_calls = _values_config()[0], rand(2, 10, 8, seed=74), rand(2, 10, 8, seed=73)
+    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
+        plan = ProbePlan()
+        for build, _ in configs + dropout:
+            plan.add(build)
+        for build, cases in configs:  # finite_then_values
+            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases])
+        plan.compared(configs, diagnosed_causal=True)
+        plan.add(main_build, *causal_probes(x_causal))
+        plan.causal(extra["causal"])
+        plan.add(main_build, Probe("eval", None, x_calls))  # _check_one_sdpa_call: its calls are counted
+        for build, cases in dropout:  # check_finite, check_dropout_modes
+            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases],
+                     *[Probe(mode, seed, cases[0].args[0]) for mode in ("eval", "train") for seed in (1, 2)])
+        plan.compared(dropout, train=True, diagnosed_causal=True)
+        _probe.record_module_probes(exercise, cls, plan.items(), count=("scaled_dot_product_attention",))
+        return
     module_checks(exercise, cls, [build for build, _ in configs + dropout], _qkv_shapes)
     diagnose = not_causal(exercise, cls)
     for config in configs:
         finite_then_values(exercise, cls, config, diagnose)
-    main = build_student(exercise, cls, _values_config()[0])
-    check_causal_module(exercise, main, rand(2, 10, 8, seed=74))
+    main = build_student(exercise, cls, main_build)
+    check_causal_module(exercise, main, x_causal)
     for case in extra["causal"]:
         check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
-    _check_one_sdpa_call(exercise, main, rand(2, 10, 8, seed=73))
+    _check_one_sdpa_call(exercise, main, x_calls)
     for build, cases in dropout:
         student = build_student(exercise, cls, build)
         for case in cases:
@@ -246,6 +280,26 @@ class TimerCase:
     def cost(self, call: int) -> float:
         return self.cold_s if call < self.cold_calls else self.costs_s[(call - self.cold_calls) % len(self.costs_s)]
 
+    @property
+    def args(self) -> tuple:
+        """Everything but the name, as plain data: how a case travels to the grading kernel and back
+        (as a :class:`Case`'s arguments, ``probe``)."""
+        return self.warmup, self.repeats, self.gpu, self.cold_calls, self.cold_s, tuple(self.costs_s)
+
+    @property
+    def kwargs(self) -> dict:
+        return {}
+
+    @property
+    def build(self) -> None:
+        return None
+
+    @classmethod
+    def from_case(cls, case: Case) -> "TimerCase":
+        """The timer case that travelled as ``case`` (:attr:`args`)."""
+        warmup, repeats, gpu, cold_calls, cold_s, costs_s = case.args
+        return cls(case.name, warmup, repeats, gpu, cold_calls, cold_s, tuple(costs_s))
+
 
 class FakeDevice:
     """A simulated device and its clock, for checking a timer without a GPU.
@@ -312,6 +366,30 @@ def run_timer(timer: Callable, case: TimerCase) -> tuple[object, FakeDevice]:
     return result, device
 
 
+def _timer_outcome(timer: Callable, case: TimerCase) -> tuple[object, int, int, int]:
+    """``(what the timer returned, fn calls, synchronisations, clock reads)`` of ``timer`` on the
+    simulated device of ``case``; raises what the timer raised. What the check judges, and under the
+    grader what the kernel hands out (``probe.record_runs``): the verdict is computed outside."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        got, device = run_timer(timer, case)
+    if isinstance(got, float) and type(got) is not float:  # numpy's float64 is a float to the check
+        got = float(got)
+    elif isinstance(got, int) and not isinstance(got, bool) and type(got) is not int:
+        got = int(got)
+    return got, device.calls, device.syncs, device.reads
+
+
+def _timer_outcome_of(timer: Callable, case: TimerCase) -> tuple[object, int, int, int]:
+    """:func:`_timer_outcome`, or in the grader's replay what the kernel handed out for ``case``,
+    refused (``probe.ReplayMiss``) unless its three counts are whole numbers."""
+    outcome = _probe.run_or_replay(timer, case, _timer_outcome)
+    if not (isinstance(outcome, tuple) and len(outcome) == 4
+            and all(type(n) is int and 0 <= n < 2**63 for n in outcome[1:])):
+        raise _probe.ReplayMiss("what came back from the simulated device is not the timer's result and three counts "
+                                "(calls, synchronisations, clock reads): the hand-off was changed")
+    return outcome
+
+
 def _timer_cases() -> list[TimerCase]:
     return [
         TimerCase("simulated GPU, warmup=3, repeats=5, three slow first calls", 3, 5, True, 3, 0.5,
@@ -321,7 +399,7 @@ def _timer_cases() -> list[TimerCase]:
     ]
 
 
-def _timer_diagnosis(case: TimerCase, device: FakeDevice, got: float) -> str:
+def _timer_diagnosis(case: TimerCase, got: float) -> str:
     """Why a timer's result differs from the median of the warm calls, in words."""
     warm = case.warm_costs()
 
@@ -356,15 +434,18 @@ def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> No
     """The median of the warm calls, in seconds, on a simulated GPU (whose work finishes only when
     synchronised) and on a CPU without CUDA; ``fn`` called ``warmup + repeats`` times."""
     exercise = "time_cuda_aware"
+    cases = _timer_cases() + ([c if isinstance(c, TimerCase) else TimerCase.from_case(c)
+                               for c in hidden_cases(exercise)] if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out what each simulated device saw; judged outside
+        _probe.record_runs(exercise, time_cuda_aware, cases, _timer_outcome)
+        return
     require_callable(exercise, time_cuda_aware)
     check_rules(exercise, time_cuda_aware)
     reference = reference_function(exercise)
-    cases = _timer_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         want = expect(exercise, case.name, lambda: run_timer(reference, case)[0])
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                got, device = run_timer(time_cuda_aware, case)
+            got, calls, syncs, reads = _timer_outcome_of(time_cuda_aware, case)
         except NotImplementedError:
             fail(exercise, NOT_IMPLEMENTED)
         except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
@@ -382,11 +463,11 @@ def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> No
                 error.student_error = exc
                 raise error from exc
         expected_calls = case.warmup + case.repeats
-        if device.calls != expected_calls:
+        if calls != expected_calls:
             why = (" The warm-up calls are missing: call fn() warmup times before timing, and throw those times away."
-                   if device.calls == case.repeats else
+                   if calls == case.repeats else
                    " Call fn() warmup times untimed, then once per timed repeat.")
-            fail(exercise, f"fn was called {device.calls} times with warmup={case.warmup}, repeats={case.repeats}; "
+            fail(exercise, f"fn was called {calls} times with warmup={case.warmup}, repeats={case.repeats}; "
                            f"expected warmup + repeats = {expected_calls}.{why}", Case(case.name))
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
@@ -394,15 +475,15 @@ def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> No
             fail(exercise, f"expected a number of seconds (a float), got {type(got).__name__}", Case(case.name))
         if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
             continue
-        if device.reads == 0:  # then got is a real time, different on every run: not shown
+        if reads == 0:  # then got is a real time, different on every run: not shown
             fail(exercise, "your timer never read time.perf_counter(), so it did not time the (simulated) device. "
                            "Read the clock as time.perf_counter() (with `import time`): the check replaces it with "
                            "the simulated device's clock.", Case(case.name))
-        if case.gpu and device.syncs == 0:
+        if case.gpu and syncs == 0:
             fail(exercise, f"expected {want:.6g} s, got {got:.6g} s: torch.cuda.synchronize() was never called on the "
                            f"(simulated) GPU, so the clock measured the kernel launches, not the work. Synchronise "
                            f"whenever torch.cuda.is_available(), before starting and before stopping the clock.",
                  Case(case.name))
-        fail(exercise, f"expected {want:.6g} s, got {got:.6g} s. Hint: {_timer_diagnosis(case, device, got)}",
+        fail(exercise, f"expected {want:.6g} s, got {got:.6g} s. Hint: {_timer_diagnosis(case, got)}",
              Case(case.name))
     passed(exercise, f"{len(cases)} simulated devices timed right ({'; '.join(c.name for c in cases)})")

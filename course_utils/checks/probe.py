@@ -19,6 +19,10 @@ writes what came back to a folder that the grader reads once the kernel has exit
   as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
   (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
 - a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
+- for a forward pass whose check counts calls of a torch function (notebook 06's one call of
+  ``F.scaled_dot_product_attention``), how often it called it (:class:`CallCounter`);
+- for a check that runs the student's code its own way (notebook 06's timer on a simulated
+  device), what it observed per case (:func:`record_runs`);
 - for a function that changes modules in place (``record(..., prepare=..., attributes=...)``):
   what it returned or raised, and what it left in the named attributes of each module it was
   given (their kinds and values, or ``unchanged``);
@@ -53,12 +57,14 @@ another CPU: the grader and the kernel may compute float32 inputs in different l
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 #: The folder the kernel writes its outputs to (set by the grader in the sandboxed kernel only).
 DIR_VARIABLE = "COURSE_PROBE_DIR"
@@ -464,7 +470,8 @@ def left_behind(meta: torch.nn.Module) -> list[list[str]]:
     return left[:MAX_STRUCTURE + 1]
 
 
-def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]]) -> None:
+def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]],
+                         count: Sequence[str] = ()) -> None:
     """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
     what a module check reads of it: the construction (as :func:`record_module`, with its
     :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
@@ -474,7 +481,8 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
 
     The grader looks the forward passes up by construction, mode, seed, copy and inputs
     (``judge.KeyedModuleReplay``), so the checks outside may ask for them in any order, and some
-    (a diagnosis's) not at all. Never compares.
+    (a diagnosis's) not at all. ``count``: torch functions (:data:`COUNTED`) whose calls each forward
+    pass also hands out, ``"calls": {name: count}`` (:class:`CallCounter`). Never compares.
     """
     import copy as _copy
 
@@ -506,12 +514,18 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                         structure["copy_error"] = _error(exc)
                         break
                 target = copies[p.copy]
+            counters = [CallCounter(name) for name in count]
             try:
                 getattr(target, p.mode)()
                 torch.manual_seed(7 if p.seed is None else p.seed)
-                forward["result"] = encode(target(p.x.clone()))
+                with contextlib.ExitStack() as counting:
+                    for counter in counters:
+                        counting.enter_context(counter)
+                    forward["result"] = encode(target(p.x.clone()))
             except Exception as exc:  # noqa: BLE001
                 forward["error"] = _error(exc)
+            if counters:
+                forward["calls"] = {c.name: min(c.count, MAX_CALLS) for c in counters}
             store.append(forward)
     _save(_current[0])
 
@@ -551,6 +565,94 @@ def _same(before: torch.Tensor, after: Any) -> bool:
     if isinstance(after, torch.Tensor) and "meta" in (before.device.type, after.device.type):
         return before.device == after.device and before.shape == after.shape  # no data to compare
     return isinstance(after, torch.Tensor) and torch.equal(before, after)
+
+
+# --------------------------------------------------------------------------------------------
+# Calls counted: how an output was computed (notebook 06: one call of the fused kernel)
+# --------------------------------------------------------------------------------------------
+#: Torch functions whose calls a module check counts, by name.
+COUNTED = ("scaled_dot_product_attention",)
+#: Most calls of a counted function handed out for one forward pass (a count above is handed out as this).
+MAX_CALLS = 1000
+
+
+class CallCounter(TorchFunctionMode):
+    """Counts the calls of the torch function named ``name`` (one of :data:`COUNTED`) made while active.
+
+    In the kernel, a check's spy; under the grader, :func:`record_module_probes` hands each forward
+    pass's count out. In the grader's replay (``grader/judge.py``) no student code runs: a replayed
+    forward pass adds the calls the kernel counted for it to every counter active then
+    (:func:`add_replayed_calls`), so the check reads the count it would have read in the kernel.
+    """
+
+    _active: list["CallCounter"] = []
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.count = 0
+
+    def __enter__(self) -> "CallCounter":
+        CallCounter._active.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        if self in CallCounter._active:
+            CallCounter._active.remove(self)
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == self.name:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def add_replayed_calls(calls: dict[str, int]) -> None:
+    """Add ``calls`` (name -> count, as a forward pass handed them out) to every :class:`CallCounter`
+    active now: the grader's replay of a forward pass that made them in the kernel."""
+    for counter in CallCounter._active:
+        counter.count += calls.get(counter.name, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Code a check runs its own way (notebook 06's timer on a simulated device)
+# --------------------------------------------------------------------------------------------
+class Replayed:
+    """The base of the grader's stand-ins for a student's code (``grader/judge.py``'s ``Replay``). A
+    check that runs the student's code its own way hands out what it observed (:func:`record_runs`),
+    and asks a stand-in for that instead of running it (:func:`run_or_replay`)."""
+
+
+def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable[[Any, Any], Any]) -> None:
+    """Hand out ``run(student, case)`` for every case (the kernel's part of a check that runs the
+    student's code its own way, e.g. on a simulated device): what ``run`` returns (plain data: what
+    the student's code gave, and what the check observed of it) or raises. Never compares.
+
+    Each record is ``{"exercise", "inputs": inputs_of(case.args, case.kwargs), "result" | "error"}``,
+    as :func:`record` writes them, so the grader replays them the same way: its stand-in for the
+    student's code, called with a case's arguments, checks them and returns (or raises) what ``run``
+    did in the kernel (:func:`run_or_replay`).
+    """
+    store = _start(exercise, student)
+    if store is None:
+        return
+    for case in cases:
+        entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}
+        try:
+            entry["result"] = encode(run(student, case))
+        except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+            entry["error"] = _error(exc)
+        store.append(entry)
+    _save(_current[0])
+
+
+def run_or_replay(student: Any, case: Any, run: Callable[[Any, Any], Any]) -> Any:
+    """``run(student, case)``; in the grader's replay (``student`` is a :class:`Replayed`), what the
+    kernel's ``run`` handed out for the same case (:func:`record_runs`), which is untrusted: the check
+    must refuse a malformed one with :class:`ReplayMiss`."""
+    if isinstance(student, Replayed):
+        return student(*case.args, **case.kwargs)
+    return run(student, case)
 
 
 def _save(test_id: str) -> None:

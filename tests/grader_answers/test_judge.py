@@ -791,3 +791,166 @@ def test_hidden_groups_of_cases_reach_the_kernel_as_data(monkeypatch):
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 06: its module classes judged outside; the calls of the fused kernel counted in the kernel
+# --------------------------------------------------------------------------------------------
+NB06 = "06_efficient_attention_gpu"
+COMBINED_TEST, SDPA_TEST = "test_MultiHeadAttentionCombinedQKV", "test_MHAPyTorchSDPA"
+_NB06 = load(NB06)
+_SDPA_RIGHT = _NB06._sdpa(_NB06._SDPA_FORWARD)
+#: Right outputs, with F.scaled_dot_product_attention called a second time (its result unused).
+_SDPA_TWICE = _NB06._sdpa(_NB06._SDPA_FORWARD.replace(
+    "        return self.out_proj(", "        F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+                                    "        return self.out_proj("))
+
+
+def test_a_second_sdpa_call_is_counted_outside_as_in_the_kernel(monkeypatch, capsys):
+    """The check counts the calls of the fused kernel: the kernel hands the count out with each forward
+    pass, and the replay outside gives the check the same count, so the verdict is the kernel's."""
+    want = _inside(NB06, "MHAPyTorchSDPA", _SDPA_TWICE)
+    assert "called F.scaled_dot_product_attention 2 times" in want[SDPA_TEST][1], want
+    test_the_verdict_outside_is_the_kernels(NB06, "MHAPyTorchSDPA", _SDPA_TWICE, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_sdpa():
+    """What an honest MHAPyTorchSDPA hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB06, "MHAPyTorchSDPA", _SDPA_RIGHT, SDPA_TEST)
+
+
+def _sdpa_verdict(tmp_path, records, sources) -> judge.Verdict:
+    return _verdict_of(tmp_path, NB06, SDPA_TEST, records, sources)
+
+
+def test_an_honest_sdpa_hand_off_counts_one_call_per_pass(tmp_path, honest_sdpa):
+    records, sources = honest_sdpa
+    forwards = [r for r in records if "mode" in r]
+    assert forwards and all(r["calls"] == {"scaled_dot_product_attention": 1} for r in forwards)
+    verdict = _sdpa_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "one SDPA call" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("calls", [
+    {"scaled_dot_product_attention": -1}, {"scaled_dot_product_attention": 1.0},
+    {"scaled_dot_product_attention": True}, {"scaled_dot_product_attention": "1"},
+    {"scaled_dot_product_attention": probe.MAX_CALLS + 1}, {"softmax": 1}, [1], 1,
+])
+def test_a_malformed_count_of_calls_is_refused(tmp_path, honest_sdpa, calls):
+    records, sources = honest_sdpa
+    records = _copy(records)
+    for r in records:
+        if "mode" in r:
+            r["calls"] = calls
+    with pytest.raises(judge.BadHandOff) as info:
+        _sdpa_verdict(tmp_path, records, sources)
+    assert "count of calls" in str(info.value), str(info.value)
+
+
+def test_the_count_of_calls_is_read_from_the_hand_off(tmp_path, honest_sdpa):
+    """A count of 2 fails as the kernel's own would; a count left out is none, and earns nothing."""
+    records, sources = honest_sdpa
+    twice = _copy(records)
+    for r in twice:
+        if "mode" in r:
+            r["calls"] = {"scaled_dot_product_attention": 2}
+    verdict = _sdpa_verdict(tmp_path, twice, sources)
+    assert verdict.ename == "CheckFailed" and "2 times" in verdict.evalue, verdict.evalue
+    gone = _copy(records)
+    for r in gone:
+        r.pop("calls", None)
+    verdict = _sdpa_verdict(tmp_path, gone, sources)
+    assert verdict.ename == "CheckFailed" and "0 times" in verdict.evalue, verdict.evalue
+
+
+@pytest.fixture(scope="module")
+def honest_combined():
+    """What an honest MultiHeadAttentionCombinedQKV hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB06, "MultiHeadAttentionCombinedQKV", _NB06._combined(_NB06._COMBINED_FORWARD), COMBINED_TEST)
+
+
+def test_a_combined_qkv_hand_off_is_judged_outside(tmp_path, honest_combined):
+    records, sources = honest_combined
+    verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, records, sources)
+    assert verdict.ename is None and "no position sees the future" in verdict.text, verdict.evalue
+    # A forward pass the check makes that did not come back: 0, saying which.
+    missing = [r for r in _copy(records) if r.get("copy") != "float64"]
+    verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, missing, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "a float64 copy" in verdict.evalue, verdict.evalue
+    # The mask buffer handed out as gone: the buffer check fails, as it would on such a module.
+    forged = _copy(records)
+    for r in forged:
+        if "module" in r:
+            r["module"]["structure"]["buffers"] = []
+    verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "no buffer of shape" in verdict.evalue, verdict.evalue
+
+
+# The timer (notebook 06): what each simulated device saw comes back, and the verdict is computed outside.
+TIMER_TEST = "test_time_cuda_aware"
+_TIMER_RIGHT = _NB06._TIMER
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy as np\n" + _TIMER_RIGHT.replace("statistics.median(times)", "np.median(times)"),
+    _TIMER_RIGHT.replace("return statistics.median(times)", "return torch.tensor(times).median()"),
+    _TIMER_RIGHT.replace("return statistics.median(times)", "return str(statistics.median(times))"),
+    _TIMER_RIGHT.replace("    for _ in range(warmup):\n        fn()\n", "    for _ in range(warmup):\n        fn(1)\n"),
+], ids=["numpy's float64", "a 0-dim tensor", "a string", "calls fn with an argument"])
+def test_every_kind_of_timer_outcome_replays_to_the_same_verdict(source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(NB06, "time_cuda_aware", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_timer():
+    """What an honest time_cuda_aware hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB06, "time_cuda_aware", _TIMER_RIGHT, TIMER_TEST)
+
+
+def _timer_verdict(tmp_path, records, sources) -> judge.Verdict:
+    return _verdict_of(tmp_path, NB06, TIMER_TEST, records, sources)
+
+
+def test_an_honest_timer_hand_off_passes(tmp_path, honest_timer):
+    records, sources = honest_timer
+    first = records[0]["result"]["items"]
+    assert [i["kind"] for i in first] == ["number"] * 4 and [i["value"] for i in first[1:]] == [8, 10, 10]
+    verdict = _timer_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "simulated devices timed right" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("item, value", [(1, {"kind": "number", "type": "float", "value": 8.0}),
+                                         (2, {"kind": "number", "type": "int", "value": -1}),
+                                         (3, {"kind": "text", "value": "10"}),
+                                         (3, None)])
+def test_a_malformed_timer_outcome_scores_zero(tmp_path, honest_timer, item, value):
+    records, sources = honest_timer
+    forged = _copy(records)
+    items = forged[0]["result"]["items"]
+    if value is None:
+        items.pop(item)
+    else:
+        items[item] = value
+    verdict = _timer_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "simulated device" in verdict.evalue, verdict.evalue
+
+
+def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
+    """Counts and results are read from the hand-off and judged as the kernel's own would be; an outcome
+    of another simulated device is refused."""
+    records, sources = honest_timer
+    fewer = _copy(records)
+    fewer[0]["result"]["items"][1]["value"] = 5  # fn called 5 times: no warm-up
+    verdict = _timer_verdict(tmp_path, fewer, sources)
+    assert verdict.ename == "CheckFailed" and "warm-up calls are missing" in verdict.evalue, verdict.evalue
+    slow = _copy(records)
+    slow[0]["result"]["items"][0]["value"] *= 2
+    verdict = _timer_verdict(tmp_path, slow, sources)
+    assert verdict.ename == "CheckFailed" and "expected 0.011 s" in verdict.evalue, verdict.evalue
+    swapped = _copy(records)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    verdict = _timer_verdict(tmp_path, swapped, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _timer_verdict(tmp_path, _copy(records)[:2], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue

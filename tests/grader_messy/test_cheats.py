@@ -155,3 +155,20 @@ def test_a_fully_judged_notebooks_kernel_cannot_import_the_reference(graded, nam
     cheat = cheats.CHEATS[name]
     message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
     assert "ImportError" in message and "not part of the student edition" in message, message
+
+
+def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
+    """Every exercise of notebook 06 is judged outside (its module classes' probes, the count of the fused
+    kernel's calls, the timer's simulated devices), so its kernel has the student edition: the reference
+    imported by a computed name is not there; a check replaced in the kernel hands nothing out; a timer
+    that reads the expected median from the checker's frames finds none there."""
+    said = {
+        "MultiHeadAttentionCombinedQKV: build the reference's module, imported by a computed name":
+            "not part of the student edition",
+        "MHAPyTorchSDPA: replace the check through sys.modules": "no construction of MHAPyTorchSDPA",
+        "time_cuda_aware: return the expected median, read from the checker's frames": "never read time.perf_counter()",
+    }
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"

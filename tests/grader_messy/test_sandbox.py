@@ -99,6 +99,12 @@ def test_a_fully_judged_notebooks_kernel_gets_the_student_edition(notebook):
         handoff.remove()
 
 
+def test_notebook_06s_kernel_gets_the_student_edition():
+    """Notebook 06 is judged entirely outside too (its module classes' probes with the count of the fused
+    kernel's calls, and the timer's simulated devices): its grading kernel has the student edition."""
+    test_a_fully_judged_notebooks_kernel_gets_the_student_edition("06_efficient_attention_gpu")
+
+
 def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
     """grader/cgroups.py: in the sandbox, as the kernel manager starts it, fork fails past the cap, and the
     group is gone once removed (a kernel's cleanup removes it)."""
