@@ -252,9 +252,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe,
                               probe_dir=self.probe_dir, probe_inputs=self.probe_inputs,
                               student_edition=self.student_edition)
-        # A cap on the kernel's processes (grader/cgroups.py), where this machine lets the grader set one.
+        # Caps on the kernel's processes, and on the memory they hold together (grader/cgroups.py), where
+        # this machine lets the grader set them.
         self._remove_pids_group()
-        self._pids_group = cgroups.make_group()
+        self._pids_group = cgroups.make_group(memory_max=self.memory_limit or None)
         return (self._pids_group.join_prefix() if self._pids_group is not None else []) + cmd
 
     def _remove_pids_group(self) -> None:

@@ -137,6 +137,39 @@ def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
     assert not group.folder.exists()
 
 
+@pytest.mark.parametrize("memory_max", [600 * 1024**2, None], ids=["capped", "uncapped"])
+def test_the_kernels_processes_share_one_memory_cap(tmp_path, memory_max):
+    """grader/cgroups.py: four processes of one kernel, each holding 250 MB (under any per-process cap),
+    together pass a 600 MB cap: the kernel's own out-of-memory killer ends some of them, and nothing
+    outside. Uncapped, the same four all finish: the cap is what stopped them."""
+    import subprocess
+    import sys
+
+    from grader import cgroups
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    capped, why = cgroups.memory_status()
+    if not capped:
+        pytest.skip(f"no memory cap on this machine: {why}")
+    hold = ("import os, time\nkids = []\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        block = b'x' * (250 * 1024**2)\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+            "print('killed', sum(os.waitpid(pid, 0)[1] != 0 for pid in kids))\n")
+    group = cgroups.make_group(memory_max=memory_max)
+    assert group is not None and group.memory_max == memory_max
+    try:
+        cmd = group.join_prefix() + sandbox.sandbox_command([sys.executable, "-c", hold], socket_dir=str(tmp_path),
+                                                            memory=0, bwrap=sandbox.bwrap_path())
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        group.remove()
+    words = done.stdout.split()
+    assert words[:1] == ["killed"], done.stdout + done.stderr[-1000:]
+    assert (int(words[1]) >= 1) == (memory_max is not None), done.stdout
+    assert not any(folder.exists() for folder in group.folders)
+
+
 @pytest.mark.parametrize("shutdown, hook_runs", [("immediate", False), ("graceful", True)])
 def test_the_kernel_is_stopped_at_once_after_the_last_cell(tmp_path, shutdown, hook_runs):
     """grader.execute.RobustExecute stops the kernel without letting it wind down (its default): a
