@@ -86,6 +86,16 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
+# Notebook 08: its functions are judged outside. apply_rope, MultiHeadAttentionKVCache and
+# GroupedQueryAttention stay in the kernel: their checks run them with the reference's versions of the
+# notebook's other exercises (``modules.check_alone``), which a kernel with the student edition lacks;
+# so 08's kernel keeps the instructor edition.
+JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"})  # 08
+#: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
+#: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
+#: name, and the replay binds a :class:`Replay` of them to that name (``None`` where the kernel was given
+#: ``None``, as the check allows).
+COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
@@ -1049,6 +1059,8 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
+    replays.update({name: _companion_replay(name, records, sources.get(name))
+                    for name, owner in COMPANIONS.items() if owner in exercises})
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
     try:
@@ -1060,12 +1072,22 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
     extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
              if isinstance(r, Replay) and not isinstance(r, KeyedModuleReplay) and r.used < len(r.records)]
-    unknown = sorted({r["exercise"] for r in records} - set(exercises))
+    unknown = sorted({r["exercise"] for r in records} - set(replays))
     if extra or unknown:
         why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \
               "): the hand-off was changed"
         return Verdict("", HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, why))
     return Verdict(printed.getvalue())
+
+
+def _companion_replay(name: str, records: list[dict], source: str | None) -> Any:
+    """What stands for companion ``name`` (:data:`COMPANIONS`) in the replay: ``None`` where the kernel
+    handed out that it was given ``None``, else as :func:`replay_for` (no record: a :class:`Replay` of
+    none, so that a check that calls it scores 0 with the reason)."""
+    mine = [r for r in records if r["exercise"] == name]
+    if mine and mine[0].get("callable") is False and mine[0]["type"] == "NoneType":
+        return None
+    return replay_for(name, records, source)
 
 
 def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
@@ -1088,6 +1110,8 @@ def answer_sources(nb: NotebookNode, exercises: list[str]) -> dict[str, str]:
     for gid, index in intake.answer_cells(nb).items():
         if gid in exercises:
             found[gid] = _def_source(nb.cells[index].source, gid)[0]
+            for name in (n for n, owner in COMPANIONS.items() if owner == gid):  # in the same answer cell
+                found[name] = _def_source(nb.cells[index].source, name)[0]
     return found
 
 
