@@ -93,8 +93,9 @@ LAYOUT_INPUTS = frozenset({"count_parameters"})
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"})  # 08
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
-#: name, and the replay binds a :class:`Replay` of them to that name (``None`` where the kernel was given
-#: ``None``, as the check allows).
+#: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
+#: ``None`` (or anything not callable) replays as an object of that type's name, which the check
+#: refuses: a hand-off cannot skip a companion's check by saying there was none.
 COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
@@ -1059,7 +1060,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
-    replays.update({name: _companion_replay(name, records, sources.get(name))
+    replays.update({name: replay_for(name, records, sources.get(name))
                     for name, owner in COMPANIONS.items() if owner in exercises})
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
@@ -1078,16 +1079,6 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
               "): the hand-off was changed"
         return Verdict("", HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, why))
     return Verdict(printed.getvalue())
-
-
-def _companion_replay(name: str, records: list[dict], source: str | None) -> Any:
-    """What stands for companion ``name`` (:data:`COMPANIONS`) in the replay: ``None`` where the kernel
-    handed out that it was given ``None``, else as :func:`replay_for` (no record: a :class:`Replay` of
-    none, so that a check that calls it scores 0 with the reason)."""
-    mine = [r for r in records if r["exercise"] == name]
-    if mine and mine[0].get("callable") is False and mine[0]["type"] == "NoneType":
-        return None
-    return replay_for(name, records, source)
 
 
 def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
