@@ -43,6 +43,10 @@ computed from other inputs than the grader's (a count of another module's layout
 another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
+
+Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
+raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
+out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,14 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 ``is_causal=True`` does when there are fewer queries than keys), a cache that grows along the
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
+
+Under the grader, ``decode_causal_mask``, ``rope_angles``, ``repeat_kv`` and ``sliding_window_mask``
+are judged outside the kernel (``grader/judge.py``): the kernel only hands out what the student's
+code gave on every call their checks make (``compare_function``'s, the dtype pass, the calls that
+must raise) and, for ``sliding_window_mask_mod``, each case's mask made from its ``mask_mod`` or what
+it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs these checks on a
+replay of it. ``apply_rope`` and the two module classes are still checked in the kernel: their checks
+run them with the reference's helpers (:func:`_alone`), which only the instructor edition has.
 """
 
 from __future__ import annotations
