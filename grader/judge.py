@@ -90,11 +90,13 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
-# Notebook 08: its functions are judged outside. apply_rope, MultiHeadAttentionKVCache and
-# GroupedQueryAttention stay in the kernel: their checks run them with the reference's versions of the
-# notebook's other exercises (``modules.check_alone``), which a kernel with the student edition lacks;
-# so 08's kernel keeps the instructor edition.
-JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"})  # 08
+# Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
+# tries: with the reference's rope_angles swapped in, and with the student's own).
+# MultiHeadAttentionKVCache and GroupedQueryAttention stay in the kernel: their checks run them with the
+# reference's versions of the notebook's other exercises (``modules.check_alone``), which a kernel with
+# the student edition lacks; so 08's kernel keeps the instructor edition.
+JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
+                             "sliding_window_mask"})  # 08
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
 #: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as

@@ -8,13 +8,15 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
 
-Under the grader, ``decode_causal_mask``, ``rope_angles``, ``repeat_kv`` and ``sliding_window_mask``
-are judged outside the kernel (``grader/judge.py``): the kernel only hands out what the student's
-code gave on every call their checks make (``compare_function``'s, the dtype pass, the calls that
-must raise) and, for ``sliding_window_mask_mod``, each case's mask made from its ``mask_mod`` or what
-it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs these checks on a
-replay of it. ``apply_rope`` and the two module classes are still checked in the kernel: their checks
-run them with the reference's helpers (:func:`_alone`), which only the instructor edition has.
+Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv`` and
+``sliding_window_mask`` are judged outside the kernel (``grader/judge.py``): the kernel only hands out
+what the student's code gave on every call their checks make (``compare_function``'s, the dtype pass,
+the calls that must raise; for ``apply_rope`` both tries of :func:`_alone`, with our ``rope_angles``
+and with the student's, read outside by :func:`_alone_replayed`) and, for ``sliding_window_mask_mod``,
+each case's mask made from its ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`,
+``probe.record_runs``); the grader runs these checks on a replay of it. The two module classes are
+still checked in the kernel: their checks run them with the reference's helpers (:func:`_alone`),
+which only the instructor edition has, and probe a stateful cache.
 """
 
 from __future__ import annotations
@@ -83,6 +85,32 @@ def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
     checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
                  "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
     check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
+
+
+def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
+    """:func:`modules.check_alone`'s two tries, judged outside on what the kernel handed out: ``run()``
+    on the outputs the student's code gave with our helpers (``count`` calls), then, only if that
+    fails, quietly on those it gave with the student's own (the next ``count``); it fails only when
+    both fail, with the first message. The tries the verdict does not need are left unread (the
+    replay's position, ``grader.judge.Replay.used``, moves past them)."""
+    import contextlib
+    import io
+
+    start = replay.used  # type: ignore[attr-defined]
+    try:
+        run()
+    except CheckFailed as error:
+        first = error
+    else:
+        replay.used = start + 2 * count  # type: ignore[attr-defined]
+        return
+    replay.used = start + count  # type: ignore[attr-defined]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            run()
+    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
+        raise first from None
+    print(printed.getvalue(), end="")
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -216,7 +244,18 @@ def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
     ]
     cases += hidden_cases(exercise) if hidden else []
     require_callable(exercise, apply_rope)
-    _alone(exercise, apply_rope, lambda: compare_function(exercise, apply_rope, cases, quiet=True))
+
+    def compare() -> None:
+        compare_function(exercise, apply_rope, cases, quiet=True)
+
+    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
+        _alone(exercise, apply_rope, compare)  # with our rope_angles (the instructor edition's, swapped in)
+        compare()  # with the student's own
+        return
+    if isinstance(apply_rope, _probe.Replayed):  # the grader's replay of those two runs
+        _alone_replayed(apply_rope, compare, len(cases))
+    else:
+        _alone(exercise, apply_rope, compare)
     passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
                      f"turned by its angle at its position")
 

@@ -1050,7 +1050,7 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
-        assert not handoff.student_edition  # apply_rope and the two modules are still checked in the kernel
+        assert not handoff.student_edition  # the two module classes are still checked in the kernel
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1062,3 +1062,40 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
+
+
+#: apply_rope beside a rope_angles of the student's own: one that is wrong (checked with ours, apply_rope keeps
+#: its points), and one of another layout that the student's apply_rope relies on (ours fails it; its own passes).
+_WRONG_ANGLES = str(_NB08.WRONG["rope_angles"]["positive exponent"])
+_OWN_LAYOUT = (_NB08._ANGLES.replace("inv_freq[None, :]", "inv_freq[None, :]).T  # (D/2, P)").replace(
+    "    return torch.arange", "    return (torch.arange") + _NB08._ROPE.replace("[positions]", "[:, positions].T"))
+
+
+@pytest.mark.parametrize("source", [_WRONG_ANGLES + _NB08._ROPE, _OWN_LAYOUT],
+                         ids=["a wrong rope_angles of its own", "a rope_angles of its own layout"])
+def test_apply_rope_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
+    """Both of check_alone's tries are handed out: the verdict outside is the kernel's, full marks here."""
+    assert "apply_rope" in judge.JUDGED
+    want = _inside(NB08, "apply_rope", source)
+    assert want and all(ename is None for ename, _ in want.values()), want
+    test_the_verdict_outside_is_the_kernels(NB08, "apply_rope", source, monkeypatch, capsys)
+
+
+def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
+    """A wrong first try with a right second one passes (the student's own helper); both wrong fail with
+    the first try's message; a second try left out scores 0 when the verdict needs it."""
+    handoff, _ = _handed_out(NB08, "apply_rope", _OWN_LAYOUT, monkeypatch)
+    try:
+        records, sources = judge.load_hand_off(handoff.outputs, "test_apply_rope")
+    finally:
+        handoff.remove()
+    n = 3  # the visible cases: their first try, then their second; then the hidden cases' two tries
+    assert all("error" in r for r in records[:n]) and all("result" in r for r in records[n:2 * n])
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
+    assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
+    both = _copy(records)
+    both[n:2 * n] = _copy(records[:n])
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", both, sources)
+    assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
