@@ -43,6 +43,10 @@ computed from other inputs than the grader's (a count of another module's layout
 another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
+
+Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
+raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
+out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,19 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
+# Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
+# tries: with the reference's rope_angles swapped in, and with the student's own).
+# MultiHeadAttentionKVCache and GroupedQueryAttention stay in the kernel: their checks run them with the
+# reference's versions of the notebook's other exercises (``modules.check_alone``), which a kernel with
+# the student edition lacks; so 08's kernel keeps the instructor edition.
+JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
+                             "sliding_window_mask"})  # 08
+#: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
+#: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
+#: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
+#: ``None`` (or anything not callable) replays as an object of that type's name, which the check
+#: refuses: a hand-off cannot skip a companion's check by saying there was none.
+COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
@@ -1049,6 +1066,8 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
+    replays.update({name: replay_for(name, records, sources.get(name))
+                    for name, owner in COMPANIONS.items() if owner in exercises})
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
     try:
@@ -1060,7 +1079,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
     extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
              if isinstance(r, Replay) and not isinstance(r, KeyedModuleReplay) and r.used < len(r.records)]
-    unknown = sorted({r["exercise"] for r in records} - set(exercises))
+    unknown = sorted({r["exercise"] for r in records} - set(replays))
     if extra or unknown:
         why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \
               "): the hand-off was changed"
@@ -1088,6 +1107,8 @@ def answer_sources(nb: NotebookNode, exercises: list[str]) -> dict[str, str]:
     for gid, index in intake.answer_cells(nb).items():
         if gid in exercises:
             found[gid] = _def_source(nb.cells[index].source, gid)[0]
+            for name in (n for n, owner in COMPANIONS.items() if owner == gid):  # in the same answer cell
+                found[name] = _def_source(nb.cells[index].source, name)[0]
     return found
 
 

@@ -7,6 +7,16 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 ``is_causal=True`` does when there are fewer queries than keys), a cache that grows along the
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
+
+Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv`` and
+``sliding_window_mask`` are judged outside the kernel (``grader/judge.py``): the kernel only hands out
+what the student's code gave on every call their checks make (``compare_function``'s, the dtype pass,
+the calls that must raise; for ``apply_rope`` both tries of :func:`_alone`, with our ``rope_angles``
+and with the student's, read outside by :func:`_alone_replayed`) and, for ``sliding_window_mask_mod``,
+each case's mask made from its ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`,
+``probe.record_runs``); the grader runs these checks on a replay of it. The two module classes are
+still checked in the kernel: their checks run them with the reference's helpers (:func:`_alone`),
+which only the instructor edition has, and probe a stateful cache.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import torch
 
 from course_utils import rules
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
@@ -74,6 +85,32 @@ def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
     checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
                  "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
     check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
+
+
+def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
+    """:func:`modules.check_alone`'s two tries, judged outside on what the kernel handed out: ``run()``
+    on the outputs the student's code gave with our helpers (``count`` calls), then, only if that
+    fails, quietly on those it gave with the student's own (the next ``count``); it fails only when
+    both fail, with the first message. The tries the verdict does not need are left unread (the
+    replay's position, ``grader.judge.Replay.used``, moves past them)."""
+    import contextlib
+    import io
+
+    start = replay.used  # type: ignore[attr-defined]
+    try:
+        run()
+    except CheckFailed as error:
+        first = error
+    else:
+        replay.used = start + 2 * count  # type: ignore[attr-defined]
+        return
+    replay.used = start + count  # type: ignore[attr-defined]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            run()
+    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
+        raise first from None
+    print(printed.getvalue(), end="")
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -137,8 +174,12 @@ def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False)
     cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
     cases += hidden_cases(exercise) if hidden else []
     compare_function(exercise, decode_causal_mask, cases, diagnose=_decode_mask_diagnosis, quiet=True)
+    too_many = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))]
+    if _probe.active(exercise):  # under the grader: the dtype pass and the errors below run outside, on these
+        _probe.record(exercise, decode_causal_mask, cases + too_many)
+        return
     _bool_mask_check(exercise, decode_causal_mask, cases)
-    for q, k in ((5, 3), (2, 1)):
+    for q, k in (c.args for c in too_many):
         if _raises(decode_causal_mask, q, k) is None:
             fail(exercise, f"decode_causal_mask({q}, {k}) returned a mask: more queries than keys cannot be the last "
                            f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
@@ -172,6 +213,9 @@ def check_rope_angles(rope_angles: Callable, hidden: bool = False) -> None:
              Case("head_dim=16, max_positions=40", (16, 40))]
     cases += hidden_cases(exercise) if hidden else []
     compare_function(exercise, rope_angles, cases, diagnose=_angles_diagnosis, quiet=True)
+    if _probe.active(exercise):  # under the grader: the dtype pass and the odd head_dim below run outside, on these
+        _probe.record(exercise, rope_angles, cases[:1] + [Case("head_dim=5, max_positions=4", (5, 4))])
+        return
     for case in cases[:1]:
         got = call_student(exercise, rope_angles, case)
         if got.dtype != torch.float32:
@@ -200,7 +244,18 @@ def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
     ]
     cases += hidden_cases(exercise) if hidden else []
     require_callable(exercise, apply_rope)
-    _alone(exercise, apply_rope, lambda: compare_function(exercise, apply_rope, cases, quiet=True))
+
+    def compare() -> None:
+        compare_function(exercise, apply_rope, cases, quiet=True)
+
+    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
+        _alone(exercise, apply_rope, compare)  # with our rope_angles (the instructor edition's, swapped in)
+        compare()  # with the student's own
+        return
+    if isinstance(apply_rope, _probe.Replayed):  # the grader's replay of those two runs
+        _alone_replayed(apply_rope, compare, len(cases))
+    else:
+        _alone(exercise, apply_rope, compare)
     passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
                      f"turned by its angle at its position")
 
@@ -772,6 +827,53 @@ def mask_from_mod(mask_mod: Callable, num_tokens: int) -> tuple[torch.Tensor, st
     return create_mask(mask_mod, None, None, num_tokens, num_tokens, device="cpu")[0, 0], "FlexAttention's create_mask"
 
 
+#: The name the kernel hands the mask_mod's outcomes out under (``grader.judge.COMPANIONS``).
+MASK_MOD = "sliding_window_mask_mod"
+
+
+def _mask_mod_outcome(mask_mod_factory: Callable, case: Case, keep_error: bool = False) -> list:
+    """What ``mask_mod_factory(window)``'s ``mask_mod`` gives on case ``(T, window)``, as plain data:
+    ``["mask", (T, T) tensor, how it was made]``, ``["not_callable", type name]``, or
+    ``["factory_error" | "mod_error", type name, message]`` (with ``keep_error``, the exception too,
+    for the traceback a student sees in JupyterLab). Under the grader the kernel hands this out
+    (``probe.record_runs``) and the verdict is computed outside on it."""
+    T, window = case.args
+
+    def error(kind: str, exc: Exception) -> list:
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+            text = ""
+        return [kind, type(exc).__name__, text[:_probe.MAX_MESSAGE]] + ([exc] if keep_error else [])
+
+    try:
+        mask_mod = mask_mod_factory(window)
+    except Exception as exc:  # noqa: BLE001 - any error in student code is an outcome
+        return error("factory_error", exc)
+    if not callable(mask_mod):
+        return ["not_callable", type(mask_mod).__name__]
+    try:
+        got, how = mask_from_mod(mask_mod, T)
+    except Exception as exc:  # noqa: BLE001
+        return error("mod_error", exc)
+    return ["mask", got, how]
+
+
+def _valid_outcome(outcome: object, T: int) -> bool:
+    """Whether a (replayed, so untrusted) outcome of :func:`_mask_mod_outcome` is one it can give."""
+    if not isinstance(outcome, list) or not outcome or not isinstance(outcome[0], str):
+        return False
+    kind, rest = outcome[0], outcome[1:]
+    if kind == "mask":
+        return len(rest) == 2 and isinstance(rest[0], torch.Tensor) and tuple(rest[0].shape) == (T, T) \
+            and isinstance(rest[1], str)
+    if kind == "not_callable":
+        return len(rest) == 1 and isinstance(rest[0], str)
+    if kind in ("factory_error", "mod_error"):
+        return len(rest) in (2, 3) and isinstance(rest[0], str) and isinstance(rest[1], str)
+    return False
+
+
 def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[Case]) -> str:
     """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not."""
     require_callable(exercise, mask_mod_factory)
@@ -782,24 +884,38 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
     for case in cases:
         T, window = case.args
         hidden_entries = expect(exercise, case.key(), lambda: _expected.reference(exercise)(T, window))
-        mask_mod = call_student(exercise, mask_mod_factory, Case(f"sliding_window_mask_mod({window})", (window,)))
-        if not callable(mask_mod):
-            fail(exercise, f"sliding_window_mask_mod({window}) returned {type(mask_mod).__name__}; it must return a "
+        outcome = _probe.run_or_replay(mask_mod_factory, case,
+                                       lambda f, c: _mask_mod_outcome(f, c, keep_error=True))
+        if not _valid_outcome(outcome, T):
+            raise _probe.ReplayMiss(f"what came back from sliding_window_mask_mod on case '{case.name}' is not a "
+                                    f"({T}, {T}) mask, a type name or an error")
+        kind = outcome[0]
+        if kind == "factory_error":
+            if outcome[1] == "NotImplementedError":
+                fail(exercise, NOT_IMPLEMENTED)
+            said = outcome[2].strip()
+            said += "" if said.endswith((".", "!", "?")) or not said else "."
+            try:
+                fail(exercise, f"your code raised {outcome[1]}: {said}", Case(f"{MASK_MOD}({window})", (window,)))
+            except CheckFailed as error:
+                error.student_error = outcome[3] if len(outcome) == 4 else None
+                raise
+        if kind == "not_callable":
+            fail(exercise, f"{MASK_MOD}({window}) returned {outcome[1]}; it must return a "
                            f"function mask_mod(b, h, q_idx, kv_idx).")
-        try:
-            got, how = mask_from_mod(mask_mod, T)
-        except NotImplementedError:
-            fail(exercise, NOT_IMPLEMENTED)
-        except Exception as exc:  # noqa: BLE001
-            text = str(exc)
+        if kind == "mod_error":
+            if outcome[1] == "NotImplementedError":
+                fail(exercise, NOT_IMPLEMENTED)
+            text = outcome[2]
             hint = ""
             if "data-dependent control flow" in text or "ambiguous" in text:
                 hint = (" q_idx and kv_idx are tensors: combine conditions with & and |, not Python's `and`, `or` "
                         "or `if`.")
-            error = CheckFailed(f"❌ {exercise} on case '{case.name}': your mask_mod raised {type(exc).__name__}: "
+            error = CheckFailed(f"❌ {exercise} on case '{case.name}': your mask_mod raised {outcome[1]}: "
                                 f"{text.splitlines()[0] if text else ''}.{hint}")
-            error.student_error = exc
-            raise error from exc
+            error.student_error = outcome[3] if len(outcome) == 4 else None
+            raise error from error.student_error
+        got, how = outcome[1], outcome[2]
         allowed = ~hidden_entries
         if got.dtype != torch.bool:
             fail(exercise, f"your mask_mod returns dtype {got.dtype}; it must return a boolean tensor.", case)
@@ -826,6 +942,11 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
     cases = [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
     cases += hidden_cases(exercise) if hidden else []
     compare_function(exercise, sliding_window_mask, cases, diagnose=_window_diagnosis, quiet=True)
+    if _probe.active(exercise):  # under the grader: the checks below run outside, on what these hand out
+        _probe.record(exercise, sliding_window_mask, cases + [Case("num_tokens=4, window=0", (4, 0))])
+        _probe.record_runs(MASK_MOD, sliding_window_mask_mod, cases if sliding_window_mask_mod is not None else [],
+                           _mask_mod_outcome)
+        return
     _bool_mask_check(exercise, sliding_window_mask, cases)
     if _raises(sliding_window_mask, 4, 0) is None:
         fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "

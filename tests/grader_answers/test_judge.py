@@ -954,3 +954,148 @@ def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
     assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
     verdict = _timer_verdict(tmp_path, _copy(records)[:2], sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 08: its functions judged outside; sliding_window_mask_mod's outcome as a companion
+# --------------------------------------------------------------------------------------------
+NB08 = "08_kv_cache_gqa_and_windows"
+_NB08 = load(NB08)
+WINDOW_TEST, DECODE_TEST = "test_sliding_window_mask", "test_decode_causal_mask"
+
+
+@pytest.fixture(scope="module")
+def honest_window():
+    """What an honest sliding_window_mask (and its mask_mod) hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB08, "sliding_window_mask", _NB08._WINDOW, WINDOW_TEST)
+
+
+@pytest.fixture(scope="module")
+def honest_decode():
+    """What an honest decode_causal_mask hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB08, "decode_causal_mask", _NB08._DECODE, DECODE_TEST)
+
+
+def _mod_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["exercise"] == "sliding_window_mask_mod"]
+
+
+def test_an_honest_window_hand_off_passes(tmp_path, honest_window):
+    records, sources = honest_window
+    mods = _mod_records(records)
+    assert mods and all([i["kind"] for i in r["result"]["items"]] == ["text", "tensor", "text"] for r in mods)
+    assert "def sliding_window_mask_mod" in sources["sliding_window_mask_mod"]
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, records, sources)
+    assert verdict.ename is None and "the mask_mod keeps exactly the other entries" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("forge", ["a mask of another shape", "an unknown outcome", "a number", "too few items"])
+def test_a_malformed_mask_mod_outcome_scores_zero(tmp_path, honest_window, forge):
+    records, sources = honest_window
+    forged = _copy(records)
+    items = _mod_records(forged)[0]["result"]["items"]
+    if forge == "a mask of another shape":
+        items[1]["value"] = torch.zeros(3, 3, dtype=torch.bool)
+    elif forge == "an unknown outcome":
+        items[0]["value"] = "verdict"
+    elif forge == "a number":
+        _mod_records(forged)[0]["result"] = {"kind": "number", "type": "bool", "value": True}
+    else:
+        items.pop()
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "what came back from sliding_window_mask_mod" in verdict.evalue, \
+        verdict.evalue
+
+
+def test_a_mask_mod_outcome_is_judged_outside(tmp_path, honest_window):
+    """A forged mask earns nothing; a missing outcome, or one that says there was no mask_mod, scores 0."""
+    records, sources = honest_window
+    flipped = _copy(records)
+    first = _mod_records(flipped)[0]["result"]["items"][1]
+    first["value"] = ~first["value"]
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, flipped, sources)
+    assert verdict.ename == "CheckFailed" and "MAY attend" in verdict.evalue, verdict.evalue
+    gone = [r for r in _copy(records) if r["exercise"] != "sliding_window_mask_mod"]
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, gone, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    none = gone + [{"exercise": "sliding_window_mask_mod", "callable": False, "type": "NoneType"}]
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, none, sources)
+    assert verdict.ename == "CheckFailed" and "got NoneType" in verdict.evalue, verdict.evalue
+
+
+def test_the_calls_that_must_raise_are_judged_outside(tmp_path, honest_decode):
+    """decode_causal_mask's dtype pass and its calls with more queries than keys are handed out too: one
+    left out scores 0, one forged into a mask fails as the kernel's own check would."""
+    records, sources = honest_decode
+    assert [r.get("error", {}).get("type") for r in records[-2:]] == ["ValueError", "ValueError"]
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, records, sources)
+    assert verdict.ename is None and "num_queries > num_keys raises" in verdict.text, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    forged[-2].pop("error")
+    forged[-2]["result"] = {"kind": "tensor", "value": torch.zeros(5, 3, dtype=torch.bool)}
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "Raise a ValueError" in verdict.evalue, verdict.evalue
+    floats = _copy(records)
+    n = (len(records) - 2) // 2
+    floats[n]["result"]["value"] = floats[n]["result"]["value"].float()  # the dtype pass's first output
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, floats, sources)
+    assert verdict.ename == "CheckFailed" and "torch.bool" in verdict.evalue, verdict.evalue
+
+
+def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
+    from course_utils.checks import expected
+
+    handoff = judge.prepare(NB08)
+    try:
+        assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
+        assert not handoff.student_edition  # the two module classes are still checked in the kernel
+        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+        monkeypatch.setattr(probe, "_inputs", None)
+        for exercise in ("repeat_kv", "sliding_window_mask"):
+            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
+            assert [c.name for c in got] == [c.name for c in want] and got
+            assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)
+                       for c, d in zip(got, want) for a, b in zip(c.args, d.args))
+    finally:
+        handoff.remove()
+        monkeypatch.setattr(probe, "_inputs", None)
+
+
+#: apply_rope beside a rope_angles of the student's own: one that is wrong (checked with ours, apply_rope keeps
+#: its points), and one of another layout that the student's apply_rope relies on (ours fails it; its own passes).
+_WRONG_ANGLES = str(_NB08.WRONG["rope_angles"]["positive exponent"])
+_OWN_LAYOUT = (_NB08._ANGLES.replace("inv_freq[None, :]", "inv_freq[None, :]).T  # (D/2, P)").replace(
+    "    return torch.arange", "    return (torch.arange") + _NB08._ROPE.replace("[positions]", "[:, positions].T"))
+
+
+@pytest.mark.parametrize("source", [_WRONG_ANGLES + _NB08._ROPE, _OWN_LAYOUT],
+                         ids=["a wrong rope_angles of its own", "a rope_angles of its own layout"])
+def test_apply_rope_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
+    """Both of check_alone's tries are handed out: the verdict outside is the kernel's, full marks here."""
+    assert "apply_rope" in judge.JUDGED
+    want = _inside(NB08, "apply_rope", source)
+    assert want and all(ename is None for ename, _ in want.values()), want
+    test_the_verdict_outside_is_the_kernels(NB08, "apply_rope", source, monkeypatch, capsys)
+
+
+def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
+    """A wrong first try with a right second one passes (the student's own helper); both wrong fail with
+    the first try's message; a second try left out scores 0 when the verdict needs it."""
+    handoff, _ = _handed_out(NB08, "apply_rope", _OWN_LAYOUT, monkeypatch)
+    try:
+        records, sources = judge.load_hand_off(handoff.outputs, "test_apply_rope")
+    finally:
+        handoff.remove()
+    n = 3  # the visible cases: their first try, then their second; then the hidden cases' two tries
+    assert all("error" in r for r in records[:n]) and all("result" in r for r in records[n:2 * n])
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
+    assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
+    both = _copy(records)
+    both[n:2 * n] = _copy(records[:n])
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", both, sources)
+    assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue

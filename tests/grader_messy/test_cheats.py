@@ -172,3 +172,16 @@ def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
         cheat = cheats.CHEATS[name]
         message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
         assert words in message, f"{name}: {message!r} lacks {words!r}"
+
+
+def test_notebook_08s_functions_are_judged_outside(graded):
+    """Notebook 08's functions are judged outside: a mask read from the checker's frames finds none there
+    (the kernel's check compares nothing), and a check replaced in the kernel hands nothing out."""
+    said = {
+        "decode_causal_mask: return the expected mask, read from the checker's frames": "must be True",
+        "sliding_window_mask: replace the check through sys.modules": "no output came back",
+    }
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"
