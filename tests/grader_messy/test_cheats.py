@@ -172,3 +172,19 @@ def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
         cheat = cheats.CHEATS[name]
         message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
         assert words in message, f"{name}: {message!r} lacks {words!r}"
+
+
+def test_notebook_07_is_judged_outside_with_the_student_edition(graded):
+    """Every exercise of notebook 07 is judged outside (the tiled attention's outputs and what the tensor
+    watcher saw, the Triton kernel's (out, lse) per launch), so its kernel has the student edition: the
+    reference imported by a computed name is not there; a tiled attention that reads the expected output
+    from the checker's frames finds none there; a check replaced in the kernel hands nothing out."""
+    said = {
+        "online_softmax: the reference's, imported by a computed name": "not part of the student edition",
+        "flash_attention_forward: return the expected (out, lse), read from the checker's frames": "out: ",
+        "flash_attention_triton: replace the check through sys.modules": "no output came back",
+    }
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"
