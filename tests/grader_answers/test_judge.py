@@ -954,3 +954,162 @@ def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
     assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
     verdict = _timer_verdict(tmp_path, _copy(records)[:2], sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 07: the tiled attention's outputs and what the tensor watcher saw, the Triton kernel's launches
+# --------------------------------------------------------------------------------------------
+NB07 = "07_flash_attention_from_scratch"
+_NB07 = load(NB07)
+OS_TEST, FA_TEST, TRITON_TEST = "test_online_softmax", "test_flash_attention_forward", "test_flash_attention_triton"
+
+
+@pytest.fixture(scope="module")
+def honest_online():
+    """What an honest online_softmax hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB07, "online_softmax", _NB07._OS, OS_TEST)
+
+
+@pytest.fixture(scope="module")
+def honest_flash():
+    """What an honest flash_attention_forward hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB07, "flash_attention_forward", _NB07._FA, FA_TEST)
+
+
+@pytest.fixture(scope="module")
+def honest_triton():
+    """What an honest flash_attention_triton hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB07, "flash_attention_triton", _NB07._kernel(_NB07._LOOP), TRITON_TEST)
+
+
+def test_an_honest_online_softmax_hand_off_passes(tmp_path, honest_online):
+    """Outputs on every case, then what the watcher saw of the streaming run: no whole row reduced (for the
+    visible check call, then for the hidden one)."""
+    records, sources = honest_online
+    kinds = [r["result"]["kind"] for r in records]
+    assert kinds[-1] == "none" and kinds.count("none") == 2 and set(kinds) == {"tensor", "none"}, kinds
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, records, sources)
+    assert verdict.ename is None and "reduced one block at a time" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("seen", [
+    {"kind": "text", "value": "fine"},
+    {"kind": "list", "items": [{"kind": "text", "value": "amax"}, {"kind": "number", "type": "int", "value": 4},
+                               {"kind": "text", "value": ""}]},  # a "whole row" no longer than a block
+    {"kind": "list", "items": [{"kind": "text", "value": "amax"}, {"kind": "number", "type": "float", "value": 12.0},
+                               {"kind": "text", "value": ""}]},
+    {"kind": "list", "items": [{"kind": "text", "value": "amax"}]},
+], ids=["a text", "a row of one block", "a float count of columns", "too short"])
+def test_a_malformed_streaming_record_scores_zero(tmp_path, honest_online, seen):
+    records, sources = honest_online
+    forged = _copy(records)
+    forged[-1]["result"] = seen
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of online_softmax" in verdict.evalue, \
+        verdict.evalue
+
+
+def test_a_whole_row_reduced_is_judged_outside(tmp_path, honest_online):
+    """The message is built outside from the data the kernel handed out; a record of other inputs is refused."""
+    records, sources = honest_online
+    whole = _copy(records)
+    whole[-1]["result"] = probe.encode(["amax", 12, "line 3: `m = x.amax(dim=-1, keepdim=True)`"])
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, whole, sources)
+    assert verdict.ename == "CheckFailed" and "reduced a whole row of 12 columns at once at line 3" in verdict.evalue \
+        and "the blocks have only 4" in verdict.evalue, verdict.evalue
+    other = _copy(records)
+    other[-1]["inputs"] = probe.inputs_of((torch.zeros(3, 12), 4), {})
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, other, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+def _structures(records: list[dict]) -> list[dict]:
+    """The records of what the watcher saw (after each case's output, and one of its own per check call)."""
+    return [r for r in records if r["result"]["kind"] == "list"]
+
+
+def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
+    """Per case its (out, lse), then what the watcher saw: the first (T, T) tensor made, if any, and the score
+    entries computed (plus one more of its own per check call)."""
+    records, sources = honest_flash
+    outputs = [r for r in records if r["result"]["kind"] == "tuple"]
+    assert len(_structures(records)) == len(outputs) + 2 == len(records) - len(outputs)
+    counts = []
+    for r in _structures(records):
+        big, count = r["result"]["items"]
+        assert big["kind"] in ("none", "list") and count["type"] == "int"  # a (T, T) tensor only where T is small
+        counts.append(count["value"])
+    assert max(counts) > 0, counts
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, records, sources)
+    assert verdict.ename is None and "causal tiles wholly in the future are skipped" in verdict.text, verdict.evalue
+
+
+@pytest.mark.parametrize("seen", [
+    {"kind": "list", "items": [{"kind": "none"}, {"kind": "number", "type": "int", "value": -1}]},
+    {"kind": "list", "items": [{"kind": "none"}, {"kind": "number", "type": "bool", "value": True}]},
+    {"kind": "list", "items": [{"kind": "none"}]},
+    {"kind": "list", "items": [probe.encode([[37, 37.5], False, ""]), {"kind": "number", "type": "int", "value": 0}]},
+    {"kind": "list", "items": [probe.encode([[37, 37], "mask", ""]), {"kind": "number", "type": "int", "value": 0}]},
+    {"kind": "none"},
+], ids=["a negative count", "a bool count", "no count", "a shape of floats", "a mask flag that is text", "None"])
+def test_a_malformed_structure_record_scores_zero(tmp_path, honest_flash, seen):
+    records, sources = honest_flash
+    forged = _copy(records)
+    forged[1]["result"] = seen
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of flash_attention_forward" in verdict.evalue, \
+        verdict.evalue
+
+
+def test_what_the_watcher_saw_is_judged_outside(tmp_path, honest_flash):
+    """A (T, T) tensor and a count of every tile, handed out, get their messages outside; a forged output
+    loses its points; a swapped pair of records is refused."""
+    records, sources = honest_flash
+    big = _copy(records)
+    big[3]["result"]["items"][0] = probe.encode([[37, 37], True, "line 9: `mask = torch.ones(T, T)`"])
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, big, sources)
+    assert verdict.ename == "CheckFailed" and "made a tensor of shape (37, 37) at line 9" in verdict.evalue \
+        and "a mask" in verdict.evalue, verdict.evalue
+    every = _copy(records)
+    every[3]["result"]["items"][1]["value"] = 2 * 37 * 37
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, every, sources)
+    assert verdict.ename == "CheckFailed" and "no key block was skipped" in verdict.evalue, verdict.evalue
+    wrong = _copy(records)
+    wrong[2]["result"]["items"][0]["value"] = wrong[2]["result"]["items"][0]["value"] * 2
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, wrong, sources)
+    assert verdict.ename == "CheckFailed" and "out:" in verdict.evalue, verdict.evalue
+    swapped = _copy(records)
+    swapped[0], swapped[2] = swapped[2], swapped[0]
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, swapped, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+def test_an_honest_triton_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_triton):
+    """Each launch's (out, lse) comes back and is compared outside with the reference; a forged or missing
+    launch loses the points, with the reason."""
+    records, sources = honest_triton
+    assert all(r["result"]["kind"] == "tuple" and len(r["result"]["items"]) == 2 for r in records)
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, records, sources)
+    assert verdict.ename is None and "launches agree with attention" in verdict.text, verdict.evalue
+    zeros = _copy(records)
+    zeros[0]["result"]["items"][1]["value"] = torch.zeros_like(zeros[0]["result"]["items"][1]["value"])
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, zeros, sources)
+    assert verdict.ename == "CheckFailed" and "lse:" in verdict.evalue, verdict.evalue
+    raised = _copy(records)
+    raised[1].pop("result")
+    raised[1]["error"] = {"type": "ValueError", "message": "incompatible reduction dimensions"}
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, raised, sources)
+    assert verdict.ename == "CheckFailed" and "tl.dot needs the inner sizes to agree" in verdict.evalue, verdict.evalue
+    swapped = _copy(records)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, swapped, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    more = _copy(records) + _copy(records)[:1]
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, more, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
