@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -41,7 +42,14 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
-from course_utils.checks.nb07 import computed_tiles, full_matrix_problem, triton_kernel_ready
+from course_utils.checks.nb07 import (
+    _first_full,
+    _full_matrix_text,
+    _short_text,
+    computed_tiles,
+    full_matrix_problem,
+    triton_kernel_ready,
+)
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
@@ -150,9 +158,12 @@ def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
 def check_attention_backward_reference(attention_backward_reference: Callable, hidden: bool = False) -> None:
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd."""
     exercise = "attention_backward_reference"
+    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand the gradients out; judged outside
+        _probe.record(exercise, attention_backward_reference, cases)
+        return
     require_callable(exercise, attention_backward_reference)
     check_rules(exercise, attention_backward_reference)
-    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         want = _expected_grads(exercise, case)
         _record_mistakes(exercise, case)
@@ -187,8 +198,17 @@ def tiles_problem(watcher: TensorWatcher, T: int, head_dim: int, block_q: int, b
     not counted, nor products with a single row or column (``einsum`` makes ``rowsum(dO * O)`` one). An
     answer whose products the watcher cannot see is not judged here.
     """
-    computed = sum(p.entries for p in watcher.products if p.contraction == head_dim and p.out_shape[-1] != head_dim
-                   and min(p.out_shape[-2:]) > 1)  # not a row-by-row dot product, D = rowsum(dO * O) by einsum
+    return _tiles_text(_tile_entries(watcher, head_dim), T, block_q, block_k, heads)
+
+
+def _tile_entries(watcher: TensorWatcher, head_dim: int) -> int:
+    """The entries of S and dP computed: products contracting over the head size (see :func:`tiles_problem`)."""
+    return int(sum(p.entries for p in watcher.products if p.contraction == head_dim and p.out_shape[-1] != head_dim
+                   and min(p.out_shape[-2:]) > 1))  # not a row-by-row dot product, D = rowsum(dO * O) by einsum
+
+
+def _tiles_text(computed: int, T: int, block_q: int, block_k: int, heads: int) -> str | None:
+    """:func:`tiles_problem` from the number of entries of S and dP computed."""
     if computed == 0:
         return None
     needed, _, total = (2 * n * heads for n in computed_tiles(T, block_q, block_k))
@@ -205,22 +225,47 @@ def tiles_problem(watcher: TensorWatcher, T: int, head_dim: int, block_q: int, b
             f"twice. Compute each needed tile once, and add its share into the rows of dq right there.")
 
 
+def _structure_run(student: Callable, case: Case) -> list:
+    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: ``[first_full, entries]`` (the first
+    ``(T, T)`` tensor made, nb07's ``_first_full``, and :func:`_tile_entries`), plain data. Raises what
+    the student's code raised. Under the grader, what the kernel hands out."""
+    q = case.args[0]
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        student(*_clone(case.args), **case.kwargs)
+    return [_first_full(watcher, q.shape[-2]), _tile_entries(watcher, q.shape[-1])]
+
+
+def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None, int]:
+    """:func:`_structure_run` (the student's errors as the check's failure), or in the grader's replay
+    what the kernel handed out, refused (``probe.ReplayMiss``) unless it has that form."""
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, _structure_run), case)
+    ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
+    big = found[0] if ok else None
+    if ok and big is not None:
+        ok = (isinstance(big, (list, tuple)) and len(big) == 3 and isinstance(big[0], (list, tuple))
+              and len(big[0]) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in big[0])
+              and type(big[1]) is bool and _short_text(big[2]))
+    if not ok:
+        raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
+                                f"the entries of S and dP computed]: the hand-off was changed")
+    return big, found[1]
+
+
 def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
     """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor, future tiles skipped."""
     q, k, v, o, lse, do, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    watcher = TensorWatcher()
-    with torch.no_grad(), watcher:
-        call_student(exercise, fn, Case(case.name, _clone(case.args), dict(case.kwargs)))
+    big, computed = _structure_of(exercise, fn, case)
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
-        problem = full_matrix_problem(watcher, T)
+        problem = _full_matrix_text(big, T)
         if problem:
             fail(exercise, problem.replace("FlashAttention never", "FlashAttention's backward never")
                  .replace("compute one (block_q, block_k) tile of scores at a time, q_blk @ k_blk.transpose(-2, -1)",
                           "rebuild one (block_q, block_k) tile of P at a time from q_blk, k_blk and lse"), case)
     if causal and T > block_k and q.shape[-1] == v.shape[-1]:
-        problem = tiles_problem(watcher, T, q.shape[-1], block_q, block_k, math.prod(q.shape[:-2]))
+        problem = _tiles_text(computed, T, block_q, block_k, math.prod(q.shape[:-2]))
         if problem:
             fail(exercise, problem, case)
 
@@ -230,9 +275,18 @@ def check_flash_attention_backward(flash_attention_backward: Callable, hidden: b
     """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
     autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
     exercise = "flash_attention_backward"
+    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+    name, shape, seed, block_q, block_k = _STRUCTURE
+    structure = _backward_case(name, shape, seed, block_q, block_k, True)
+    if _probe.active(exercise):  # under the grader: hand out gradients and what the watcher saw; judged outside
+        for case in cases:  # in the order the check asks for them
+            _probe.record(exercise, flash_attention_backward, [case])
+            if hidden or not case.kwargs.get("causal", True):
+                _probe.record_runs(exercise, flash_attention_backward, [case], _structure_run)
+        _probe.record_runs(exercise, flash_attention_backward, [structure], _structure_run)
+        return
     require_callable(exercise, flash_attention_backward)
     check_rules(exercise, flash_attention_backward)
-    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         want = _expected_grads(exercise, case)
         _record_mistakes(exercise, case)
@@ -241,8 +295,7 @@ def check_flash_attention_backward(flash_attention_backward: Callable, hidden: b
         _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
         if hidden or not case.kwargs.get("causal", True):  # the causal structure is watched on T = 40 below
             check_backward_structure(exercise, flash_attention_backward, case)
-    name, shape, seed, block_q, block_k = _STRUCTURE
-    check_backward_structure(exercise, flash_attention_backward, _backward_case(name, shape, seed, block_q, block_k, True))
+    check_backward_structure(exercise, flash_attention_backward, structure)
     passed(exercise, f"{len(cases)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly "
                      f"in the future are skipped ({'; '.join(c.name for c in cases)})")
 
@@ -433,26 +486,33 @@ def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> 
     float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
     self-check is skipped with the reason; the grader always has Triton.
     """
-    from course_utils.backward import launch_backward
-
     exercise = "flash_attention_backward_triton"
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out (dk, dv) of every launch; judged outside
+        _probe.record_runs(exercise, kernel, cases, _triton_run)
+        return
     if not triton_kernel_ready(exercise, kernel, hidden):
         return
     on_gpu = torch.cuda.is_available()
     atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
-    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
-        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
-
-        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            dk, dv = launch_backward(kernel, *tensors, **case.kwargs)
-            return dk.cpu(), dv.cpu()
-
-        got = call_student(exercise, run, Case(case.name, args))
+        got = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, _triton_run), case)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
     where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
                      f"({'; '.join(c.name for c in cases)})")
+
+
+def _triton_run(kernel: Any, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dk, dv)`` of ``kernel`` launched on ``case`` with :func:`course_utils.backward.launch_backward`
+    (on the GPU where there is one), on the CPU. Raises what the launch raised. Under the grader, what
+    the kernel hands out."""
+    from course_utils.backward import launch_backward
+
+    on_gpu = torch.cuda.is_available()
+    args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+    dk, dv = launch_backward(kernel, *args, **case.kwargs)
+    return dk.cpu(), dv.cpu()
