@@ -339,9 +339,24 @@ def _function_diagnose(error: BaseException) -> str | None:
     return None
 
 
+#: The size of the check of what forward keeps: (1, 2, T, D), block_q = block_k = 8, causal.
+_KEPT_T = 24
+_KEPT_NAMES = ("q", "k", "v", "o", "lse")
+
+
 def _kept_problem(cls: Any) -> str | None:
     """What ``cls``'s forward keeps for the backward: exactly q, k, v, the output and lse, nothing (T, T)."""
-    T, D, block_q, block_k = 24, 4, 8, 8
+    return _kept_text(_kept_facts(cls))
+
+
+def _kept_facts(cls: Any, case: Any = None) -> list:
+    """What ``cls``'s forward keeps, as plain data: ``[saved_error, saved, kept, first_full]``:
+    ``saved_error`` (``[type, message]`` of reading ``ctx.saved_tensors``, or ``None``); ``saved``
+    (``[shape, name]`` per saved tensor, ``name`` the one of q, k, v, o, lse it is, or ``None``);
+    ``kept`` (``[attribute, shape]`` per tensor kept as an attribute of ctx); ``first_full`` (the first
+    ``(T, T)`` tensor made while running forward and backward, nb07's ``_first_full``). Raises what the
+    student's code raised. Under the grader, what the kernel hands out (``probe.record_runs``)."""
+    T, D, block_q, block_k = _KEPT_T, 4, 8, 8
     q, k, v, do = _inputs(1, 2, T, D, seed=1053)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     watcher = TensorWatcher()
@@ -351,35 +366,74 @@ def _kept_problem(cls: Any) -> str | None:
     ctx = o.grad_fn
     try:
         saved = list(ctx.saved_tensors)
-    except Exception as exc:  # noqa: BLE001 - described below
-        return f"reading ctx.saved_tensors raised {type(exc).__name__}: {exc}"
-    kept = [(f"ctx.{name}", value) for name, value in vars(ctx).items() if isinstance(value, torch.Tensor)]
-    for where, tensor in [("ctx.save_for_backward", t) for t in saved] + kept:
-        if sum(d >= T for d in tensor.shape) >= 2:
-            return (f"{where} keeps a tensor of shape {tuple(tensor.shape)}, with T = {T} rows and columns: that is P "
-                    f"(or the scores), the (T, T) matrix FlashAttention never keeps. Save only q, k, v, o and lse, and "
-                    f"rebuild each tile of P in the backward from q, k and lse.")
-    if kept:
-        names = ", ".join(name for name, _ in kept)
-        return (f"tensors are kept as attributes of ctx ({names}): autograd cannot track them (a later in-place "
-                f"change would go unnoticed). Pass every tensor to ctx.save_for_backward.")
+    except Exception as exc:  # noqa: BLE001 - described by the message
+        return [[type(exc).__name__, str(exc)[:_probe.MAX_MESSAGE]], [], [], None]
+    kept = [[str(name), [int(d) for d in value.shape]] for name, value in vars(ctx).items()
+            if isinstance(value, torch.Tensor)]
     lse_shape = q.shape[:-1]
     want = {"q": q, "k": k, "v": v, "o": o}
-    found = []
+    found: list = []
     for tensor in saved:
         name = next((n for n, w in want.items() if n not in found and tensor.shape == w.shape
                      and torch.equal(tensor.detach(), w.detach())), None)
         if name is None and "lse" not in found and tensor.shape == lse_shape:
             name = "lse"
         found.append(name)
-    missing = [n for n in ("q", "k", "v", "o", "lse") if n not in found]
-    extra = [tuple(t.shape) for t, n in zip(saved, found) if n is None]
+    return [None, [[[int(d) for d in t.shape], n] for t, n in zip(saved, found)], kept, _first_full(watcher, T)]
+
+
+def _shape_ok(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and len(shape) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in shape)
+
+
+def _kept_of(cls: Any) -> list:
+    """:func:`_kept_facts`, or in the grader's replay what the kernel handed out, refused
+    (``probe.ReplayMiss``) unless it has that form."""
+    facts = _probe.run_or_replay(cls, Case("what forward keeps", ("kept",)), _kept_facts)
+    ok = isinstance(facts, (list, tuple)) and len(facts) == 4
+    if ok:
+        error, saved, kept, big = facts
+        ok = ((error is None or (isinstance(error, (list, tuple)) and len(error) == 2 and _short_text(error[0])
+                                 and error[0].isidentifier() and _short_text(error[1])))
+              and isinstance(saved, (list, tuple)) and len(saved) <= 64
+              and all(isinstance(e, (list, tuple)) and len(e) == 2 and _shape_ok(e[0]) and e[1] in (*_KEPT_NAMES, None)
+                      for e in saved)
+              and isinstance(kept, (list, tuple)) and len(kept) <= 64
+              and all(isinstance(e, (list, tuple)) and len(e) == 2 and _short_text(e[0]) and e[0].isidentifier()
+                      and _shape_ok(e[1]) for e in kept)
+              and (big is None or (isinstance(big, (list, tuple)) and len(big) == 3 and _shape_ok(big[0])
+                                   and type(big[1]) is bool and _short_text(big[2]))))
+    if not ok:
+        raise _probe.ReplayMiss("what FlashAttention's forward keeps is not [an error or None, the saved tensors' "
+                                "shapes and names, the tensors kept on ctx, the first (T, T) tensor or None]: the "
+                                "hand-off was changed")
+    return facts
+
+
+def _kept_text(facts: list) -> str | None:
+    """The message for what forward keeps (:func:`_kept_facts`), or ``None`` when it keeps the right tensors."""
+    T = _KEPT_T
+    error, saved, kept, big = facts
+    if error is not None:
+        return f"reading ctx.saved_tensors raised {error[0]}: {error[1]}"
+    for where, shape in [("ctx.save_for_backward", e[0]) for e in saved] + [(f"ctx.{n}", sh) for n, sh in kept]:
+        if sum(d >= T for d in shape) >= 2:
+            return (f"{where} keeps a tensor of shape {tuple(shape)}, with T = {T} rows and columns: that is P "
+                    f"(or the scores), the (T, T) matrix FlashAttention never keeps. Save only q, k, v, o and lse, and "
+                    f"rebuild each tile of P in the backward from q, k and lse.")
+    if kept:
+        names = ", ".join(f"ctx.{name}" for name, _ in kept)
+        return (f"tensors are kept as attributes of ctx ({names}): autograd cannot track them (a later in-place "
+                f"change would go unnoticed). Pass every tensor to ctx.save_for_backward.")
+    found = [n for _, n in saved]
+    missing = [n for n in _KEPT_NAMES if n not in found]
+    extra = [tuple(shape) for shape, n in saved if n is None]
     if missing or extra:
-        return (f"ctx.save_for_backward saved {len(saved)} tensors of shapes {[tuple(t.shape) for t in saved]}: "
+        return (f"ctx.save_for_backward saved {len(saved)} tensors of shapes {[tuple(shape) for shape, _ in saved]}: "
                 f"{'missing ' + ', '.join(missing) if missing else ''}{'; ' if missing and extra else ''}"
                 f"{'not needed: ' + str(extra) if extra else ''}. Save exactly q, k, v, the output o and lse "
                 f"(..., T): everything the backward needs, and nothing (T, T).")
-    problem = full_matrix_problem(watcher, T)
+    problem = _full_matrix_text(big, T)
     if problem:
         return (problem.split(": that is")[0] + " while running forward and backward: FlashAttention never makes a "
                 "(T, T) tensor, in either pass. forward calls flash_attention_forward and backward your tiled "
@@ -397,7 +451,10 @@ def _sdpa_cases() -> list[Case]:
     ]
 
 
-def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
+def _gradcheck_run(cls: Any, case: Case) -> list | None:
+    """``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when it passes, ``["disagrees", first
+    line of its error]`` when it does not; raises what else it raised. Under the grader, what the
+    kernel hands out."""
     q, k, v, _, causal, block_q, block_k = case.args
     inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     try:
@@ -405,13 +462,41 @@ def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
             torch.autograd.gradcheck(lambda a, b, c: cls.apply(a, b, c, causal, block_q, block_k), inputs,
                                      eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
     except torch.autograd.gradcheck.GradcheckError as error:
-        first = str(error).strip().splitlines()[0]
-        fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
-                       f"numerical derivatives of your forward ({first}).", case)
+        return ["disagrees", str(error).strip().splitlines()[0][:_probe.MAX_MESSAGE] if str(error).strip() else ""]
+    return None
+
+
+def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
+    try:
+        outcome = _probe.run_or_replay(cls, case, _gradcheck_run)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - a verdict
         fail(exercise, f"torch.autograd.gradcheck raised {type(exc).__name__}: {exc}", case)
+    if outcome is None:
+        return
+    if not (isinstance(outcome, (list, tuple)) and len(outcome) == 2 and outcome[0] == "disagrees"
+            and _short_text(outcome[1])):
+        raise _probe.ReplayMiss("what gradcheck said of FlashAttention is not None or [\"disagrees\", its first line]: "
+                                "the hand-off was changed")
+    fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
+                   f"numerical derivatives of your forward ({outcome[1]}).", case)
+
+
+def _function_run(cls: Any, case: Case) -> tuple[torch.Tensor, ...]:
+    """:func:`run_function` on ``case``'s arguments ``(q, k, v, do, causal, block_q, block_k)``."""
+    return run_function(cls, *_clone(case.args))
+
+
+def _function_kind(cls: Any, case: Case) -> bool:
+    """Whether ``cls`` is a class that subclasses ``torch.autograd.Function``."""
+    return isinstance(cls, type) and issubclass(cls, torch.autograd.Function)
+
+
+#: Where the kernel says what the student's FlashAttention is (a ``torch.autograd.Function`` or not).
+_KIND = Case("what FlashAttention is", ("kind",))
+#: The gradcheck case.
+_GRADCHECK = ("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal", 1065)
 
 
 @check
@@ -422,36 +507,48 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
     ``gradcheck``; and gradients against SDPA's in float32 at ``T = 256``, causal and not.
     """
     exercise = "FlashAttention"
+    names = ("o", *GRADS)
+    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
+    gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
+    sdpa = _sdpa_cases()
+    if _probe.active(exercise):  # under the grader: hand out what each run gave and what was seen; judged outside
+        _probe.record_runs(exercise, FlashAttention, [_KIND], _function_kind)
+        if _function_kind(FlashAttention, _KIND):
+            _probe.record_runs(exercise, FlashAttention, cases, _function_run)
+            _probe.record_runs(exercise, FlashAttention, [Case("what forward keeps", ("kept",))], _kept_facts)
+            _probe.record_runs(exercise, FlashAttention, [gradcheck], _gradcheck_run)
+            _probe.record_runs(exercise, FlashAttention, sdpa, _function_run)
+        return
     require_callable(exercise, FlashAttention)
-    if not (isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function)):
+    kind = _probe.run_or_replay(FlashAttention, _KIND, _function_kind)
+    if type(kind) is not bool:
+        raise _probe.ReplayMiss("whether FlashAttention is a torch.autograd.Function is not True or False: the "
+                                "hand-off was changed")
+    if not kind:
         fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
                        "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
     check_rules(exercise, FlashAttention)
-    names = ("o", *GRADS)
-    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         q, k, v, do = case.args[:4]
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.args[4]))
         _record_mistakes(exercise, case)
         try:
-            got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+            got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
         except CheckFailed as error:
             cause = error.student_error if error.student_error is not None else error
             raise _hinted(error, _function_diagnose(cause)) from None
         _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
     try:
-        problem = _kept_problem(FlashAttention)
+        problem = _kept_text(_kept_of(FlashAttention))
     except Exception as exc:  # noqa: BLE001 - the student's code raised
         problem = f"your code raised {type(exc).__name__}: {exc}"
     if problem:
         fail(exercise, problem, Case("what forward keeps: (1, 2, 24, 4), block_q=block_k=8, causal"))
-    _gradcheck(exercise, FlashAttention, Case("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal",
-                                              (*_inputs(1, 5, 3, seed=1065), True, 2, 3)))
-    sdpa = _sdpa_cases()
+    _gradcheck(exercise, FlashAttention, gradcheck)
     for case in sdpa:
         q, k, v, do = case.args[:4]
         want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's kernel, run here
-        got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+        got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
         _compare(exercise, case, got, want, names, atol=1e-4, rtol=1e-3, name_mistakes=False)
     passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
                      f"forward keeps exactly q, k, v, o and lse; gradcheck passes; and the gradients equal SDPA's "
