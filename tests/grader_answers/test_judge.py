@@ -1113,3 +1113,135 @@ def test_an_honest_triton_hand_off_passes_and_a_forged_one_does_not(tmp_path, ho
     more = _copy(records) + _copy(records)[:1]
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, more, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 10: gradients, what the tensor watcher saw, the autograd Function's runs and make-up, the Triton kernel
+# --------------------------------------------------------------------------------------------
+NB10 = "10_flash_attention_backward"
+_NB10 = load(NB10)
+FN_TEST, FB_TEST, BT_TEST = "test_FlashAttention", "test_flash_attention_backward", "test_flash_attention_backward_triton"
+
+
+@pytest.fixture(scope="module")
+def honest_function():
+    """What an honest FlashAttention hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB10, "FlashAttention", _NB10._FN, FN_TEST)
+
+
+def _asked(record: dict) -> str | None:
+    """The text argument of a record's inputs ("kind", "kept"), if it has one."""
+    items = record["inputs"]["args"]["items"]
+    return items[0]["value"] if len(items) == 1 and items[0]["kind"] == "text" else None
+
+
+def test_an_honest_function_hand_off_passes(tmp_path, honest_function):
+    """What the class is, each run's (o, dq, dk, dv), what forward keeps and gradcheck's word come back as data."""
+    records, sources = honest_function
+    kinds = [r for r in records if _asked(r) == "kind"]
+    assert len(kinds) == 2 and all(r["result"] == {"kind": "number", "type": "bool", "value": True} for r in kinds)
+    kept = next(r for r in records if _asked(r) == "kept")["result"]["items"]
+    assert kept[0] == {"kind": "none"} and [e["items"][1]["value"] for e in kept[1]["items"]] == ["q", "k", "v", "o",
+                                                                                                   "lse"]
+    verdict = _verdict_of(tmp_path, NB10, FN_TEST, records, sources)
+    assert verdict.ename is None and "gradcheck passes" in verdict.text, verdict.evalue
+
+
+def _forge_function(records: list[dict], asked: str, value: dict) -> list[dict]:
+    forged = _copy(records)
+    next(r for r in forged if _asked(r) == asked)["result"] = value
+    return forged
+
+
+def _gradcheck_record(records: list[dict]) -> dict:
+    return next(r for r in records if "result" in r and r["result"]["kind"] in ("none", "list")
+                and _asked(r) is None and len(r["inputs"]["args"]["items"]) == 7)
+
+
+@pytest.mark.parametrize("asked, value, words", [
+    ("kind", {"kind": "number", "type": "int", "value": 1}, "is not True or False"),
+    ("kept", probe.encode([None, [[[1, 2, 24, 4], "P"]], [], None]), "what FlashAttention's forward keeps"),
+    ("kept", probe.encode([None, [], [["not a name", [24]]], None]), "what FlashAttention's forward keeps"),
+    ("kept", probe.encode([["Oops", "no"], [], []]), "what FlashAttention's forward keeps"),
+    ("gradcheck", probe.encode(["agrees", ""]), "what gradcheck said"),
+], ids=["a count for a kind", "a saved tensor of another name", "an attribute that is not a name", "too short",
+        "gradcheck's word off the list"])
+def test_a_malformed_function_record_scores_zero(tmp_path, honest_function, asked, value, words):
+    records, sources = honest_function
+    if asked == "gradcheck":
+        forged = _copy(records)
+        _gradcheck_record(forged)["result"] = value
+    else:
+        forged = _forge_function(records, asked, value)
+    verdict = _verdict_of(tmp_path, NB10, FN_TEST, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
+
+
+def test_what_the_function_is_and_keeps_is_judged_outside(tmp_path, honest_function):
+    """The messages are built outside from the data handed out: not a Function, P saved, a tensor on ctx,
+    gradcheck disagreeing; a missing run scores 0 with the reason."""
+    records, sources = honest_function
+    said = {
+        "not a Function": (_forge_function(records, "kind", probe.encode(False)), "subclasses torch.autograd.Function"),
+        "P saved": (_forge_function(records, "kept", probe.encode([None, [[[1, 2, 24, 24], None]], [], None])),
+                    "ctx.save_for_backward keeps a tensor of shape (1, 2, 24, 24)"),
+        "lse on ctx": (_forge_function(records, "kept", probe.encode([None, [], [["lse", [1, 2, 24]]], None])),
+                       "tensors are kept as attributes of ctx (ctx.lse)"),
+        "lse missing": (_forge_function(records, "kept", probe.encode(
+            [None, [[[1, 2, 24, 4], n] for n in "qkvo"], [], None])), "missing lse"),
+    }
+    disagrees = _copy(records)
+    _gradcheck_record(disagrees)["result"] = probe.encode(["disagrees", "Jacobian mismatch for output 0"])
+    said["gradcheck"] = (disagrees, "gradcheck disagrees")
+    for label, (forged, words) in said.items():
+        verdict = _verdict_of(tmp_path, NB10, FN_TEST, forged, sources)
+        assert verdict.ename == "CheckFailed" and words in verdict.evalue, (label, verdict.evalue)
+    verdict = _verdict_of(tmp_path, NB10, FN_TEST, _copy(records)[:3], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+@pytest.fixture(scope="module")
+def honest_backward():
+    """What an honest flash_attention_backward hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB10, "flash_attention_backward", _NB10._FB, FB_TEST)
+
+
+def test_an_honest_backward_hand_off_passes_and_its_watcher_record_is_judged_outside(tmp_path, honest_backward):
+    records, sources = honest_backward
+    watched = [r for r in records if r["result"]["kind"] == "list"]
+    assert watched and all(len(r["result"]["items"]) == 2 for r in watched)
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, records, sources)
+    assert verdict.ename is None and "causal tiles wholly in the future are skipped" in verdict.text, verdict.evalue
+    last = len(records) - 1  # the hidden call's T = 40 case: (2, 40, 4), block_q=8, block_k=16
+    every = _copy(records)
+    every[last]["result"]["items"][1]["value"] = 2 * 2 * 40 * 40
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, every, sources)
+    assert verdict.ename == "CheckFailed" and "no tile was skipped" in verdict.evalue, verdict.evalue
+    big = _copy(records)
+    big[last]["result"]["items"][0] = probe.encode([[2, 40, 40], False, ""])
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, big, sources)
+    assert verdict.ename == "CheckFailed" and "FlashAttention's backward never" in verdict.evalue, verdict.evalue
+    malformed = _copy(records)
+    malformed[last]["result"]["items"][1] = {"kind": "number", "type": "float", "value": 3.0}
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, malformed, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of flash_attention_backward" in verdict.evalue, \
+        verdict.evalue
+
+
+@pytest.fixture(scope="module")
+def honest_backward_triton():
+    """What an honest flash_attention_backward_triton hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB10, "flash_attention_backward_triton", _NB10._kernel(_NB10._LOOP), BT_TEST)
+
+
+def test_an_honest_backward_kernel_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_backward_triton):
+    records, sources = honest_backward_triton
+    assert all(r["result"]["kind"] == "tuple" and len(r["result"]["items"]) == 2 for r in records)
+    verdict = _verdict_of(tmp_path, NB10, BT_TEST, records, sources)
+    assert verdict.ename is None and "launches agree with autograd" in verdict.text, verdict.evalue
+    zeros = _copy(records)
+    zeros[0]["result"]["items"][1]["value"] = torch.zeros_like(zeros[0]["result"]["items"][1]["value"])
+    verdict = _verdict_of(tmp_path, NB10, BT_TEST, zeros, sources)
+    assert verdict.ename == "CheckFailed" and "dv:" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB10, BT_TEST, _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
