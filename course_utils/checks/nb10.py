@@ -13,6 +13,16 @@
 
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
+
+Under the grader every check here only hands out what the student's code did, and the verdict is
+computed outside the kernel (``grader/judge.py``), so notebook 10's grading kernel has the student
+edition: the gradients of every case (``probe.record``); for the tiled backward, what the tensor
+watcher saw of each watched run (the first ``(T, T)`` tensor, the entries of S and dP computed);
+for ``FlashAttention``, whether it is a ``torch.autograd.Function``, ``(o, dq, dk, dv)`` of each
+run, what its forward keeps (the saved tensors' shapes and which of q, k, v, o, lse each is, the
+tensors kept on ctx, the first ``(T, T)`` tensor) and what ``gradcheck`` said; for the Triton
+kernel, ``(dk, dv)`` of each launch (``probe.record_runs``). Outside, a malformed observation
+scores 0 with its reason.
 """
 
 from __future__ import annotations
