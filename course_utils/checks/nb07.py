@@ -504,28 +504,42 @@ def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
         return
     if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    on_gpu = torch.cuda.is_available()
-    atol = rtol = 5e-3 if on_gpu else 1e-5
+    devices = set()
     for case in cases:
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         try:
-            got = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, _triton_run), case)
+            got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
         except CheckFailed as error:
             cause = error.student_error
             raise _hinted(error, _kernel_error_hint(cause) if cause is not None else None) from None
+        devices.add(on_gpu)
+        atol = rtol = 5e-3 if on_gpu else 1e-5
         _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
-    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with attention (out and lse), {where} "
                      f"({'; '.join(c.name for c in cases)})")
 
 
-def _triton_run(kernel: Any, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of ``kernel`` launched on ``case`` with :func:`course_utils.flash.launch` (on the
-    GPU where there is one), on the CPU. Raises what the launch raised. Under the grader, what the
-    kernel hands out."""
+def _triton_run(kernel: Any, case: Case) -> list:
+    """``[(out, lse), device]`` of ``kernel`` launched on ``case`` with :func:`course_utils.flash.launch`
+    (on the GPU where there is one: ``device`` is ``"gpu"``, else ``"cpu"``, Triton's interpreter),
+    the outputs on the CPU. Raises what the launch raised. Under the grader, what the kernel hands out:
+    the sandboxed kernel may see no GPU where the grader's process does, and the tolerance and the
+    message follow where the kernel ran."""
     on_gpu = torch.cuda.is_available()
     args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
     out, lse = flash.launch(kernel, *args, **case.kwargs)
-    return out.cpu(), lse.cpu()
+    return [(out.cpu(), lse.cpu()), "gpu" if on_gpu else "cpu"]
+
+
+def launch_of(exercise: str, kernel: Any, case: Case, run: Callable[[Any, Case], list]) -> tuple[Any, bool]:
+    """``(outputs, on_gpu)`` of ``run(kernel, case)`` (the student's errors as the check's failure), or in
+    the grader's replay what the kernel handed out for that launch, refused (``probe.ReplayMiss``)
+    unless it is ``[outputs, "gpu" | "cpu"]``. Used by notebooks 07 and 10."""
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, run), case)
+    if not (isinstance(found, (list, tuple)) and len(found) == 2 and found[1] in ("gpu", "cpu")):
+        raise _probe.ReplayMiss(f"what came back from a launch of {exercise} is not [its outputs, where it ran "
+                                f"(\"gpu\" or \"cpu\")]: the hand-off was changed")
+    return found[0], found[1] == "gpu"

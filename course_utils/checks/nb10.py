@@ -58,6 +58,7 @@ from course_utils.checks.nb07 import (
     _short_text,
     computed_tiles,
     full_matrix_problem,
+    launch_of,
     triton_kernel_ready,
 )
 from course_utils.checks.tensors import TensorWatcher
@@ -600,26 +601,28 @@ def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> 
         return
     if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    on_gpu = torch.cuda.is_available()
-    atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
+    devices = set()
     for case in cases:
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
-        got = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, _triton_run), case)
+        got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
+        devices.add(on_gpu)
+        atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
-    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
                      f"({'; '.join(c.name for c in cases)})")
 
 
-def _triton_run(kernel: Any, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dk, dv)`` of ``kernel`` launched on ``case`` with :func:`course_utils.backward.launch_backward`
-    (on the GPU where there is one), on the CPU. Raises what the launch raised. Under the grader, what
-    the kernel hands out."""
+def _triton_run(kernel: Any, case: Case) -> list:
+    """``[(dk, dv), device]`` of ``kernel`` launched on ``case`` with
+    :func:`course_utils.backward.launch_backward` (on the GPU where there is one: ``"gpu"``, else
+    ``"cpu"``), the gradients on the CPU. Raises what the launch raised. Under the grader, what the
+    kernel hands out (nb07's ``launch_of``)."""
     from course_utils.backward import launch_backward
 
     on_gpu = torch.cuda.is_available()
     args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
     dk, dv = launch_backward(kernel, *args, **case.kwargs)
-    return dk.cpu(), dv.cpu()
+    return [(dk.cpu(), dv.cpu()), "gpu" if on_gpu else "cpu"]

@@ -1092,11 +1092,14 @@ def test_an_honest_triton_hand_off_passes_and_a_forged_one_does_not(tmp_path, ho
     """Each launch's (out, lse) comes back and is compared outside with the reference; a forged or missing
     launch loses the points, with the reason."""
     records, sources = honest_triton
-    assert all(r["result"]["kind"] == "tuple" and len(r["result"]["items"]) == 2 for r in records)
+    assert all(r["result"]["kind"] == "list" and r["result"]["items"][0]["kind"] == "tuple"
+               and r["result"]["items"][1] == {"kind": "text", "value": "cpu"} for r in records)
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, records, sources)
     assert verdict.ename is None and "launches agree with attention" in verdict.text, verdict.evalue
+    assert "in Triton's interpreter on the CPU" in verdict.text, verdict.text
     zeros = _copy(records)
-    zeros[0]["result"]["items"][1]["value"] = torch.zeros_like(zeros[0]["result"]["items"][1]["value"])
+    lse = zeros[0]["result"]["items"][0]["items"][1]
+    lse["value"] = torch.zeros_like(lse["value"])
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, zeros, sources)
     assert verdict.ename == "CheckFailed" and "lse:" in verdict.evalue, verdict.evalue
     raised = _copy(records)
@@ -1113,6 +1116,33 @@ def test_an_honest_triton_hand_off_passes_and_a_forged_one_does_not(tmp_path, ho
     more = _copy(records) + _copy(records)[:1]
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, more, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
+
+
+@pytest.mark.parametrize("notebook, test, fixture", [(NB07, TRITON_TEST, "honest_triton"),
+                                                     ("10_flash_attention_backward", "test_flash_attention_backward_triton",
+                                                      "honest_backward_triton")])
+def test_where_a_launch_ran_is_read_from_the_hand_off(tmp_path, request, notebook, test, fixture):
+    """The sandboxed kernel may see no GPU where the grader's process does: the tolerance and the message
+    follow where each launch ran, as handed out; anything but "gpu" or "cpu" there scores 0."""
+    records, sources = request.getfixturevalue(fixture)
+    gpu = _copy(records)
+    for r in gpu:
+        r["result"]["items"][1]["value"] = "gpu"
+    verdict = _verdict_of(tmp_path, notebook, test, gpu, sources)
+    assert verdict.ename is None and "compiled for the GPU" in verdict.text, verdict.evalue
+    looser = _copy(gpu)
+    first = looser[0]["result"]["items"][0]["items"][0]
+    first["value"] = first["value"] + 1e-3  # within the GPU's tolerance (5e-3), not the interpreter's (1e-5)
+    verdict = _verdict_of(tmp_path, notebook, test, looser, sources)
+    assert verdict.ename is None, verdict.evalue
+    for r in looser:
+        r["result"]["items"][1]["value"] = "cpu"
+    verdict = _verdict_of(tmp_path, notebook, test, looser, sources)
+    assert verdict.ename == "CheckFailed", verdict.text
+    odd = _copy(records)
+    odd[0]["result"]["items"][1]["value"] = "tpu"
+    verdict = _verdict_of(tmp_path, notebook, test, odd, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "where it ran" in verdict.evalue, verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------
@@ -1236,11 +1266,12 @@ def honest_backward_triton():
 
 def test_an_honest_backward_kernel_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_backward_triton):
     records, sources = honest_backward_triton
-    assert all(r["result"]["kind"] == "tuple" and len(r["result"]["items"]) == 2 for r in records)
+    assert all(r["result"]["kind"] == "list" and r["result"]["items"][0]["kind"] == "tuple" for r in records)
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, records, sources)
     assert verdict.ename is None and "launches agree with autograd" in verdict.text, verdict.evalue
     zeros = _copy(records)
-    zeros[0]["result"]["items"][1]["value"] = torch.zeros_like(zeros[0]["result"]["items"][1]["value"])
+    dv = zeros[0]["result"]["items"][0]["items"][1]
+    dv["value"] = torch.zeros_like(dv["value"])
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, zeros, sources)
     assert verdict.ename == "CheckFailed" and "dv:" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, _copy(records)[:1], sources)
