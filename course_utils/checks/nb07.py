@@ -96,11 +96,6 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
     return hint
 
 
-def _streaming_problem(watcher: TensorWatcher, block_size: int) -> str | None:
-    """A reduction of a whole row (longer than a block) along the last dimension."""
-    return _streaming_text(_whole_row(watcher, block_size), block_size)
-
-
 def _whole_row(watcher: TensorWatcher, block_size: int) -> list | None:
     """The first reduction of a whole row (longer than a block) along the last dimension, as plain
     data: ``[op, columns, where]`` (``where``: the line of the student's code, or ``""``); ``None``."""

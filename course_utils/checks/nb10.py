@@ -57,7 +57,6 @@ from course_utils.checks.nb07 import (
     _full_matrix_text,
     _short_text,
     computed_tiles,
-    full_matrix_problem,
     launch_of,
     triton_kernel_ready,
 )
