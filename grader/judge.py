@@ -81,6 +81,16 @@ JUDGED = frozenset({
     "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters",  # 05
     "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware",  # 06
 })
+# Every exercise of 07 is judged outside too, so its kernel has the student edition: the tiled
+# attention's checks hand out, beside the outputs, what the tensor watcher saw of each run as plain
+# data (``probe.record_runs``), and the Triton kernel's check hands out (out, lse) of each launch.
+JUDGED = JUDGED | frozenset({"online_softmax", "flash_attention_forward", "flash_attention_triton"})  # 07
+# Every exercise of 10 too, so its kernel has the student edition: the reference formulas' gradients, the
+# tiled backward's (with what the tensor watcher saw, as 07's forward), the Triton kernel's (dk, dv) per
+# launch, and for the autograd Function what each run gave, what its forward keeps (shapes and which of
+# q, k, v, o, lse each saved tensor is) and what gradcheck said, all as plain data.
+JUDGED = JUDGED | frozenset({"attention_backward_reference", "flash_attention_backward",  # 10
+                             "FlashAttention", "flash_attention_backward_triton"})
 #: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
 #: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
 #: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).

@@ -7,6 +7,14 @@ did), and a causal one must skip the key blocks wholly in the future instead of 
 masking them (the check counts the score entries computed). Known mistakes (the rescaling
 forgotten, the diagonal block not masked, a log-sum-exp without the maximum) are named by their
 outputs; every expected value comes from :func:`expect`, so the student edition holds no answer.
+
+Under the grader every check here only hands out what the student's code did, and the verdict is
+computed outside the kernel (``grader/judge.py``), so notebook 07's grading kernel has the student
+edition: ``online_softmax`` and ``flash_attention_forward`` hand out their outputs on every case
+(``probe.record``) and what the tensor watcher saw of each run, as plain data
+(``probe.record_runs``: the whole row reduced, or the first ``(T, T)`` tensor made and the score
+entries computed), from which the messages are built outside; ``flash_attention_triton`` hands out
+``(out, lse)`` of each launch. Outside, a malformed observation scores 0 with its reason.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import torch
 
 from course_utils import flash
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -87,16 +96,55 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
     return hint
 
 
-def _streaming_problem(watcher: TensorWatcher, block_size: int) -> str | None:
-    """A reduction of a whole row (longer than a block) along the last dimension."""
+def _whole_row(watcher: TensorWatcher, block_size: int) -> list | None:
+    """The first reduction of a whole row (longer than a block) along the last dimension, as plain
+    data: ``[op, columns, where]`` (``where``: the line of the student's code, or ``""``); ``None``."""
     whole = next((r for r in watcher.reductions if r.reduces_last_dim_longer_than(block_size)), None)
     if whole is None:
         return None
-    where = f" at {whole.line}" if whole.line else ""
-    return (f"your code reduced a whole row of {whole.in_shape[-1]} columns at once{where} ({whole.op}), but the "
+    return [str(whole.op), int(whole.in_shape[-1]), str(whole.line) if whole.line else ""]
+
+
+def _streaming_text(whole: list | None, block_size: int) -> str | None:
+    """The message for a whole row reduced (:func:`_whole_row`), or ``None``."""
+    if whole is None:
+        return None
+    op, columns, line = whole
+    where = f" at {line}" if line else ""
+    return (f"your code reduced a whole row of {columns} columns at once{where} ({op}), but the "
             f"blocks have only {block_size}. An online softmax never sees a whole row: keep a running maximum m "
             f"and sum l, update them from one block x[..., start:start + block_size] at a time, and rescale l by "
             f"exp(m_old - m_new) when the maximum grows.")
+
+
+#: The block size of the streaming case (3, 12), block_size=4.
+_STREAMING_BLOCK = 4
+
+
+def _streaming_run(student: Callable, case: Case) -> list | None:
+    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: :func:`_whole_row` of what it did.
+    Raises what the student's code raised. Under the grader, what the kernel hands out."""
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        student(*_clone(case.args), **case.kwargs)
+    return _whole_row(watcher, case.args[1])
+
+
+def _short_text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= _probe.MAX_MESSAGE
+
+
+def _streaming_of(exercise: str, student: Callable, case: Case) -> list | None:
+    """:func:`_streaming_run` (the student's errors as the check's failure), or in the grader's replay
+    what the kernel handed out, refused (``probe.ReplayMiss``) unless it is ``None`` or
+    ``[op, columns, where]`` with a whole row longer than a block."""
+    whole = call_student(exercise, lambda *_, **__: _probe.run_or_replay(student, case, _streaming_run), case)
+    if whole is not None and not (isinstance(whole, (list, tuple)) and len(whole) == 3 and _short_text(whole[0])
+                                  and type(whole[1]) is int and case.args[1] < whole[1] < 2**31
+                                  and _short_text(whole[2])):
+        raise _probe.ReplayMiss("what the tensor watcher saw of online_softmax is not None or [operation, columns, "
+                                "line] of a whole row: the hand-off was changed")
+    return whole
 
 
 def _online_cases() -> list[Case]:
@@ -117,14 +165,15 @@ def check_online_softmax(online_softmax: Callable, hidden: bool = False) -> None
     """Check ``online_softmax(x, block_size)``: the softmax over the last dimension, block by block."""
     exercise = "online_softmax"
     cases = _online_cases() + (hidden_cases(exercise) if hidden else [])
+    streaming = Case("streaming: (3, 12), block_size=4", (rand(3, 12, seed=72, low=-3, high=3), _STREAMING_BLOCK))
+    if _probe.active(exercise):  # under the grader: hand out the outputs and what the watcher saw; judged outside
+        _probe.record(exercise, online_softmax, cases)
+        _probe.record_runs(exercise, online_softmax, [streaming], _streaming_run)
+        return
     compare_function(exercise, online_softmax, cases, diagnose=_online_diagnose, quiet=True)
-    x, block = rand(3, 12, seed=72, low=-3, high=3), 4
-    watcher = TensorWatcher()
-    with torch.no_grad(), watcher:
-        call_student(exercise, online_softmax, Case("streaming: (3, 12), block_size=4", (x, block)))
-    problem = _streaming_problem(watcher, block)
+    problem = _streaming_text(_streaming_of(exercise, online_softmax, streaming), _STREAMING_BLOCK)
     if problem:
-        fail(exercise, problem, Case("streaming: (3, 12), block_size=4", (x, block)))
+        fail(exercise, problem, streaming)
     passed(exercise, f"{len(cases)} cases agree with the softmax, and rows are reduced one block at a time "
                      f"({'; '.join(c.name for c in cases)})")
 
@@ -135,12 +184,26 @@ def check_online_softmax(online_softmax: Callable, hidden: bool = False) -> None
 def full_matrix_problem(watcher: TensorWatcher, T: int) -> str | None:
     """The first tensor with two dimensions of at least ``T`` (a ``(T, T)`` scores, weights or mask
     tensor), described with the line of the student's code that made it; ``None`` if there is none."""
+    return _full_matrix_text(_first_full(watcher, T), T)
+
+
+def _first_full(watcher: TensorWatcher, T: int) -> list | None:
+    """The first tensor with two dimensions of at least ``T``, as plain data: ``[shape, is_mask,
+    where]`` (``where``: the line of the student's code that made it, or ``""``); ``None``."""
     big: Made | None = watcher.first_made(lambda m: sum(d >= T for d in m.shape) >= 2)
     if big is None:
         return None
-    where = f" at {big.line}" if big.line else ""
-    what = ("a mask" if big.dtype == torch.bool else "the full score matrix (or the weights)")
-    return (f"your code made a tensor of shape {big.shape}{where}: that is {what}, with T = {T} rows and "
+    return [[int(d) for d in big.shape], big.dtype == torch.bool, str(big.line) if big.line else ""]
+
+
+def _full_matrix_text(big: list | None, T: int) -> str | None:
+    """The message for a ``(T, T)`` tensor made (:func:`_first_full`), or ``None``."""
+    if big is None:
+        return None
+    shape, is_mask, line = big
+    where = f" at {line}" if line else ""
+    what = ("a mask" if is_mask else "the full score matrix (or the weights)")
+    return (f"your code made a tensor of shape {tuple(shape)}{where}: that is {what}, with T = {T} rows and "
             f"columns. FlashAttention never holds a (T, T) tensor, so its memory grows like T, not T^2: compute "
             f"one (block_q, block_k) tile of scores at a time, q_blk @ k_blk.transpose(-2, -1), and build the "
             f"causal mask of a tile from the positions of its rows and columns.")
@@ -170,7 +233,11 @@ def skipped_blocks_problem(watcher: TensorWatcher, T: int, head_dim: int, value_
     inside the diagonal tiles too) is fine; one that computes every tile, or some future tile, is
     not. An answer whose products the watcher cannot see (no ``@``) is not judged here.
     """
-    computed = watcher.score_entries(head_dim, value_dim)
+    return _skipped_text(watcher.score_entries(head_dim, value_dim), T, block_q, block_k, heads)
+
+
+def _skipped_text(computed: int, T: int, block_q: int, block_k: int, heads: int) -> str | None:
+    """:func:`skipped_blocks_problem` from the number of score entries computed."""
     if computed == 0:
         return None
     needed, _, total = (n * heads for n in computed_tiles(T, block_q, block_k))
@@ -292,21 +359,46 @@ def _flash_cases() -> list[Case]:
 _STRUCTURE = ("tiles: (2, 40, 4), block_q=8, block_k=16, causal", (2, 40, 4), 8, 16)
 
 
+def _structure_run(student: Callable, case: Case) -> list:
+    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: ``[first_full, score_entries]``
+    (:func:`_first_full`, and the score entries computed), plain data. Raises what the student's code
+    raised. Under the grader, what the kernel hands out."""
+    q, k, v = case.args[:3]
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        student(*_clone(case.args), **case.kwargs)
+    return [_first_full(watcher, q.shape[-2]), int(watcher.score_entries(q.shape[-1], v.shape[-1]))]
+
+
+def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None, int]:
+    """:func:`_structure_run` (the student's errors as the check's failure), or in the grader's replay
+    what the kernel handed out, refused (``probe.ReplayMiss``) unless it has that form."""
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, _structure_run), case)
+    ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
+    big = found[0] if ok else None
+    if ok and big is not None:
+        ok = (isinstance(big, (list, tuple)) and len(big) == 3 and isinstance(big[0], (list, tuple))
+              and len(big[0]) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in big[0])
+              and type(big[1]) is bool and _short_text(big[2]))
+    if not ok:
+        raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
+                                f"the score entries computed]: the hand-off was changed")
+    return big, found[1]
+
+
 def check_flash_structure(exercise: str, fn: Callable, case: Case) -> None:
     """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor; causal tiles skipped."""
     q, k, v, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    watcher = TensorWatcher()
-    with torch.no_grad(), watcher:
-        call_student(exercise, fn, Case(case.name, _clone(case.args), dict(case.kwargs)))
+    big, computed = _structure_of(exercise, fn, case)
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
-        problem = full_matrix_problem(watcher, T)
+        problem = _full_matrix_text(big, T)
         if problem:
             fail(exercise, problem, case)
     if causal and T > block_k:
         heads = math.prod(q.shape[:-2])
-        problem = skipped_blocks_problem(watcher, T, q.shape[-1], v.shape[-1], block_q, block_k, heads)
+        problem = _skipped_text(computed, T, block_q, block_k, heads)
         if problem:
             fail(exercise, problem, case)
 
@@ -316,9 +408,17 @@ def check_flash_attention_forward(flash_attention_forward: Callable, hidden: boo
     """Check ``flash_attention_forward(q, k, v, block_q, block_k, causal)``: ``(out, lse)`` equal to
     attention's, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
     exercise = "flash_attention_forward"
+    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+    name, shape, block_q, block_k = _STRUCTURE
+    structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
+    if _probe.active(exercise):  # under the grader: hand out outputs and what the watcher saw; judged outside
+        for case in cases:  # in the order the check asks for them
+            _probe.record(exercise, flash_attention_forward, [case])
+            _probe.record_runs(exercise, flash_attention_forward, [case], _structure_run)
+        _probe.record_runs(exercise, flash_attention_forward, [structure], _structure_run)
+        return
     require_callable(exercise, flash_attention_forward)
     check_rules(exercise, flash_attention_forward)
-    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
     ref = _expected.reference
     for case in cases:
         want = expect(exercise, case.key(), lambda: ref(exercise)(*_clone(case.args), **case.kwargs))
@@ -330,8 +430,6 @@ def check_flash_attention_forward(flash_attention_forward: Callable, hidden: boo
             raise error from None
         _compare_pair(exercise, case, got, want, 1e-5, 1e-4)
         check_flash_structure(exercise, flash_attention_forward, case)
-    name, shape, block_q, block_k = _STRUCTURE
-    structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
     check_flash_structure(exercise, flash_attention_forward, structure)
     passed(exercise, f"{len(cases)} cases agree with attention (out and lse), no (T, T) tensor is made, and "
                      f"causal tiles wholly in the future are skipped ({'; '.join(c.name for c in cases)})")
@@ -395,27 +493,48 @@ def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
     not installed the self-check is skipped with the reason; the grader always has Triton.
     """
     exercise = "flash_attention_triton"
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out (out, lse) of every launch; judged outside
+        _probe.record_runs(exercise, kernel, cases, _triton_run)
+        return
     if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    on_gpu = torch.cuda.is_available()
-    atol = rtol = 5e-3 if on_gpu else 1e-5
-    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    devices = set()
     for case in cases:
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
-
-        def run(*qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out, lse = flash.launch(kernel, *qkv, **case.kwargs)
-            return out.cpu(), lse.cpu()
-
         try:
-            got = call_student(exercise, run, Case(case.name, args))
+            got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
         except CheckFailed as error:
             cause = error.student_error
             raise _hinted(error, _kernel_error_hint(cause) if cause is not None else None) from None
+        devices.add(on_gpu)
+        atol = rtol = 5e-3 if on_gpu else 1e-5
         _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
-    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with attention (out and lse), {where} "
                      f"({'; '.join(c.name for c in cases)})")
+
+
+def _triton_run(kernel: Any, case: Case) -> list:
+    """``[(out, lse), device]`` of ``kernel`` launched on ``case`` with :func:`course_utils.flash.launch`
+    (on the GPU where there is one: ``device`` is ``"gpu"``, else ``"cpu"``, Triton's interpreter),
+    the outputs on the CPU. Raises what the launch raised. Under the grader, what the kernel hands out:
+    the sandboxed kernel may see no GPU where the grader's process does, and the tolerance and the
+    message follow where the kernel ran."""
+    on_gpu = torch.cuda.is_available()
+    args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+    out, lse = flash.launch(kernel, *args, **case.kwargs)
+    return [(out.cpu(), lse.cpu()), "gpu" if on_gpu else "cpu"]
+
+
+def launch_of(exercise: str, kernel: Any, case: Case, run: Callable[[Any, Case], list]) -> tuple[Any, bool]:
+    """``(outputs, on_gpu)`` of ``run(kernel, case)`` (the student's errors as the check's failure), or in
+    the grader's replay what the kernel handed out for that launch, refused (``probe.ReplayMiss``)
+    unless it is ``[outputs, "gpu" | "cpu"]``. Used by notebooks 07 and 10."""
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, run), case)
+    if not (isinstance(found, (list, tuple)) and len(found) == 2 and found[1] in ("gpu", "cpu")):
+        raise _probe.ReplayMiss(f"what came back from a launch of {exercise} is not [its outputs, where it ran "
+                                f"(\"gpu\" or \"cpu\")]: the hand-off was changed")
+    return found[0], found[1] == "gpu"

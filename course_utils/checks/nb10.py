@@ -13,6 +13,16 @@
 
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
+
+Under the grader every check here only hands out what the student's code did, and the verdict is
+computed outside the kernel (``grader/judge.py``), so notebook 10's grading kernel has the student
+edition: the gradients of every case (``probe.record``); for the tiled backward, what the tensor
+watcher saw of each watched run (the first ``(T, T)`` tensor, the entries of S and dP computed);
+for ``FlashAttention``, whether it is a ``torch.autograd.Function``, ``(o, dq, dk, dv)`` of each
+run, what its forward keeps (the saved tensors' shapes and which of q, k, v, o, lse each is, the
+tensors kept on ctx, the first ``(T, T)`` tensor) and what ``gradcheck`` said; for the Triton
+kernel, ``(dk, dv)`` of each launch (``probe.record_runs``). Outside, a malformed observation
+scores 0 with its reason.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -41,7 +52,14 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
-from course_utils.checks.nb07 import computed_tiles, full_matrix_problem, triton_kernel_ready
+from course_utils.checks.nb07 import (
+    _first_full,
+    _full_matrix_text,
+    _short_text,
+    computed_tiles,
+    launch_of,
+    triton_kernel_ready,
+)
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
@@ -150,9 +168,12 @@ def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
 def check_attention_backward_reference(attention_backward_reference: Callable, hidden: bool = False) -> None:
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd."""
     exercise = "attention_backward_reference"
+    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand the gradients out; judged outside
+        _probe.record(exercise, attention_backward_reference, cases)
+        return
     require_callable(exercise, attention_backward_reference)
     check_rules(exercise, attention_backward_reference)
-    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         want = _expected_grads(exercise, case)
         _record_mistakes(exercise, case)
@@ -187,8 +208,17 @@ def tiles_problem(watcher: TensorWatcher, T: int, head_dim: int, block_q: int, b
     not counted, nor products with a single row or column (``einsum`` makes ``rowsum(dO * O)`` one). An
     answer whose products the watcher cannot see is not judged here.
     """
-    computed = sum(p.entries for p in watcher.products if p.contraction == head_dim and p.out_shape[-1] != head_dim
-                   and min(p.out_shape[-2:]) > 1)  # not a row-by-row dot product, D = rowsum(dO * O) by einsum
+    return _tiles_text(_tile_entries(watcher, head_dim), T, block_q, block_k, heads)
+
+
+def _tile_entries(watcher: TensorWatcher, head_dim: int) -> int:
+    """The entries of S and dP computed: products contracting over the head size (see :func:`tiles_problem`)."""
+    return int(sum(p.entries for p in watcher.products if p.contraction == head_dim and p.out_shape[-1] != head_dim
+                   and min(p.out_shape[-2:]) > 1))  # not a row-by-row dot product, D = rowsum(dO * O) by einsum
+
+
+def _tiles_text(computed: int, T: int, block_q: int, block_k: int, heads: int) -> str | None:
+    """:func:`tiles_problem` from the number of entries of S and dP computed."""
     if computed == 0:
         return None
     needed, _, total = (2 * n * heads for n in computed_tiles(T, block_q, block_k))
@@ -205,22 +235,47 @@ def tiles_problem(watcher: TensorWatcher, T: int, head_dim: int, block_q: int, b
             f"twice. Compute each needed tile once, and add its share into the rows of dq right there.")
 
 
+def _structure_run(student: Callable, case: Case) -> list:
+    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: ``[first_full, entries]`` (the first
+    ``(T, T)`` tensor made, nb07's ``_first_full``, and :func:`_tile_entries`), plain data. Raises what
+    the student's code raised. Under the grader, what the kernel hands out."""
+    q = case.args[0]
+    watcher = TensorWatcher()
+    with torch.no_grad(), watcher:
+        student(*_clone(case.args), **case.kwargs)
+    return [_first_full(watcher, q.shape[-2]), _tile_entries(watcher, q.shape[-1])]
+
+
+def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None, int]:
+    """:func:`_structure_run` (the student's errors as the check's failure), or in the grader's replay
+    what the kernel handed out, refused (``probe.ReplayMiss``) unless it has that form."""
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, _structure_run), case)
+    ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
+    big = found[0] if ok else None
+    if ok and big is not None:
+        ok = (isinstance(big, (list, tuple)) and len(big) == 3 and isinstance(big[0], (list, tuple))
+              and len(big[0]) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in big[0])
+              and type(big[1]) is bool and _short_text(big[2]))
+    if not ok:
+        raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
+                                f"the entries of S and dP computed]: the hand-off was changed")
+    return big, found[1]
+
+
 def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
     """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor, future tiles skipped."""
     q, k, v, o, lse, do, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    watcher = TensorWatcher()
-    with torch.no_grad(), watcher:
-        call_student(exercise, fn, Case(case.name, _clone(case.args), dict(case.kwargs)))
+    big, computed = _structure_of(exercise, fn, case)
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
-        problem = full_matrix_problem(watcher, T)
+        problem = _full_matrix_text(big, T)
         if problem:
             fail(exercise, problem.replace("FlashAttention never", "FlashAttention's backward never")
                  .replace("compute one (block_q, block_k) tile of scores at a time, q_blk @ k_blk.transpose(-2, -1)",
                           "rebuild one (block_q, block_k) tile of P at a time from q_blk, k_blk and lse"), case)
     if causal and T > block_k and q.shape[-1] == v.shape[-1]:
-        problem = tiles_problem(watcher, T, q.shape[-1], block_q, block_k, math.prod(q.shape[:-2]))
+        problem = _tiles_text(computed, T, block_q, block_k, math.prod(q.shape[:-2]))
         if problem:
             fail(exercise, problem, case)
 
@@ -230,9 +285,18 @@ def check_flash_attention_backward(flash_attention_backward: Callable, hidden: b
     """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
     autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
     exercise = "flash_attention_backward"
+    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+    name, shape, seed, block_q, block_k = _STRUCTURE
+    structure = _backward_case(name, shape, seed, block_q, block_k, True)
+    if _probe.active(exercise):  # under the grader: hand out gradients and what the watcher saw; judged outside
+        for case in cases:  # in the order the check asks for them
+            _probe.record(exercise, flash_attention_backward, [case])
+            if hidden or not case.kwargs.get("causal", True):
+                _probe.record_runs(exercise, flash_attention_backward, [case], _structure_run)
+        _probe.record_runs(exercise, flash_attention_backward, [structure], _structure_run)
+        return
     require_callable(exercise, flash_attention_backward)
     check_rules(exercise, flash_attention_backward)
-    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         want = _expected_grads(exercise, case)
         _record_mistakes(exercise, case)
@@ -241,8 +305,7 @@ def check_flash_attention_backward(flash_attention_backward: Callable, hidden: b
         _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
         if hidden or not case.kwargs.get("causal", True):  # the causal structure is watched on T = 40 below
             check_backward_structure(exercise, flash_attention_backward, case)
-    name, shape, seed, block_q, block_k = _STRUCTURE
-    check_backward_structure(exercise, flash_attention_backward, _backward_case(name, shape, seed, block_q, block_k, True))
+    check_backward_structure(exercise, flash_attention_backward, structure)
     passed(exercise, f"{len(cases)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly "
                      f"in the future are skipped ({'; '.join(c.name for c in cases)})")
 
@@ -286,9 +349,24 @@ def _function_diagnose(error: BaseException) -> str | None:
     return None
 
 
+#: The size of the check of what forward keeps: (1, 2, T, D), block_q = block_k = 8, causal.
+_KEPT_T = 24
+_KEPT_NAMES = ("q", "k", "v", "o", "lse")
+
+
 def _kept_problem(cls: Any) -> str | None:
     """What ``cls``'s forward keeps for the backward: exactly q, k, v, the output and lse, nothing (T, T)."""
-    T, D, block_q, block_k = 24, 4, 8, 8
+    return _kept_text(_kept_facts(cls))
+
+
+def _kept_facts(cls: Any, case: Any = None) -> list:
+    """What ``cls``'s forward keeps, as plain data: ``[saved_error, saved, kept, first_full]``:
+    ``saved_error`` (``[type, message]`` of reading ``ctx.saved_tensors``, or ``None``); ``saved``
+    (``[shape, name]`` per saved tensor, ``name`` the one of q, k, v, o, lse it is, or ``None``);
+    ``kept`` (``[attribute, shape]`` per tensor kept as an attribute of ctx); ``first_full`` (the first
+    ``(T, T)`` tensor made while running forward and backward, nb07's ``_first_full``). Raises what the
+    student's code raised. Under the grader, what the kernel hands out (``probe.record_runs``)."""
+    T, D, block_q, block_k = _KEPT_T, 4, 8, 8
     q, k, v, do = _inputs(1, 2, T, D, seed=1053)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     watcher = TensorWatcher()
@@ -298,35 +376,74 @@ def _kept_problem(cls: Any) -> str | None:
     ctx = o.grad_fn
     try:
         saved = list(ctx.saved_tensors)
-    except Exception as exc:  # noqa: BLE001 - described below
-        return f"reading ctx.saved_tensors raised {type(exc).__name__}: {exc}"
-    kept = [(f"ctx.{name}", value) for name, value in vars(ctx).items() if isinstance(value, torch.Tensor)]
-    for where, tensor in [("ctx.save_for_backward", t) for t in saved] + kept:
-        if sum(d >= T for d in tensor.shape) >= 2:
-            return (f"{where} keeps a tensor of shape {tuple(tensor.shape)}, with T = {T} rows and columns: that is P "
-                    f"(or the scores), the (T, T) matrix FlashAttention never keeps. Save only q, k, v, o and lse, and "
-                    f"rebuild each tile of P in the backward from q, k and lse.")
-    if kept:
-        names = ", ".join(name for name, _ in kept)
-        return (f"tensors are kept as attributes of ctx ({names}): autograd cannot track them (a later in-place "
-                f"change would go unnoticed). Pass every tensor to ctx.save_for_backward.")
+    except Exception as exc:  # noqa: BLE001 - described by the message
+        return [[type(exc).__name__, str(exc)[:_probe.MAX_MESSAGE]], [], [], None]
+    kept = [[str(name), [int(d) for d in value.shape]] for name, value in vars(ctx).items()
+            if isinstance(value, torch.Tensor)]
     lse_shape = q.shape[:-1]
     want = {"q": q, "k": k, "v": v, "o": o}
-    found = []
+    found: list = []
     for tensor in saved:
         name = next((n for n, w in want.items() if n not in found and tensor.shape == w.shape
                      and torch.equal(tensor.detach(), w.detach())), None)
         if name is None and "lse" not in found and tensor.shape == lse_shape:
             name = "lse"
         found.append(name)
-    missing = [n for n in ("q", "k", "v", "o", "lse") if n not in found]
-    extra = [tuple(t.shape) for t, n in zip(saved, found) if n is None]
+    return [None, [[[int(d) for d in t.shape], n] for t, n in zip(saved, found)], kept, _first_full(watcher, T)]
+
+
+def _shape_ok(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and len(shape) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in shape)
+
+
+def _kept_of(cls: Any) -> list:
+    """:func:`_kept_facts`, or in the grader's replay what the kernel handed out, refused
+    (``probe.ReplayMiss``) unless it has that form."""
+    facts = _probe.run_or_replay(cls, Case("what forward keeps", ("kept",)), _kept_facts)
+    ok = isinstance(facts, (list, tuple)) and len(facts) == 4
+    if ok:
+        error, saved, kept, big = facts
+        ok = ((error is None or (isinstance(error, (list, tuple)) and len(error) == 2 and _short_text(error[0])
+                                 and error[0].isidentifier() and _short_text(error[1])))
+              and isinstance(saved, (list, tuple)) and len(saved) <= 64
+              and all(isinstance(e, (list, tuple)) and len(e) == 2 and _shape_ok(e[0]) and e[1] in (*_KEPT_NAMES, None)
+                      for e in saved)
+              and isinstance(kept, (list, tuple)) and len(kept) <= 64
+              and all(isinstance(e, (list, tuple)) and len(e) == 2 and _short_text(e[0]) and e[0].isidentifier()
+                      and _shape_ok(e[1]) for e in kept)
+              and (big is None or (isinstance(big, (list, tuple)) and len(big) == 3 and _shape_ok(big[0])
+                                   and type(big[1]) is bool and _short_text(big[2]))))
+    if not ok:
+        raise _probe.ReplayMiss("what FlashAttention's forward keeps is not [an error or None, the saved tensors' "
+                                "shapes and names, the tensors kept on ctx, the first (T, T) tensor or None]: the "
+                                "hand-off was changed")
+    return facts
+
+
+def _kept_text(facts: list) -> str | None:
+    """The message for what forward keeps (:func:`_kept_facts`), or ``None`` when it keeps the right tensors."""
+    T = _KEPT_T
+    error, saved, kept, big = facts
+    if error is not None:
+        return f"reading ctx.saved_tensors raised {error[0]}: {error[1]}"
+    for where, shape in [("ctx.save_for_backward", e[0]) for e in saved] + [(f"ctx.{n}", sh) for n, sh in kept]:
+        if sum(d >= T for d in shape) >= 2:
+            return (f"{where} keeps a tensor of shape {tuple(shape)}, with T = {T} rows and columns: that is P "
+                    f"(or the scores), the (T, T) matrix FlashAttention never keeps. Save only q, k, v, o and lse, and "
+                    f"rebuild each tile of P in the backward from q, k and lse.")
+    if kept:
+        names = ", ".join(f"ctx.{name}" for name, _ in kept)
+        return (f"tensors are kept as attributes of ctx ({names}): autograd cannot track them (a later in-place "
+                f"change would go unnoticed). Pass every tensor to ctx.save_for_backward.")
+    found = [n for _, n in saved]
+    missing = [n for n in _KEPT_NAMES if n not in found]
+    extra = [tuple(shape) for shape, n in saved if n is None]
     if missing or extra:
-        return (f"ctx.save_for_backward saved {len(saved)} tensors of shapes {[tuple(t.shape) for t in saved]}: "
+        return (f"ctx.save_for_backward saved {len(saved)} tensors of shapes {[tuple(shape) for shape, _ in saved]}: "
                 f"{'missing ' + ', '.join(missing) if missing else ''}{'; ' if missing and extra else ''}"
                 f"{'not needed: ' + str(extra) if extra else ''}. Save exactly q, k, v, the output o and lse "
                 f"(..., T): everything the backward needs, and nothing (T, T).")
-    problem = full_matrix_problem(watcher, T)
+    problem = _full_matrix_text(big, T)
     if problem:
         return (problem.split(": that is")[0] + " while running forward and backward: FlashAttention never makes a "
                 "(T, T) tensor, in either pass. forward calls flash_attention_forward and backward your tiled "
@@ -344,7 +461,10 @@ def _sdpa_cases() -> list[Case]:
     ]
 
 
-def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
+def _gradcheck_run(cls: Any, case: Case) -> list | None:
+    """``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when it passes, ``["disagrees", first
+    line of its error]`` when it does not; raises what else it raised. Under the grader, what the
+    kernel hands out."""
     q, k, v, _, causal, block_q, block_k = case.args
     inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     try:
@@ -352,13 +472,41 @@ def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
             torch.autograd.gradcheck(lambda a, b, c: cls.apply(a, b, c, causal, block_q, block_k), inputs,
                                      eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
     except torch.autograd.gradcheck.GradcheckError as error:
-        first = str(error).strip().splitlines()[0]
-        fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
-                       f"numerical derivatives of your forward ({first}).", case)
+        return ["disagrees", str(error).strip().splitlines()[0][:_probe.MAX_MESSAGE] if str(error).strip() else ""]
+    return None
+
+
+def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
+    try:
+        outcome = _probe.run_or_replay(cls, case, _gradcheck_run)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - a verdict
         fail(exercise, f"torch.autograd.gradcheck raised {type(exc).__name__}: {exc}", case)
+    if outcome is None:
+        return
+    if not (isinstance(outcome, (list, tuple)) and len(outcome) == 2 and outcome[0] == "disagrees"
+            and _short_text(outcome[1])):
+        raise _probe.ReplayMiss("what gradcheck said of FlashAttention is not None or [\"disagrees\", its first line]: "
+                                "the hand-off was changed")
+    fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
+                   f"numerical derivatives of your forward ({outcome[1]}).", case)
+
+
+def _function_run(cls: Any, case: Case) -> tuple[torch.Tensor, ...]:
+    """:func:`run_function` on ``case``'s arguments ``(q, k, v, do, causal, block_q, block_k)``."""
+    return run_function(cls, *_clone(case.args))
+
+
+def _function_kind(cls: Any, case: Case) -> bool:
+    """Whether ``cls`` is a class that subclasses ``torch.autograd.Function``."""
+    return isinstance(cls, type) and issubclass(cls, torch.autograd.Function)
+
+
+#: Where the kernel says what the student's FlashAttention is (a ``torch.autograd.Function`` or not).
+_KIND = Case("what FlashAttention is", ("kind",))
+#: The gradcheck case.
+_GRADCHECK = ("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal", 1065)
 
 
 @check
@@ -369,36 +517,48 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
     ``gradcheck``; and gradients against SDPA's in float32 at ``T = 256``, causal and not.
     """
     exercise = "FlashAttention"
+    names = ("o", *GRADS)
+    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
+    gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
+    sdpa = _sdpa_cases()
+    if _probe.active(exercise):  # under the grader: hand out what each run gave and what was seen; judged outside
+        _probe.record_runs(exercise, FlashAttention, [_KIND], _function_kind)
+        if _function_kind(FlashAttention, _KIND):
+            _probe.record_runs(exercise, FlashAttention, cases, _function_run)
+            _probe.record_runs(exercise, FlashAttention, [Case("what forward keeps", ("kept",))], _kept_facts)
+            _probe.record_runs(exercise, FlashAttention, [gradcheck], _gradcheck_run)
+            _probe.record_runs(exercise, FlashAttention, sdpa, _function_run)
+        return
     require_callable(exercise, FlashAttention)
-    if not (isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function)):
+    kind = _probe.run_or_replay(FlashAttention, _KIND, _function_kind)
+    if type(kind) is not bool:
+        raise _probe.ReplayMiss("whether FlashAttention is a torch.autograd.Function is not True or False: the "
+                                "hand-off was changed")
+    if not kind:
         fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
                        "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
     check_rules(exercise, FlashAttention)
-    names = ("o", *GRADS)
-    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
     for case in cases:
         q, k, v, do = case.args[:4]
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.args[4]))
         _record_mistakes(exercise, case)
         try:
-            got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+            got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
         except CheckFailed as error:
             cause = error.student_error if error.student_error is not None else error
             raise _hinted(error, _function_diagnose(cause)) from None
         _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
     try:
-        problem = _kept_problem(FlashAttention)
+        problem = _kept_text(_kept_of(FlashAttention))
     except Exception as exc:  # noqa: BLE001 - the student's code raised
         problem = f"your code raised {type(exc).__name__}: {exc}"
     if problem:
         fail(exercise, problem, Case("what forward keeps: (1, 2, 24, 4), block_q=block_k=8, causal"))
-    _gradcheck(exercise, FlashAttention, Case("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal",
-                                              (*_inputs(1, 5, 3, seed=1065), True, 2, 3)))
-    sdpa = _sdpa_cases()
+    _gradcheck(exercise, FlashAttention, gradcheck)
     for case in sdpa:
         q, k, v, do = case.args[:4]
         want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's kernel, run here
-        got = call_student(exercise, lambda *a: run_function(FlashAttention, *a), Case(case.name, _clone(case.args)))
+        got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
         _compare(exercise, case, got, want, names, atol=1e-4, rtol=1e-3, name_mistakes=False)
     passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
                      f"forward keeps exactly q, k, v, o and lse; gradcheck passes; and the gradients equal SDPA's "
@@ -433,26 +593,35 @@ def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> 
     float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
     self-check is skipped with the reason; the grader always has Triton.
     """
-    from course_utils.backward import launch_backward
-
     exercise = "flash_attention_backward_triton"
+    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out (dk, dv) of every launch; judged outside
+        _probe.record_runs(exercise, kernel, cases, _triton_run)
+        return
     if not triton_kernel_ready(exercise, kernel, hidden):
         return
-    on_gpu = torch.cuda.is_available()
-    atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
-    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
+    devices = set()
     for case in cases:
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
-        args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
-
-        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            dk, dv = launch_backward(kernel, *tensors, **case.kwargs)
-            return dk.cpu(), dv.cpu()
-
-        got = call_student(exercise, run, Case(case.name, args))
+        got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
+        devices.add(on_gpu)
+        atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
-    where = "compiled for the GPU" if on_gpu else "in Triton's interpreter on the CPU"
+    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
     passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
                      f"({'; '.join(c.name for c in cases)})")
+
+
+def _triton_run(kernel: Any, case: Case) -> list:
+    """``[(dk, dv), device]`` of ``kernel`` launched on ``case`` with
+    :func:`course_utils.backward.launch_backward` (on the GPU where there is one: ``"gpu"``, else
+    ``"cpu"``), the gradients on the CPU. Raises what the launch raised. Under the grader, what the
+    kernel hands out (nb07's ``launch_of``)."""
+    from course_utils.backward import launch_backward
+
+    on_gpu = torch.cuda.is_available()
+    args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
+    dk, dv = launch_backward(kernel, *args, **case.kwargs)
+    return [(dk.cpu(), dv.cpu()), "gpu" if on_gpu else "cpu"]

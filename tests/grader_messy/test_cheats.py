@@ -58,7 +58,8 @@ def _calls(notebook: str, exercise: str | None, callee: str) -> bool:
 @pytest.fixture
 def checks_restored():
     """Put the check engine back after a cheat has patched it in this process."""
-    modules = [m for name, m in list(sys.modules.items()) if name.startswith("course_utils.checks") and m]
+    modules = [m for name, m in list(sys.modules.items())  # and the launcher notebook 10's cheat replaces
+               if name.startswith(("course_utils.checks", "course_utils.backward")) and m]
     attributes = [(m, dict(vars(m))) for m in modules]
     functions = [f for m in modules for f in vars(m).values() if isinstance(f, types.FunctionType)]
     functions += [f.__wrapped__ for f in functions if isinstance(getattr(f, "__wrapped__", None), types.FunctionType)]
@@ -167,6 +168,41 @@ def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
             "not part of the student edition",
         "MHAPyTorchSDPA: replace the check through sys.modules": "no construction of MHAPyTorchSDPA",
         "time_cuda_aware: return the expected median, read from the checker's frames": "never read time.perf_counter()",
+    }
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"
+
+
+def test_notebook_07_is_judged_outside_with_the_student_edition(graded):
+    """Every exercise of notebook 07 is judged outside (the tiled attention's outputs and what the tensor
+    watcher saw, the Triton kernel's (out, lse) per launch), so its kernel has the student edition: the
+    reference imported by a computed name is not there; a tiled attention that reads the expected output
+    from the checker's frames finds none there; a check replaced in the kernel hands nothing out."""
+    said = {
+        "online_softmax: the reference's, imported by a computed name": "not part of the student edition",
+        "flash_attention_forward: return the expected (out, lse), read from the checker's frames": "out: ",
+        "flash_attention_triton: replace the check through sys.modules": "no output came back",
+    }
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"
+
+
+def test_notebook_10_is_judged_outside_with_the_student_edition(graded):
+    """Every exercise of notebook 10 is judged outside (gradients, what the tensor watcher saw, the autograd
+    Function's runs and what its forward keeps, the Triton kernel's (dk, dv) per launch), so its kernel has
+    the student edition: the reference imported by a computed name is not there (in an answer, or in a
+    launcher put in place of the course's); a backward that reads the expected gradients from the
+    checker's frames finds none there; a check replaced in the kernel hands nothing out."""
+    said = {
+        "attention_backward_reference: the reference's, imported by a computed name": "not part of the student edition",
+        "flash_attention_backward: return the expected (dq, dk, dv), read from the checker's frames": "dq: ",
+        "FlashAttention: replace the check through sys.modules": "no output came back",
+        "flash_attention_backward_triton: the reference's (dk, dv) from a launcher put in place":
+            "not part of the student edition",
     }
     for name, words in said.items():
         cheat = cheats.CHEATS[name]

@@ -105,6 +105,19 @@ def test_notebook_06s_kernel_gets_the_student_edition():
     test_a_fully_judged_notebooks_kernel_gets_the_student_edition("06_efficient_attention_gpu")
 
 
+def test_notebook_07s_kernel_gets_the_student_edition():
+    """Notebook 07 is judged entirely outside too (the tiled attention's outputs and what the tensor watcher
+    saw of each run, and the Triton kernel's (out, lse) per launch): its grading kernel has the student edition."""
+    test_a_fully_judged_notebooks_kernel_gets_the_student_edition("07_flash_attention_from_scratch")
+
+
+def test_notebook_10s_kernel_gets_the_student_edition():
+    """Notebook 10 is judged entirely outside too (the gradients, what the tensor watcher saw of the tiled
+    backward, the autograd Function's runs, what its forward keeps and gradcheck's word, the Triton kernel's
+    (dk, dv) per launch): its grading kernel has the student edition."""
+    test_a_fully_judged_notebooks_kernel_gets_the_student_edition("10_flash_attention_backward")
+
+
 def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
     """grader/cgroups.py: in the sandbox, as the kernel manager starts it, fork fails past the cap, and the
     group is gone once removed (a kernel's cleanup removes it)."""
