@@ -46,7 +46,11 @@ is ever unpickled, and no class is ever taken from the kernel: only names from a
 
 Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
 raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
-out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`).
+out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`). Its
+``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
+``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
+:class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
+unmarked record, or one marked otherwise, never stands for either.
 """
 
 from __future__ import annotations
@@ -91,10 +95,11 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
 # Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
-# tries: with the reference's rope_angles swapped in, and with the student's own).
-# MultiHeadAttentionKVCache and GroupedQueryAttention stay in the kernel: their checks run them with the
-# reference's versions of the notebook's other exercises (``modules.check_alone``), which a kernel with
-# the student edition lacks; so 08's kernel keeps the instructor edition.
+# tries: with the reference's rope_angles swapped in, and with the student's own), and so is
+# GroupedQueryAttention (KEYED: every construction and forward pass of both tries, each record marked
+# with its try, ``probe.ATTEMPTS``). MultiHeadAttentionKVCache stays in the kernel: its check probes a
+# stateful cache. Both tries need the reference's helpers in the kernel (``modules.check_alone``), which
+# a kernel with the student edition lacks; so 08's kernel keeps the instructor edition.
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
                              "GroupedQueryAttention", "sliding_window_mask"})  # 08
 KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)

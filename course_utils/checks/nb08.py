@@ -8,15 +8,18 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
 
-Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv`` and
-``sliding_window_mask`` are judged outside the kernel (``grader/judge.py``): the kernel only hands out
-what the student's code gave on every call their checks make (``compare_function``'s, the dtype pass,
-the calls that must raise; for ``apply_rope`` both tries of :func:`_alone`, with our ``rope_angles``
-and with the student's, read outside by :func:`_alone_replayed`) and, for ``sliding_window_mask_mod``,
-each case's mask made from its ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`,
-``probe.record_runs``); the grader runs these checks on a replay of it. The two module classes are
-still checked in the kernel: their checks run them with the reference's helpers (:func:`_alone`),
-which only the instructor edition has, and probe a stateful cache.
+Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv``,
+``GroupedQueryAttention`` and ``sliding_window_mask`` are judged outside the kernel
+(``grader/judge.py``): the kernel only hands out what the student's code gave on every call their
+checks make (``compare_function``'s, the dtype pass, the calls that must raise; for ``apply_rope``
+both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, read outside by
+:func:`_alone_replayed`; for ``GroupedQueryAttention`` every construction and forward pass of
+:func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
+:func:`_alone_keyed`) and, for ``sliding_window_mask_mod``, each case's mask made from its
+``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
+these checks on a replay of it. ``MultiHeadAttentionKVCache`` is still checked in the kernel: its
+check probes a stateful cache (each output depends on the calls before it) with the reference's
+helpers (:func:`_alone`), which only the instructor edition has.
 """
 
 from __future__ import annotations
