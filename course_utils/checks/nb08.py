@@ -804,7 +804,8 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     x = rand(*_GQA_INPUTS["dropout"][:3], seed=_GQA_INPUTS["dropout"][3])
     plan.add(_GQA_DROPOUT_BUILD, *[_probe.Probe(mode, seed, x) for mode in ("eval", "train") for seed in (1, 2)])
     x = rand(*_GQA_INPUTS["moves"][:3], seed=_GQA_INPUTS["moves"][3])
-    plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"), _probe.Probe("eval", 7, x.to("meta"), "meta"))
+    plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"),  # check_moves_with_module
+             _probe.Probe("eval", 7, x.to("meta"), "meta"))
     return plan.items()
 
 
