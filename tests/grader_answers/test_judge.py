@@ -1050,7 +1050,8 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
-        assert not handoff.student_edition  # the two module classes are still checked in the kernel
+        assert "GroupedQueryAttention" in handoff.exercises
+        assert not handoff.student_edition  # MultiHeadAttentionKVCache is still checked in the kernel
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1059,6 +1060,11 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
             assert [c.name for c in got] == [c.name for c in want] and got
             assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)
                        for c, d in zip(got, want) for a, b in zip(c.args, d.args))
+        got, want = probe.hidden_cases("GroupedQueryAttention"), expected.instructor().hidden("GroupedQueryAttention")
+        assert got["not_dividing"] == want["not_dividing"] and got["not_dividing"]  # builds alone, as tuples
+        assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
+        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name for (_, cs), (_, ds) in
+                   zip(got["configs"], want["configs"]) for c, d in zip(cs, ds))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
