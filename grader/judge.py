@@ -46,7 +46,11 @@ is ever unpickled, and no class is ever taken from the kernel: only names from a
 
 Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
 raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
-out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`).
+out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`). Its
+``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
+``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
+:class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
+unmarked record, or one marked otherwise, never stands for either.
 """
 
 from __future__ import annotations
@@ -101,12 +105,14 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
 # Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
-# tries: with the reference's rope_angles swapped in, and with the student's own).
-# MultiHeadAttentionKVCache and GroupedQueryAttention stay in the kernel: their checks run them with the
-# reference's versions of the notebook's other exercises (``modules.check_alone``), which a kernel with
-# the student edition lacks; so 08's kernel keeps the instructor edition.
+# tries: with the reference's rope_angles swapped in, and with the student's own), and so is
+# GroupedQueryAttention (KEYED: every construction and forward pass of both tries, each record marked
+# with its try, ``probe.ATTEMPTS``). MultiHeadAttentionKVCache stays in the kernel: its check probes a
+# stateful cache. Both tries need the reference's helpers in the kernel (``modules.check_alone``), which
+# a kernel with the student edition lacks; so 08's kernel keeps the instructor edition.
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
-                             "sliding_window_mask"})  # 08
+                             "GroupedQueryAttention", "sliding_window_mask"})  # 08
+KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
 #: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
@@ -323,6 +329,8 @@ def _module_record_problem(record: dict) -> str | None:
     why = _inputs_problem(record.get("build"))
     if why:
         return f"its constructor arguments: {why}"
+    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
+        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
     if "mode" in record:  # a forward pass
         if record["mode"] not in ("eval", "train"):
             return "a forward pass in a mode other than eval or train"
@@ -339,7 +347,7 @@ def _module_record_problem(record: dict) -> str | None:
                                               for n in record["calls"].values())):
             return (f"a forward pass's count of calls is not a whole number from 0 to {probe.MAX_CALLS} for each of "
                     f"{list(probe.COUNTED)}")
-        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy", "calls"}
+        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy", "calls", "attempt"}
         if keys not in ({"result"}, {"error"}):
             return f"expected a forward pass's result or error, got fields {sorted(map(str, keys))}"
         return _outcome_problem(record)
@@ -348,7 +356,7 @@ def _module_record_problem(record: dict) -> str | None:
             and len(label["text"]) <= probe.MAX_MESSAGE and (label["name"] is None or (
                 isinstance(label["name"], str) and len(label["name"]) <= probe.MAX_MESSAGE))):
         return "a construction without the name of the class built"
-    keys = set(record) - {"exercise", "build", "cls"}
+    keys = set(record) - {"exercise", "build", "cls", "attempt"}
     if keys not in ({"module"}, {"result"}, {"error"}):
         return f"expected a module, a result or an error of the construction, got fields {sorted(map(str, keys))}"
     if "module" not in record:
@@ -990,7 +998,13 @@ class KeyedModuleReplay(ModuleReplay):
     the kernel ran under no seed of the check's), the copy it runs on (as built, or converted with
     ``.to(torch.float64)`` or ``.to("meta")``) and inputs. Passes the kernel handed out that the check
     does not ask for (a diagnosis's, when there is nothing to diagnose) are left unread; one it asks
-    for that did not come back raises :class:`HandOffFailure`."""
+    for that did not come back raises :class:`HandOffFailure`.
+
+    ``attempt``: which of ``modules.check_alone``'s tries the check is replaying (``None``: a check
+    without tries). Only the records the kernel marked as that try are looked at (``probe.ATTEMPTS``,
+    ``probe.record_module_probes``), so one try's outputs never stand for the other's."""
+
+    attempt: int | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -999,7 +1013,8 @@ class KeyedModuleReplay(ModuleReplay):
 
         given = probe.inputs_of(args, kwargs)
         for record in self.records:
-            if "build" in record and "mode" not in record and same_inputs(record["build"], given):
+            if "build" in record and "mode" not in record and record.get("attempt") == self.attempt \
+                    and same_inputs(record["build"], given):
                 self._last = record
                 built = self._construct(record, given)
                 if isinstance(built, torch.nn.Module):  # its passes name the record's own arguments
@@ -1017,7 +1032,7 @@ class KeyedModuleReplay(ModuleReplay):
         given = probe.inputs_of(args, kwargs)
         build = module._course_build
         found = [r for r in self.records if "mode" in r and r["mode"] == mode and r.get("copy") == copy
-                 and (r["build"] is build or same_inputs(r["build"], build)) and same_inputs(r["inputs"], given)]
+                 and r.get("attempt") == self.attempt and (r["build"] is build or same_inputs(r["build"], build)) and same_inputs(r["inputs"], given)]
         record = next((r for r in found if r.get("seed") == seed), None) or \
             next((r for r in found if r.get("seed") is None), None)
         if record is None:

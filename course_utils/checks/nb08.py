@@ -8,15 +8,18 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
 
-Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv`` and
-``sliding_window_mask`` are judged outside the kernel (``grader/judge.py``): the kernel only hands out
-what the student's code gave on every call their checks make (``compare_function``'s, the dtype pass,
-the calls that must raise; for ``apply_rope`` both tries of :func:`_alone`, with our ``rope_angles``
-and with the student's, read outside by :func:`_alone_replayed`) and, for ``sliding_window_mask_mod``,
-each case's mask made from its ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`,
-``probe.record_runs``); the grader runs these checks on a replay of it. The two module classes are
-still checked in the kernel: their checks run them with the reference's helpers (:func:`_alone`),
-which only the instructor edition has, and probe a stateful cache.
+Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv``,
+``GroupedQueryAttention`` and ``sliding_window_mask`` are judged outside the kernel
+(``grader/judge.py``): the kernel only hands out what the student's code gave on every call their
+checks make (``compare_function``'s, the dtype pass, the calls that must raise; for ``apply_rope``
+both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, read outside by
+:func:`_alone_replayed`; for ``GroupedQueryAttention`` every construction and forward pass of
+:func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
+:func:`_alone_keyed`) and, for ``sliding_window_mask_mod``, each case's mask made from its
+``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
+these checks on a replay of it. ``MultiHeadAttentionKVCache`` is still checked in the kernel: its
+check probes a stateful cache (each output depends on the calls before it) with the reference's
+helpers (:func:`_alone`), which only the instructor edition has.
 """
 
 from __future__ import annotations
@@ -761,19 +764,85 @@ def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = 
     exercise = "GroupedQueryAttention"
     cls = GroupedQueryAttention
     require_callable(exercise, cls)
-    _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
+    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
+        plan = _gqa_plan(exercise, hidden)
+        _alone(exercise, cls, lambda: _probe.record_module_probes(exercise, cls, plan, attempt=1))  # our repeat_kv
+        _probe.record_module_probes(exercise, cls, plan, attempt=2)  # the student's own
+        return
+    if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries
+        _alone_keyed(cls, lambda: _check_gqa(exercise, cls, hidden))
+    else:
+        _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
+
+
+_GQA_DROPOUT_BUILD = (4, 8, 6, 0.5, 4, 2)
+_GQA_NOT_DIVIDING = [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)]
+#: The inputs of :func:`_check_gqa`'s own probes of the first construction: causality, too long, the moves.
+_GQA_INPUTS = {"causal": (2, 6, 6, 825), "dropout": (2, 6, 4, 826), "moves": (2, 5, 6, 827)}
+
+
+def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every construction and forward pass :func:`_check_gqa` makes (its diagnoses' included), per
+    construction, for the kernel to hand out under the grader (``probe.record_module_probes``)."""
+    from course_utils.checks.modules import ProbePlan, causal_probes
+
+    extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
+    configs = _gqa_configs() + extra["configs"]
+    first = configs[0][0]
+    plan = ProbePlan()
+    for build, _ in configs:
+        plan.add(build)
+    plan.add(_GQA_DROPOUT_BUILD)
+    for build, cases in configs:  # _forward_runs (no seed of its own), finite_then_values
+        plan.add(build, *[_probe.Probe("eval", None, case.args[0]) for case in cases],
+                 *[_probe.Probe("eval", 7, case.args[0]) for case in cases])
+        plan.compared([(build, cases)], diagnosed_causal=True)
+    for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
+        plan.add(build)
+    plan.add(first, *causal_probes(rand(*_GQA_INPUTS["causal"][:3], seed=_GQA_INPUTS["causal"][3])),
+             _probe.Probe("eval", None, rand(1, first[2] + 1, first[0], seed=77)))  # _check_too_long
+    x = rand(*_GQA_INPUTS["dropout"][:3], seed=_GQA_INPUTS["dropout"][3])
+    plan.add(_GQA_DROPOUT_BUILD, *[_probe.Probe(mode, seed, x) for mode in ("eval", "train") for seed in (1, 2)])
+    x = rand(*_GQA_INPUTS["moves"][:3], seed=_GQA_INPUTS["moves"][3])
+    plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"),  # check_moves_with_module
+             _probe.Probe("eval", 7, x.to("meta"), "meta"))
+    return plan.items()
+
+
+def _alone_keyed(replay: object, run: Callable[[], None]) -> None:
+    """:func:`modules.check_alone`'s two tries, judged outside on a module's keyed replay
+    (``grader.judge.KeyedModuleReplay``): ``run()`` on the runs the kernel made with our helpers
+    (``attempt`` 1), then, only if that fails, quietly on those it made with the student's own (2); it
+    fails only when both fail, with the first message. A run the kernel did not hand out is a
+    ``ReplayMiss``, never a verdict."""
+    import contextlib
+    import io
+
+    replay.attempt = 1  # type: ignore[attr-defined]
+    try:
+        run()
+        return
+    except CheckFailed as error:
+        first = error
+    replay.attempt = 2  # type: ignore[attr-defined]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            run()
+    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
+        raise first from None
+    print(printed.getvalue(), end="")
 
 
 def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
-    dropout_build = (4, 8, 6, 0.5, 4, 2)
+    dropout_build = _GQA_DROPOUT_BUILD
     module_checks(exercise, cls, [build for build, _ in configs] + [dropout_build], _gqa_shapes)
     diagnose = _gqa_error_hint(exercise, cls)
     for config in configs:
         _forward_runs(exercise, cls, config, diagnose)
         finite_then_values(exercise, cls, config, diagnose)
-    for build in [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)] + extra["not_dividing"]:
+    for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
         torch.manual_seed(123)
         exc = _raises(cls, *build)
         if exc is None:
@@ -781,11 +850,14 @@ def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
                            f"does not divide num_heads={build[4]}: the query heads cannot be shared evenly by the "
                            f"groups. Raise a ValueError in __init__ that says so.")
     main = build_student(exercise, cls, configs[0][0])
-    check_causal_module(exercise, main, rand(2, 6, 6, seed=825))
+    b, t, d, seed = _GQA_INPUTS["causal"]
+    check_causal_module(exercise, main, rand(b, t, d, seed=seed))
     _check_too_long(exercise, main, configs[0][0])
-    check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(2, 6, 4, seed=826),
+    b, t, d, seed = _GQA_INPUTS["dropout"]
+    check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(b, t, d, seed=seed),
                         f"built with {dropout_build}")
-    check_moves_with_module(exercise, main, configs[0][0], rand(2, 5, 6, seed=827), f"built with {configs[0][0]}")
+    b, t, d, seed = _GQA_INPUTS["moves"]
+    check_moves_with_module(exercise, main, configs[0][0], rand(b, t, d, seed=seed), f"built with {configs[0][0]}")
     passed(exercise, f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
                      f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
                      f"input past context_length")

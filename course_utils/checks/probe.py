@@ -160,12 +160,14 @@ def _decode_cases(cases: Any) -> Any:
 
     if isinstance(cases, dict):  # named groups of cases (notebook 04's module: configs, causal)
         return {k: _decode_cases(v) for k, v in cases.items()}
-    return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else case(c) for c in cases]
+    return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else
+            tuple(c["arguments"]) if "arguments" in c else case(c) for c in cases]
 
 
 def encode_cases(cases: Any) -> Any:
-    """Cases (or a module exercise's ``(constructor_args, cases)`` pairs, or a mapping of named groups
-    of these) as plain data for the inputs file (the grader's side of :func:`hidden_cases`)."""
+    """Cases (or a module exercise's ``(constructor_args, cases)`` pairs, or constructor arguments alone,
+    or a mapping of named groups of these) as plain data for the inputs file (the grader's side of
+    :func:`hidden_cases`)."""
     def case(c: Any) -> dict:
         found = {"name": c.name, "kwargs": dict(c.kwargs), **_args_with_layouts(c.args)}
         if c.build is not None:
@@ -174,8 +176,12 @@ def encode_cases(cases: Any) -> Any:
 
     if isinstance(cases, dict):
         return {k: encode_cases(v) for k, v in cases.items()}
-    return [{"build": list(c[0]), "cases": [case(k) for k in c[1]]} if isinstance(c, tuple) else case(c)
-            for c in cases]
+    def config(c: tuple) -> dict:
+        if all(v is None or isinstance(v, (bool, int, float, str)) for v in c):
+            return {"arguments": list(c)}  # constructor arguments alone (a build that must raise)
+        return {"build": list(c[0]), "cases": [case(k) for k in c[1]]}
+
+    return [config(c) if isinstance(c, tuple) else case(c) for c in cases]
 
 
 def _args_with_layouts(args: Sequence[Any]) -> dict:
@@ -429,6 +435,10 @@ COPIES = (None, "float64", "meta")
 MAX_STRUCTURE = 64
 
 
+#: The tries of ``modules.check_alone`` a module's runs may be handed out as (:func:`record_module_probes`).
+ATTEMPTS = (1, 2)
+
+
 @dataclass
 class Probe:
     """One forward pass a module check makes: in ``mode``, right after ``torch.manual_seed(seed)``
@@ -471,7 +481,7 @@ def left_behind(meta: torch.nn.Module) -> list[list[str]]:
 
 
 def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]],
-                         count: Sequence[str] = ()) -> None:
+                         count: Sequence[str] = (), attempt: int | None = None) -> None:
     """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
     what a module check reads of it: the construction (as :func:`record_module`, with its
     :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
@@ -482,7 +492,10 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
     The grader looks the forward passes up by construction, mode, seed, copy and inputs
     (``judge.KeyedModuleReplay``), so the checks outside may ask for them in any order, and some
     (a diagnosis's) not at all. ``count``: torch functions (:data:`COUNTED`) whose calls each forward
-    pass also hands out, ``"calls": {name: count}`` (:class:`CallCounter`). Never compares.
+    pass also hands out, ``"calls": {name: count}`` (:class:`CallCounter`). ``attempt`` (:data:`ATTEMPTS`):
+    which of ``modules.check_alone``'s tries these runs are (1: with the reference's helpers swapped in, 2:
+    with the student's own), written on every record, so that the replay tells the tries apart
+    (``judge.KeyedModuleReplay.attempt``). Never compares.
     """
     import copy as _copy
 
@@ -495,6 +508,8 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
         module = _record_construction(store, exercise, student_cls, build, build_inputs, label,
                                       lambda m: {"parameters": parameters_of(m), "attributes": {},
                                                  "structure": structure_of(m)})
+        if attempt is not None:
+            store[-1]["attempt"] = attempt
         if module is None:
             continue
         structure = store[-1]["module"]["structure"]  # what a copy leaves behind is added below
@@ -502,6 +517,8 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
         for p in probes:
             forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
                                        "copy": p.copy, "inputs": inputs_of((p.x,), {})}
+            if attempt is not None:
+                forward["attempt"] = attempt
             target = module
             if p.copy is not None:
                 if p.copy not in copies:

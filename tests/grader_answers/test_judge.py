@@ -1050,7 +1050,8 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
-        assert not handoff.student_edition  # the two module classes are still checked in the kernel
+        assert "GroupedQueryAttention" in handoff.exercises
+        assert not handoff.student_edition  # MultiHeadAttentionKVCache is still checked in the kernel
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1059,6 +1060,11 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
             assert [c.name for c in got] == [c.name for c in want] and got
             assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)
                        for c, d in zip(got, want) for a, b in zip(c.args, d.args))
+        got, want = probe.hidden_cases("GroupedQueryAttention"), expected.instructor().hidden("GroupedQueryAttention")
+        assert got["not_dividing"] == want["not_dividing"] and got["not_dividing"]  # builds alone, as tuples
+        assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
+        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name for (_, cs), (_, ds) in
+                   zip(got["configs"], want["configs"]) for c, d in zip(cs, ds))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1099,6 +1105,61 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+#: GroupedQueryAttention beside a repeat_kv of the student's own: one that is wrong (checked with ours, the class
+#: keeps its points), and one taking its arguments the other way round, which the student's class relies on (ours
+#: fails it; its own passes).
+_GQA_TEST = "test_GroupedQueryAttention"
+_WRONG_REPEAT = str(_NB08.WRONG["repeat_kv"]["tiled with repeat"])
+_OWN_REPEAT = _NB08._REPEAT.replace("def repeat_kv(x, n_rep):", "def repeat_kv(n_rep, x):") + _NB08._GQA.replace(
+    "repeat_kv(split_heads(self.W_key(x), self.G), self.H // self.G)", "repeat_kv(self.H // self.G, split_heads(self.W_key(x), self.G))").replace(
+    "repeat_kv(split_heads(self.W_value(x), self.G), self.H // self.G)", "repeat_kv(self.H // self.G, split_heads(self.W_value(x), self.G))")
+
+
+@pytest.mark.parametrize("source", [_WRONG_REPEAT + _NB08._GQA, _OWN_REPEAT],
+                         ids=["a wrong repeat_kv of its own", "a repeat_kv of its own argument order"])
+def test_gqa_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
+    """Both of check_alone's tries are handed out, each marked: the verdict outside is the kernel's, full marks."""
+    assert "GroupedQueryAttention" in judge.JUDGED and "GroupedQueryAttention" in judge.KEYED
+    want = _inside(NB08, "GroupedQueryAttention", source)
+    assert want and all(ename is None for ename, _ in want.values()), want
+    test_the_verdict_outside_is_the_kernels(NB08, "GroupedQueryAttention", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def gqa_own_repeat():
+    """What GroupedQueryAttention built on a repeat_kv of its own argument order hands out: ``(records, sources)``."""
+    yield from _honest(NB08, "GroupedQueryAttention", _OWN_REPEAT, _GQA_TEST)
+
+
+def _with_attempt(records: list[dict], attempt) -> list[dict]:
+    return [{**r, "attempt": attempt} for r in _copy(records)]
+
+
+def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
+    """The first try (our repeat_kv) fails and the second (the student's) passes; the second try's runs replaced by
+    the first's fail with the first try's message; a second try left out, unmarked runs, or a try that is neither
+    1 nor 2 score 0 with a reason."""
+    records, sources = gqa_own_repeat
+    first = [r for r in records if r.get("attempt") == 1]
+    second = [r for r in records if r.get("attempt") == 2]
+    assert first and second and len(first) + len(second) == len(records)
+    errors = [sum("error" in r for r in tried if "mode" in r) for tried in (first, second)]
+    assert errors[0] > 100 and errors[1] == 2, errors  # with ours every pass raises; with its own, only the input
+    # too long (once for the visible cases' check, once for the hidden's)
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, records, sources)
+    assert verdict.ename is None and "outputs agree" in verdict.text, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first + _with_attempt(first, 2), sources)
+    assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
+    unmarked = [{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)]
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, unmarked, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
+    for attempt in (3, "1", True):  # malformed: the hand-off is refused (the test scores 0 with this reason)
+        with pytest.raises(judge.BadHandOff, match="a try of check_alone other than"):
+            _verdict_of(tmp_path, NB08, _GQA_TEST, _with_attempt(records, attempt), sources)
 
 
 # --------------------------------------------------------------------------------------------
