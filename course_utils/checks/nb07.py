@@ -370,10 +370,14 @@ def _structure_run(student: Callable, case: Case) -> list:
     return [_first_full(watcher, q.shape[-2]), int(watcher.score_entries(q.shape[-1], v.shape[-1]))]
 
 
-def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None, int]:
-    """:func:`_structure_run` (the student's errors as the check's failure), or in the grader's replay
-    what the kernel handed out, refused (``probe.ReplayMiss``) unless it has that form."""
-    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, _structure_run), case)
+def watched_structure(exercise: str, fn: Callable, case: Case, run: Callable[[Callable, Case], list] | None = None,
+                      counted: str = "the score entries computed") -> tuple[list | None, int]:
+    """``run(fn, case)`` (default :func:`_structure_run`; the student's errors as the check's failure), or in
+    the grader's replay what the kernel handed out, refused (``probe.ReplayMiss``) unless it is
+    ``[the first (T, T) tensor as [shape, is a mask, line] or None, a count]``; ``counted`` names the count.
+    Notebook 10's backward checks use it with their own ``run``."""
+    run = run or _structure_run
+    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, run), case)
     ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
     big = found[0] if ok else None
     if ok and big is not None:
@@ -382,7 +386,7 @@ def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None,
               and type(big[1]) is bool and _short_text(big[2]))
     if not ok:
         raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
-                                f"the score entries computed]: the hand-off was changed")
+                                f"{counted}]: the hand-off was changed")
     return big, found[1]
 
 
@@ -391,7 +395,7 @@ def check_flash_structure(exercise: str, fn: Callable, case: Case) -> None:
     q, k, v, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    big, computed = _structure_of(exercise, fn, case)
+    big, computed = watched_structure(exercise, fn, case)
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
         problem = _full_matrix_text(big, T)
         if problem:

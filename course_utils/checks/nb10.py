@@ -59,6 +59,7 @@ from course_utils.checks.nb07 import (
     computed_tiles,
     launch_of,
     triton_kernel_ready,
+    watched_structure,
 )
 from course_utils.checks.tensors import TensorWatcher
 
@@ -246,28 +247,12 @@ def _structure_run(student: Callable, case: Case) -> list:
     return [_first_full(watcher, q.shape[-2]), _tile_entries(watcher, q.shape[-1])]
 
 
-def _structure_of(exercise: str, fn: Callable, case: Case) -> tuple[list | None, int]:
-    """:func:`_structure_run` (the student's errors as the check's failure), or in the grader's replay
-    what the kernel handed out, refused (``probe.ReplayMiss``) unless it has that form."""
-    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, _structure_run), case)
-    ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
-    big = found[0] if ok else None
-    if ok and big is not None:
-        ok = (isinstance(big, (list, tuple)) and len(big) == 3 and isinstance(big[0], (list, tuple))
-              and len(big[0]) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in big[0])
-              and type(big[1]) is bool and _short_text(big[2]))
-    if not ok:
-        raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
-                                f"the entries of S and dP computed]: the hand-off was changed")
-    return big, found[1]
-
-
 def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
     """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor, future tiles skipped."""
     q, k, v, o, lse, do, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    big, computed = _structure_of(exercise, fn, case)
+    big, computed = watched_structure(exercise, fn, case, _structure_run, "the entries of S and dP computed")
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
         problem = _full_matrix_text(big, T)
         if problem:

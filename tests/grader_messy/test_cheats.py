@@ -100,6 +100,14 @@ def graded(tmp_path_factory):
     return {"plan": plan, "grades": grades, "cells": cells, "out": out}
 
 
+def _assert_said(graded, said: dict[str, str]) -> None:
+    """Each cheat's test message holds the words ``said[cheat name]``: the reason it scored 0."""
+    for name, words in said.items():
+        cheat = cheats.CHEATS[name]
+        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        assert words in message, f"{name}: {message!r} lacks {words!r}"
+
+
 def test_honest_work_keeps_full_marks(graded):
     for (student, notebook), cheat in graded["plan"].items():
         if cheat is None:
@@ -169,10 +177,7 @@ def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
         "MHAPyTorchSDPA: replace the check through sys.modules": "no construction of MHAPyTorchSDPA",
         "time_cuda_aware: return the expected median, read from the checker's frames": "never read time.perf_counter()",
     }
-    for name, words in said.items():
-        cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
-        assert words in message, f"{name}: {message!r} lacks {words!r}"
+    _assert_said(graded, said)
 
 
 def test_notebook_07_is_judged_outside_with_the_student_edition(graded):
@@ -185,10 +190,7 @@ def test_notebook_07_is_judged_outside_with_the_student_edition(graded):
         "flash_attention_forward: return the expected (out, lse), read from the checker's frames": "out: ",
         "flash_attention_triton: replace the check through sys.modules": "no output came back",
     }
-    for name, words in said.items():
-        cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
-        assert words in message, f"{name}: {message!r} lacks {words!r}"
+    _assert_said(graded, said)
 
 
 def test_notebook_10_is_judged_outside_with_the_student_edition(graded):
@@ -204,10 +206,7 @@ def test_notebook_10_is_judged_outside_with_the_student_edition(graded):
         "flash_attention_backward_triton: the reference's (dk, dv) from a launcher put in place":
             "not part of the student edition",
     }
-    for name, words in said.items():
-        cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
-        assert words in message, f"{name}: {message!r} lacks {words!r}"
+    _assert_said(graded, said)
 
 
 def test_notebook_08s_functions_are_judged_outside(graded):
@@ -217,7 +216,4 @@ def test_notebook_08s_functions_are_judged_outside(graded):
         "decode_causal_mask: return the expected mask, read from the checker's frames": "must be True",
         "sliding_window_mask: replace the check through sys.modules": "no output came back",
     }
-    for name, words in said.items():
-        cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
-        assert words in message, f"{name}: {message!r} lacks {words!r}"
+    _assert_said(graded, said)
