@@ -34,9 +34,9 @@ def student_edition(tmp_path_factory):
 
 #: The longest test files, longest first (measured: `--durations` of a run); the rest follow in order.
 LONGEST_FIRST = [
+    "tests/grader_messy/test_cheats.py",
     "tests/grader_answers/test_autograde.py",
     "tests/grader_messy/test_grader_e2e.py",
-    "tests/grader_messy/test_cheats.py",
     "tests/release/test_colab.py",
     "tests/release/test_editions.py",
     "tests/grader_messy/test_grader_shards.py",
