@@ -306,6 +306,22 @@ def module_class_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], first_ext
     return plan.items()
 
 
+def attention_class_plan(builds: Sequence[tuple], values: tuple[tuple, Sequence[Case]],
+                         configs: Sequence[tuple[tuple, Sequence[Case]]],
+                         causal: Sequence[Case] = ()) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every construction and forward pass of the usual check of a causal attention class, in order:
+    :func:`module_checks` on ``builds``, :func:`finite_then_values` on ``values`` (diagnosed by
+    :func:`not_causal`), then :func:`check_module_class` on ``configs`` and the hidden ``causal`` cases
+    (:func:`module_class_plan`). Notebook 05's ``MultiHeadAttention`` and 06's
+    ``MultiHeadAttentionCombinedQKV`` are checked so."""
+    plan = ProbePlan()
+    for build in builds:
+        plan.add(build)
+    plan.add(values[0], *[_probe.Probe("eval", 7, case.args[0]) for case in values[1]])
+    plan.compared([values], diagnosed_causal=True)
+    return module_class_plan(configs, causal=causal, plan=plan, diagnosed_causal=True)
+
+
 def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
                        diagnose=None) -> None:
     """Everything a causal attention class must satisfy, then the value comparison.

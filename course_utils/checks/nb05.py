@@ -39,13 +39,13 @@ from course_utils.checks.core import (
 from course_utils.checks import probe as _probe
 from course_utils.checks.modules import (
     ProbePlan,
+    attention_class_plan,
     causal_probes,
     check_causal_module,
     check_finite,
     check_module_class,
     check_truncated,
     finite_then_values,
-    module_class_plan,
     module_checks,
     not_causal,
 )
@@ -247,13 +247,8 @@ def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False)
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
     ] + extra["configs"]
     if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        plan = ProbePlan()
-        for build in [values[0]] + [build for build, _ in configs]:
-            plan.add(build)
-        plan.add(values[0], *[Probe("eval", 7, case.args[0]) for case in values[1]])
-        plan.compared([values], diagnosed_causal=True)
-        _probe.record_module_probes(exercise, cls, module_class_plan(configs, causal=extra["causal"], plan=plan,
-                                                                     diagnosed_causal=True))
+        builds = [values[0]] + [build for build, _ in configs]
+        _probe.record_module_probes(exercise, cls, attention_class_plan(builds, values, configs, extra["causal"]))
         return
     module_checks(exercise, cls, [values[0]] + [build for build, _ in configs], _mha_shapes)
     diagnose = not_causal(exercise, cls)

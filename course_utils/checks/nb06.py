@@ -52,6 +52,7 @@ from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 from course_utils.checks.modules import (
     ProbePlan,
+    attention_class_plan,
     causal_probes,
     check_causal_module,
     check_dropout_modes,
@@ -59,7 +60,6 @@ from course_utils.checks.modules import (
     check_module_class,
     finite_then_values,
     module_checks,
-    module_class_plan,
     not_causal,
 )
 from course_utils.checks.probe import Probe
@@ -107,14 +107,9 @@ def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable,
     extra = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
     configs = [_dropout_config()] + _configs() + extra["configs"]
     if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        values = _values_config()
-        plan = ProbePlan()
-        for build, _ in configs:
-            plan.add(build)
-        plan.add(values[0], *[Probe("eval", 7, case.args[0]) for case in values[1]])
-        plan.compared([values], diagnosed_causal=True)
-        _probe.record_module_probes(exercise, cls, module_class_plan(configs, causal=extra["causal"], plan=plan,
-                                                                     diagnosed_causal=True))
+        builds = [build for build, _ in configs]
+        _probe.record_module_probes(exercise, cls, attention_class_plan(builds, _values_config(), configs,
+                                                                        extra["causal"]))
         return
     module_checks(exercise, cls, [build for build, _ in configs], _qkv_shapes)
     diagnose = not_causal(exercise, cls)

@@ -90,30 +90,37 @@ def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
     check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
 
 
-def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
-    """:func:`modules.check_alone`'s two tries, judged outside on what the kernel handed out: ``run()``
-    on the outputs the student's code gave with our helpers (``count`` calls), then, only if that
-    fails, quietly on those it gave with the student's own (the next ``count``); it fails only when
-    both fail, with the first message. The tries the verdict does not need are left unread (the
-    replay's position, ``grader.judge.Replay.used``, moves past them)."""
+def _two_tries(run: Callable[[], None], to_second: Callable[[], None],
+               after_first_passed: Callable[[], None] = lambda: None) -> None:
+    """:func:`modules.check_alone`'s verdict, judged outside: ``run()`` on the first try (the student's
+    code with our helpers); only if that fails, ``to_second()`` and ``run()`` again, quietly, on the
+    second (with the student's own helpers). It fails only when both fail, with the first message."""
     import contextlib
     import io
 
-    start = replay.used  # type: ignore[attr-defined]
     try:
         run()
     except CheckFailed as error:
         first = error
     else:
-        replay.used = start + 2 * count  # type: ignore[attr-defined]
+        after_first_passed()
         return
-    replay.used = start + count  # type: ignore[attr-defined]
+    to_second()
     try:
         with contextlib.redirect_stdout(io.StringIO()) as printed:
             run()
     except Exception:  # noqa: BLE001 - the verdict with our helpers stands
         raise first from None
     print(printed.getvalue(), end="")
+
+
+def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
+    """:func:`_two_tries` on a function's replay: the first ``count`` calls are the first try, the next
+    ``count`` the second. The tries the verdict does not need are left unread (the replay's position,
+    ``grader.judge.Replay.used``, moves past them)."""
+    start = replay.used  # type: ignore[attr-defined]
+    _two_tries(run, lambda: setattr(replay, "used", start + count),
+               lambda: setattr(replay, "used", start + 2 * count))
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -810,27 +817,11 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
 
 
 def _alone_keyed(replay: object, run: Callable[[], None]) -> None:
-    """:func:`modules.check_alone`'s two tries, judged outside on a module's keyed replay
-    (``grader.judge.KeyedModuleReplay``): ``run()`` on the runs the kernel made with our helpers
-    (``attempt`` 1), then, only if that fails, quietly on those it made with the student's own (2); it
-    fails only when both fail, with the first message. A run the kernel did not hand out is a
-    ``ReplayMiss``, never a verdict."""
-    import contextlib
-    import io
-
+    """:func:`_two_tries` on a module's keyed replay (``grader.judge.KeyedModuleReplay``): the runs the
+    kernel made with our helpers are ``attempt`` 1, those with the student's own 2. A run the kernel did
+    not hand out is a ``ReplayMiss``, never a verdict."""
     replay.attempt = 1  # type: ignore[attr-defined]
-    try:
-        run()
-        return
-    except CheckFailed as error:
-        first = error
-    replay.attempt = 2  # type: ignore[attr-defined]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()) as printed:
-            run()
-    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
-        raise first from None
-    print(printed.getvalue(), end="")
+    _two_tries(run, lambda: setattr(replay, "attempt", 2))
 
 
 def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
