@@ -122,6 +122,10 @@ JUDGED = JUDGED | frozenset({"MultiHeadAttentionKVCache"})  # 08
 #: cache's state after it (``probe.record_sessions``); the replay answers the check's calls strictly in
 #: that order, one module at a time (:class:`SessionReplay`).
 SESSIONS = frozenset({"MultiHeadAttentionKVCache"})  # 08
+#: Judged exercises whose kernel side still needs the instructor edition: ``modules.check_alone``'s first
+#: try swaps the reference's helpers in (08's ``apply_rope``, ``GroupedQueryAttention`` and
+#: ``MultiHeadAttentionKVCache``), so a notebook with one of them keeps the instructor edition in its kernel.
+NEEDS_REFERENCE = frozenset({"apply_rope", "GroupedQueryAttention", "MultiHeadAttentionKVCache"})  # 08
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
 #: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
@@ -155,7 +159,7 @@ def student_edition_kernel(notebook: str | None) -> bool:
     from grader import course
 
     exercises = course.EXERCISES.get(notebook or "", [])
-    return bool(exercises) and all(e in JUDGED for e in exercises)
+    return bool(exercises) and all(e in JUDGED for e in exercises) and not any(e in NEEDS_REFERENCE for e in exercises)
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,8 +437,10 @@ def _session_record_problem(record: dict) -> str | None:
         why = _state_problem(record["state"])
         if why:
             return why
-    if "op" not in record:  # a construction: as any module's, with its session's number
-        rest = {k: v for k, v in record.items() if k not in ("session", "optional", "state")}
+    if "op" not in record:  # a construction: as any module's, with its session's number and its run
+        if not (type(record.get("run")) is int and 0 <= record["run"] < probe.MAX_SESSIONS):
+            return "a session's construction without the number of the check's call that made it"
+        rest = {k: v for k, v in record.items() if k not in ("session", "optional", "state", "run")}
         return _module_record_problem(rest)
     why = _inputs_problem(record.get("build"))
     if why:
@@ -1214,6 +1220,7 @@ class SessionReplay(ModuleReplay):
 
     def __init__(self, exercise: str, records: list[dict]):
         super().__init__(exercise, records)
+        self._run = -1  # which call of the check is replayed (begin())
         self._taken: set[int] = set()  # id() of the constructions taken
         self._cursor: dict[int, int] = {}  # session -> its next step
         self._constructions = [r for r in records if "session" in r and "op" not in r]
@@ -1247,6 +1254,15 @@ class SessionReplay(ModuleReplay):
                     self._root[r["child"]] = self._root[number]
         return None
 
+    def begin(self) -> None:
+        """A check starts (each call of the check reads its own run of sessions, ``probe.record_sessions``):
+        the run before, whose check passed, must have been read whole."""
+        why = self.left_over(final=False) if self._run >= 0 else None
+        if why:
+            raise HandOffFailure(f"more outputs came back than the test asked for ({self.exercise}: {why}): the "
+                                 f"hand-off was changed")
+        self._run += 1
+
     def _check(self) -> None:
         if self._problem:
             raise HandOffFailure(f"{self._problem} (the hand-off was changed)")
@@ -1257,7 +1273,7 @@ class SessionReplay(ModuleReplay):
         self._check()
         given = probe.inputs_of(args, kwargs)
         optional = probe.diagnosing()
-        pending = [r for r in self._constructions if r.get("attempt") == self.attempt
+        pending = [r for r in self._constructions if r.get("attempt") == self.attempt and r["run"] == max(self._run, 0)
                    and r["optional"] == optional and id(r) not in self._taken]
         if optional:
             record = next((r for r in pending if same_inputs(r["build"], given)), None)
@@ -1361,18 +1377,22 @@ class SessionReplay(ModuleReplay):
             raise _exception(record["error"])
         return _decode(record["result"])
 
-    def left_over(self) -> str | None:
-        """After a pass: the constructions and steps of the try replayed that the test did not read (a
-        diagnosis's may stay unread), said in words, or ``None``."""
+    def left_over(self, final: bool = True) -> str | None:
+        """After a pass: the constructions and steps of the try and the run replayed that the test did not read
+        (a diagnosis's may stay unread), said in words, or ``None``. A run after the last the check began
+        (:meth:`begin`) is left over too, once the test has ended (``final``)."""
         if self._problem:
             return self._problem
+        run = max(self._run, 0)
         unbuilt = [r for r in self._constructions if r.get("attempt") == self.attempt and not r["optional"]
-                   and id(r) not in self._taken]
+                   and r["run"] == run and id(r) not in self._taken]
         unread = sum(1 for number, steps in self._steps.items()
                      if self._root[number].get("attempt") == self.attempt and not self._root[number]["optional"]
+                     and self._root[number]["run"] == run
                      for r in steps[self._cursor.get(number, 0):] if not r["optional"])
-        if unbuilt or unread:
-            return f"{len(unbuilt)} constructions and {unread} steps"
+        later = {r["run"] for r in self._constructions if r["run"] > run} if final else set()
+        if unbuilt or unread or later:
+            return f"{len(unbuilt)} constructions and {unread} steps" + (f", {len(later)} runs" if later else "")
         return None
 
 

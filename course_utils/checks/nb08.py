@@ -581,6 +581,7 @@ def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden:
         _probe.record_sessions(exercise, cls, sessions, attempt=2)  # the student's own
         return
     if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries (judge.SessionReplay)
+        cls.begin()  # type: ignore[attr-defined] - this call of the check reads its own run of sessions
         _alone_keyed(cls, lambda: _check_kv_cache(exercise, cls, hidden))
     else:
         _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))

@@ -954,7 +954,10 @@ def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Ses
     the method's ``name`` (``"lookup": True`` when the module has no such method); for ``.to``, its
     ``target`` (and for ``meta`` what stayed behind, ``"left"``); for a copy, the number of the copy's
     own session (``"child"``), whose steps follow. After the construction and every step, the
-    watched state (``"state"``, :func:`snapshot`). Never compares.
+    watched state (``"state"``, :func:`snapshot`). Each construction also says which call of this
+    function in the test cell (for this ``attempt``) made it (``"run"``: 0, 1...): a check called twice
+    in one cell (its visible, then its hidden cases) hands out two runs, and the replay reads them one
+    per call of the check (``judge.SessionReplay.begin``). Never compares.
 
     The grader answers the check's calls strictly in this order, one session per module
     (``judge.SessionReplay``): a call out of order, missing or extra scores 0. ``attempt``: which of
@@ -967,6 +970,8 @@ def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Ses
         return
     label = _label(student_cls)
     numbers = [max((r["session"] for r in store if isinstance(r.get("session"), int)), default=-1) + 1]
+    this_run = len({r["run"] for r in store if r.get("exercise") == exercise and "run" in r
+                    and r.get("attempt") == attempt})
 
     def new_session() -> int:
         numbers[0] += 1
@@ -1021,7 +1026,7 @@ def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Ses
                                       lambda m: {"parameters": parameters_of(m), "attributes": {},
                                                  "structure": structure_of(m)})
         number = new_session()
-        store[-1].update(session=number, optional=session.optional)
+        store[-1].update(session=number, optional=session.optional, run=this_run)
         if attempt is not None:
             store[-1]["attempt"] = attempt
         if module is None:
