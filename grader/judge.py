@@ -50,7 +50,10 @@ out its outcomes under its own name, replayed under that name (:data:`COMPANIONS
 ``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
 ``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
 :class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
-unmarked record, or one marked otherwise, never stands for either.
+unmarked record, or one marked otherwise, never stands for either. Its ``MultiHeadAttentionKVCache``,
+whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
+(``probe.record_sessions``: each construction and every step the check makes on it, in order, with
+the cache's state after each), answered strictly in that order by a :class:`SessionReplay`.
 """
 
 from __future__ import annotations
@@ -107,9 +110,9 @@ LAYOUT_INPUTS = frozenset({"count_parameters"})
 # Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
 # tries: with the reference's rope_angles swapped in, and with the student's own), and so is
 # GroupedQueryAttention (KEYED: every construction and forward pass of both tries, each record marked
-# with its try, ``probe.ATTEMPTS``). MultiHeadAttentionKVCache stays in the kernel: its check probes a
-# stateful cache. Both tries need the reference's helpers in the kernel (``modules.check_alone``), which
-# a kernel with the student edition lacks; so 08's kernel keeps the instructor edition.
+# with its try, ``probe.ATTEMPTS``); MultiHeadAttentionKVCache below, as ordered sessions. Both tries
+# need the reference's helpers in the kernel (``modules.check_alone``), which a kernel with the student
+# edition lacks; so 08's kernel keeps the instructor edition (NEEDS_REFERENCE).
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
                              "GroupedQueryAttention", "sliding_window_mask"})  # 08
 KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)

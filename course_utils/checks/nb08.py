@@ -17,9 +17,13 @@ both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, r
 :func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
 :func:`_alone_keyed`) and, for ``sliding_window_mask_mod``, each case's mask made from its
 ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
-these checks on a replay of it. ``MultiHeadAttentionKVCache`` is still checked in the kernel: its
-check probes a stateful cache (each output depends on the calls before it) with the reference's
-helpers (:func:`_alone`), which only the instructor edition has.
+these checks on a replay of it. ``MultiHeadAttentionKVCache``'s outputs depend on every call before
+them (the cache): under the grader its kernel runs, per module, the check's whole ordered sequence of
+steps (:func:`_kv_sessions`, ``probe.record_sessions``: forward passes with and without the cache,
+``reset_cache()``, ``.to``, copies, each with the cache's state after it), once per try of
+:func:`_alone`, and the grader answers the unchanged check's calls strictly in that order
+(``judge.SessionReplay``). The first tries need the reference's helpers, which only the instructor
+edition has, so 08's kernel keeps it.
 """
 
 from __future__ import annotations
