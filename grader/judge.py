@@ -471,7 +471,8 @@ def _session_record_problem(record: dict) -> str | None:
         left = record.get("left", [])
         if record.get("target") not in probe.TO_TARGETS or ("left" in record and record["target"] != "meta") or not (
                 isinstance(left, list) and len(left) <= probe.MAX_STRUCTURE and all(
-                    isinstance(e, list) and len(e) == 2 and _watched_name(e[0]) and isinstance(e[1], str)
+                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and 0 < len(e[0]) <= 300
+                    and all(p.isidentifier() or p.isdigit() for p in e[0].split(".")) and isinstance(e[1], str)
                     and 0 < len(e[1]) <= 40 and e[1] != "meta" for e in left)):
             return f"a conversion into other than {list(probe.TO_TARGETS)}, or a malformed list of what stayed behind"
     elif not (type(record.get("child")) is int and 0 <= record["child"] < probe.MAX_SESSIONS):
