@@ -18,6 +18,11 @@ writes what came back to a folder that the grader reads once the kernel has exit
   :func:`record_module_probes`): each construction once, with its make-up (buffers, tensors kept
   as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
   (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
+- for a module whose outputs depend on every call before them (notebook 08's KV cache,
+  :func:`record_sessions`): each construction the check makes and, in the check's order, every
+  :class:`Step` it makes on that module (forward passes with or without the cache, ``reset_cache()``,
+  ``.to``, deep copies), each step's outcome and, after it, a :func:`snapshot` of the state the check
+  reads (the cache);
 - a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
 - for a forward pass whose check counts calls of a torch function (notebook 06's one call of
   ``F.scaled_dot_product_attention``), how often it called it (:class:`CallCounter`);
