@@ -1218,7 +1218,8 @@ class SessionReplay(ModuleReplay):
     left unread, raises :class:`HandOffFailure`; steps marked optional (a diagnosis's) may be skipped.
 
     ``attempt``: which of ``modules.check_alone``'s tries the check is replaying, as for
-    :class:`KeyedModuleReplay`."""
+    :class:`KeyedModuleReplay`. A check calls :meth:`begin` first, each time it is called: each call
+    reads its own run of sessions (a test cell that checks its visible, then its hidden cases)."""
 
     attempt: int | None = None
 
