@@ -128,14 +128,35 @@ def write_subset(names: Iterable[str], folder: Path) -> Path:
     return path
 
 
-def helpers_of(notebook: str | None) -> list[str]:
-    """The exercises of ``notebook`` that another of its exercises is checked with (``modules.check_alone``'s
-    helpers), by name: what a kernel for that first try needs of the reference. Empty for the others."""
+def alone_helpers(notebook: str | None) -> dict[str, list[str]]:
+    """exercise -> the exercises of the same notebook it is checked with (``modules.check_alone``'s
+    helpers, swapped in for its first try), for the exercises of ``notebook`` that have any."""
     from course_utils.checks import nb08, nb09
 
     number = (notebook or "")[:2]
     if number == "08":
-        return list(dict.fromkeys(name for names in nb08.HELPERS.values() for name in names))
+        return {exercise: list(names) for exercise, names in nb08.HELPERS.items()}
     if number == "09":
-        return list(nb09._gpt_helpers())
-    return []
+        return {"TinyGPT": list(nb09._gpt_helpers())}
+    return {}
+
+
+def first_try_groups(notebook: str | None, source: str | None = None) -> list[tuple[list[str], list[str]]]:
+    """``[(exercises, helpers), ...]``: the exercises whose first tries one kernel can make, and the helpers
+    its cut-down reference holds. No group's reference holds (or uses) one of its own exercises: 08's
+    ``apply_rope`` is a helper of the cache class and is itself checked with ``rope_angles``, so its first
+    try needs a kernel of its own, whose reference has ``rope_angles`` but not ``apply_rope``."""
+    groups: list[tuple[list[str], list[str]]] = []
+    for exercise, helpers in alone_helpers(notebook).items():
+        for exercises, held in groups:
+            merged = list(dict.fromkeys([*held, *helpers]))
+            if not set([*exercises, exercise]) & set(needed(merged, source)):
+                exercises.append(exercise)
+                held[:] = merged
+                break
+        else:
+            if exercise in needed(helpers, source):
+                raise ValueError(f"{exercise} is among the definitions its own helpers use: no kernel can "
+                                 f"make its first try without its answer")
+            groups.append(([exercise], list(helpers)))
+    return groups

@@ -22,15 +22,35 @@ def _loaded(names: list[str]) -> dict:
 
 
 def test_each_notebook_names_the_helpers_its_checks_swap_in():
-    assert set(reference_subset.helpers_of(NB08)) == {"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv"}
-    assert set(reference_subset.helpers_of(NB09)) == {"sinusoidal_positions", "LearnedPositionalEmbedding",
-                                                      "TransformerBlock"}
-    assert reference_subset.helpers_of("05_multi_head_attention") == []
+    assert reference_subset.alone_helpers(NB08) == {
+        "MultiHeadAttentionKVCache": ["decode_causal_mask", "apply_rope"], "GroupedQueryAttention": ["repeat_kv"],
+        "apply_rope": ["rope_angles"]}
+    assert reference_subset.alone_helpers(NB09) == {
+        "TinyGPT": ["LearnedPositionalEmbedding", "TransformerBlock", "sinusoidal_positions"]}
+    assert reference_subset.alone_helpers("05_multi_head_attention") == {}
+    assert reference_subset.first_try_groups("05_multi_head_attention") == []
+
+
+def test_no_first_try_kernel_holds_the_answer_of_an_exercise_it_checks():
+    """08's apply_rope is a helper of the cache class and is checked with rope_angles itself: its first
+    try gets a kernel of its own, whose reference has rope_angles and not apply_rope."""
+    groups = reference_subset.first_try_groups(NB08)
+    assert groups == [(["MultiHeadAttentionKVCache", "GroupedQueryAttention"], ["decode_causal_mask", "apply_rope",
+                                                                               "repeat_kv"]),
+                      (["apply_rope"], ["rope_angles"])]
+    for exercises, helpers in groups + reference_subset.first_try_groups(NB09):
+        assert not set(exercises) & set(reference_subset.needed(helpers)), exercises
+
+
+def test_a_helper_that_needs_its_own_exercise_is_refused(monkeypatch):
+    monkeypatch.setattr(reference_subset, "alone_helpers", lambda notebook: {"apply_rope": ["apply_rope"]})
+    with pytest.raises(ValueError, match="apply_rope is among the definitions its own helpers use"):
+        reference_subset.first_try_groups(NB08)
 
 
 def test_notebook_08s_helpers_come_alone():
     """apply_rope uses rope_angles, so both come; the exercises that build on the helpers stay out."""
-    kept = reference_subset.needed(reference_subset.helpers_of(NB08))
+    kept = reference_subset.needed(["decode_causal_mask", "apply_rope", "repeat_kv"])
     assert kept == ["decode_causal_mask", "repeat_kv", "rope_angles", "apply_rope"]
     namespace = _loaded(kept)
     for name in ("GroupedQueryAttention", "MultiHeadAttentionKVCache", "sliding_window_mask", "softmax_stable",
@@ -42,7 +62,7 @@ def test_notebook_08s_helpers_come_alone():
 def test_a_helper_brings_the_definitions_it_uses():
     """09's TransformerBlock is built from the reference's cached multi-head attention, which is built on
     split_heads, merge_heads and the others: they come too, in the file's order, and work."""
-    kept = reference_subset.needed(reference_subset.helpers_of(NB09))
+    kept = reference_subset.needed(reference_subset.alone_helpers(NB09)["TinyGPT"])
     assert {"TransformerBlock", "MultiHeadAttentionKVCache", "split_heads", "merge_heads"} <= set(kept)
     assert "TinyGPT" not in kept and "generate" not in kept and "train_step" not in kept
     namespace = _loaded(kept)
@@ -83,7 +103,7 @@ def test_a_kernel_shown_the_subset_finds_the_helpers_and_nothing_else(tmp_path):
     ok, why = sandbox.check_bwrap()
     if not ok:
         pytest.skip(why)
-    subset = reference_subset.write_subset(reference_subset.helpers_of(NB08), tmp_path / "subset")
+    subset = reference_subset.write_subset(["repeat_kv"], tmp_path / "subset")
     probe = ("import os, course_utils, course_utils.reference as r\n"
              "print(sorted(os.listdir(os.path.join(os.path.dirname(course_utils.__file__), 'instructor'))))\n"
              "print(r.repeat_kv.__name__, hasattr(r, 'GroupedQueryAttention'), hasattr(r, 'softmax_stable'))\n")
