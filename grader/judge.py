@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import functools
 import io
 import os
@@ -162,6 +163,8 @@ class HandOff:
     inputs: str
     exercises: list[str]
     student_edition: bool
+    #: A cut-down reference the kernel sees (``grader/reference_subset.py``): a kernel of first tries.
+    reference: str = ""
 
     def remove(self) -> None:
         for folder in (self.outputs, str(Path(self.inputs).parent)):
@@ -170,8 +173,10 @@ class HandOff:
                 _made.remove(folder)
 
 
-def prepare(notebook: str | None) -> HandOff | None:
-    """The hand-off of ``notebook``, or ``None`` when none of its exercises is judged outside."""
+def prepare(notebook: str | None, reference: str = "") -> HandOff | None:
+    """The hand-off of ``notebook``, or ``None`` when none of its exercises is judged outside. With
+    ``reference`` (a file of :mod:`grader.reference_subset`), the kernel sees the student edition with that
+    file as its reference: a kernel that makes ``check_alone``'s first tries."""
     import torch
 
     from course_utils.checks import expected, probe
@@ -187,7 +192,8 @@ def prepare(notebook: str | None) -> HandOff | None:
     with expected.using(expected.LIVE):
         hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises}
     torch.save({"format": probe.FORMAT, "exercises": hidden}, inputs)
-    return HandOff(notebook or "", outputs, str(inputs), exercises, student_edition_kernel(notebook))
+    return HandOff(notebook or "", outputs, str(inputs), exercises,
+                   bool(reference) or student_edition_kernel(notebook), reference)
 
 
 @atexit.register
@@ -1152,6 +1158,7 @@ class JudgeOutside(NbGraderPreprocessor):
         handoff: HandOff | None = resources.get("course_handoff")
         sources = answer_sources(nb, exercises)
         known = intake.load_source(notebook).tests
+        failed: list[tuple[NotebookNode, str, str]] = []
         try:
             for cell in nb.cells:
                 if cell.cell_type != "code" or not cells.is_test(cell):
@@ -1177,7 +1184,53 @@ class JudgeOutside(NbGraderPreprocessor):
                     verdict = Verdict("", "GraderError", f"the grader could not judge this test "
                                                          f"({type(exc).__name__}: {exc}); ask your instructor")
                 cell.outputs = (limits if verdict.ename == HANDOFF_ERROR else []) + verdict.outputs()
+                if verdict.ename is not None:
+                    failed.append((cell, test_id, exercise))
+            if handoff is not None and handoff.student_edition and not handoff.reference and failed:
+                self.first_tries(nb, resources, notebook, failed, sources)
         finally:
             if handoff is not None:
                 handoff.remove()
         return nb, resources
+
+    def first_tries(self, nb: NotebookNode, resources: dict, notebook: str,
+                    failed: list[tuple[NotebookNode, str, str]], sources: dict[str, str]) -> None:
+        """``modules.check_alone``'s first tries, for the ``failed`` tests (cell, test id, exercise) of
+        exercises checked with helpers: a kernel with the student edition made only the second try (the
+        student's own helpers), so the notebook runs once more in a kernel whose reference holds only
+        those helpers' answers (:func:`grader.reference_subset.first_try_groups`), and that kernel's
+        verdict of those tests replaces the first: a pass if either try passes, else the first try's
+        message, as ``check_alone`` gives it. Nothing else of that kernel's is read, so the helpers'
+        answers it holds earn nothing. Where its hand-off cannot be used, the first verdict stands."""
+        from grader import reference_subset
+        from grader.execute import RobustExecute
+
+        unexecuted = resources.get("course_unexecuted")
+        if unexecuted is None:
+            return
+        for exercises, helpers in reference_subset.first_try_groups(notebook):
+            mine = [(cell, test_id) for cell, test_id, exercise in failed if exercise in exercises]
+            if not mine:
+                continue
+            folder = tempfile.mkdtemp(prefix="grader-first-try-")
+            again = {k: v for k, v in resources.items() if k not in ("course_handoff", "course_unexecuted")}
+            try:
+                again["course_first_try_reference"] = str(reference_subset.write_subset(helpers, Path(folder)))
+                RobustExecute(parent=self.parent, config=self.config).preprocess(copy.deepcopy(unexecuted), again)
+                handoff: HandOff | None = again.get("course_handoff")
+                for cell, test_id in mine:
+                    try:
+                        if handoff is None:
+                            raise BadHandOff("the grader prepared no hand-off")
+                        verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
+                    except BadHandOff:
+                        continue  # the second try's verdict stands
+                    except Exception as exc:  # noqa: BLE001 - a fault of the grader's own: the first verdict stands
+                        print(f"grader.judge: could not judge the first try of {notebook} {test_id}: "
+                              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                        continue
+                    cell.outputs = verdict.outputs()
+            finally:
+                if again.get("course_handoff") is not None:
+                    again["course_handoff"].remove()
+                shutil.rmtree(folder, ignore_errors=True)

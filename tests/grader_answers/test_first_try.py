@@ -61,3 +61,84 @@ def test_a_missing_helper_in_the_reference_hands_out_no_first_try(monkeypatch):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Through the grader's own steps, in the real sandbox, with 08's kernel given the student edition
+# --------------------------------------------------------------------------------------------
+_COMPUTED_IMPORT = '''
+import importlib
+
+
+class GroupedQueryAttention(torch.nn.Module):
+    def __new__(cls, *args, **kwargs):
+        answers = importlib.import_module("course_utils." + "".join(["refer", "ence"]))
+        return getattr(answers, "GroupedQueryAttention")(*args, **kwargs)
+'''
+
+
+def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, list], list[str]]:
+    """Notebook 08's repeat_kv and GroupedQueryAttention (their answer and test cells, after the set-up, the
+    imports and the answers of 04 and 05 that the notebook shows) with ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside
+    as the grader composes them, its kernel given the student edition: (test id -> its outputs, the tests
+    that failed in that kernel and were tried again in a kernel of first tries)."""
+    import nbformat
+
+    from grader import sandbox
+    from grader.autograde import autograde_config
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside, MarkTests
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    monkeypatch.setattr(judge, "student_edition_kernel", lambda notebook: True)
+    tried_again: list[str] = []
+    first_tries = JudgeOutside.first_tries
+
+    def spy(self, nb, resources, notebook, failed, sources):
+        tried_again.extend(test_id for _, test_id, _ in failed)
+        first_tries(self, nb, resources, notebook, failed, sources)
+
+    monkeypatch.setattr(JudgeOutside, "first_tries", spy)
+    nb = harness.solution_notebook(NB08)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    keep = {"repeat_kv", "test_repeat_kv", "GroupedQueryAttention", _GQA_TEST}
+    nb.cells = code[:3] + [c for c in code if harness.grade_id(c) in keep]  # set-up, imports, 04's and 05's answers
+    for cell in nb.cells:
+        if harness.grade_id(cell) in answers:
+            cell.source = answers[harness.grade_id(cell)]
+    config = autograde_config()
+    resources = {"nbgrader": {"notebook": NB08}, "metadata": {"path": str(tmp_path)}}
+    for step in (MarkTests, RobustExecute, JudgeOutside):
+        nb, resources = step(config=config).preprocess(nb, resources)
+    return {harness.grade_id(c): c.get("outputs", []) for c in nb.cells if harness.grade_id(c)}, tried_again
+
+
+def _errors(outputs: list) -> list[str]:
+    return [f"{o['ename']}: {o['evalue']}" for o in outputs if o.get("output_type") == "error"]
+
+
+def test_a_wrong_helper_costs_only_its_own_points_in_a_student_edition_kernel(monkeypatch, tmp_path):
+    """A wrong repeat_kv under a right GroupedQueryAttention: the first kernel (student edition) finds the
+    class wrong with the student's own repeat_kv; the kernel of first tries, which holds our repeat_kv and
+    no other answer, finds it right. Without that second kernel, the class would lose its points too."""
+    from tests.fixtures.answers import load
+
+    nb08 = load(NB08)
+    wrong = next(iter(nb08.WRONG["repeat_kv"].values()))
+    answers = {"repeat_kv": str(wrong), "GroupedQueryAttention": nb08._GQA}
+    outputs, tried_again = _graded(monkeypatch, tmp_path, answers)
+    assert _errors(outputs["test_repeat_kv"]), "the wrong repeat_kv passed"
+    assert _GQA_TEST in tried_again, "the test proves nothing: the class passed in the first kernel"
+    assert "test_repeat_kv" in tried_again  # failed, but repeat_kv is no exercise of a first try: its verdict stays
+    assert not _errors(outputs[_GQA_TEST]), _errors(outputs[_GQA_TEST])
+
+
+def test_a_class_that_imports_the_answer_scores_zero_in_both_kernels(monkeypatch, tmp_path):
+    """The reference's class imported by a computed name: the student edition has no reference, and the
+    kernel of first tries has only repeat_kv's (and the cache class's helpers), so both tries fail."""
+    outputs, tried_again = _graded(monkeypatch, tmp_path, {"GroupedQueryAttention": _COMPUTED_IMPORT})
+    assert _GQA_TEST in tried_again
+    errors = " ".join(_errors(outputs[_GQA_TEST]))
+    assert errors and ("ImportError" in errors or "GroupedQueryAttention" in errors), errors
