@@ -522,15 +522,17 @@ def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: C
     Student edition (no reference code): ``run()`` uses the student's helpers; when it fails, each
     helper is put through its own check, quietly, and a helper that fails is named first.
     """
-    used = helpers_used(obj, list(helpers))
-    if used and _probe.active(exercise):
+    if _probe.active(exercise):
         # Under the grader this call is the first try, handed out (the check hands out the second
         # itself). It needs the reference's helpers: a kernel with the student edition has none, so it
-        # hands out no first try, and the grader makes that try in a kernel of its own, which sees only
-        # these helpers' answers (grader/reference_subset.py; docs/design.md, "Threat model").
-        ours = _reference_helpers([name for _, name in used])
+        # hands out no first try at all (whether or not the answer calls a helper: the grader knows which
+        # kernel it ran, and reads the hand-off accordingly), and the grader makes that try in a kernel of
+        # its own, which sees only these helpers' answers (grader/reference_subset.py; docs/design.md,
+        # "Threat model").
+        ours = _reference_helpers(list(helpers))
         if ours is None:
             return
+        used = helpers_used(obj, list(helpers))
         saved = [(namespace, name, namespace[name]) for namespace, name in used]
         try:
             for namespace, name, _ in saved:
@@ -540,6 +542,7 @@ def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: C
             for namespace, name, value in reversed(saved):
                 namespace[name] = value
         return
+    used = helpers_used(obj, list(helpers))
     if not used or _expected.mode() == _expected.RECORDED:
         try:
             run()

@@ -36,6 +36,22 @@ def test_without_the_reference_only_the_second_try_is_handed_out(monkeypatch):
     assert records and _tries(records) == {2}
 
 
+def test_without_the_reference_an_answer_without_helpers_hands_out_no_first_try_either(monkeypatch):
+    """Whether a first try was made depends on the kernel only, never on the answer: the grader knows
+    which kernel it ran, so it knows which tries to read."""
+    from tests.fixtures.answers import load
+
+    inline = load(NB08).RIGHT["GroupedQueryAttention"]["queries grouped instead of keys repeated"]
+    assert "repeat_kv(" not in inline
+    harness._executed(NB08)  # the notebook's own cells first (cached), with the whole reference
+    monkeypatch.setitem(sys.modules, "course_utils.reference", None)
+    handoff, _ = _handed_out(NB08, "GroupedQueryAttention", inline, monkeypatch)
+    try:
+        assert _tries(judge.load_hand_off(handoff.outputs, _GQA_TEST)[0]) == {2}
+    finally:
+        handoff.remove()
+
+
 def test_with_the_cut_down_reference_both_tries_are_handed_out(monkeypatch):
     """A first-try kernel: the cut-down reference holds repeat_kv (not GroupedQueryAttention), and the
     first try runs with it, as it does with the instructor edition's."""
