@@ -1081,17 +1081,19 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
 
 
-def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str]) -> Verdict:
+def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str],
+               first_tries: bool = True) -> Verdict:
     """Run the solution's test cell ``test_id`` with each judged exercise replayed from ``records``.
 
     ``sources``: exercise -> the source of the student's function: what the kernel handed out (the
     function it actually checked, wherever it was defined), else the answer cell's (read by the grader).
     It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
-    earn them: the grader checks the answer cells' rules itself, whatever the kernel says."""
+    earn them: the grader checks the answer cells' rules itself, whatever the kernel says.
+    ``first_tries``: whether the kernel made ``modules.check_alone``'s first tries (``probe.replaying``)."""
     import torch
 
     from course_utils import checks
-    from course_utils.checks import expected
+    from course_utils.checks import expected, probe
     from grader import intake
 
     src = intake.load_source(notebook)
@@ -1102,7 +1104,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
     try:
-        with expected.using(expected.LIVE), contextlib.redirect_stdout(printed):
+        with expected.using(expected.LIVE), probe.replaying(first_tries), contextlib.redirect_stdout(printed):
             exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
     except _replay_miss() as failure:  # a HandOffFailure, or a check's own refusal of a replayed outcome
         return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
@@ -1118,11 +1120,13 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     return Verdict(printed.getvalue())
 
 
-def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
+def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str],
+                     first_tries: bool = True) -> Verdict:
     """The verdict of test ``test_id`` from what the kernel handed out into ``folder``; ``answers``:
-    exercise -> the answer cell's source. :class:`BadHandOff` when the hand-off cannot be used."""
+    exercise -> the answer cell's source; ``first_tries``: whether that kernel made ``check_alone``'s
+    first tries. :class:`BadHandOff` when the hand-off cannot be used."""
     records, seen = load_hand_off(folder, test_id)
-    return judge_test(notebook, test_id, records, {**answers, **seen})
+    return judge_test(notebook, test_id, records, {**answers, **seen}, first_tries)
 
 
 def _handoff_message(exercise: str, why: str) -> str:
@@ -1172,7 +1176,9 @@ class JudgeOutside(NbGraderPreprocessor):
                 try:
                     if handoff is None:
                         raise BadHandOff("the grader prepared no hand-off for this notebook")
-                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
+                    # A student-edition kernel made no first tries: it had none of the reference's helpers.
+                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources,
+                                               first_tries=not handoff.student_edition or bool(handoff.reference))
                 except BadHandOff as exc:
                     kernel = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
                               if o.get("output_type") == "error"]

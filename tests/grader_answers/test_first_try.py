@@ -52,6 +52,42 @@ def test_without_the_reference_an_answer_without_helpers_hands_out_no_first_try_
         handoff.remove()
 
 
+def _student_edition_verdicts(monkeypatch, exercise: str, answer: str) -> dict[str, tuple]:
+    """test id -> the verdict (ename, first line of the message) of ``answer``'s hand-off from a kernel
+    without the reference, judged as from a student-edition kernel (no first tries) and as from one
+    with them."""
+    from grader import autograde
+
+    harness._executed(NB08)
+    monkeypatch.setitem(sys.modules, "course_utils.reference", None)
+    handoff, cells = _handed_out(NB08, exercise, answer, monkeypatch)
+    monkeypatch.setitem(sys.modules, "course_utils.reference", reference)
+    sources = {exercise: autograde._def_source(answer, exercise)[0]}
+    try:
+        return {(gid, first): (v.ename, v.evalue.splitlines()[0] if v.evalue else "")
+                for gid in harness.test_ids_for(exercise, cells, NB08) for first in (False, True)
+                for v in [judge.judge_handed_out(handoff.outputs, NB08, gid, sources, first_tries=first)]}
+    finally:
+        handoff.remove()
+
+
+@pytest.mark.parametrize("exercise", ["GroupedQueryAttention", "apply_rope"])
+def test_honest_work_passes_from_the_second_try_alone(monkeypatch, exercise):
+    """A right answer's hand-off from a student-edition kernel passes when judged as one (so no kernel of
+    first tries is needed: honest work costs nothing more); judged as if first tries had been made, the
+    missing first try is a HandOffError, so the grader's knowledge of the kernel is what decides."""
+    from grader import intake
+
+    answer = intake.load_source(NB08).answers[exercise].source
+    verdicts = _student_edition_verdicts(monkeypatch, exercise, answer)
+    assert verdicts
+    for (gid, first), (ename, message) in verdicts.items():
+        if first:
+            assert ename == judge.HANDOFF_ERROR, (gid, ename, message)
+        else:
+            assert ename is None, (gid, ename, message)
+
+
 def test_with_the_cut_down_reference_both_tries_are_handed_out(monkeypatch):
     """A first-try kernel: the cut-down reference holds repeat_kv (not GroupedQueryAttention), and the
     first try runs with it, as it does with the instructor edition's."""
