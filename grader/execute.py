@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
@@ -118,9 +119,12 @@ class RobustExecute(Execute):
         if self.hand_off and resources is not None:
             from grader import judge
 
-            self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"))
+            self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"),
+                                          reference=resources.get("course_first_try_reference", ""))
             if self._handoff is not None:
                 resources["course_handoff"] = self._handoff
+                # The notebook as it goes in, for a kernel of check_alone's first tries (JudgeOutside).
+                resources["course_unexecuted"] = copy.deepcopy(nb)
         if not self.disk_limit:
             return super().preprocess(nb, resources, km=km)
         with FolderGuard(self._kernel_folders, self.disk_limit, self._stop_writer) as self._guard:
@@ -162,6 +166,7 @@ class RobustExecute(Execute):
         if handoff is not None:  # every kernel of this notebook (restarts too) hands out to the same folder
             km.probe_dir, km.probe_inputs = handoff.outputs, handoff.inputs
             km.student_edition = handoff.student_edition
+            km.reference_subset = handoff.reference
         return km
 
     def _remaining(self) -> float | None:

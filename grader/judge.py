@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import functools
 import io
 import os
@@ -178,6 +179,8 @@ class HandOff:
     inputs: str
     exercises: list[str]
     student_edition: bool
+    #: A cut-down reference the kernel sees (``grader/reference_subset.py``): a kernel of first tries.
+    reference: str = ""
 
     def remove(self) -> None:
         for folder in (self.outputs, str(Path(self.inputs).parent)):
@@ -186,8 +189,10 @@ class HandOff:
                 _made.remove(folder)
 
 
-def prepare(notebook: str | None) -> HandOff | None:
-    """The hand-off of ``notebook``, or ``None`` when none of its exercises is judged outside."""
+def prepare(notebook: str | None, reference: str = "") -> HandOff | None:
+    """The hand-off of ``notebook``, or ``None`` when none of its exercises is judged outside. With
+    ``reference`` (a file of :mod:`grader.reference_subset`), the kernel sees the student edition with that
+    file as its reference: a kernel that makes ``check_alone``'s first tries."""
     import torch
 
     from course_utils.checks import expected, probe
@@ -203,7 +208,8 @@ def prepare(notebook: str | None) -> HandOff | None:
     with expected.using(expected.LIVE):
         hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises}
     torch.save({"format": probe.FORMAT, "exercises": hidden}, inputs)
-    return HandOff(notebook or "", outputs, str(inputs), exercises, student_edition_kernel(notebook))
+    return HandOff(notebook or "", outputs, str(inputs), exercises,
+                   bool(reference) or student_edition_kernel(notebook), reference)
 
 
 @atexit.register
@@ -1430,17 +1436,19 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
 
 
-def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str]) -> Verdict:
+def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str],
+               first_tries: bool = True) -> Verdict:
     """Run the solution's test cell ``test_id`` with each judged exercise replayed from ``records``.
 
     ``sources``: exercise -> the source of the student's function: what the kernel handed out (the
     function it actually checked, wherever it was defined), else the answer cell's (read by the grader).
     It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
-    earn them: the grader checks the answer cells' rules itself, whatever the kernel says."""
+    earn them: the grader checks the answer cells' rules itself, whatever the kernel says.
+    ``first_tries``: whether the kernel made ``modules.check_alone``'s first tries (``probe.replaying``)."""
     import torch
 
     from course_utils import checks
-    from course_utils.checks import expected
+    from course_utils.checks import expected, probe
     from grader import intake
 
     src = intake.load_source(notebook)
@@ -1451,7 +1459,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
     try:
-        with expected.using(expected.LIVE), contextlib.redirect_stdout(printed):
+        with expected.using(expected.LIVE), probe.replaying(first_tries), contextlib.redirect_stdout(printed):
             exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
     except _replay_miss() as failure:  # a HandOffFailure, or a check's own refusal of a replayed outcome
         return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
@@ -1469,11 +1477,13 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     return Verdict(printed.getvalue())
 
 
-def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str]) -> Verdict:
+def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str],
+                     first_tries: bool = True) -> Verdict:
     """The verdict of test ``test_id`` from what the kernel handed out into ``folder``; ``answers``:
-    exercise -> the answer cell's source. :class:`BadHandOff` when the hand-off cannot be used."""
+    exercise -> the answer cell's source; ``first_tries``: whether that kernel made ``check_alone``'s
+    first tries. :class:`BadHandOff` when the hand-off cannot be used."""
     records, seen = load_hand_off(folder, test_id)
-    return judge_test(notebook, test_id, records, {**answers, **seen})
+    return judge_test(notebook, test_id, records, {**answers, **seen}, first_tries)
 
 
 def _handoff_message(exercise: str, why: str) -> str:
@@ -1509,6 +1519,7 @@ class JudgeOutside(NbGraderPreprocessor):
         handoff: HandOff | None = resources.get("course_handoff")
         sources = answer_sources(nb, exercises)
         known = intake.load_source(notebook).tests
+        failed: list[tuple[NotebookNode, str, str]] = []
         try:
             for cell in nb.cells:
                 if cell.cell_type != "code" or not cells.is_test(cell):
@@ -1522,7 +1533,9 @@ class JudgeOutside(NbGraderPreprocessor):
                 try:
                     if handoff is None:
                         raise BadHandOff("the grader prepared no hand-off for this notebook")
-                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
+                    # A student-edition kernel made no first tries: it had none of the reference's helpers.
+                    verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources,
+                                               first_tries=not handoff.student_edition or bool(handoff.reference))
                 except BadHandOff as exc:
                     kernel = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
                               if o.get("output_type") == "error"]
@@ -1534,7 +1547,53 @@ class JudgeOutside(NbGraderPreprocessor):
                     verdict = Verdict("", "GraderError", f"the grader could not judge this test "
                                                          f"({type(exc).__name__}: {exc}); ask your instructor")
                 cell.outputs = (limits if verdict.ename == HANDOFF_ERROR else []) + verdict.outputs()
+                if verdict.ename is not None:
+                    failed.append((cell, test_id, exercise))
+            if handoff is not None and handoff.student_edition and not handoff.reference and failed:
+                self.first_tries(nb, resources, notebook, failed, sources)
         finally:
             if handoff is not None:
                 handoff.remove()
         return nb, resources
+
+    def first_tries(self, nb: NotebookNode, resources: dict, notebook: str,
+                    failed: list[tuple[NotebookNode, str, str]], sources: dict[str, str]) -> None:
+        """``modules.check_alone``'s first tries, for the ``failed`` tests (cell, test id, exercise) of
+        exercises checked with helpers: a kernel with the student edition made only the second try (the
+        student's own helpers), so the notebook runs once more in a kernel whose reference holds only
+        those helpers' answers (:func:`grader.reference_subset.first_try_groups`), and that kernel's
+        verdict of those tests replaces the first: a pass if either try passes, else the first try's
+        message, as ``check_alone`` gives it. Nothing else of that kernel's is read, so the helpers'
+        answers it holds earn nothing. Where its hand-off cannot be used, the first verdict stands."""
+        from grader import reference_subset
+        from grader.execute import RobustExecute
+
+        unexecuted = resources.get("course_unexecuted")
+        if unexecuted is None:
+            return
+        for exercises, helpers in reference_subset.first_try_groups(notebook):
+            mine = [(cell, test_id) for cell, test_id, exercise in failed if exercise in exercises]
+            if not mine:
+                continue
+            folder = tempfile.mkdtemp(prefix="grader-first-try-")
+            again = {k: v for k, v in resources.items() if k not in ("course_handoff", "course_unexecuted")}
+            try:
+                again["course_first_try_reference"] = str(reference_subset.write_subset(helpers, Path(folder)))
+                RobustExecute(parent=self.parent, config=self.config).preprocess(copy.deepcopy(unexecuted), again)
+                handoff: HandOff | None = again.get("course_handoff")
+                for cell, test_id in mine:
+                    try:
+                        if handoff is None:
+                            raise BadHandOff("the grader prepared no hand-off")
+                        verdict = judge_handed_out(handoff.outputs, notebook, test_id, sources)
+                    except BadHandOff:
+                        continue  # the second try's verdict stands
+                    except Exception as exc:  # noqa: BLE001 - a fault of the grader's own: the first verdict stands
+                        print(f"grader.judge: could not judge the first try of {notebook} {test_id}: "
+                              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                        continue
+                    cell.outputs = verdict.outputs()
+            finally:
+                if again.get("course_handoff") is not None:
+                    again["course_handoff"].remove()
+                shutil.rmtree(folder, ignore_errors=True)

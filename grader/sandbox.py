@@ -131,16 +131,17 @@ PROBE_DIR_INSIDE = "/tmp/course-probe"
 PROBE_INPUTS_INSIDE = "/tmp/course-probe-inputs"
 
 
-def student_edition_binds() -> list[str]:
+def student_edition_binds(reference: str = "") -> list[str]:
     """bubblewrap arguments that show the kernel the student edition of ``course_utils``: its
     ``instructor/`` folder empty, ``reference.py`` replaced by the student edition's stub (which
-    raises ``ImportError``) and that file's compiled copies emptied. Mounted over the package's own
-    read-only bind, so nothing is copied."""
+    raises ``ImportError``), or by ``reference`` (a file of a few helpers' answers,
+    ``grader/reference_subset.py``), and that file's compiled copies emptied. Mounted over the
+    package's own read-only bind, so nothing is copied."""
     from grader.edition import TEMPLATES
 
     package = Path(_course_utils_dir())
     args = ["--tmpfs", str(package / "instructor"),
-            "--ro-bind", str(TEMPLATES / "reference.py"), str(package / "reference.py")]
+            "--ro-bind", reference or str(TEMPLATES / "reference.py"), str(package / "reference.py")]
     for compiled in sorted((package / "__pycache__").glob("reference.*.pyc")):
         args += ["--ro-bind", "/dev/null", str(compiled)]
     return args
@@ -164,12 +165,16 @@ def probe_env(probe_dir: str, probe_inputs: str, *, inside: bool) -> dict[str, s
 
 
 def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str, probe_dir: str = "",
-                    probe_inputs: str = "", student_edition: bool = False) -> list[str]:
+                    probe_inputs: str = "", student_edition: bool = False, reference: str = "") -> list[str]:
     """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``.
 
     With ``probe_dir`` and ``probe_inputs`` (a folder and a file of the grader's, ``grader/judge.py``)
     the kernel writes its outputs into that folder and reads the hidden inputs from that file; with
-    ``student_edition`` it sees ``course_utils`` without the answers and the hidden cases."""
+    ``student_edition`` it sees ``course_utils`` without the answers and the hidden cases, and with
+    ``reference`` too (a file the grader wrote, ``grader/reference_subset.py``) it sees that file as
+    ``course_utils/reference.py``: a few helpers' answers, nothing else."""
+    if reference and not student_edition:
+        raise ValueError("a cut-down reference is shown only over the student edition")
     cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv",
            # The private /tmp comes first: a later mount on top of it would hide the binds below
            # whenever the course itself lives under /tmp (a CI checkout, say).
@@ -186,7 +191,7 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
     for path in readable_paths():
         cmd += ["--ro-bind", path, path]
     if student_edition:
-        cmd += student_edition_binds()
+        cmd += student_edition_binds(reference)
     cmd += ["--dir", "/tmp/work", "--dir", "/tmp/home", "--dir", "/tmp/home/.matplotlib",
             "--bind", socket_dir, socket_dir,
             "--chdir", "/tmp/work"]
@@ -229,6 +234,8 @@ class SandboxedKernelManager(AsyncKernelManager):
     probe_dir = Unicode("", help="the grader's folder the kernel hands its outputs out to")
     probe_inputs = Unicode("", help="the grader's file of hidden inputs the kernel reads")
     student_edition = Bool(False, help="show the kernel course_utils without answers or hidden cases")
+    reference_subset = Unicode("", help="with student_edition: a file of a few helpers' answers "
+                                        "(grader/reference_subset.py) shown as course_utils/reference.py")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -251,7 +258,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             raise RuntimeError("bubblewrap is not available; refusing to run student code unsandboxed")
         cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe,
                               probe_dir=self.probe_dir, probe_inputs=self.probe_inputs,
-                              student_edition=self.student_edition)
+                              student_edition=self.student_edition, reference=self.reference_subset)
         # Caps on the kernel's processes, and on the memory they hold together (grader/cgroups.py), where
         # this machine lets the grader set them.
         self._remove_pids_group()

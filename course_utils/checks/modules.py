@@ -523,6 +523,26 @@ def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: C
     Student edition (no reference code): ``run()`` uses the student's helpers; when it fails, each
     helper is put through its own check, quietly, and a helper that fails is named first.
     """
+    if _probe.active(exercise):
+        # Under the grader this call is the first try, handed out (the check hands out the second
+        # itself). It needs the reference's helpers: a kernel with the student edition has none, so it
+        # hands out no first try at all (whether or not the answer calls a helper: the grader knows which
+        # kernel it ran, and reads the hand-off accordingly), and the grader makes that try in a kernel of
+        # its own, which sees only these helpers' answers (grader/reference_subset.py; docs/design.md,
+        # "Threat model").
+        ours = _reference_helpers(list(helpers))
+        if ours is None:
+            return
+        used = helpers_used(obj, list(helpers))
+        saved = [(namespace, name, namespace[name]) for namespace, name in used]
+        try:
+            for namespace, name, _ in saved:
+                namespace[name] = ours[name]
+            run()
+        finally:
+            for namespace, name, value in reversed(saved):
+                namespace[name] = value
+        return
     used = helpers_used(obj, list(helpers))
     if not used or _expected.mode() == _expected.RECORDED:
         try:
@@ -560,6 +580,18 @@ def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: C
     except Exception:  # noqa: BLE001 - the verdict with the reference's helpers stands
         raise first from None
     print(printed.getvalue(), end="")
+
+
+def _reference_helpers(names: Sequence[str]) -> dict[str, object] | None:
+    """The reference's versions of ``names`` where this kernel has them (the instructor edition, or the
+    cut-down reference the grader shows a kernel that makes ``check_alone``'s first try); else ``None``."""
+    import importlib
+
+    try:
+        module = importlib.import_module("course_utils.reference")
+        return {name: getattr(module, name) for name in names}
+    except (ImportError, AttributeError):
+        return None
 
 
 def _broken_helpers(used: list[tuple[dict, str]], helpers: dict[str, Callable]) -> list[str]:

@@ -121,7 +121,12 @@ def _two_tries(run: Callable[[], None], to_second: Callable[[], None],
 def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
     """:func:`_two_tries` on a function's replay: the first ``count`` calls are the first try, the next
     ``count`` the second. The tries the verdict does not need are left unread (the replay's position,
-    ``grader.judge.Replay.used``, moves past them)."""
+    ``grader.judge.Replay.used``, moves past them). From a kernel that made no first tries
+    (``probe.first_tries_handed_out``), the ``count`` calls are the second try, and its verdict stands
+    (the grader may make the first try in a kernel of its own: ``grader.judge.JudgeOutside.first_tries``)."""
+    if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
+        run()
+        return
     start = replay.used  # type: ignore[attr-defined]
     _two_tries(run, lambda: setattr(replay, "used", start + count),
                lambda: setattr(replay, "used", start + 2 * count))
@@ -899,7 +904,12 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
 def _alone_keyed(replay: object, run: Callable[[], None]) -> None:
     """:func:`_two_tries` on a module's keyed replay (``grader.judge.KeyedModuleReplay``): the runs the
     kernel made with our helpers are ``attempt`` 1, those with the student's own 2. A run the kernel did
-    not hand out is a ``ReplayMiss``, never a verdict."""
+    not hand out is a ``ReplayMiss``, never a verdict. From a kernel that made no first tries, only the
+    second is read."""
+    if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
+        replay.attempt = 2  # type: ignore[attr-defined]
+        run()
+        return
     replay.attempt = 1  # type: ignore[attr-defined]
     _two_tries(run, lambda: setattr(replay, "attempt", 2))
 

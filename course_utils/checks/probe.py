@@ -447,6 +447,25 @@ MAX_STRUCTURE = 64
 
 #: The tries of ``modules.check_alone`` a module's runs may be handed out as (:func:`record_module_probes`).
 ATTEMPTS = (1, 2)
+_first_tries: list[bool] = []  # while the grader replays a hand-off: whether it holds check_alone's first tries
+
+
+@contextlib.contextmanager
+def replaying(first_tries: bool):
+    """While the grader replays a hand-off: whether the kernel that wrote it made ``modules.check_alone``'s
+    first tries (it had the reference's helpers: the instructor edition, or a cut-down reference). A
+    student-edition kernel makes none, and its hand-off holds the second tries alone. The grader knows
+    which kernel it ran; the kernel's word is not asked."""
+    _first_tries.append(first_tries)
+    try:
+        yield
+    finally:
+        _first_tries.pop()
+
+
+def first_tries_handed_out() -> bool:
+    """Whether the hand-off being replayed holds ``modules.check_alone``'s first tries (:func:`replaying`)."""
+    return _first_tries[-1] if _first_tries else True
 
 
 @dataclass

@@ -1,0 +1,196 @@
+"""``modules.check_alone``'s first try under the grader (docs/design.md, "Decided: the first try in a kernel
+of its own"): a kernel without the reference's helpers hands out no first try; one that has them, the
+instructor edition's or the cut-down reference of ``grader/reference_subset.py``, hands out both."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from course_utils import reference
+from grader import judge, reference_subset
+from tests.support import harness
+from tests.grader_answers.test_judge import _GQA_TEST, _OWN_REPEAT, NB08, _handed_out
+
+
+def _tries(records: list[dict]) -> set:
+    return {r.get("attempt") for r in records}
+
+
+def _hand_out(monkeypatch, module) -> list[dict]:
+    harness._executed(NB08)  # the notebook's own cells first (cached), with the whole reference
+    monkeypatch.setitem(sys.modules, "course_utils.reference", module)
+    handoff, _ = _handed_out(NB08, "GroupedQueryAttention", _OWN_REPEAT, monkeypatch)
+    try:
+        return judge.load_hand_off(handoff.outputs, _GQA_TEST)[0]
+    finally:
+        handoff.remove()
+
+
+def test_without_the_reference_only_the_second_try_is_handed_out(monkeypatch):
+    """The student edition's kernel: importing the reference fails, so the check hands out the runs with
+    the student's own repeat_kv only."""
+    records = _hand_out(monkeypatch, None)  # None in sys.modules: the import raises ImportError
+    assert records and _tries(records) == {2}
+
+
+def test_without_the_reference_an_answer_without_helpers_hands_out_no_first_try_either(monkeypatch):
+    """Whether a first try was made depends on the kernel only, never on the answer: the grader knows
+    which kernel it ran, so it knows which tries to read."""
+    from tests.fixtures.answers import load
+
+    inline = load(NB08).RIGHT["GroupedQueryAttention"]["queries grouped instead of keys repeated"]
+    assert "repeat_kv(" not in inline
+    harness._executed(NB08)  # the notebook's own cells first (cached), with the whole reference
+    monkeypatch.setitem(sys.modules, "course_utils.reference", None)
+    handoff, _ = _handed_out(NB08, "GroupedQueryAttention", inline, monkeypatch)
+    try:
+        assert _tries(judge.load_hand_off(handoff.outputs, _GQA_TEST)[0]) == {2}
+    finally:
+        handoff.remove()
+
+
+def _student_edition_verdicts(monkeypatch, exercise: str, answer: str) -> dict[str, tuple]:
+    """test id -> the verdict (ename, first line of the message) of ``answer``'s hand-off from a kernel
+    without the reference, judged as from a student-edition kernel (no first tries) and as from one
+    with them."""
+    from grader import autograde
+
+    harness._executed(NB08)
+    monkeypatch.setitem(sys.modules, "course_utils.reference", None)
+    handoff, cells = _handed_out(NB08, exercise, answer, monkeypatch)
+    monkeypatch.setitem(sys.modules, "course_utils.reference", reference)
+    sources = {exercise: autograde._def_source(answer, exercise)[0]}
+    try:
+        return {(gid, first): (v.ename, v.evalue.splitlines()[0] if v.evalue else "")
+                for gid in harness.test_ids_for(exercise, cells, NB08) for first in (False, True)
+                for v in [judge.judge_handed_out(handoff.outputs, NB08, gid, sources, first_tries=first)]}
+    finally:
+        handoff.remove()
+
+
+@pytest.mark.parametrize("exercise", ["GroupedQueryAttention", "apply_rope"])
+def test_honest_work_passes_from_the_second_try_alone(monkeypatch, exercise):
+    """A right answer's hand-off from a student-edition kernel passes when judged as one (so no kernel of
+    first tries is needed: honest work costs nothing more); judged as if first tries had been made, the
+    missing first try is a HandOffError, so the grader's knowledge of the kernel is what decides."""
+    from grader import intake
+
+    answer = intake.load_source(NB08).answers[exercise].source
+    verdicts = _student_edition_verdicts(monkeypatch, exercise, answer)
+    assert verdicts
+    for (gid, first), (ename, message) in verdicts.items():
+        if first:
+            assert ename == judge.HANDOFF_ERROR, (gid, ename, message)
+        else:
+            assert ename is None, (gid, ename, message)
+
+
+def test_with_the_cut_down_reference_both_tries_are_handed_out(monkeypatch):
+    """A first-try kernel: the cut-down reference holds repeat_kv (not GroupedQueryAttention), and the
+    first try runs with it, as it does with the instructor edition's."""
+    subset = types.ModuleType("course_utils.reference")
+    exec(compile(reference_subset.subset_source(["repeat_kv"]), "reference_subset", "exec"),  # noqa: S102
+         subset.__dict__)
+    assert not hasattr(subset, "GroupedQueryAttention")
+    cut = _hand_out(monkeypatch, subset)
+    assert _tries(cut) == {1, 2}
+    full = _hand_out(monkeypatch, reference)
+    assert len(cut) == len(full) and [r.get("attempt") for r in cut] == [r.get("attempt") for r in full]
+    first = [r for r in cut if r.get("attempt") == 1]
+    assert sum("error" in r for r in first if "mode" in r) > 100  # our repeat_kv, called in the student's order
+
+
+def test_a_missing_helper_in_the_reference_hands_out_no_first_try(monkeypatch):
+    """A reference without the helper the answer uses (the wrong group's) makes no first try with it."""
+    subset = types.ModuleType("course_utils.reference")
+    exec(compile(reference_subset.subset_source(["rope_angles"]), "reference_subset", "exec"),  # noqa: S102
+         subset.__dict__)
+    assert _tries(_hand_out(monkeypatch, subset)) == {2}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Through the grader's own steps, in the real sandbox, with 08's kernel given the student edition
+# --------------------------------------------------------------------------------------------
+_COMPUTED_IMPORT = '''
+import importlib
+
+
+class GroupedQueryAttention(torch.nn.Module):
+    def __new__(cls, *args, **kwargs):
+        answers = importlib.import_module("course_utils." + "".join(["refer", "ence"]))
+        return getattr(answers, "GroupedQueryAttention")(*args, **kwargs)
+'''
+
+
+def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, list], list[str]]:
+    """Notebook 08's repeat_kv and GroupedQueryAttention (their answer and test cells, after the set-up, the
+    imports and the answers of 04 and 05 that the notebook shows) with ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside
+    as the grader composes them, its kernel given the student edition: (test id -> its outputs, the tests
+    that failed in that kernel and were tried again in a kernel of first tries)."""
+    import nbformat
+
+    from grader import sandbox
+    from grader.autograde import autograde_config
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside, MarkTests
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    monkeypatch.setattr(judge, "student_edition_kernel", lambda notebook: True)
+    tried_again: list[str] = []
+    first_tries = JudgeOutside.first_tries
+
+    def spy(self, nb, resources, notebook, failed, sources):
+        tried_again.extend(test_id for _, test_id, _ in failed)
+        first_tries(self, nb, resources, notebook, failed, sources)
+
+    monkeypatch.setattr(JudgeOutside, "first_tries", spy)
+    nb = harness.solution_notebook(NB08)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    keep = {"repeat_kv", "test_repeat_kv", "GroupedQueryAttention", _GQA_TEST}
+    nb.cells = code[:3] + [c for c in code if harness.grade_id(c) in keep]  # set-up, imports, 04's and 05's answers
+    for cell in nb.cells:
+        if harness.grade_id(cell) in answers:
+            cell.source = answers[harness.grade_id(cell)]
+    config = autograde_config()
+    resources = {"nbgrader": {"notebook": NB08}, "metadata": {"path": str(tmp_path)}}
+    for step in (MarkTests, RobustExecute, JudgeOutside):
+        nb, resources = step(config=config).preprocess(nb, resources)
+    return {harness.grade_id(c): c.get("outputs", []) for c in nb.cells if harness.grade_id(c)}, tried_again
+
+
+def _errors(outputs: list) -> list[str]:
+    return [f"{o['ename']}: {o['evalue']}" for o in outputs if o.get("output_type") == "error"]
+
+
+def test_a_wrong_helper_costs_only_its_own_points_in_a_student_edition_kernel(monkeypatch, tmp_path):
+    """A wrong repeat_kv under a right GroupedQueryAttention: the first kernel (student edition) finds the
+    class wrong with the student's own repeat_kv; the kernel of first tries, which holds our repeat_kv and
+    no other answer, finds it right. Without that second kernel, the class would lose its points too."""
+    from tests.fixtures.answers import load
+
+    nb08 = load(NB08)
+    wrong = next(iter(nb08.WRONG["repeat_kv"].values()))
+    answers = {"repeat_kv": str(wrong), "GroupedQueryAttention": nb08._GQA}
+    outputs, tried_again = _graded(monkeypatch, tmp_path, answers)
+    assert _errors(outputs["test_repeat_kv"]), "the wrong repeat_kv passed"
+    assert _GQA_TEST in tried_again, "the test proves nothing: the class passed in the first kernel"
+    assert "test_repeat_kv" in tried_again  # failed, but repeat_kv is no exercise of a first try: its verdict stays
+    assert not _errors(outputs[_GQA_TEST]), _errors(outputs[_GQA_TEST])
+
+
+def test_a_class_that_imports_the_answer_scores_zero_in_both_kernels(monkeypatch, tmp_path):
+    """The reference's class imported by a computed name: the student edition has no reference, and the
+    kernel of first tries has only repeat_kv's (and the cache class's helpers), so both tries fail."""
+    outputs, tried_again = _graded(monkeypatch, tmp_path, {"GroupedQueryAttention": _COMPUTED_IMPORT})
+    assert _GQA_TEST in tried_again
+    errors = " ".join(_errors(outputs[_GQA_TEST]))
+    assert errors and ("ImportError" in errors or "GroupedQueryAttention" in errors), errors
