@@ -248,7 +248,8 @@ def encode(value: Any, depth: int = 0, modules: bool = False, layouts: bool = Fa
     if isinstance(value, str) and len(value) <= MAX_MESSAGE:
         return {"kind": "text", "value": value}
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH and len(value) <= MAX_ITEMS:
-        return {"kind": type(value).__name__, "items": [encode(v, depth + 1, modules, layouts) for v in value]}
+        return {"kind": "list" if isinstance(value, list) else "tuple",  # a subclass (torch.Size) as its base
+                "items": [encode(v, depth + 1, modules, layouts) for v in value]}
     return {"kind": "other", "type": type(value).__name__}
 
 
