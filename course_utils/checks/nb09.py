@@ -22,6 +22,13 @@ reference's, position by position, and so are the calls (the prompt once, then o
 attention, so nothing of an answer) with an optimizer that records the gradients it is given when
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
+
+Under the grader (``course_utils.checks.probe``), ``sinusoidal_positions``, ``LearnedPositionalEmbedding``
+and ``train_step`` are judged outside the kernel: the kernel hands out their outputs (the call with an odd
+``d_model`` too), every construction and forward pass of the positions module with the test weights loaded
+(``start=`` among the inputs), and each spec's trace of ``train_step`` as plain data (:func:`_step_run`),
+and the grader runs these checks on them against the reference. ``TransformerBlock``, ``TinyGPT`` (fed a
+KV cache in pieces) and ``generate`` are still decided in the kernel.
 """
 
 from __future__ import annotations
