@@ -126,6 +126,9 @@ COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 # cache in pieces, and TinyGPT's check_alone needs the reference's helpers there; so 09's kernel keeps the
 # instructor edition.
 JUDGED = JUDGED | frozenset({"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"})  # 09
+# generate too: its check runs it on the check's own stand-in model with a cache (nb09.CachedStandInLM), and each
+# spec's trace (the tokens or what was raised, and the model's calls, per call of generate) goes out as plain data.
+JUDGED = JUDGED | frozenset({"generate"})  # 09
 KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2

@@ -23,12 +23,13 @@ attention, so nothing of an answer) with an optimizer that records the gradients
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
 
-Under the grader (``course_utils.checks.probe``), ``sinusoidal_positions``, ``LearnedPositionalEmbedding``
-and ``train_step`` are judged outside the kernel: the kernel hands out their outputs (the call with an odd
-``d_model`` too), every construction and forward pass of the positions module with the test weights loaded
-(``start=`` among the inputs), and each spec's trace of ``train_step`` as plain data (:func:`_step_run`),
-and the grader runs these checks on them against the reference. ``TransformerBlock``, ``TinyGPT`` (fed a
-KV cache in pieces) and ``generate`` are still decided in the kernel.
+Under the grader (``course_utils.checks.probe``), ``sinusoidal_positions``, ``LearnedPositionalEmbedding``,
+``train_step`` and ``generate`` are judged outside the kernel: the kernel hands out their outputs (the call
+with an odd ``d_model`` too), every construction and forward pass of the positions module with the test
+weights loaded (``start=`` among the inputs), and each spec's trace of ``train_step`` and of ``generate``
+as plain data (:func:`_step_run`, :func:`_generate_run`), and the grader runs these checks on them against
+the reference. ``TransformerBlock`` and ``TinyGPT`` (fed a KV cache in pieces) are still decided in the
+kernel.
 """
 
 from __future__ import annotations
@@ -1242,6 +1243,47 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
     return {"runs": runs}
 
 
+def _generate_case(spec: dict) -> Case:
+    """A spec of :func:`generate_trace` as a case whose keyword arguments are the spec (plain data): what the
+    kernel hands out beside each trace, and what the grader's replay checks it against."""
+    return Case(spec["name"], (), dict(spec))
+
+
+def _generate_run(generate: Callable, case: Case) -> list:
+    """:func:`generate_trace` of ``case``'s spec as plain data: per call of ``generate``, ``[out, error,
+    calls]``, the model's calls as an ``(n, 3)`` integer tensor (tokens read, use_cache, tokens cached
+    before) and an error's message cut to ``probe.MAX_MESSAGE``. Under the grader what the kernel hands out
+    (``probe.record_runs``): the verdict is computed outside."""
+    trace = generate_trace(generate, case.kwargs)
+    return [[run["out"], None if run["error"] is None else [run["error"][0], run["error"][1][:_probe.MAX_MESSAGE]],
+             torch.tensor(run["calls"], dtype=torch.int64).reshape(-1, 3)] for run in trace["runs"]]
+
+
+def _generate_trace_of(generate: Callable, spec: dict) -> dict:
+    """:func:`generate_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
+    (``probe.ReplayMiss``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what
+    it returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
+    if not isinstance(generate, _probe.Replayed):
+        return generate_trace(generate, spec)
+    found = _probe.run_or_replay(generate, _generate_case(spec), _generate_run)
+
+    def names(value: object, n: int) -> bool:
+        return isinstance(value, list) and len(value) == n and all(isinstance(v, str) for v in value)
+
+    def calls(value: object) -> bool:
+        return isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.dim() == 2 and \
+            value.shape[1] == 3 and bool((value >= 0).all()) and bool((value[:, 1] <= 1).all())
+
+    if not (isinstance(found, list) and len(found) == len(spec["runs"]) and all(
+            isinstance(run, list) and len(run) == 3 and (run[0] is None or isinstance(run[0], torch.Tensor)
+                                                         or names(run[0], 1))
+            and (run[1] is None or names(run[1], 2)) and calls(run[2]) for run in found)):
+        raise _probe.ReplayMiss("what came back from generate on the stand-in model is not, per call, the tokens it "
+                                "returned, what it raised and the model's calls: the hand-off was changed")
+    return {"runs": [{"out": out, "error": error, "calls": [[int(n), bool(c), int(s)] for n, c, s in made.tolist()]}
+                     for out, error, made in found]}
+
+
 def _same_generation(a: dict, b: dict) -> bool:
     """Two traces return the same tokens (or raise the same kind of error) in every call."""
     for x, y in zip(a["runs"], b["runs"]):
@@ -1334,8 +1376,6 @@ def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str 
 def check_generate(generate: Callable, hidden: bool = False) -> None:
     """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k, use_cache)`` on a stand-in model."""
     exercise = "generate"
-    require_callable(exercise, generate)
-    check_rules(exercise, generate)
     base = {"vocab_size": 7, "d": 6, "top_k": None, "prefill": 0}
     specs = [
         {**base, "name": "greedy with the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
@@ -1366,6 +1406,11 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
          "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
     ]
     specs = specs + errors + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
+        _probe.record_runs(exercise, generate, [_generate_case(spec) for spec in specs], _generate_run)
+        return
+    require_callable(exercise, generate)
+    check_rules(exercise, generate)
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
     if sampled and not random_outputs_comparable(exercise, "sampling"):
@@ -1377,7 +1422,7 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         try:
-            got = generate_trace(generate, spec)
+            got = _generate_trace_of(generate, spec)
         except NotImplementedError:
             fail(exercise, NOT_IMPLEMENTED)
         where = _spec_text(spec)

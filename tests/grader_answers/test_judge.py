@@ -1599,12 +1599,14 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
 
     handoff = judge.prepare(NB09)
     try:
-        assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"}
+        assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
+                                          "generate"}
         assert not handoff.student_edition  # TransformerBlock and TinyGPT are still checked in the kernel
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
         assert probe.hidden_cases("train_step") == expected.instructor().hidden("train_step")  # specs, as dicts
+        assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
         got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
             "LearnedPositionalEmbedding")
         assert [build for build, _ in got] == [build for build, _ in want]
@@ -1613,3 +1615,51 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
+
+
+GENERATE_TEST = "test_generate"
+
+
+@pytest.mark.parametrize("source", [
+    _NB09._GENERATE.replace("    return tokens\n", "    return tokens.tolist()\n"),
+    _NB09._GENERATE.replace("    model.eval()\n", "    model.eval()\n    if max_new_tokens > 6:\n"
+                            "        raise RuntimeError('too many tokens')\n"),
+], ids=["a list", "an error on some specs"])
+def test_every_kind_of_generation_replays_to_the_same_verdict(source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(NB09, "generate", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_generate():
+    """What an honest generate hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "generate", _NB09._GENERATE, GENERATE_TEST)
+
+
+def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_generate):
+    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, bound to
+    the spec; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
+    records, sources = honest_generate
+    out, error, calls = records[0]["result"]["items"][0]["items"]
+    assert out["kind"] == "tensor" and error["kind"] == "none" and calls["value"].tolist()[:2] == [[3, 1, 0], [1, 1, 3]]
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, records, sources)
+    assert verdict.ename is None and "cases agree with the reference" in verdict.text, verdict.evalue
+    forged = _copy(records)
+    forged[0]["result"]["items"][0]["items"][0]["value"][0, -1] += 1
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "row 0, new token 6" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    forged[0]["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "read more than the newest token" in verdict.evalue, verdict.evalue
+    for forge in ("a negative count", "a call too many", "an error without its message"):
+        forged = _copy(records)
+        run = forged[0]["result"]["items"][0]["items"]
+        if forge == "a negative count":
+            run[2]["value"][0, 0] = -1
+        elif forge == "a call too many":
+            forged[0]["result"]["items"].append(forged[0]["result"]["items"][0])
+        else:
+            run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
+        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "what came back from generate" in verdict.evalue, \
+            (forge, verdict.evalue)
