@@ -136,6 +136,17 @@ NEEDS_REFERENCE = frozenset({"apply_rope", "GroupedQueryAttention", "MultiHeadAt
 #: ``None`` (or anything not callable) replays as an object of that type's name, which the check
 #: refuses: a hand-off cannot skip a companion's check by saying there was none.
 COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
+# Notebook 09, in part: sinusoidal_positions (its odd d_model's call handed out too), train_step (each spec's trace
+# on the check's stand-in model, or what was raised, as plain data: ``probe.record_runs``) and
+# LearnedPositionalEmbedding (KEYED: every construction with the test weights loaded and every forward pass, a
+# ``start=`` among their inputs). TransformerBlock and TinyGPT stay in the kernel: their checks feed a stateful KV
+# cache in pieces, and TinyGPT's check_alone needs the reference's helpers there; so 09's kernel keeps the
+# instructor edition.
+JUDGED = JUDGED | frozenset({"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"})  # 09
+# generate too: its check runs it on the check's own stand-in model with a cache (nb09.CachedStandInLM), and each
+# spec's trace (the tokens or what was raised, and the model's calls, per call of generate) goes out as plain data.
+JUDGED = JUDGED | frozenset({"generate"})  # 09
+KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.

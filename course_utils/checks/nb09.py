@@ -22,6 +22,14 @@ reference's, position by position, and so are the calls (the prompt once, then o
 attention, so nothing of an answer) with an optimizer that records the gradients it is given when
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
+
+Under the grader (``course_utils.checks.probe``), ``sinusoidal_positions``, ``LearnedPositionalEmbedding``,
+``train_step`` and ``generate`` are judged outside the kernel: the kernel hands out their outputs (the call
+with an odd ``d_model`` too), every construction and forward pass of the positions module with the test
+weights loaded (``start=`` among the inputs), and each spec's trace of ``train_step`` and of ``generate``
+as plain data (:func:`_step_run`, :func:`_generate_run`), and the grader runs these checks on them against
+the reference. ``TransformerBlock`` and ``TinyGPT`` (fed a KV cache in pieces) are still decided in the
+kernel.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch.nn as nn
 
 from course_utils.checks import expected as _expected
 from course_utils.checks import modules
+from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     construct,
@@ -106,6 +115,9 @@ def check_sinusoidal_positions(sinusoidal_positions: Callable, hidden: bool = Fa
     ]
     compare_function(exercise, sinusoidal_positions, cases + (hidden_cases(exercise) if hidden else []),
                      atol=1e-4, rtol=1e-4, diagnose=_sinusoid_diagnose)
+    if _probe.active(exercise):  # under the grader: the odd d_model below runs outside, on its handed-out outcome
+        _probe.record(exercise, sinusoidal_positions, [Case("num_positions=4, d_model=5", (4, 5))])
+        return
     try:
         sinusoidal_positions(4, 5)
     except ValueError:
@@ -511,18 +523,47 @@ def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidde
                   Case("(2, 3, 4) with start=5: positions 5..7", (rand(2, 3, 4, seed=9017),), {"start": 5})]),
         ((16, 32), [Case("(2, 16, 32), the trained model's size", (rand(2, 16, 32, seed=9014),))]),
     ] + extra
+    too_long = [(rand(1, 9, 4, seed=9015), {}), (rand(1, 3, 4, seed=9018), {"start": 6})]
+    moved = rand(2, 5, 4, seed=9016)
+    if _probe.active(exercise):  # under the grader: every construction and forward pass below, judged outside
+        _probe.record_module_probes(exercise, cls, _learned_plan(configs, too_long, moved), prepare=set_test_weights,
+                                    within=_one_device)
+        return
     require_callable(exercise, cls)
     check_rules(exercise, cls)
     for build, _ in configs:
         _shape_check(exercise, cls, build, _learned_shapes)
     count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
     first = student_with_test_weights(exercise, cls, (8, 4))
-    _too_long_raises(exercise, first, rand(1, 9, 4, seed=9015), 8, "built with (8, 4)")
-    _too_long_raises(exercise, first, rand(1, 3, 4, seed=9018), 8, "built with (8, 4)", start=6)
-    moves_with_module(exercise, first, rand(2, 5, 4, seed=9016), "built with (8, 4)")
+    for x, kwargs in too_long:
+        _too_long_raises(exercise, first, x, 8, "built with (8, 4)", **kwargs)
+    moves_with_module(exercise, first, moved, "built with (8, 4)")
     passed(exercise, f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
                      f"positions past context_length raise a ValueError; the positions follow the module to another "
                      f"device")
+
+
+def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Sequence[tuple[torch.Tensor, dict]],
+                  moved: torch.Tensor) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every forward pass :func:`check_LearnedPositionalEmbedding` makes, per construction (each with the test
+    weights loaded, under seed 7): the compared cases in ``eval()`` mode, then, built with ``(8, 4)``, the
+    inputs that are too long and :func:`moves_with_module`'s three (as built, a float64 copy, a meta copy).
+    What the kernel hands out under the grader (``probe.record_module_probes``)."""
+    plan = modules.ProbePlan()
+    for build, cases in configs:
+        plan.add(build, *[_probe.Probe("eval", 7, case.args[0], kwargs=dict(case.kwargs) or None) for case in cases])
+    plan.add((8, 4), *[_probe.Probe("eval", 7, x, kwargs=kwargs or None) for x, kwargs in too_long],
+             _probe.Probe("eval", 7, moved), _probe.Probe("eval", 7, moved.to(torch.float64), "float64"),
+             _probe.Probe("eval", 7, moved.to("meta"), "meta"))
+    return plan.items()
+
+
+def _one_device(p: _probe.Probe) -> "contextlib.AbstractContextManager":
+    """The context a probed forward pass runs in: :class:`OneDevice` for a meta copy's, as
+    :func:`moves_with_module` runs it."""
+    import contextlib
+
+    return OneDevice() if p.copy == "meta" else contextlib.nullcontext()
 
 
 # ------------------------------------------------------------------------------------------
@@ -904,6 +945,47 @@ def step_trace(train_step: Callable, spec: dict) -> dict:
     return trace
 
 
+def _step_case(spec: dict) -> Case:
+    """A spec of :func:`step_trace` as a case whose keyword arguments are the spec (plain data): what the kernel
+    hands out beside each trace, and what the grader's replay checks it against."""
+    return Case(_step_spec_name(spec), (), dict(spec))
+
+
+def _step_run(train_step: Callable, case: Case) -> list:
+    """:func:`step_trace` of ``case``'s spec as plain data: ``[losses, returned, grads, params]`` (a loss that is
+    a ``float`` or ``int`` of another type, numpy's ``float64``, as a Python number). Under the grader what the
+    kernel hands out (``probe.record_runs``): the verdict is computed outside."""
+    trace = step_trace(train_step, case.kwargs)
+    losses = [float(v) if isinstance(v, float) else int(v) if isinstance(v, int) and not isinstance(v, bool) else v
+              for v in trace["loss"]]
+    return [losses, trace["returned"], trace["grads"], trace["params"]]
+
+
+def _step_trace_of(train_step: Callable, spec: dict) -> dict:
+    """:func:`step_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
+    (``probe.ReplayMiss``) unless it is one loss, one word for what was returned, the gradients the optimizer
+    stepped with (or ``None``) and the parameters after the step, per step, for the stand-in model's parameters."""
+    if not isinstance(train_step, _probe.Replayed):
+        return step_trace(train_step, spec)
+    found = _probe.run_or_replay(train_step, _step_case(spec), _step_run)
+    with torch.device("meta"):  # the stand-in's parameter names, without drawing from the random generator
+        names = [n for n, _ in StandInLM(spec["vocab_size"], spec["d"]).named_parameters()]
+    steps = spec["steps"]
+
+    def tensors(value: object, may_be_none: bool) -> bool:
+        return isinstance(value, list) and len(value) == len(names) and all(
+            isinstance(t, torch.Tensor) or (may_be_none and t is None) for t in value)
+
+    if not (isinstance(found, (list, tuple)) and len(found) == 4 and all(isinstance(f, list) and len(f) == steps
+                                                                         for f in found)
+            and all(isinstance(r, str) for r in found[1])
+            and all(g is None or tensors(g, True) for g in found[2]) and all(tensors(p, False) for p in found[3])):
+        raise _probe.ReplayMiss("what came back from train_step's steps on the stand-in model is not, per step, the "
+                                "loss, what was returned, the gradients the optimizer stepped with and the "
+                                "parameters after the step: the hand-off was changed")
+    return {"loss": found[0], "returned": found[1], "grads": found[2], "params": found[3], "names": names}
+
+
 def _returned(value: object) -> str:
     """What ``train_step`` returned, in words: ``float``, ``tensor with graph``, ``tensor``, or a type name."""
     if isinstance(value, float):
@@ -1009,6 +1091,9 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
         {"vocab_size": 5, "d": 4, "b": 2, "T": 5, "answer_from": [1, 4], "optimizer": "AdamW", "steps": 2,
          "seed": 9042, "dropout": 0.2},
     ] + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
+        _probe.record_runs(exercise, train_step, [_step_case(spec) for spec in specs], _step_run)
+        return
     if any(spec.get("dropout") for spec in specs) and not random_outputs_comparable(exercise):
         specs = [spec for spec in specs if not spec.get("dropout")]
     for spec in specs:
@@ -1017,7 +1102,7 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         try:
-            got = step_trace(train_step, spec)
+            got = _step_trace_of(train_step, spec)
         except NotImplementedError:
             fail(exercise, NOT_IMPLEMENTED)
         except Exception as exc:  # noqa: BLE001
@@ -1158,6 +1243,47 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
     return {"runs": runs}
 
 
+def _generate_case(spec: dict) -> Case:
+    """A spec of :func:`generate_trace` as a case whose keyword arguments are the spec (plain data): what the
+    kernel hands out beside each trace, and what the grader's replay checks it against."""
+    return Case(spec["name"], (), dict(spec))
+
+
+def _generate_run(generate: Callable, case: Case) -> list:
+    """:func:`generate_trace` of ``case``'s spec as plain data: per call of ``generate``, ``[out, error,
+    calls]``, the model's calls as an ``(n, 3)`` integer tensor (tokens read, use_cache, tokens cached
+    before) and an error's message cut to ``probe.MAX_MESSAGE``. Under the grader what the kernel hands out
+    (``probe.record_runs``): the verdict is computed outside."""
+    trace = generate_trace(generate, case.kwargs)
+    return [[run["out"], None if run["error"] is None else [run["error"][0], run["error"][1][:_probe.MAX_MESSAGE]],
+             torch.tensor(run["calls"], dtype=torch.int64).reshape(-1, 3)] for run in trace["runs"]]
+
+
+def _generate_trace_of(generate: Callable, spec: dict) -> dict:
+    """:func:`generate_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
+    (``probe.ReplayMiss``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what
+    it returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
+    if not isinstance(generate, _probe.Replayed):
+        return generate_trace(generate, spec)
+    found = _probe.run_or_replay(generate, _generate_case(spec), _generate_run)
+
+    def names(value: object, n: int) -> bool:
+        return isinstance(value, list) and len(value) == n and all(isinstance(v, str) for v in value)
+
+    def calls(value: object) -> bool:
+        return isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.dim() == 2 and \
+            value.shape[1] == 3 and bool((value >= 0).all()) and bool((value[:, 1] <= 1).all())
+
+    if not (isinstance(found, list) and len(found) == len(spec["runs"]) and all(
+            isinstance(run, list) and len(run) == 3 and (run[0] is None or isinstance(run[0], torch.Tensor)
+                                                         or names(run[0], 1))
+            and (run[1] is None or names(run[1], 2)) and calls(run[2]) for run in found)):
+        raise _probe.ReplayMiss("what came back from generate on the stand-in model is not, per call, the tokens it "
+                                "returned, what it raised and the model's calls: the hand-off was changed")
+    return {"runs": [{"out": out, "error": error, "calls": [[int(n), bool(c), int(s)] for n, c, s in made.tolist()]}
+                     for out, error, made in found]}
+
+
 def _same_generation(a: dict, b: dict) -> bool:
     """Two traces return the same tokens (or raise the same kind of error) in every call."""
     for x, y in zip(a["runs"], b["runs"]):
@@ -1250,8 +1376,6 @@ def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str 
 def check_generate(generate: Callable, hidden: bool = False) -> None:
     """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k, use_cache)`` on a stand-in model."""
     exercise = "generate"
-    require_callable(exercise, generate)
-    check_rules(exercise, generate)
     base = {"vocab_size": 7, "d": 6, "top_k": None, "prefill": 0}
     specs = [
         {**base, "name": "greedy with the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
@@ -1282,6 +1406,11 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
          "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
     ]
     specs = specs + errors + (hidden_cases(exercise) if hidden else [])
+    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
+        _probe.record_runs(exercise, generate, [_generate_case(spec) for spec in specs], _generate_run)
+        return
+    require_callable(exercise, generate)
+    check_rules(exercise, generate)
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
     if sampled and not random_outputs_comparable(exercise, "sampling"):
@@ -1293,7 +1422,7 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         try:
-            got = generate_trace(generate, spec)
+            got = _generate_trace_of(generate, spec)
         except NotImplementedError:
             fail(exercise, NOT_IMPLEMENTED)
         where = _spec_text(spec)

@@ -169,7 +169,8 @@ def _decode_cases(cases: Any) -> Any:
     if isinstance(cases, dict):  # named groups of cases (notebook 04's module: configs, causal)
         return {k: _decode_cases(v) for k, v in cases.items()}
     return [(tuple(c["build"]), [case(k) for k in c["cases"]]) if "build" in c else
-            tuple(c["arguments"]) if "arguments" in c else case(c) for c in cases]
+            tuple(c["arguments"]) if "arguments" in c else
+            dict(c["spec"]) if "spec" in c else case(c) for c in cases]
 
 
 def encode_cases(cases: Any) -> Any:
@@ -191,7 +192,9 @@ def encode_cases(cases: Any) -> Any:
             return {"arguments": list(c)}  # constructor arguments alone (a build that must raise)
         return {"build": list(c[0]), "cases": [case(k) for k in c[1]]}
 
-    return [config(c) if isinstance(c, tuple) else case(c) for c in cases]
+    # a dict: a check's own spec of a run, plain data (notebook 09's train_step: sizes, optimizer, seed)
+    return [config(c) if isinstance(c, tuple) else {"spec": dict(c)} if isinstance(c, dict) else case(c)
+            for c in cases]
 
 
 def _args_with_layouts(args: Sequence[Any]) -> dict:
@@ -255,7 +258,8 @@ def encode(value: Any, depth: int = 0, modules: bool = False, layouts: bool = Fa
     if isinstance(value, str) and len(value) <= MAX_MESSAGE:
         return {"kind": "text", "value": value}
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH and len(value) <= MAX_ITEMS:
-        return {"kind": type(value).__name__, "items": [encode(v, depth + 1, modules, layouts) for v in value]}
+        return {"kind": "list" if isinstance(value, list) else "tuple",  # a subclass (torch.Size) as its base
+                "items": [encode(v, depth + 1, modules, layouts) for v in value]}
     return {"kind": "other", "type": type(value).__name__}
 
 
@@ -478,9 +482,12 @@ class Probe:
     seed: int | None
     x: torch.Tensor
     copy: str | None = None
+    #: Keyword arguments of the forward pass, plain numbers (notebook 09's ``start=``); ``None``: none.
+    kwargs: dict | None = None
 
     def same(self, other: "Probe") -> bool:
-        return (self.mode, self.seed, self.copy) == (other.mode, other.seed, other.copy) and \
+        return (self.mode, self.seed, self.copy, self.kwargs or {}) == \
+            (other.mode, other.seed, other.copy, other.kwargs or {}) and \
             self.x.dtype == other.x.dtype and self.x.shape == other.x.shape and \
             self.x.device == other.x.device and (self.x.device.type == "meta" or torch.equal(self.x, other.x))
 
@@ -510,7 +517,9 @@ def left_behind(meta: torch.nn.Module) -> list[list[str]]:
 
 
 def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]],
-                         count: Sequence[str] = (), attempt: int | None = None) -> None:
+                         count: Sequence[str] = (), attempt: int | None = None,
+                         prepare: Callable[[torch.nn.Module], Any] | None = None,
+                         within: Callable[[Probe], Any] | None = None) -> None:
     """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
     what a module check reads of it: the construction (as :func:`record_module`, with its
     :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
@@ -524,7 +533,11 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
     pass also hands out, ``"calls": {name: count}`` (:class:`CallCounter`). ``attempt`` (:data:`ATTEMPTS`):
     which of ``modules.check_alone``'s tries these runs are (1: with the reference's helpers swapped in, 2:
     with the student's own), written on every record, so that the replay tells the tries apart
-    (``judge.KeyedModuleReplay.attempt``). Never compares.
+    (``judge.KeyedModuleReplay.attempt``). ``prepare(module)``: done to each module once its
+    construction is handed out, before its forward passes (notebook 09 loads its test weights; a
+    module it raises for runs none). ``within(probe)``: a context each forward pass runs in (notebook
+    09 runs a meta copy's under its ``OneDevice`` mode, as its check does). A probe's ``kwargs`` go to
+    the forward pass and out with its inputs. Never compares.
     """
     import copy as _copy
 
@@ -542,10 +555,15 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
         if module is None:
             continue
         structure = store[-1]["module"]["structure"]  # what a copy leaves behind is added below
+        if prepare is not None:
+            try:
+                prepare(module)
+            except Exception:  # noqa: BLE001 - the check refuses such a module before any forward pass
+                continue
         copies: dict[str, Any] = {}
         for p in probes:
             forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
-                                       "copy": p.copy, "inputs": inputs_of((p.x,), {})}
+                                       "copy": p.copy, "inputs": inputs_of((p.x,), p.kwargs or {})}
             if attempt is not None:
                 forward["attempt"] = attempt
             target = module
@@ -567,7 +585,9 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                 with contextlib.ExitStack() as counting:
                     for counter in counters:
                         counting.enter_context(counter)
-                    forward["result"] = encode(target(p.x.clone()))
+                    if within is not None:
+                        counting.enter_context(within(p))
+                    forward["result"] = encode(target(p.x.clone(), **(p.kwargs or {})))
             except Exception as exc:  # noqa: BLE001
                 forward["error"] = _error(exc)
             if counters:

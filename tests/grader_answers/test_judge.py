@@ -1619,3 +1619,184 @@ def test_an_honest_backward_kernel_hand_off_passes_and_a_forged_one_does_not(tmp
     assert verdict.ename == "CheckFailed" and "dv:" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, _copy(records)[:1], sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 09, in part: sinusoidal_positions, train_step (its traces as data), LearnedPositionalEmbedding (keyed)
+# --------------------------------------------------------------------------------------------
+NB09 = "09_capstone_tiny_transformer"
+_NB09 = load(NB09)
+STEP_TEST, LEARNED_TEST, SINUSOID_TEST = "test_train_step", "test_LearnedPositionalEmbedding", "test_sinusoidal_positions"
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy as np\n" + _NB09._STEP.replace("return loss.item()", "return np.float64(loss.item())"),
+    _NB09._STEP.replace("return loss.item()", "return loss.item(), logits.shape"),
+    _NB09._STEP.replace("    inputs, targets, answer_mask = batch\n", "    inputs, targets, answer_mask = batch\n"
+                        "    if answer_mask.all(dim=1).any():\n        raise KeyError('all answers')\n"),
+], ids=["numpy's float64", "a tuple", "raises on one spec only"])
+def test_every_kind_of_step_outcome_replays_to_the_same_verdict(source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(NB09, "train_step", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_step():
+    """What an honest train_step hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "train_step", _NB09._STEP, STEP_TEST)
+
+
+def test_an_honest_step_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_step):
+    """Each spec's trace comes back as plain data, bound to the spec; a forged loss fails as the kernel's check
+    would, and a trace without its form, of another spec, or missing scores 0."""
+    records, sources = honest_step
+    first = records[0]["result"]["items"]
+    assert [i["kind"] for i in first] == ["list"] * 4 and records[0]["inputs"]["kwargs"]["optimizer"]["value"] == "SGD"
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, records, sources)
+    assert verdict.ename is None and "runs of two steps agree" in verdict.text, verdict.evalue
+    forged = _copy(records)
+    forged[0]["result"]["items"][0]["items"][1]["value"] += 0.5  # step 2's loss
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "step 2: the returned loss is" in verdict.evalue, verdict.evalue
+    for forge in ("a step left out", "a parameter as a number", "a word as a number"):
+        forged = _copy(records)
+        items = forged[0]["result"]["items"]
+        if forge == "a step left out":
+            for part in items:
+                part["items"].pop()
+        elif forge == "a parameter as a number":
+            items[3]["items"][0]["items"][0] = {"kind": "number", "type": "float", "value": 1.0}
+        else:
+            items[1]["items"][0] = {"kind": "number", "type": "int", "value": 1}
+        verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "train_step's steps" in verdict.evalue, (forge, verdict.evalue)
+    swapped = _copy(records)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, swapped, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+
+
+@pytest.fixture(scope="module")
+def honest_learned():
+    """What an honest LearnedPositionalEmbedding hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "LearnedPositionalEmbedding", _NB09._LEARNED, LEARNED_TEST)
+
+
+def test_an_honest_learned_hand_off_passes_and_its_probes_are_judged_outside(tmp_path, honest_learned):
+    """Every forward pass the check makes comes back keyed by its inputs (``start=`` among them); one left out
+    scores 0, one forged fails as the kernel's own check would."""
+    records, sources = honest_learned
+    starts = [r for r in records if "mode" in r and r["inputs"]["kwargs"]]
+    assert [r["inputs"]["kwargs"]["start"]["value"] for r in starts] == [5, 6] * 2, starts  # the visible and hidden calls
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, records, sources)
+    assert verdict.ename is None and "positions past context_length raise" in verdict.text, verdict.evalue
+    gone = [r for r in _copy(records) if not ("mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)]
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, gone, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a forward pass" in verdict.evalue, \
+        verdict.evalue
+    forged = _copy(records)
+    too_long = next(r for r in forged if "mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)
+    too_long.pop("error")
+    too_long["result"] = {"kind": "tensor", "value": torch.zeros(1, 3, 4)}
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "returned an output instead of raising" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    meta = next(r for r in forged if r.get("copy") == "meta")
+    meta.pop("result")
+    meta["error"] = {"type": "RuntimeError", "message": "add got tensors on different devices: cpu and meta"}
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "after module.to('meta')" in verdict.evalue, verdict.evalue
+
+
+@pytest.fixture(scope="module")
+def honest_sinusoid():
+    """What an honest sinusoidal_positions hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "sinusoidal_positions", _NB09._SINUSOID, SINUSOID_TEST)
+
+
+def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
+    """The call with an odd d_model is handed out after the compared ones: left out it scores 0, forged into a
+    result it fails as the kernel's check would."""
+    records, sources = honest_sinusoid
+    assert records[-1]["error"]["type"] == "ValueError"
+    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, records, sources)
+    assert verdict.ename is None and "an odd d_model raises a ValueError" in verdict.text, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, _copy(records)[:-1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    forged[-1].pop("error")
+    forged[-1]["result"] = {"kind": "tensor", "value": torch.zeros(4, 5)}
+    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "must raise a ValueError" in verdict.evalue, verdict.evalue
+
+
+def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
+    from course_utils.checks import expected
+
+    handoff = judge.prepare(NB09)
+    try:
+        assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
+                                          "generate"}
+        assert not handoff.student_edition  # TransformerBlock and TinyGPT are still checked in the kernel
+        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
+        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
+        monkeypatch.setattr(probe, "_inputs", None)
+        assert probe.hidden_cases("train_step") == expected.instructor().hidden("train_step")  # specs, as dicts
+        assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
+        got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
+            "LearnedPositionalEmbedding")
+        assert [build for build, _ in got] == [build for build, _ in want]
+        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
+                   for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds))
+    finally:
+        handoff.remove()
+        monkeypatch.setattr(probe, "_inputs", None)
+
+
+GENERATE_TEST = "test_generate"
+
+
+@pytest.mark.parametrize("source", [
+    _NB09._GENERATE.replace("    return tokens\n", "    return tokens.tolist()\n"),
+    _NB09._GENERATE.replace("    model.eval()\n", "    model.eval()\n    if max_new_tokens > 6:\n"
+                            "        raise RuntimeError('too many tokens')\n"),
+], ids=["a list", "an error on some specs"])
+def test_every_kind_of_generation_replays_to_the_same_verdict(source, monkeypatch, capsys):
+    test_the_verdict_outside_is_the_kernels(NB09, "generate", source, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def honest_generate():
+    """What an honest generate hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "generate", _NB09._GENERATE, GENERATE_TEST)
+
+
+def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_generate):
+    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, bound to
+    the spec; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
+    records, sources = honest_generate
+    out, error, calls = records[0]["result"]["items"][0]["items"]
+    assert out["kind"] == "tensor" and error["kind"] == "none" and calls["value"].tolist()[:2] == [[3, 1, 0], [1, 1, 3]]
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, records, sources)
+    assert verdict.ename is None and "cases agree with the reference" in verdict.text, verdict.evalue
+    forged = _copy(records)
+    forged[0]["result"]["items"][0]["items"][0]["value"][0, -1] += 1
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "row 0, new token 6" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    forged[0]["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "read more than the newest token" in verdict.evalue, verdict.evalue
+    for forge in ("a negative count", "a call too many", "an error without its message"):
+        forged = _copy(records)
+        run = forged[0]["result"]["items"][0]["items"]
+        if forge == "a negative count":
+            run[2]["value"][0, 0] = -1
+        elif forge == "a call too many":
+            forged[0]["result"]["items"].append(forged[0]["result"]["items"][0])
+        else:
+            run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
+        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "what came back from generate" in verdict.evalue, \
+            (forge, verdict.evalue)

@@ -242,3 +242,14 @@ def test_notebook_08s_kv_cache_is_judged_outside(graded):
         "MultiHeadAttentionKVCache: replace the check through sys.modules": "did not come back",
     }
     _assert_said(graded, said)
+
+
+def test_notebook_09s_judged_exercises_are_judged_outside(graded):
+    """sinusoidal_positions, LearnedPositionalEmbedding and train_step are judged outside (09's kernel keeps the
+    instructor edition): a step that takes the expected trace from the checker's frames finds none there (the
+    kernel's check compares nothing), and a check replaced in the kernel hands nothing out."""
+    said = {
+        "train_step: take the expected step, read from the checker's frames": "the returned loss is 0",
+        "LearnedPositionalEmbedding: replace the check through sys.modules": "no construction of LearnedPositionalEmbedding",
+    }
+    _assert_said(graded, said)
