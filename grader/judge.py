@@ -50,7 +50,10 @@ out its outcomes under its own name, replayed under that name (:data:`COMPANIONS
 ``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
 ``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
 :class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
-unmarked record, or one marked otherwise, never stands for either.
+unmarked record, or one marked otherwise, never stands for either. Its ``MultiHeadAttentionKVCache``,
+whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
+(``probe.record_sessions``: each construction and every step the check makes on it, in order, with
+the cache's state after each), answered strictly in that order by a :class:`SessionReplay`.
 """
 
 from __future__ import annotations
@@ -108,12 +111,25 @@ LAYOUT_INPUTS = frozenset({"count_parameters"})
 # Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
 # tries: with the reference's rope_angles swapped in, and with the student's own), and so is
 # GroupedQueryAttention (KEYED: every construction and forward pass of both tries, each record marked
-# with its try, ``probe.ATTEMPTS``). MultiHeadAttentionKVCache stays in the kernel: its check probes a
-# stateful cache. Both tries need the reference's helpers in the kernel (``modules.check_alone``), which
-# a kernel with the student edition lacks; so 08's kernel keeps the instructor edition.
+# with its try, ``probe.ATTEMPTS``); MultiHeadAttentionKVCache below, as ordered sessions. Both tries
+# need the reference's helpers in the kernel (``modules.check_alone``), which a kernel with the student
+# edition lacks; so 08's kernel keeps the instructor edition (NEEDS_REFERENCE).
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
                              "GroupedQueryAttention", "sliding_window_mask"})  # 08
 KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)
+# Notebook 08's MultiHeadAttentionKVCache: its outputs depend on every call before them (the cache), so its
+# kernel hands out ordered sessions (``probe.record_sessions``), both of check_alone's tries, each marked.
+JUDGED = JUDGED | frozenset({"MultiHeadAttentionKVCache"})  # 08
+#: Module exercises whose outputs depend on the calls before them (a cache): the kernel builds each
+#: construction the check makes and runs the check's whole ordered sequence of steps on it (forward passes
+#: with or without the cache, ``reset_cache()``, ``.to``, copies), handing out each step's outcome and the
+#: cache's state after it (``probe.record_sessions``); the replay answers the check's calls strictly in
+#: that order, one module at a time (:class:`SessionReplay`).
+SESSIONS = frozenset({"MultiHeadAttentionKVCache"})  # 08
+#: Judged exercises whose kernel side still needs the instructor edition: ``modules.check_alone``'s first
+#: try swaps the reference's helpers in (08's ``apply_rope``, ``GroupedQueryAttention`` and
+#: ``MultiHeadAttentionKVCache``), so a notebook with one of them keeps the instructor edition in its kernel.
+NEEDS_REFERENCE = frozenset({"apply_rope", "GroupedQueryAttention", "MultiHeadAttentionKVCache"})  # 08
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
 #: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
@@ -158,7 +174,7 @@ def student_edition_kernel(notebook: str | None) -> bool:
     from grader import course
 
     exercises = course.EXERCISES.get(notebook or "", [])
-    return bool(exercises) and all(e in JUDGED for e in exercises)
+    return bool(exercises) and all(e in JUDGED for e in exercises) and not any(e in NEEDS_REFERENCE for e in exercises)
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,6 +359,8 @@ def _module_record_problem(record: dict) -> str | None:
     forward pass."""
     from course_utils.checks import probe
 
+    if "session" in record:
+        return _session_record_problem(record)
     why = _inputs_problem(record.get("build"))
     if why:
         return f"its constructor arguments: {why}"
@@ -393,6 +411,90 @@ def _module_record_problem(record: dict) -> str | None:
             and all(v in probe.KINDS for v in kinds.values())):
         return f"a module's attributes are not names with kinds from {list(probe.KINDS)}"
     return None
+
+
+#: The fields every step of a session has (``probe.record_sessions``), and those of each kind of step.
+_STEP_FIELDS = {"exercise", "build", "session", "step", "op", "optional", "attempt", "state"}
+_STEP_OWN = {"forward": {"mode", "seed", "inputs"}, "call": {"name", "lookup"}, "to": {"target", "left"},
+             "copy": {"child"}}
+
+
+def _watched_name(path: Any) -> bool:
+    """A dotted name a session's snapshot may watch (``cache_k``, ``att.cache_k``, ``blocks.0.att.cache_k``)."""
+    return isinstance(path, str) and 0 < len(path) <= 200 and all(
+        part.isdigit() or _attribute_name(part) and part not in _module_instance_names() for part in path.split("."))
+
+
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with a session's snapshot of the watched state (``probe.snapshot``), if anything."""
+    from course_utils.checks import probe
+
+    if not (isinstance(state, dict) and len(state) <= probe.MAX_WATCHED and all(_watched_name(k) for k in state)):
+        return f"a module's state is not a mapping of at most {probe.MAX_WATCHED} attribute names"
+    for entry in state.values():
+        if entry == {"missing": True}:
+            continue
+        if not (isinstance(entry, dict) and set(entry) == {"value", "buffer", "saved"}
+                and type(entry["buffer"]) is bool and type(entry["saved"]) is bool):
+            return "a module's state entry is not a value with whether it is a buffer and saved in state_dict"
+        why = _value_problem(entry["value"], 0)
+        if why:
+            return f"a module's state holds {why}"
+        if entry["buffer"] and entry["value"]["kind"] not in ("tensor", "meta", "none"):
+            return "a module's state has a buffer that is not a tensor"
+    return None
+
+
+def _session_record_problem(record: dict) -> str | None:
+    """What is wrong with a record of an ordered session (``probe.record_sessions``): a construction or a step."""
+    from course_utils.checks import probe
+
+    if not (type(record["session"]) is int and 0 <= record["session"] < probe.MAX_SESSIONS):
+        return f"a session number that is not a whole number below {probe.MAX_SESSIONS}"
+    if type(record.get("optional")) is not bool:
+        return "a session's record without whether it is optional"
+    if "state" in record:
+        why = _state_problem(record["state"])
+        if why:
+            return why
+    if "op" not in record:  # a construction: as any module's, with its session's number and its run
+        if not (type(record.get("run")) is int and 0 <= record["run"] < probe.MAX_SESSIONS):
+            return "a session's construction without the number of the check's call that made it"
+        rest = {k: v for k, v in record.items() if k not in ("session", "optional", "state", "run")}
+        return _module_record_problem(rest)
+    why = _inputs_problem(record.get("build"))
+    if why:
+        return f"its constructor arguments: {why}"
+    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
+        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
+    op = record["op"]
+    if op not in probe.STEP_OPS or not (type(record.get("step")) is int and 0 <= record["step"] < probe.MAX_STEPS):
+        return f"a step that is not one of {list(probe.STEP_OPS)} with its place (below {probe.MAX_STEPS})"
+    keys = set(record) - _STEP_FIELDS - _STEP_OWN[op]
+    if keys not in ({"result"}, {"error"}):
+        return f"expected a step's result or error, got fields {sorted(map(str, keys))}"
+    if op == "forward":
+        if record.get("mode") not in ("eval", "train") or not (record.get("seed") is None or (
+                type(record.get("seed")) is int and 0 <= record["seed"] < 2**63)):
+            return "a forward pass whose mode is not eval or train, or whose seed is not a whole number"
+        why = _inputs_problem(record.get("inputs"))
+        if why:
+            return why
+    elif op == "call":
+        if record.get("name") not in probe.SESSION_METHODS or record.get("lookup", True) is not True \
+                or ("lookup" in record and "error" not in record):
+            return f"a call of a method other than {list(probe.SESSION_METHODS)}"
+    elif op == "to":
+        left = record.get("left", [])
+        if record.get("target") not in probe.TO_TARGETS or ("left" in record and record["target"] != "meta") or not (
+                isinstance(left, list) and len(left) <= probe.MAX_STRUCTURE and all(
+                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and 0 < len(e[0]) <= 300
+                    and all(p.isidentifier() or p.isdigit() for p in e[0].split(".")) and isinstance(e[1], str)
+                    and 0 < len(e[1]) <= 40 and e[1] != "meta" for e in left)):
+            return f"a conversion into other than {list(probe.TO_TARGETS)}, or a malformed list of what stayed behind"
+    elif not (type(record.get("child")) is int and 0 <= record["child"] < probe.MAX_SESSIONS):
+        return "a copy without the number of its own session"
+    return _outcome_problem(record)
 
 
 def _shape_problem(shape: Any, dtype: Any) -> str | None:
@@ -1063,6 +1165,259 @@ class KeyedModuleReplay(ModuleReplay):
         return _decode(record["result"])
 
 
+@functools.lru_cache(maxsize=None)
+def _session_module_class() -> type:
+    import torch
+
+    from course_utils.checks import probe
+
+    class SessionModule(_replay_module_class()):  # type: ignore[misc, valid-type]
+        """A student's module rebuilt from its construction, whose every step (a forward pass, a call of
+        ``reset_cache``, ``.to``, a deep copy) is answered from its session, in order
+        (:class:`SessionReplay`), and whose watched state follows what the kernel's module held."""
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self._course_replay.forward(self, args, kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            if name in probe.SESSION_METHODS and "_course_session" in self.__dict__:
+                return self._course_replay.method(self, name)
+            return super().__getattr__(name)
+
+        def _apply(self, fn: Any, recurse: bool = True) -> Any:
+            if "_course_session" not in self.__dict__:
+                return torch.nn.Module._apply(self, fn, recurse)
+            converted = fn(torch.zeros(1))
+            target = "meta" if converted.device.type == "meta" else str(converted.dtype).removeprefix("torch.")
+            record = self._course_replay.take(self, "to", lambda r: r["target"] == target, f".to({target})")
+            if "error" in record:
+                self._course_replay.settle(self, record)
+                raise _exception(record["error"])
+            result = torch.nn.Module._apply(self, fn, recurse)
+            if target == "meta":  # exactly what the kernel's module left behind stays on the CPU
+                left = {name for name, _ in record.get("left", [])}
+                tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+                for name in left & set(tensors):
+                    owner, leaf = self._course_owner(name)
+                    kept = torch.zeros(tensors[name].shape, dtype=tensors[name].dtype)
+                    if leaf in owner._parameters:
+                        owner._parameters[leaf] = torch.nn.Parameter(kept, requires_grad=kept.is_floating_point())
+                    else:
+                        owner._buffers[leaf] = kept
+                for name, value in list(vars(self).items()):
+                    if isinstance(value, torch.Tensor) and name not in left:
+                        object.__setattr__(self, name, value.to("meta"))
+            self._course_replay.settle(self, record)
+            return result
+
+        def __deepcopy__(self, memo: dict) -> Any:
+            if "_course_session" not in self.__dict__:
+                return super().__deepcopy__(memo)
+            record = self._course_replay.take(self, "copy", lambda r: True, "copy (copy.deepcopy)")
+            self._course_replay.settle(self, record)
+            if "error" in record:
+                raise _exception(record["error"])
+            new = super().__deepcopy__(memo)
+            object.__setattr__(new, "_course_session", record["child"])
+            return new
+
+    return SessionModule
+
+
+class SessionReplay(ModuleReplay):
+    """A :class:`ModuleReplay` for a module whose outputs depend on every call before them (:data:`SESSIONS`:
+    a cache). Each construction the check makes takes the next one the kernel handed out (a diagnosis's,
+    ``probe.diagnosis``, the next one of the diagnoses' with its arguments), and each module answers the
+    check's steps strictly in the order its session recorded them (``probe.record_sessions``): a forward
+    pass checks its mode, the seed the check set, and its inputs; ``reset_cache()``, ``.to(...)`` and
+    ``copy.deepcopy`` are steps too, and after each the module's watched state (the cache) becomes what the
+    kernel's held. A step out of order, missing or of other inputs, or (on a pass) a construction or step
+    left unread, raises :class:`HandOffFailure`; steps marked optional (a diagnosis's) may be skipped.
+
+    ``attempt``: which of ``modules.check_alone``'s tries the check is replaying, as for
+    :class:`KeyedModuleReplay`. A check calls :meth:`begin` first, each time it is called: each call
+    reads its own run of sessions (a test cell that checks its visible, then its hidden cases)."""
+
+    attempt: int | None = None
+
+    def __init__(self, exercise: str, records: list[dict]):
+        super().__init__(exercise, records)
+        self._run = -1  # which call of the check is replayed (begin())
+        self._taken: set[int] = set()  # id() of the constructions taken
+        self._cursor: dict[int, int] = {}  # session -> its next step
+        self._constructions = [r for r in records if "session" in r and "op" not in r]
+        self._steps: dict[int, list[dict]] = {}
+        for r in records:
+            if "op" in r:
+                self._steps.setdefault(r["session"], []).append(r)
+        self._problem = self._consistency()
+
+    def _consistency(self) -> str | None:
+        """What makes these records no set of sessions (numbers repeated, steps out of order, a copy's session
+        claimed twice), or ``None``. Also notes which construction each session comes from."""
+        roots: dict[int, dict] = {}
+        for r in self._constructions:
+            if r["session"] in roots:
+                return f"two constructions of {self.exercise} claim session {r['session']}"
+            roots[r["session"]] = r
+        self._root = dict(roots)
+        for number in sorted(self._steps, key=lambda n: (n not in roots, n)):  # constructions' first, then copies'
+            steps = self._steps[number]
+            if [r["step"] for r in steps] != list(range(len(steps))):
+                return f"the steps of session {number} of {self.exercise} are not in order"
+            if number not in self._root:
+                return f"session {number} of {self.exercise} has steps but no construction or copy"
+            for r in steps:
+                if r.get("attempt") != self._root[number].get("attempt"):
+                    return f"session {number} of {self.exercise} mixes steps of two tries"
+                if r["op"] == "copy" and "error" not in r:
+                    if r["child"] in self._root:
+                        return f"session {r['child']} of {self.exercise} is claimed twice"
+                    self._root[r["child"]] = self._root[number]
+        return None
+
+    def begin(self) -> None:
+        """A check starts (each call of the check reads its own run of sessions, ``probe.record_sessions``):
+        the run before, whose check passed, must have been read whole."""
+        why = self.left_over(final=False) if self._run >= 0 else None
+        if why:
+            raise HandOffFailure(f"more outputs came back than the test asked for ({self.exercise}: {why}): the "
+                                 f"hand-off was changed")
+        self._run += 1
+
+    def _check(self) -> None:
+        if self._problem:
+            raise HandOffFailure(f"{self._problem} (the hand-off was changed)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from course_utils.checks import probe
+
+        self._check()
+        given = probe.inputs_of(args, kwargs)
+        optional = probe.diagnosing()
+        pending = [r for r in self._constructions if r.get("attempt") == self.attempt and r["run"] == max(self._run, 0)
+                   and r["optional"] == optional and id(r) not in self._taken]
+        if optional:
+            record = next((r for r in pending if same_inputs(r["build"], given)), None)
+        else:
+            record = pending[0] if pending and same_inputs(pending[0]["build"], given) else None
+        if record is None:
+            raise HandOffFailure(f"the construction of {self.exercise} that the test makes next did not come back "
+                                 f"(the kernel stopped before it, or the hand-off was changed or reordered)")
+        self._taken.add(id(record))
+        self._last = record
+        return self._construct(record, given)
+
+    def _construct(self, record: dict, given: dict) -> Any:
+        if "module" not in record:
+            return super()._construct(record, given)
+        label = record["cls"]
+        if label["name"] is not None:
+            self.__name__ = label["name"]
+        else:
+            self.__dict__.pop("__name__", None)
+        self._text = label["text"]
+        try:
+            built = _session_module_class()(self, record["build"], record["module"])
+        except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:
+            raise HandOffFailure(f"the module handed out for {self.exercise} cannot be rebuilt ({exc})") from None
+        object.__setattr__(built, "_course_session", record["session"])
+        self.settle(built, record)
+        return built
+
+    def take(self, module: Any, op: str, match: Any, what: str) -> dict:
+        """The next step of ``module``'s session, which must be an ``op`` that ``match`` accepts (optional steps
+        that are not are skipped); :class:`HandOffFailure` if there is none or it is another."""
+        self._check()
+        number = module._course_session
+        steps, at = self._steps.get(number, []), self._cursor.get(number, 0)
+        while at < len(steps) and steps[at]["optional"] and not (steps[at]["op"] == op and match(steps[at])):
+            at += 1  # a diagnosis's step that the check does not make
+        if at >= len(steps):
+            raise HandOffFailure(f"no {what} of {self.exercise} came back for step {at + 1} of one of its modules "
+                                 f"(the kernel stopped before it, or the hand-off was changed)")
+        record = steps[at]
+        if record["op"] != op or not match(record):
+            raise HandOffFailure(f"step {at + 1} of a module of {self.exercise} is not the {what} the test makes "
+                                 f"next: another step, or one of other inputs (the hand-off was changed or reordered)")
+        self._cursor[number] = at + 1
+        return record
+
+    def settle(self, module: Any, record: dict) -> None:
+        """Leave in ``module`` the watched state the kernel's module had after ``record`` (``probe.snapshot``)."""
+        import torch
+
+        for path, entry in record.get("state", {}).items():
+            try:
+                owner, leaf = module._course_owner(path, create=True)
+            except (KeyError, AttributeError, TypeError):
+                raise HandOffFailure(f"the state handed out for {self.exercise} names {path[:100]!r}, which is not an "
+                                     f"attribute it can have (the hand-off was changed)") from None
+            if leaf in owner._parameters or leaf in owner._modules:
+                raise HandOffFailure(f"the state handed out for {self.exercise} replaces its {path[:100]!r} "
+                                     f"(the hand-off was changed)")
+            owner._buffers.pop(leaf, None)
+            owner._non_persistent_buffers_set.discard(leaf)
+            owner.__dict__.pop(leaf, None)
+            if entry.get("missing"):
+                continue
+            value = _decode(entry["value"])
+            if entry["buffer"]:
+                owner._buffers[leaf] = value if isinstance(value, torch.Tensor) else None
+                if not entry["saved"]:
+                    owner._non_persistent_buffers_set.add(leaf)
+            else:
+                object.__setattr__(owner, leaf, value)
+
+    def method(self, module: Any, name: str) -> Any:
+        """``module.<name>``, a method the kernel's session called (:data:`probe.SESSION_METHODS`): the step
+        is taken now; where the kernel's module had no such method, the error it gave is raised now."""
+        record = self.take(module, "call", lambda r: r["name"] == name, f"call of {name}()")
+        if record.get("lookup"):
+            self.settle(module, record)
+            raise _exception(record["error"])
+
+        def call() -> Any:
+            self.settle(module, record)
+            if "error" in record:
+                raise _exception(record["error"])
+            return _decode(record["result"])
+        return call
+
+    def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        import torch
+
+        from course_utils.checks import probe
+
+        mode, seed = "train" if module.training else "eval", torch.initial_seed()
+        given = probe.inputs_of(args, kwargs)
+        shape = tuple(args[0].shape) if args and hasattr(args[0], "shape") else "?"
+        record = self.take(module, "forward", lambda r: r["mode"] == mode and r["seed"] in (None, seed)
+                           and same_inputs(r["inputs"], given), f"forward pass ({mode}() mode, input shape {shape})")
+        self.settle(module, record)
+        if "error" in record:
+            raise _exception(record["error"])
+        return _decode(record["result"])
+
+    def left_over(self, final: bool = True) -> str | None:
+        """After a pass: the constructions and steps of the try and the run replayed that the test did not read
+        (a diagnosis's may stay unread), said in words, or ``None``. A run after the last the check began
+        (:meth:`begin`) is left over too, once the test has ended (``final``)."""
+        if self._problem:
+            return self._problem
+        run = max(self._run, 0)
+        unbuilt = [r for r in self._constructions if r.get("attempt") == self.attempt and not r["optional"]
+                   and r["run"] == run and id(r) not in self._taken]
+        unread = sum(1 for number, steps in self._steps.items()
+                     if self._root[number].get("attempt") == self.attempt and not self._root[number]["optional"]
+                     and self._root[number]["run"] == run
+                     for r in steps[self._cursor.get(number, 0):] if not r["optional"])
+        later = {r["run"] for r in self._constructions if r["run"] > run} if final else set()
+        if unbuilt or unread or later:
+            return f"{len(unbuilt)} constructions and {unread} steps" + (f", {len(later)} runs" if later else "")
+        return None
+
+
 @dataclass
 class Verdict:
     """A judged test: its printed lines, and its error (``None`` when it passed)."""
@@ -1087,7 +1442,7 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     mine = [r for r in records if r["exercise"] == exercise]
     if mine and mine[0].get("callable") is False:
         return type(mine[0]["type"], (), {})()
-    base = KeyedModuleReplay if exercise in KEYED else \
+    base = SessionReplay if exercise in SESSIONS else KeyedModuleReplay if exercise in KEYED else \
         ModuleReplay if any("build" in r for r in mine) else Replay
     return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
 
@@ -1122,7 +1477,9 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
     extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
-             if isinstance(r, Replay) and not isinstance(r, KeyedModuleReplay) and r.used < len(r.records)]
+             if isinstance(r, Replay) and not isinstance(r, (KeyedModuleReplay, SessionReplay))
+             and r.used < len(r.records)]
+    extra += [f"{r.exercise}: {why}" for r in replays.values() if isinstance(r, SessionReplay) and (why := r.left_over())]
     unknown = sorted({r["exercise"] for r in records} - set(replays))
     if extra or unknown:
         why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \

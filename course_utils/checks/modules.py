@@ -421,7 +421,8 @@ def not_causal(exercise: str, cls: Callable) -> Callable:
         x = case.args[0]
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 2:
             return None
-        module = construct(cls, case.build).eval()
+        with _probe.diagnosis():  # a diagnosis's construction (the grader's session replay tells them apart)
+            module = construct(cls, case.build).eval()
         try:
             with torch.no_grad():
                 check_causal(exercise, module, x)

@@ -17,9 +17,13 @@ both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, r
 :func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
 :func:`_alone_keyed`) and, for ``sliding_window_mask_mod``, each case's mask made from its
 ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
-these checks on a replay of it. ``MultiHeadAttentionKVCache`` is still checked in the kernel: its
-check probes a stateful cache (each output depends on the calls before it) with the reference's
-helpers (:func:`_alone`), which only the instructor edition has.
+these checks on a replay of it. ``MultiHeadAttentionKVCache``'s outputs depend on every call before
+them (the cache): under the grader its kernel runs, per module, the check's whole ordered sequence of
+steps (:func:`_kv_sessions`, ``probe.record_sessions``: forward passes with and without the cache,
+``reset_cache()``, ``.to``, copies, each with the cache's state after it), once per try of
+:func:`_alone`, and the grader answers the unchanged check's calls strictly in that order
+(``judge.SessionReplay``). The first tries need the reference's helpers, which only the instructor
+edition has, so 08's kernel keeps it.
 """
 
 from __future__ import annotations
@@ -580,14 +584,90 @@ def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden:
     exercise = "MultiHeadAttentionKVCache"
     cls = MultiHeadAttentionKVCache
     require_callable(exercise, cls)
-    _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
+    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries as ordered sessions
+        sessions = _kv_sessions(exercise, hidden)
+        _alone(exercise, cls, lambda: _probe.record_sessions(exercise, cls, sessions, attempt=1))  # our helpers
+        _probe.record_sessions(exercise, cls, sessions, attempt=2)  # the student's own
+        return
+    if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries (judge.SessionReplay)
+        cls.begin()  # type: ignore[attr-defined] - this call of the check reads its own run of sessions
+        _alone_keyed(cls, lambda: _check_kv_cache(exercise, cls, hidden))
+    else:
+        _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
 
 
-def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
-    cases = _kv_cases() + (hidden_cases(exercise) if hidden else [])
+def _kv_setup(exercise: str, hidden: bool) -> tuple[list[DecodeCase], tuple, tuple]:
+    """The decoded cases (visible, then hidden) and the two whole-sequence configs of :func:`_check_kv_cache`."""
+    extra = hidden_cases(exercise) if hidden else []
+    cases = _kv_cases() + [c if isinstance(c, DecodeCase) else  # handed in as data under the grader
+                           DecodeCase(c.name, c.args, build=c.build, chunks=c.chunks, dtype=c.dtype) for c in extra]
     full = ((6, 8, 12, 0.0, 2), [Case("whole sequence, use_cache=False", (rand(2, 10, 6, seed=804),))])
     full_rope = ((6, 8, 12, 0.0, 2, False, True), [Case("rope=True, whole sequence, use_cache=False",
                                                         (rand(2, 7, 6, seed=810),))])
+    return cases, full, full_rope
+
+
+#: What :func:`_check_kv_cache` reads of the cache after a step (an error's hint, the buffers' check).
+_KV_WATCH = ("cache_k", "cache_v")
+
+
+def _kv_sessions(exercise: str, hidden: bool) -> list[_probe.Session]:
+    """Every construction :func:`_check_kv_cache` makes and every step it then makes on each module, in its
+    order (its diagnoses' marked optional), for the kernel to hand out under the grader
+    (``probe.record_sessions``): each output depends on the calls before it, so the order is the check's."""
+    from course_utils.checks.core import causal_inputs
+    from course_utils.checks.modules import _later_tokens_changed
+
+    S, Step = _probe.Session, _probe.Step
+    cases, full, full_rope = _kv_setup(exercise, hidden)
+
+    def forward(x: torch.Tensor, seed: int | None = None, mode: str = "eval", cached: bool = False,
+                optional: bool = False) -> _probe.Step:
+        return Step("forward", mode, seed, x, {"use_cache": True} if cached else {}, optional=optional)
+
+    reset = Step("call", name="reset_cache")
+
+    def decoded(case: DecodeCase, spans: Sequence[tuple[int, int]]) -> list[_probe.Step]:
+        return [forward(case.x[:, s:e], cached=True) for s, e in spans]
+
+    def to(dtype: torch.dtype) -> _probe.Step:
+        return Step("to", name=str(dtype).removeprefix("torch."))
+
+    sessions = [S(build, watch=_KV_WATCH) for build in dict.fromkeys([c.build for c in cases] + [full[0]])]
+    for build, checked in (full, full_rope):  # finite_then_values: check_finite, compare_module, not_causal
+        sessions.append(S(build, [forward(c.args[0], 7) for c in checked], _KV_WATCH))
+        sessions.append(S(build, [forward(c.args[0], 7) for c in checked], _KV_WATCH))
+        sessions += [S(build, [forward(v) for v in (c.args[0], *causal_inputs(c.args[0]))], _KV_WATCH, optional=True)
+                     for c in checked]
+    for k, case in enumerate(cases):  # _check_decode
+        again = k == 0 or case.name.startswith("hidden")
+        steps = [to(case.dtype), reset, *decoded(case, case.spans())]
+        sessions.append(S(case.build, steps + ([reset, *decoded(case, case.spans())] if again else []), _KV_WATCH))
+    first = cases[0]  # _check_cache_left_alone
+    other = rand(*first.x.shape[:1], 3, first.x.shape[2], seed=881).to(first.dtype)
+    sessions.append(S(first.build, [to(first.dtype), reset, *decoded(first, first.spans()[:1]), forward(other),
+                                    *decoded(first, first.spans()[1:])], _KV_WATCH))
+    d_in, context_length = full[0][0], full[0][2]
+    long = rand(1, context_length + 1, d_in, seed=882)
+    x = rand(2, 5, 6, seed=805)
+    moves = rand(2, 5, 6, seed=807)
+    main = [reset, forward(rand(2, 3, 6, seed=809), cached=True),  # _check_cache_buffers
+            reset, forward(long[:, :context_length - 1], cached=True),  # _check_context_limit
+            forward(long[:, context_length - 1:context_length], cached=True), forward(long[:, context_length:], cached=True),
+            reset, forward(rand(2, 0, d_in, seed=883), cached=True),  # _check_empty_prompt
+            forward(x), *[forward(v, optional=True) for v in causal_inputs(x)],  # check_causal_module, its diagnosis
+            forward(_later_tokens_changed(x), optional=True), forward(x, optional=True),
+            forward(rand(1, context_length + 1, d_in, seed=77)),  # _check_too_long
+            Step("copy", steps=[to(torch.float64), forward(moves.to(torch.float64), 7)]),  # check_moves_with_module
+            Step("copy", steps=[to("meta"), forward(moves.to("meta"), 7)])]
+    sessions.append(S(full[0], main, _KV_WATCH))
+    sessions.append(S(cases[2].build, [forward(rand(2, 5, 4, seed=806), seed, mode)  # check_dropout_modes
+                                       for mode in ("eval", "train") for seed in (1, 2)], _KV_WATCH))
+    return sessions
+
+
+def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
+    cases, full, full_rope = _kv_setup(exercise, hidden)
     module_checks(exercise, cls, [c.build for c in cases] + [full[0]])
     finite_then_values(exercise, cls, full, not_causal(exercise, cls))
     finite_then_values(exercise, cls, full_rope, not_causal(exercise, cls))

@@ -18,6 +18,11 @@ writes what came back to a folder that the grader reads once the kernel has exit
   :func:`record_module_probes`): each construction once, with its make-up (buffers, tensors kept
   as plain attributes, what ``.to("meta")`` left behind), and every forward pass the check makes
   (:class:`Probe`: mode, the seed set before it, the copy it runs on, the input);
+- for a module whose outputs depend on every call before them (notebook 08's KV cache,
+  :func:`record_sessions`): each construction the check makes and, in the check's order, every
+  :class:`Step` it makes on that module (forward passes with or without the cache, ``reset_cache()``,
+  ``.to``, deep copies), each step's outcome and, after it, a :func:`snapshot` of the state the check
+  reads (the cache);
 - a tensor on the ``meta`` device (a stand-in for a GPU) as its dtype and shape;
 - for a forward pass whose check counts calls of a torch function (notebook 06's one call of
   ``F.scaled_dot_product_attention``), how often it called it (:class:`CallCounter`);
@@ -59,7 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -156,7 +161,10 @@ def _decode_cases(cases: Any) -> Any:
 
     def case(c: dict) -> Case:
         build = tuple(c["module_build"]) if "module_build" in c else None
-        return Case(c["name"], _rebuilt_args(c), dict(c["kwargs"]), build=build)
+        found = Case(c["name"], _rebuilt_args(c), dict(c["kwargs"]), build=build)
+        if "chunks" in c:  # a sequence read in pieces with a cache (notebook 08's DecodeCase): plain data here
+            found.chunks, found.dtype = [int(n) for n in c["chunks"]], getattr(torch, str(c["dtype"]))
+        return found
 
     if isinstance(cases, dict):  # named groups of cases (notebook 04's module: configs, causal)
         return {k: _decode_cases(v) for k, v in cases.items()}
@@ -173,6 +181,8 @@ def encode_cases(cases: Any) -> Any:
         found = {"name": c.name, "kwargs": dict(c.kwargs), **_args_with_layouts(c.args)}
         if c.build is not None:
             found["module_build"] = list(c.build)
+        if hasattr(c, "chunks"):  # read in pieces with a cache: the pieces' sizes and the dtype travel too
+            found["chunks"], found["dtype"] = list(c.chunks), str(c.dtype).removeprefix("torch.")
         return found
 
     if isinstance(cases, dict):
@@ -892,3 +902,200 @@ def build_layout(layout: Any) -> torch.nn.Module:
         return module
 
     return build(layout, "")
+
+
+# --------------------------------------------------------------------------------------------
+# Ordered sessions: a module whose outputs depend on every call before them (a KV cache)
+# --------------------------------------------------------------------------------------------
+#: What one step of a session does (:class:`Step`): a forward pass, a call of one of the module's own
+#: methods (:data:`SESSION_METHODS`), a conversion in place with ``.to`` (:data:`TO_TARGETS`), or a deep
+#: copy whose own steps follow it (``copy.deepcopy(module)``: a session of its own).
+STEP_OPS = ("forward", "call", "to", "copy")
+#: The module's own methods a session step may call, by name (notebook 08's and 09's cache).
+SESSION_METHODS = ("reset_cache",)
+#: What ``.to`` may convert a session's module into: a dtype, or the ``meta`` device (a stand-in for a GPU).
+TO_TARGETS = ("float32", "float64", "meta")
+#: Most steps of one session, sessions of one hand-off, and names one snapshot watches.
+MAX_STEPS, MAX_SESSIONS, MAX_WATCHED = 512, 256, 16
+
+
+@dataclass
+class Step:
+    """One thing a check does to a module whose outputs depend on the calls before them, in order:
+    ``op`` (:data:`STEP_OPS`): ``"forward"`` (``module(x, **kwargs)`` in ``mode``, right after
+    ``torch.manual_seed(seed)``; ``None``: no seed of the check's own), ``"call"`` (the method ``name``,
+    no arguments), ``"to"`` (``module.to(name)``, in place), or ``"copy"`` (``copy.deepcopy(module)``,
+    then ``steps`` on the copy). ``optional``: a step the check makes only to diagnose a failure
+    (the replay skips it when the check asks for the next one instead)."""
+
+    op: str
+    mode: str = "eval"
+    seed: int | None = None
+    x: torch.Tensor | None = None
+    kwargs: dict = field(default_factory=dict)
+    name: str | None = None
+    steps: list = field(default_factory=list)
+    optional: bool = False
+
+
+@dataclass
+class Session:
+    """A construction ``cls(*build)`` (under the checks' seed) and the :class:`Step` s a check then makes on
+    that module, in its order; ``watch``: the attributes (dotted paths: ``cache_k``, ``att.cache_k``,
+    ``num_cached``) the check reads of the module's state, handed out after the construction and after
+    every step (:func:`snapshot`). ``optional``: a construction only a diagnosis makes."""
+
+    build: tuple
+    steps: list = field(default_factory=list)
+    watch: tuple = ()
+    optional: bool = False
+
+
+_MISSING = object()
+
+
+def _watched(module: Any, path: str) -> tuple[Any, Any, str]:
+    """``(owner, value, leaf)`` of the dotted ``path`` of ``module`` (``_MISSING`` where it is not there)."""
+    *parts, leaf = path.split(".")
+    owner = module
+    for part in parts:
+        try:
+            owner = getattr(owner, part)
+        except Exception:  # noqa: BLE001 - a student's __getattr__ that raises
+            return None, _MISSING, leaf
+    try:
+        return owner, getattr(owner, leaf, _MISSING), leaf
+    except Exception:  # noqa: BLE001
+        return owner, _MISSING, leaf
+
+
+def snapshot(module: Any, watch: Sequence[str]) -> dict:
+    """What a check reads of a module's state, as plain data: for each watched (dotted) name,
+    ``{"value": encode(value), "buffer": registered as a buffer, "saved": in state_dict()}``, or
+    ``{"missing": True}`` where the module has no such attribute."""
+    try:
+        saved = set(module.state_dict().keys())
+    except Exception:  # noqa: BLE001 - a state_dict that fails: nothing is in it
+        saved = set()
+    found: dict[str, Any] = {}
+    for path in watch:
+        owner, value, leaf = _watched(module, path)
+        if value is _MISSING:
+            found[path] = {"missing": True}
+            continue
+        buffers = getattr(owner, "_buffers", None)
+        found[path] = {"value": encode(value), "buffer": isinstance(buffers, dict) and leaf in buffers,
+                       "saved": path in saved}
+    return found
+
+
+def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Session],
+                    attempt: int | None = None) -> None:
+    """Build the student's module for every :class:`Session` and make its steps, in order, handing out
+    each construction (as :func:`record_module_probes` does, with ``"session"``: its number, and
+    ``"optional"``) and each step's outcome: ``{"exercise", "build", "session", "step", "op", ...,
+    "result" | "error"}`` with, for a forward pass, its ``mode``, ``seed`` and ``inputs``; for a call,
+    the method's ``name`` (``"lookup": True`` when the module has no such method); for ``.to``, its
+    ``target`` (and for ``meta`` what stayed behind, ``"left"``); for a copy, the number of the copy's
+    own session (``"child"``), whose steps follow. After the construction and every step, the
+    watched state (``"state"``, :func:`snapshot`). Each construction also says which call of this
+    function in the test cell (for this ``attempt``) made it (``"run"``: 0, 1...): a check called twice
+    in one cell (its visible, then its hidden cases) hands out two runs, and the replay reads them one
+    per call of the check (``judge.SessionReplay.begin``). Never compares.
+
+    The grader answers the check's calls strictly in this order, one session per module
+    (``judge.SessionReplay``): a call out of order, missing or extra scores 0. ``attempt``: which of
+    ``modules.check_alone``'s tries these are, as for :func:`record_module_probes`.
+    """
+    import copy as _copy
+
+    store = _start(exercise, student_cls)
+    if store is None:
+        return
+    label = _label(student_cls)
+    numbers = [max((r["session"] for r in store if isinstance(r.get("session"), int)), default=-1) + 1]
+    this_run = len({r["run"] for r in store if r.get("exercise") == exercise and "run" in r
+                    and r.get("attempt") == attempt})
+
+    def new_session() -> int:
+        numbers[0] += 1
+        return numbers[0] - 1
+
+    def run(module: Any, steps: Sequence[Step], number: int, build_inputs: dict, watch: tuple) -> None:
+        for j, step in enumerate(steps):
+            entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "session": number, "step": j,
+                                     "op": step.op, "optional": step.optional}
+            if attempt is not None:
+                entry["attempt"] = attempt
+            child = None
+            try:
+                with torch.no_grad():
+                    if step.op == "forward":
+                        entry.update(mode=step.mode, seed=step.seed, inputs=inputs_of((step.x,), step.kwargs))
+                        getattr(module, step.mode)()
+                        torch.manual_seed(7 if step.seed is None else step.seed)
+                        entry["result"] = encode(module(step.x.clone(), **step.kwargs))
+                    elif step.op == "call":
+                        entry["name"] = step.name
+                        try:
+                            method = getattr(module, step.name)
+                        except Exception:
+                            entry["lookup"] = True
+                            raise
+                        entry["result"] = encode(method())
+                    elif step.op == "to":
+                        entry["target"] = step.name
+                        module.to(torch.float64 if step.name == "float64" else
+                                  torch.float32 if step.name == "float32" else "meta")
+                        if step.name == "meta":
+                            entry["left"] = left_behind(module)
+                        entry["result"] = encode(None)
+                    else:  # a copy, whose steps are a session of their own
+                        entry["child"] = new_session()
+                        child = _copy.deepcopy(module)
+                        entry["result"] = encode(None)
+            except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
+                entry.pop("result", None)
+                entry["error"] = _error(exc)
+                child = None
+            if watch:
+                entry["state"] = snapshot(module, watch)
+            store.append(entry)
+            if child is not None:
+                run(child, step.steps, entry["child"], build_inputs, watch)
+
+    for session in sessions:
+        build_inputs = inputs_of(session.build, {})
+        module = _record_construction(store, exercise, student_cls, session.build, build_inputs, label,
+                                      lambda m: {"parameters": parameters_of(m), "attributes": {},
+                                                 "structure": structure_of(m)})
+        number = new_session()
+        store[-1].update(session=number, optional=session.optional, run=this_run)
+        if attempt is not None:
+            store[-1]["attempt"] = attempt
+        if module is None:
+            continue
+        if session.watch:
+            store[-1]["state"] = snapshot(module, session.watch)
+        run(module, session.steps, number, build_inputs, tuple(session.watch))
+    _save(_current[0])
+
+
+#: Set while a check's diagnosis runs (:func:`diagnosis`): the grader's session replay then gives the
+#: constructions a diagnosis makes (``Session(optional=True)``), not the check's own.
+_diagnosing: list[bool] = []
+
+
+@contextlib.contextmanager
+def diagnosis():
+    """Mark the code inside as a diagnosis's (a hint's), for the grader's session replay."""
+    _diagnosing.append(True)
+    try:
+        yield
+    finally:
+        _diagnosing.pop()
+
+
+def diagnosing() -> bool:
+    """Whether a diagnosis runs now (:func:`diagnosis`)."""
+    return bool(_diagnosing)

@@ -71,7 +71,7 @@ def _student_edition_verdicts(monkeypatch, exercise: str, answer: str) -> dict[s
         handoff.remove()
 
 
-@pytest.mark.parametrize("exercise", ["GroupedQueryAttention", "apply_rope"])
+@pytest.mark.parametrize("exercise", ["GroupedQueryAttention", "apply_rope", "MultiHeadAttentionKVCache"])
 def test_honest_work_passes_from_the_second_try_alone(monkeypatch, exercise):
     """A right answer's hand-off from a student-edition kernel passes when judged as one (so no kernel of
     first tries is needed: honest work costs nothing more); judged as if first tries had been made, the

@@ -1051,7 +1051,8 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
         assert "GroupedQueryAttention" in handoff.exercises
-        assert not handoff.student_edition  # MultiHeadAttentionKVCache is still checked in the kernel
+        assert "MultiHeadAttentionKVCache" in handoff.exercises
+        assert not handoff.student_edition  # check_alone's first try needs the reference's helpers in the kernel
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1065,6 +1066,11 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
         assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name for (_, cs), (_, ds) in
                    zip(got["configs"], want["configs"]) for c, d in zip(cs, ds))
+        got, want = probe.hidden_cases("MultiHeadAttentionKVCache"), expected.instructor().hidden(
+            "MultiHeadAttentionKVCache")  # sequences read in pieces: the pieces' sizes and the dtype travel too
+        assert got and [(c.name, c.build, c.chunks, c.dtype) for c in got] == \
+            [(c.name, c.build, c.chunks, c.dtype) for c in want]
+        assert all(torch.equal(c.args[0], d.args[0]) for c, d in zip(got, want))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1160,6 +1166,137 @@ def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
     for attempt in (3, "1", True):  # malformed: the hand-off is refused (the test scores 0 with this reason)
         with pytest.raises(judge.BadHandOff, match="a try of check_alone other than"):
             _verdict_of(tmp_path, NB08, _GQA_TEST, _with_attempt(records, attempt), sources)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 08's MultiHeadAttentionKVCache: ordered sessions (each output depends on the calls before it)
+# --------------------------------------------------------------------------------------------
+_KV_TEST = "test_MultiHeadAttentionKVCache"
+
+
+@pytest.fixture(scope="module")
+def honest_kv():
+    """What an honest MultiHeadAttentionKVCache (built on the notebook's apply_rope) hands out: ``(records, sources)``."""
+    yield from _honest(NB08, "MultiHeadAttentionKVCache", _NB08._KV, _KV_TEST)
+
+
+def _kv_verdict(tmp_path, records, sources) -> judge.Verdict:
+    return _verdict_of(tmp_path, NB08, _KV_TEST, records, sources)
+
+
+def _steps_of(records: list[dict], session: int) -> list[dict]:
+    return [r for r in records if r.get("session") == session and "op" in r]
+
+
+def _main_session(records: list[dict]) -> int:
+    """The session of the first try that checks the cache's buffers, the context limit and the moves (copies)."""
+    return next(r["session"] for r in records if r.get("op") == "copy" and r.get("attempt") == 1)
+
+
+def _decoded_session(records: list[dict]) -> int:
+    """The session of the first try that decodes the first case: .to(its dtype), reset_cache(), the chunks."""
+    return next(r["session"] for r in records if r.get("op") == "to" and r.get("attempt") == 1)
+
+
+def test_an_honest_kv_cache_hand_off_passes(tmp_path, honest_kv):
+    """Both tries come back as ordered sessions: constructions, then each module's steps (forward passes with
+    and without the cache, reset_cache(), .to, copies), each with the cache's state after it."""
+    records, sources = honest_kv
+    assert judge.SESSIONS == {"MultiHeadAttentionKVCache"} and "MultiHeadAttentionKVCache" in judge.JUDGED
+    assert {r.get("attempt") for r in records} == {1, 2}
+    assert {r["op"] for r in records if "op" in r} == set(probe.STEP_OPS)
+    main = _steps_of(records, _main_session(records))
+    assert [r["op"] for r in main[:2]] == ["call", "forward"] and main[1]["inputs"]["kwargs"]["use_cache"]["value"]
+    cache = main[1]["state"]["cache_k"]
+    assert cache["buffer"] and not cache["saved"] and list(cache["value"]["value"].shape) == [2, 2, 3, 4]
+    assert [r.get("error", {}).get("type") for r in main[3:8]] == [None, None, "ValueError", None, "ValueError"]  # past
+    # context_length, then an empty prompt
+    verdict = _kv_verdict(tmp_path, records, sources)
+    assert verdict.ename is None and "again after reset_cache()" in verdict.text, verdict.evalue
+
+
+def _swap_steps(records: list[dict], session: int, i: int, j: int, renumber: bool) -> list[dict]:
+    forged = _copy(records)
+    steps = _steps_of(forged, session)
+    a, b = forged.index(steps[i]), forged.index(steps[j])
+    forged[a], forged[b] = forged[b], forged[a]
+    if renumber:
+        forged[a]["step"], forged[b]["step"] = forged[b]["step"], forged[a]["step"]
+    return forged
+
+
+def test_a_kv_cache_session_out_of_order_scores_zero(tmp_path, honest_kv):
+    """Two cached steps swapped (renumbered, or left with their own numbers), a step left out, a construction
+    left out, a step too many, or a copy's session claimed twice: each scores 0 with the reason."""
+    records, sources = honest_kv
+    main = _main_session(records)
+    for renumber, words in ((True, "the test makes next"), (False, "are not in order")):
+        verdict = _kv_verdict(tmp_path, _swap_steps(records, main, 3, 4, renumber), sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
+    last = _steps_of(records, main)[-1]  # the meta copy's: its steps go on in a session of their own
+    child = _steps_of(records, last["child"])
+    truncated = [r for r in _copy(records) if not (r.get("session") == last["child"] and r["step"] == len(child) - 1)]
+    verdict = _kv_verdict(tmp_path, truncated, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no forward pass" in verdict.evalue, verdict.evalue
+    built = [r for r in records if "session" in r and "op" not in r and r["attempt"] == 1 and not r["optional"]]
+    gone = [r for r in _copy(records) if r.get("session") != built[3]["session"]]
+    verdict = _kv_verdict(tmp_path, gone, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
+    extra = _copy(records)
+    steps = _steps_of(extra, main)
+    extra.append({**_copy([steps[1]])[0], "step": len(steps)})
+    verdict = _kv_verdict(tmp_path, extra, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
+    claimed = _copy(records)
+    _steps_of(claimed, main)[-1]["child"] = main
+    verdict = _kv_verdict(tmp_path, claimed, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "claimed twice" in verdict.evalue, verdict.evalue
+
+
+def test_a_forged_kv_cache_session_loses_the_points(tmp_path, honest_kv):
+    """A forged cached output, or a cache said to be saved in state_dict, fails as the kernel's own check would;
+    the first try's sessions alone (the second left out, where the verdict needs it) score 0."""
+    records, sources = honest_kv
+    forged = _copy(records)
+    built = {r["session"] for r in forged if "session" in r and "op" not in r}
+    for number in {r["session"] for r in forged if r.get("op") == "to" and r["step"] == 0} & built:  # all decodings
+        decoded = _steps_of(forged, number)[3]  # the prompt's next token, read with the cache
+        if decoded["op"] == "forward":
+            decoded["result"]["value"] = decoded["result"]["value"] + 1
+    verdict = _kv_verdict(tmp_path, forged, sources)
+    assert verdict.ename == "CheckFailed" and "differ from forward(x) on the whole sequence" in verdict.evalue, \
+        verdict.evalue
+    saved = _copy(records)
+    for r in saved:
+        if r.get("state") and r["state"]["cache_k"].get("buffer"):
+            r["state"]["cache_k"]["saved"] = True
+    verdict = _kv_verdict(tmp_path, saved, sources)
+    assert verdict.ename == "CheckFailed" and "state_dict() holds ['cache_k']" in verdict.evalue, verdict.evalue
+    broken = _copy(records)  # the first try fails (a wrong output), and its second try is not there
+    broken = [r for r in broken if r.get("attempt") != 2]
+    _steps_of(broken, _decoded_session(broken))[3]["result"]["value"] *= 2
+    verdict = _kv_verdict(tmp_path, broken, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda r: r.__setitem__("op", "exec"), "a step that is not one of"),
+    (lambda r: r.__setitem__("step", -1), "a step that is not one of"),
+    (lambda r: r.__setitem__("name", "__init__"), "a call of a method other than"),
+    (lambda r: r.__setitem__("verdict", "pass"), "expected a step's result or error"),
+    (lambda r: r.__setitem__("state", {"__class__": {"missing": True}}), "attribute names"),
+    (lambda r: r.__setitem__("state", {"cache_k": {"value": {"kind": "text", "value": "x"}, "buffer": True,
+                                                   "saved": False}}), "a buffer that is not a tensor"),
+    (lambda r: r.__setitem__("session", 10**6), "a session number"),
+    (lambda r: r.pop("optional"), "whether it is optional"),
+], ids=["unknown op", "negative step", "another method", "extra field", "private name", "buffer not a tensor",
+        "session out of range", "optional left out"])
+def test_a_malformed_kv_cache_step_is_refused(tmp_path, honest_kv, forge, words):
+    records, sources = honest_kv
+    forged = _copy(records)
+    forge(next(r for r in forged if r.get("op") == "call"))
+    with pytest.raises(judge.BadHandOff, match=words):
+        _kv_verdict(tmp_path, forged, sources)
 
 
 # --------------------------------------------------------------------------------------------

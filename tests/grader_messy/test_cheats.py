@@ -37,6 +37,16 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)[:60].strip("_")
 
 
+def _student(name: str) -> str:
+    """The submission cheat ``name`` is graded in: its own, or the one it joins (``Cheat.shares``)."""
+    return _slug(cheats.CHEATS[name].shares or name)
+
+
+def _partners(name: str) -> set[str]:
+    """The exercises of every cheat graded in the submission of cheat ``name`` (its own included)."""
+    return {c.exercise for n, c in cheats.CHEATS.items() if _student(n) == _student(name)}
+
+
 def _solved(notebook: str, answers: dict[str, str]) -> nbformat.NotebookNode:
     """The released notebook with the solution's answers, ``answers`` replacing some."""
     student = nbformat.read(course.notebooks_dir() / f"{notebook}.ipynb", as_version=4)
@@ -90,11 +100,13 @@ def graded(tmp_path_factory):
         (subs / f"honest_{notebook[:2]}").mkdir()
         nbformat.write(_solved(notebook, {}), subs / f"honest_{notebook[:2]}" / f"{notebook}.ipynb")
         plan[(f"honest_{notebook[:2]}", notebook)] = None
-    for name, cheat in cheats.CHEATS.items():
-        student = _slug(name)
+    answers: dict[tuple[str, str], dict[str, str]] = {}
+    for name, cheat in cheats.CHEATS.items():  # a cheat that shares a submission puts its answer cell beside the other's
+        answers.setdefault((_student(name), cheat.notebook), {})[cheat.exercise] = cheat.source
+        plan.setdefault((_student(name), cheat.notebook), cheat)
+    for (student, notebook), cells in answers.items():
         (subs / student).mkdir()
-        nbformat.write(_solved(cheat.notebook, {cheat.exercise: cheat.source}), subs / student / f"{cheat.notebook}.ipynb")
-        plan[(student, cheat.notebook)] = cheat
+        nbformat.write(_solved(notebook, cells), subs / student / f"{notebook}.ipynb")
     assert autograde(subs, out, workers=2, **LIMITS) == 0
     grades, cells = harness.read_grading(out)
     return {"plan": plan, "grades": grades, "cells": cells, "out": out}
@@ -104,7 +116,7 @@ def _assert_said(graded, said: dict[str, str]) -> None:
     """Each cheat's test message holds the words ``said[cheat name]``: the reason it scored 0."""
     for name, words in said.items():
         cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
         assert words in message, f"{name}: {message!r} lacks {words!r}"
 
 
@@ -118,7 +130,7 @@ def test_honest_work_keeps_full_marks(graded):
 @pytest.mark.parametrize("name", list(cheats.CHEATS))
 def test_each_cheat_scores_zero_on_its_exercise(graded, name):
     cheat = cheats.CHEATS[name]
-    key = (_slug(name), cheat.notebook)
+    key = (_student(name), cheat.notebook)
     row, cells = graded["grades"][key], graded["cells"][key]
     mine = harness.test_ids_for(cheat.exercise, cells, cheat.notebook)
     assert mine, f"no test cells for {cheat.exercise}"
@@ -129,13 +141,15 @@ def test_each_cheat_scores_zero_on_its_exercise(graded, name):
     for gid, cell in cells.items():
         other = nbcells.exercise_of_test(gid, course.EXERCISES[cheat.notebook])
         # The notebook's other tests still count (those whose answer calls the cheat's function aside:
-        # the solution's context_vectors calls the student's softmax_stable).
-        if gid not in mine and not _calls(cheat.notebook, other, cheat.exercise):
+        # the solution's context_vectors calls the student's softmax_stable; and those of a cheat sharing
+        # this submission).
+        if gid not in mine and other not in _partners(name) and \
+                not any(_calls(cheat.notebook, other, e) for e in _partners(name)):
             assert float(cell["score"]) == float(cell["max_score"]), f"{name}: {gid} lost points: {cell['message']}"
 
 
 def test_handoff_failures_say_why(graded):
-    messages = {name: " ".join(c["message"] for gid, c in graded["cells"][(_slug(name), cheat.notebook)].items()
+    messages = {name: " ".join(c["message"] for gid, c in graded["cells"][(_student(name), cheat.notebook)].items()
                                if gid.startswith(f"test_{cheat.exercise}"))
                 for name, cheat in cheats.CHEATS.items() if cheat.kind == "handoff"}
     said = {
@@ -162,7 +176,7 @@ def test_a_fully_judged_notebooks_kernel_cannot_import_the_reference(graded, nam
     """Notebooks 03 to 05 are judged entirely outside, so their kernels have the student edition: the
     answers imported by a computed name are not there to be found."""
     cheat = cheats.CHEATS[name]
-    message = graded["cells"][(_slug(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+    message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
     assert "ImportError" in message and "not part of the student edition" in message, message
 
 
@@ -215,6 +229,17 @@ def test_notebook_08s_functions_are_judged_outside(graded):
     said = {
         "decode_causal_mask: return the expected mask, read from the checker's frames": "must be True",
         "sliding_window_mask: replace the check through sys.modules": "no output came back",
+    }
+    _assert_said(graded, said)
+
+
+def test_notebook_08s_kv_cache_is_judged_outside(graded):
+    """Notebook 08's MultiHeadAttentionKVCache is judged outside as ordered sessions: a class whose forward
+    returns the expected outputs read from the checker's frames finds none there (the kernel's check only
+    runs the sessions' steps), and a check replaced in the kernel hands no session out."""
+    said = {
+        "MultiHeadAttentionKVCache: return the expected outputs, read from the checker's frames": "values differ",
+        "MultiHeadAttentionKVCache: replace the check through sys.modules": "did not come back",
     }
     _assert_said(graded, said)
 
