@@ -108,12 +108,12 @@ KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAtt
 #: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
 #: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
 LAYOUT_INPUTS = frozenset({"count_parameters"})
-# Notebook 08: its functions are judged outside (apply_rope's kernel hands out both of check_alone's
-# tries: with the reference's rope_angles swapped in, and with the student's own), and so is
-# GroupedQueryAttention (KEYED: every construction and forward pass of both tries, each record marked
-# with its try, ``probe.ATTEMPTS``); MultiHeadAttentionKVCache below, as ordered sessions. Both tries
-# need the reference's helpers in the kernel (``modules.check_alone``), which a kernel with the student
-# edition lacks; so 08's kernel keeps the instructor edition (NEEDS_REFERENCE).
+# Notebook 08: its functions are judged outside, and so is GroupedQueryAttention (KEYED: every
+# construction and forward pass, each record marked with its try of check_alone, ``probe.ATTEMPTS``);
+# MultiHeadAttentionKVCache below, as ordered sessions. 08's kernel has the student edition, so it hands
+# out check_alone's second tries alone (the student's own helpers); where one fails, the first (the
+# reference's helpers swapped in) is made in a kernel of its own that holds only those helpers' answers
+# (:meth:`JudgeOutside.first_tries`, ``grader/reference_subset.py``).
 JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
                              "GroupedQueryAttention", "sliding_window_mask"})  # 08
 KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)
@@ -126,10 +126,6 @@ JUDGED = JUDGED | frozenset({"MultiHeadAttentionKVCache"})  # 08
 #: cache's state after it (``probe.record_sessions``); the replay answers the check's calls strictly in
 #: that order, one module at a time (:class:`SessionReplay`).
 SESSIONS = frozenset({"MultiHeadAttentionKVCache"})  # 08
-#: Judged exercises whose kernel side still needs the instructor edition: ``modules.check_alone``'s first
-#: try swaps the reference's helpers in (08's ``apply_rope``, ``GroupedQueryAttention`` and
-#: ``MultiHeadAttentionKVCache``), so a notebook with one of them keeps the instructor edition in its kernel.
-NEEDS_REFERENCE = frozenset({"apply_rope", "GroupedQueryAttention", "MultiHeadAttentionKVCache"})  # 08
 #: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
 #: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
 #: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
@@ -174,7 +170,7 @@ def student_edition_kernel(notebook: str | None) -> bool:
     from grader import course
 
     exercises = course.EXERCISES.get(notebook or "", [])
-    return bool(exercises) and all(e in JUDGED for e in exercises) and not any(e in NEEDS_REFERENCE for e in exercises)
+    return bool(exercises) and all(e in JUDGED for e in exercises)
 
 
 # --------------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # --------------------------------------------------------------------------------------------
-# Through the grader's own steps, in the real sandbox, with 08's kernel given the student edition
+# Through the grader's own steps, in the real sandbox: 08's kernel has the student edition
 # --------------------------------------------------------------------------------------------
 _COMPUTED_IMPORT = '''
 import importlib
@@ -132,7 +132,7 @@ class GroupedQueryAttention(torch.nn.Module):
 def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, list], list[str]]:
     """Notebook 08's repeat_kv and GroupedQueryAttention (their answer and test cells, after the set-up, the
     imports and the answers of 04 and 05 that the notebook shows) with ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside
-    as the grader composes them, its kernel given the student edition: (test id -> its outputs, the tests
+    as the grader composes them (its kernel has the student edition): (test id -> its outputs, the tests
     that failed in that kernel and were tried again in a kernel of first tries)."""
     import nbformat
 
@@ -144,7 +144,7 @@ def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, l
     ok, why = sandbox.check_bwrap()
     if not ok:
         pytest.skip(why)
-    monkeypatch.setattr(judge, "student_edition_kernel", lambda notebook: True)
+    assert judge.student_edition_kernel(NB08), "08's kernel has the student edition"
     tried_again: list[str] = []
     first_tries = JudgeOutside.first_tries
 

@@ -233,6 +233,17 @@ def test_notebook_08s_functions_are_judged_outside(graded):
     _assert_said(graded, said)
 
 
+def test_notebook_08_is_judged_outside_with_the_student_edition(graded):
+    """Every exercise of notebook 08 is judged outside, so its kernel has the student edition: a class built
+    from the reference's, imported by a computed name, finds no reference there; and the kernel the grader
+    then runs for check_alone's first try holds only the helpers' answers (grader/reference_subset.py), where
+    the class is not to be found either."""
+    name = "GroupedQueryAttention: build the reference's module, imported by a computed name"
+    cheat = cheats.CHEATS[name]
+    message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+    assert "has no attribute 'GroupedQueryAttention'" in message, message
+
+
 def test_notebook_08s_kv_cache_is_judged_outside(graded):
     """Notebook 08's MultiHeadAttentionKVCache is judged outside as ordered sessions: a class whose forward
     returns the expected outputs read from the checker's frames finds none there (the kernel's check only
