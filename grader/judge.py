@@ -921,6 +921,25 @@ def _leave_in(arg: Any, states: dict, exercise: str) -> None:
             _rebind(arg, name, _attribute_value(state))
 
 
+def _leave_on_cpu(module: Any, left: set[str]) -> None:
+    """After a rebuilt module's ``.to("meta")``: the tensors named in ``left`` (those the kernel's module left
+    behind) are put back on the CPU, as zeros of their shape and dtype, and its plain tensor attributes not
+    named there follow it to ``meta``. ``module`` has ``_course_owner`` (:func:`_replay_module_class`)."""
+    import torch
+
+    tensors = dict(module.named_parameters()) | dict(module.named_buffers())
+    for name in left & set(tensors):
+        owner, leaf = module._course_owner(name)
+        kept = torch.zeros(tensors[name].shape, dtype=tensors[name].dtype)
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = torch.nn.Parameter(kept, requires_grad=kept.is_floating_point())
+        else:
+            owner._buffers[leaf] = kept
+    for name, value in list(vars(module).items()):
+        if isinstance(value, torch.Tensor) and name not in left:
+            object.__setattr__(module, name, value.to("meta"))
+
+
 @functools.lru_cache(maxsize=None)
 def _replay_module_class() -> type:
     import torch
@@ -1002,18 +1021,7 @@ def _replay_module_class() -> type:
             result = super()._apply(fn, recurse)
             object.__setattr__(self, "_course_copy", copy)
             if copy == "meta" and self._course_structure:
-                left = {name for name, _ in self._course_structure.get("meta_left", [])}
-                tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-                for name in left & set(tensors):
-                    owner, leaf = self._course_owner(name)
-                    kept = torch.zeros(tensors[name].shape, dtype=tensors[name].dtype)
-                    if leaf in owner._parameters:
-                        owner._parameters[leaf] = torch.nn.Parameter(kept, requires_grad=kept.is_floating_point())
-                    else:
-                        owner._buffers[leaf] = kept
-                for name, value in list(vars(self).items()):
-                    if isinstance(value, torch.Tensor) and name not in left:
-                        object.__setattr__(self, name, value.to("meta"))
+                _leave_on_cpu(self, {name for name, _ in self._course_structure.get("meta_left", [])})
             return result
 
         def __deepcopy__(self, memo: dict) -> Any:
@@ -1191,18 +1199,7 @@ def _session_module_class() -> type:
                 raise _exception(record["error"])
             result = torch.nn.Module._apply(self, fn, recurse)
             if target == "meta":  # exactly what the kernel's module left behind stays on the CPU
-                left = {name for name, _ in record.get("left", [])}
-                tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-                for name in left & set(tensors):
-                    owner, leaf = self._course_owner(name)
-                    kept = torch.zeros(tensors[name].shape, dtype=tensors[name].dtype)
-                    if leaf in owner._parameters:
-                        owner._parameters[leaf] = torch.nn.Parameter(kept, requires_grad=kept.is_floating_point())
-                    else:
-                        owner._buffers[leaf] = kept
-                for name, value in list(vars(self).items()):
-                    if isinstance(value, torch.Tensor) and name not in left:
-                        object.__setattr__(self, name, value.to("meta"))
+                _leave_on_cpu(self, {name for name, _ in record.get("left", [])})
             self._course_replay.settle(self, record)
             return result
 
