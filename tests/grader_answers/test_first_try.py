@@ -194,3 +194,30 @@ def test_a_class_that_imports_the_answer_scores_zero_in_both_kernels(monkeypatch
     assert _GQA_TEST in tried_again
     errors = " ".join(_errors(outputs[_GQA_TEST]))
     assert errors and ("ImportError" in errors or "GroupedQueryAttention" in errors), errors
+
+
+def test_only_written_answers_get_a_kernel_of_first_tries(monkeypatch):
+    """An answer still the released stub raises NotImplementedError whatever helpers it is given, so an
+    untouched notebook costs no second kernel; a written answer that failed gets one per group."""
+    import nbformat
+
+    from grader import intake
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside
+
+    runs: list[str] = []
+
+    def execute(self, nb, resources, km=None):
+        runs.append(resources["course_first_try_reference"])
+        return nb, resources
+
+    monkeypatch.setattr(RobustExecute, "preprocess", execute)
+    nb = nbformat.v4.new_notebook()
+    resources = {"nbgrader": {"notebook": NB08}, "course_unexecuted": nb}
+    stub = judge._released_stubs(NB08)["GroupedQueryAttention"]
+    answer = intake.load_source(NB08).answers["GroupedQueryAttention"].source
+    failed = [(nbformat.v4.new_code_cell(), _GQA_TEST, "GroupedQueryAttention")]
+    JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": stub})
+    assert runs == []
+    JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": answer})
+    assert len(runs) == 1
