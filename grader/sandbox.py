@@ -125,6 +125,8 @@ def _build_font_cache() -> Path | None:
     return built if any(built.glob("fontlist-*.json")) else None
 
 
+#: Settings that make PyTorch and MKL compute as another CPU would; passed on to the kernel where set.
+CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 #: Where the kernel sees the grader's hand-off folders (``grader/judge.py``): the folder it writes its
 #: outputs to, and the read-only folder of the hidden inputs.
 PROBE_DIR_INSIDE = "/tmp/course-probe"
@@ -202,6 +204,10 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1"}
+    # How this machine's PyTorch and MKL are told to compute (another CPU's instructions, issue 17): the
+    # kernel computes as the grader does, as it would on one machine whose CPU they describe. The grader
+    # compares the kernel's outputs with the reference's, computed in its own process.
+    env.update({key: os.environ[key] for key in CPU_VARIABLES if os.environ.get(key)})
     if probe_dir and probe_inputs:
         cmd += ["--bind", probe_dir, PROBE_DIR_INSIDE,
                 "--ro-bind", str(Path(probe_inputs).parent), PROBE_INPUTS_INSIDE]

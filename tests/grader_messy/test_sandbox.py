@@ -20,6 +20,22 @@ def test_private_tmp_is_mounted_before_the_binds(monkeypatch):
     assert "--unshare-all" in cmd and "--clearenv" in cmd
 
 
+def test_the_kernel_computes_as_the_grader_is_told_to(monkeypatch):
+    """ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS reach the kernel where the grader has them: the grader
+    compares the kernel's outputs with the reference's computed in its own process, so both compute alike
+    (float32 weights drawn from one seed differ in their last bits between CPUs)."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    cmd = sandbox.sandbox_command(["python"], socket_dir="/tmp/x", memory=0, bwrap="bwrap")
+    assert "ATEN_CPU_CAPABILITY" not in cmd
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "SSE4_2")
+    cmd = sandbox.sandbox_command(["python"], socket_dir="/tmp/x", memory=0, bwrap="bwrap")
+    at = cmd.index("ATEN_CPU_CAPABILITY")
+    assert cmd[at - 1] == "--setenv" and cmd[at + 1] == "default"
+    assert cmd[cmd.index("MKL_ENABLE_INSTRUCTIONS") + 1] == "SSE4_2"
+
+
 def test_the_font_list_is_built_once_and_read_only_inside(tmp_path):
     """Each kernel reads matplotlib's font list, built once by the grader, instead of building its own;
     it cannot change that list, and its matplotlib folder stays writable."""
