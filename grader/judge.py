@@ -350,6 +350,18 @@ def _outcome_problem(record: dict) -> str | None:
     return _value_problem(record["result"], 0)
 
 
+def _build_and_try_problem(record: dict) -> str | None:
+    """What is wrong with a module record's constructor arguments or its try of ``check_alone``, or ``None``."""
+    from course_utils.checks import probe
+
+    why = _inputs_problem(record.get("build"))
+    if why:
+        return f"its constructor arguments: {why}"
+    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
+        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
+    return None
+
+
 def _module_record_problem(record: dict) -> str | None:
     """What is wrong with a module exercise's record (``probe.record_module``): a construction or a
     forward pass."""
@@ -357,11 +369,9 @@ def _module_record_problem(record: dict) -> str | None:
 
     if "session" in record:
         return _session_record_problem(record)
-    why = _inputs_problem(record.get("build"))
+    why = _build_and_try_problem(record)
     if why:
-        return f"its constructor arguments: {why}"
-    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
-        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
+        return why
     if "mode" in record:  # a forward pass
         if record["mode"] not in ("eval", "train"):
             return "a forward pass in a mode other than eval or train"
@@ -458,11 +468,9 @@ def _session_record_problem(record: dict) -> str | None:
             return "a session's construction without the number of the check's call that made it"
         rest = {k: v for k, v in record.items() if k not in ("session", "optional", "state", "run")}
         return _module_record_problem(rest)
-    why = _inputs_problem(record.get("build"))
+    why = _build_and_try_problem(record)
     if why:
-        return f"its constructor arguments: {why}"
-    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
-        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
+        return why
     op = record["op"]
     if op not in probe.STEP_OPS or not (type(record.get("step")) is int and 0 <= record["step"] < probe.MAX_STEPS):
         return f"a step that is not one of {list(probe.STEP_OPS)} with its place (below {probe.MAX_STEPS})"
