@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from course_utils import rules, versions
+from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
@@ -483,14 +484,14 @@ BUILD_SEED, FORWARD_SEED = 123, 7
 
 def construct(cls: Callable, build: tuple, seed: int = BUILD_SEED) -> Any:
     """``cls(*build)`` right after ``torch.manual_seed(seed)``."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     return cls(*build)
 
 
 def module_output(module: Any, case: Case, seed: int = FORWARD_SEED) -> Any:
     """``module(*case.args)`` in ``case.mode`` (``eval`` or ``train``) right after ``torch.manual_seed(seed)``."""
     getattr(module, case.mode)()
-    torch.manual_seed(seed)
+    manual_seed(seed)
     return module(*_clone(case.args), **case.kwargs)
 
 

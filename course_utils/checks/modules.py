@@ -38,6 +38,7 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
+from course_utils.device import manual_seed
 
 __all__ = [
     "check_finite",
@@ -65,7 +66,7 @@ __all__ = [
 
 def run_module(exercise: str, module: torch.nn.Module, x: torch.Tensor, what: str, seed: int = 7) -> object:
     """Call ``module(x)`` under a fixed seed, turning errors into a readable failure."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     return call_student(exercise, module, Case(what, (x.clone(),)))
 
 
@@ -135,7 +136,7 @@ def check_moves_with_module(exercise: str, student: torch.nn.Module, build: tupl
         fail(exercise, f"{where}: after module.to('meta') these tensors stayed behind: {left}. On a GPU they would stay "
                        f"on the CPU. Make them parameters or buffers")
     try:
-        torch.manual_seed(7)
+        manual_seed(7)
         meta(x.to("meta"))
     except Exception as exc:  # noqa: BLE001
         fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
@@ -147,7 +148,7 @@ def _forward_raises(student: torch.nn.Module, x: torch.Tensor, exercise: str) ->
     """The exception ``student(x)`` raises in ``eval()`` mode, or ``None``."""
     student.eval()
     try:
-        torch.manual_seed(7)
+        manual_seed(7)
         student(x.clone())
     except NotImplementedError:
         fail(exercise, NOT_IMPLEMENTED)

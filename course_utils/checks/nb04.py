@@ -46,6 +46,7 @@ from course_utils.checks.core import (
 )
 from course_utils.checks.core import name_factor
 from course_utils.data import book_batch, book_inputs
+from course_utils.device import manual_seed
 
 __all__ = ["check_causal_mask", "check_causal_attention_weights", "check_CausalAttention"]
 
@@ -131,7 +132,7 @@ def _book_queries_keys() -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``(6, 2)`` of the book's ``SelfAttention_v2(3, 2)`` built after seed 789."""
     def compute() -> tuple[torch.Tensor, torch.Tensor]:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(789)
+            manual_seed(789)
             sa = _expected.reference("SelfAttention_v2")(3, 2)
         x = book_inputs()
         with torch.no_grad():

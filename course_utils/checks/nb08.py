@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import torch
 
 from course_utils import rules
+from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
@@ -924,7 +925,7 @@ def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
         _forward_runs(exercise, cls, config, diagnose)
         finite_then_values(exercise, cls, config, diagnose)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
-        torch.manual_seed(123)
+        manual_seed(123)
         exc = _raises(cls, *build)
         if exc is None:
             fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "

@@ -71,6 +71,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from course_utils.device import manual_seed
+
 #: The folder the kernel writes its outputs to (set by the grader in the sandboxed kernel only).
 DIR_VARIABLE = "COURSE_PROBE_DIR"
 #: The grader's file of judged exercises and their hidden cases (read-only in the kernel).
@@ -581,7 +583,7 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
             counters = [CallCounter(name) for name in count]
             try:
                 getattr(target, p.mode)()
-                torch.manual_seed(7 if p.seed is None else p.seed)
+                manual_seed(7 if p.seed is None else p.seed)
                 with contextlib.ExitStack() as counting:
                     for counter in counters:
                         counting.enter_context(counter)
@@ -1033,7 +1035,7 @@ def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Ses
                     if step.op == "forward":
                         entry.update(mode=step.mode, seed=step.seed, inputs=inputs_of((step.x,), step.kwargs))
                         getattr(module, step.mode)()
-                        torch.manual_seed(7 if step.seed is None else step.seed)
+                        manual_seed(7 if step.seed is None else step.seed)
                         entry["result"] = encode(module(step.x.clone(), **step.kwargs))
                     elif step.op == "call":
                         entry["name"] = step.name

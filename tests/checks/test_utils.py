@@ -23,6 +23,30 @@ def test_asking_for_missing_cuda_is_a_clear_error():
         device.get_device("cuda")
 
 
+
+def test_manual_seed_draws_what_torch_manual_seed_draws():
+    draws = []
+    for seed in (device.manual_seed, torch.manual_seed):
+        seed(123)
+        draws.append((torch.rand(4), torch.nn.Linear(3, 2).weight.detach(), torch.randint(0, 9, (5,))))
+    for ours, torchs in zip(*draws):
+        assert torch.equal(ours, torchs)
+
+
+def test_manual_seed_is_torch_manual_seed_where_an_accelerator_exists(monkeypatch):
+    seeded = []
+    monkeypatch.setattr(torch, "manual_seed", seeded.append)
+    monkeypatch.setattr(device, "_cpu_only", lambda: False)
+    device.manual_seed(5)
+    assert seeded == [5], "with a GPU, its generator must be seeded too"
+    monkeypatch.setattr(device, "_cpu_only", lambda: True)
+    device.manual_seed(6)
+    assert seeded == [5], "the CPU's generator alone, where it is the only one"
+
+
+def test_the_cpu_is_the_only_device_here_unless_torch_sees_another():
+    others = torch.cuda.is_available() or device._mps_available()
+    assert device._cpu_only() is not others
 def test_book_inputs_are_fresh_copies():
     a = data.book_inputs()
     a[0, 0] = 99.0
