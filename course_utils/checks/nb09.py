@@ -71,6 +71,7 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
+from course_utils.device import manual_seed
 
 __all__ = [
     "check_sinusoidal_positions",
@@ -215,7 +216,7 @@ def moves_with_module(exercise: str, student: nn.Module, x: torch.Tensor, where:
     """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
     after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run."""
     student.eval()
-    torch.manual_seed(7)
+    manual_seed(7)
     with torch.no_grad():
         base = student(x)
     s64 = copy.deepcopy(student).to(torch.float64)
@@ -268,7 +269,7 @@ def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context
     else:
         what = f"an input of {T} tokens, one more than context_length = {context_length}"
     try:
-        torch.manual_seed(7)
+        manual_seed(7)
         student(x, **kwargs)
     except NotImplementedError:
         fail(exercise, NOT_IMPLEMENTED)
@@ -788,7 +789,7 @@ def _forward_exists(exercise: str, cls: Callable, build: tuple, idx: torch.Tenso
 def _positions_option(exercise: str, cls: Callable) -> None:
     """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError``."""
     try:
-        torch.manual_seed(0)
+        manual_seed(0)
         cls(11, 8, 2, 1, 6, 0.0, "rotary")
     except ValueError:
         return
@@ -925,7 +926,7 @@ def step_trace(train_step: Callable, spec: dict) -> dict:
     ``{"loss": [...], "grads": [[...], ...], "params": [[...], ...], "names": [...]}`` (the gradients
     the optimizer stepped with, and the parameters after each step; ``None`` for a missing gradient).
     """
-    torch.manual_seed(spec["seed"])
+    manual_seed(spec["seed"])
     model = StandInLM(spec["vocab_size"], spec["d"], spec.get("dropout", 0.0))
     model.train()
     optimizer = OPTIMIZERS[spec["optimizer"]](model.parameters())
@@ -934,7 +935,7 @@ def step_trace(train_step: Callable, spec: dict) -> dict:
     for k in range(spec["steps"]):
         batch = step_batch(spec["b"], spec["T"], spec["vocab_size"], spec["answer_from"], spec["seed"] + 10 * k)
         steps_before = len(optimizer.seen)
-        torch.manual_seed(spec["seed"] + 100 + k)
+        manual_seed(spec["seed"] + 100 + k)
         loss = train_step(model, batch, optimizer)
         trace["returned"].append(_returned(loss))
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -1219,7 +1220,7 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
     Returns ``{"runs": [{"out", "error", "calls"}, ...]}``: the returned tensor (or ``None``), the error
     raised as ``[type name, message]`` (or ``None``), and the model's calls.
     """
-    torch.manual_seed(spec["seed"])
+    manual_seed(spec["seed"])
     model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
     if spec.get("prefill"):
         with torch.no_grad():
@@ -1228,7 +1229,7 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
     for k, (T0, n) in enumerate(spec["runs"]):
         prompt = tokens(spec["b"], T0, spec["vocab_size"], spec["seed"] + 10 + k)
         model.calls = []
-        torch.manual_seed(spec["seed"] + 100 + k)
+        manual_seed(spec["seed"] + 100 + k)
         out, error = None, None
         try:
             result = generate(model, prompt.clone(), n, temperature=spec["temperature"], top_k=spec["top_k"],
