@@ -5,6 +5,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tests.support import other_cpu
 
 _KERNELS: list[Path] = []
@@ -22,3 +24,31 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     for folder in _KERNELS:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+#: Test files that run in one pytest-xdist worker (``make test``: ``--dist loadfile``), because they share
+#: what a process keeps: every solution notebook run in the process (``harness._executed``, 5 to 10 s each)
+#: and the in-process verdicts of every known answer (``harness.test_verdicts``).
+SHARED_WORKER = {
+    "tests/grader_answers/test_judge.py": "known-answers",
+    "tests/grader_answers/test_hidden_tests.py": "known-answers",
+    "tests/checks/test_parity.py": "known-answers",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile`` every test file is one unit of work (a graded class, a JupyterLab, a
+    notebook's kernel under nbval are made once per file), except that the files of
+    :data:`SHARED_WORKER` form one unit together. (``--dist loadgroup`` would need pytest-xdist to rename
+    test ids, which it cannot do under pytest 9.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_WORKER.get(path, path)
+
+    return SharedFileScheduling(config, log)

@@ -29,11 +29,13 @@ def student_edition(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 # `make test` runs pytest on two workers (`-n 2 --dist loadfile --no-loadscope-reorder`). Each test
 # file runs whole on one worker, so its module fixtures (a graded class, a JupyterLab, one notebook's
-# kernel under nbval) are made once, and the longest files start first, so that both workers finish
+# kernel under nbval) are made once (three files that share what a process keeps run together:
+# SHARED_WORKER in conftest.py), and the longest files start first, so that both workers finish
 # at about the same time. `pytest` alone still runs everything, in file order.
 
 #: The longest test files, longest first (measured: `--durations` of a run); the rest follow in order.
 LONGEST_FIRST = [
+    "tests/grader_answers/test_judge.py",  # with test_hidden_tests.py and test_parity.py (conftest.py)
     "tests/grader_messy/test_cheats.py",
     "tests/grader_answers/test_autograde.py",
     "tests/grader_messy/test_grader_e2e.py",
@@ -45,7 +47,6 @@ LONGEST_FIRST = [
     "tests/grader_messy/test_similarity.py",
     "tests/grader_messy/test_gradescope.py",
     "tests/checks/test_capstone.py",
-    "tests/grader_answers/test_judge.py",
     "tests/grader_messy/test_lms.py",
 ]
 

@@ -31,20 +31,33 @@ def test_every_exercise_has_wrong_and_right_answers(notebook):
         assert module.RIGHT.get(exercise), f"{notebook}: no correct alternative for {exercise}"
 
 
+def _first_failure(notebook: str, exercise: str, source: str) -> Exception | None:
+    """What the first failing test cell of the exercise raised with ``source`` as the answer (or the
+    answer cell itself), as a kernel deciding the verdicts shows it; ``None`` if every cell passed."""
+    try:
+        verdicts = harness.test_verdicts(notebook, exercise, str(source))
+    except Exception as exc:  # noqa: BLE001 - the answer cell itself failed
+        return exc
+    assert verdicts, f"{notebook}: no test cells for exercise {exercise!r}"
+    return next((exc for _, exc in verdicts if exc is not None), None)
+
+
 @pytest.mark.parametrize("notebook, exercise, source", list(_cases("WRONG")))
 def test_wrong_answer_is_rejected(notebook, exercise, source, capsys):
-    with pytest.raises(Exception) as info:
-        harness.run_tests_with_answer(notebook, exercise, source)
+    error = _first_failure(notebook, exercise, source)
+    assert error is not None, f"{notebook}: the wrong {exercise} passed every test cell"
     # A self-check failure must explain itself: it names the exercise, and the mistake.
-    if isinstance(info.value, AssertionError):
-        assert exercise in str(info.value), f"message does not name the exercise: {info.value}"
+    if isinstance(error, AssertionError):
+        assert exercise in str(error), f"message does not name the exercise: {error}"
     assert isinstance(source, Wrong), "state the hint its message must contain: wrong(source, hint)"
-    assert source.hint in str(info.value), f"the message does not name the mistake ({source.hint!r}): {info.value}"
+    assert source.hint in str(error), f"the message does not name the mistake ({source.hint!r}): {error}"
 
 
 @pytest.mark.parametrize("notebook, exercise, source", list(_cases("RIGHT")))
 def test_correct_alternative_passes(notebook, exercise, source, capsys):
-    harness.run_tests_with_answer(notebook, exercise, source)
+    error = _first_failure(notebook, exercise, source)
+    if error is not None:
+        raise error
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)

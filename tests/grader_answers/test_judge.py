@@ -164,17 +164,8 @@ def test_every_kind_of_output_replays_to_the_same_verdict(notebook, exercise, so
 
 def _inside(notebook: str, exercise: str, source: str) -> dict[str, tuple[str | None, str]]:
     """test id -> (error name or None, message): each test cell decided in this process, the old way."""
-    base, cells = harness._executed(notebook)
-    namespace = dict(base)
-    harness.run_source(source, namespace, f"{notebook}:{exercise}:answer")
-    found = {}
-    for gid in harness.test_ids_for(exercise, cells, notebook):
-        try:
-            harness.run_source(cells[gid], namespace, f"{notebook}:{gid}")
-            found[gid] = (None, "")
-        except Exception as exc:  # noqa: BLE001 - the verdict
-            found[gid] = (type(exc).__name__, str(exc))
-    return found
+    return {gid: (None, "") if exc is None else (type(exc).__name__, str(exc))
+            for gid, exc in harness.test_verdicts(notebook, exercise, str(source))}
 
 
 def _handed_out(notebook: str, exercise: str, source: str, monkeypatch) -> tuple[judge.HandOff, dict]:

@@ -127,6 +127,31 @@ def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> N
         run_source(cells[gid], namespace, f"{notebook}:{gid}")
 
 
+@functools.lru_cache(maxsize=None)
+def test_verdicts(notebook: str, exercise: str, answer_source: str) -> tuple[tuple[str, Exception | None], ...]:
+    """``(test id, what its cell raised or None)`` for every test cell of the exercise (hidden tests
+    included), each run whatever the cells before it did, with ``answer_source`` in place of the answer:
+    the verdicts as a kernel with the instructor edition decides them. An answer cell that raises
+    raises here.
+
+    Kept for the process: ``tests/grader_answers/test_hidden_tests.py`` (is each wrong answer rejected,
+    each right one passed?) and ``test_judge.py`` (is the verdict outside the kernel's?) ask for the
+    same answers, and ``tests/conftest.py`` runs the two files in one worker, so each answer's test
+    cells run once for both."""
+    base, cells = _executed(notebook)
+    namespace = dict(base)
+    run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
+    found = []
+    for gid in test_ids_for(exercise, cells, notebook):
+        try:
+            run_source(cells[gid], namespace, f"{notebook}:{gid}")
+            found.append((gid, None))
+        except Exception as exc:  # noqa: BLE001 - the verdict
+            exc.__traceback__ = None  # the frames (and their tensors) are not kept
+            found.append((gid, exc))
+    return tuple(found)
+
+
 def read_grading(out: Path) -> tuple[dict, dict]:
     """A grading output folder's ``grades.csv`` rows by ``(student_id, notebook)``, and its
     ``cells.csv`` rows by ``(student_id, notebook)`` then ``grade_id``."""
