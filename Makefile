@@ -1,7 +1,7 @@
 # One command to set up and run the course, one to set up and pass the tests.
 #   make lab        set up .venv on first use, then start JupyterLab in notebooks/ and print its URL
 #                   [PORT=8888]
-#   make test       set up .venv on first use, then every check CI runs
+#   make test       set up .venv on first use, then every check CI runs but the Colab stand-in
 #   make test-colab the Colab stand-in under Python 3.12 and PyPI's torch, as Colab has them (CI runs it
 #                   after make test; downloads about 3 GB into .venv-colab on first use) [COLAB_PY=...]
 #   make test-torch-floor  the Colab stand-in with the oldest torch pyproject.toml admits (2.5.0)
@@ -70,22 +70,25 @@ test-tools:
 	  fi; \
 	fi
 
-# pytest on TEST_WORKERS processes (tests/conftest.py says how files are shared out), each of whose
+# pytest on TEST_WORKERS processes (conftest.py and tests/conftest.py say how files are shared out), each of whose
 # kernels computes on one thread: two processes of two spinning threads each on two cores are slower.
 # The course environment (pip) and the system packages (apt-get) install side by side: one waits on
 # the network and the disk while the other computes.
 # The course's own code is compiled once, before the tests: where PYTHONDONTWRITEBYTECODE is set (as on
 # some CI machines), every kernel and grader process would otherwise compile it anew (about 0.1 s each).
+# The Colab stand-in (tests/release/test_colab.py) runs under Colab's own Python and torch, in make
+# test-colab (CI runs it right after), not a second time here under the course's Python 3.11.
 TEST_WORKERS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j2 setup test-tools
 	@$(BIN)/python -m compileall -q -j 0 course_utils grader scripts tests >/dev/null
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --ignore=tests/release/test_colab.py
 
 # The Colab stand-in (tests/release/test_colab.py) in another environment than the course's, built once:
 #   make test-colab        Colab's Python (3.12) and PyPI's torch 2.13.0, a CUDA build as Colab has
-#                          (about 3 GB); CI runs it after make test, which runs the same tests on 3.11
+#                          (about 3 GB); CI runs it after make test
 #   make test-torch-floor  the oldest torch pyproject.toml admits (2.5.0, with the Triton it brings), on
 #                          the course's Python; the student edition with the solution's answers too
 # Only numpy, matplotlib, tqdm and ipykernel keep the course's pins: torch brings its own Triton, sympy...
