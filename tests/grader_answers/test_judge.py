@@ -1737,8 +1737,8 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
-                                          "generate"}
-        assert not handoff.student_edition  # TransformerBlock and TinyGPT are still checked in the kernel
+                                          "generate", "TransformerBlock", "TinyGPT"}
+        assert handoff.student_edition  # every exercise of 09 is judged outside
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1746,9 +1746,11 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
         got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
             "LearnedPositionalEmbedding")
-        assert [build for build, _ in got] == [build for build, _ in want]
-        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
-                   for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds))
+        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):
+            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
+            assert [build for build, _ in got] == [build for build, _ in want], exercise
+            assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
+                       for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds)), exercise
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
