@@ -527,10 +527,37 @@ def _record_module(exercise: str, cls: Callable, plan: list, configs: Sequence[t
     """The kernel's whole part of the block's or the model's check under the grader: every construction of
     ``plan`` with the test weights loaded (the names of its parameters that appear twice and its
     ``context_length`` too) and its forward passes (``probe.record_module_probes``), then the cached path of
-    every build (:func:`cached_trace`, ``probe.record_runs``). ``attempt``: which of ``check_alone``'s tries."""
+    every build (:func:`cached_trace`, ``probe.record_runs``). ``attempt``: which of ``check_alone``'s tries.
+
+    A build whose passes, or a cached path, this test cell has handed out already for the same try (the hidden
+    cases' call repeats the visible builds) is not made again: the grader looks them up by their inputs, so
+    the first serves both calls."""
+    done = _handed_out_already(exercise, attempt)
+    plan = [(build, probes) for build, probes in plan if not any(
+        build == b and len(probes) == len(ps) and all(p.same(q) for p, q in zip(probes, ps)) for b, ps in done["plan"])]
+    cases = [c for c in _cached_cases(configs) if not any(
+        c.kwargs == d.kwargs and torch.equal(c.args[0], d.args[0]) for d in done["runs"])]
+    done["plan"] += plan
+    done["runs"] += cases
     _probe.record_module_probes(exercise, cls, plan, attempt=attempt, prepare=set_test_weights, within=_one_device,
                                 tied=True, values=("context_length",) if exercise == "TinyGPT" else ())
-    _probe.record_runs(exercise, cls, _cached_cases(configs), _cached_run(exercise), attempt=attempt)
+    _probe.record_runs(exercise, cls, cases, _cached_run(exercise), attempt=attempt)
+
+
+#: What :func:`_record_module` handed out in the test cell running now: (test id, exercise, try) ->
+#: ``{"store": its list of records, "plan": [(build, probes), ...], "runs": [case, ...]}``; a cell run again
+#: (``probe.begin``: a new list of records) starts afresh.
+_HANDED_OUT: dict[tuple[str, str, int | None], dict] = {}
+
+
+def _handed_out_already(exercise: str, attempt: int | None) -> dict:
+    """The builds and cached paths of ``exercise``'s try ``attempt`` handed out in this test cell so far."""
+    test = _probe._current[0]
+    store = _probe._records.get(test)
+    memo = _HANDED_OUT.get((test, exercise, attempt))
+    if memo is None or memo["store"] is not store:
+        memo = _HANDED_OUT[(test, exercise, attempt)] = {"store": store, "plan": [], "runs": []}
+    return memo
 
 
 def _moves_probes(x: torch.Tensor) -> list[_probe.Probe]:
