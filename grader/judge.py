@@ -54,6 +54,11 @@ unmarked record, or one marked otherwise, never stands for either. Its ``MultiHe
 whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
 (``probe.record_sessions``: each construction and every step the check makes on it, in order, with
 the cache's state after each), answered strictly in that order by a :class:`SessionReplay`.
+
+Notebook 09's ``TransformerBlock`` and ``TinyGPT`` are :data:`KEYED` too (their constructions also hand out the
+names under which a parameter appears twice, ``"tied"``, and plain attributes the check reads, ``"values"``), and
+each build's KV-cache path goes out as one trace of plain data (``course_utils.checks.cached``) through
+``probe.record_runs``, which the keyed replay answers by its inputs (:meth:`KeyedModuleReplay.ran`).
 """
 
 from __future__ import annotations
@@ -135,9 +140,8 @@ COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 # Notebook 09, in part: sinusoidal_positions (its odd d_model's call handed out too), train_step (each spec's trace
 # on the check's stand-in model, or what was raised, as plain data: ``probe.record_runs``) and
 # LearnedPositionalEmbedding (KEYED: every construction with the test weights loaded and every forward pass, a
-# ``start=`` among their inputs). TransformerBlock and TinyGPT stay in the kernel: their checks feed a stateful KV
-# cache in pieces, and TinyGPT's check_alone needs the reference's helpers there; so 09's kernel keeps the
-# instructor edition.
+# ``start=`` among their inputs). TransformerBlock and TinyGPT stayed in the kernel at first (their checks feed a
+# stateful KV cache in pieces, and TinyGPT's check_alone needs the reference's helpers): see below.
 JUDGED = JUDGED | frozenset({"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"})  # 09
 # generate too: its check runs it on the check's own stand-in model with a cache (nb09.CachedStandInLM), and each
 # spec's trace (the tokens or what was raised, and the model's calls, per call of generate) goes out as plain data.
@@ -145,8 +149,8 @@ JUDGED = JUDGED | frozenset({"generate"})  # 09
 KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
 # And the block and the model: KEYED (every construction, test weights loaded, with the names under which a parameter
 # appears twice and TinyGPT's context_length, and every forward pass without the cache), and per build the cached
-# path's trace (``nb09.cached_trace``: the pieces fed with use_cache=True, the whole input, the reset, and what the
-# hints read, each on its own copy), as plain data through ``probe.record_runs``, read by the keyed replay's ``ran``.
+# path's trace (``checks.cached.cached_trace``: the pieces fed with use_cache=True, the whole input, the reset, and
+# what the hints read, on a copy), as plain data through ``probe.record_runs``, read by the keyed replay's ``ran``.
 # TinyGPT's tries of check_alone are marked, as GroupedQueryAttention's. So every exercise of 09 is judged outside,
 # and its kernel has the student edition.
 JUDGED = JUDGED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
