@@ -54,6 +54,11 @@ unmarked record, or one marked otherwise, never stands for either. Its ``MultiHe
 whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
 (``probe.record_sessions``: each construction and every step the check makes on it, in order, with
 the cache's state after each), answered strictly in that order by a :class:`SessionReplay`.
+
+Notebook 09's ``TransformerBlock`` and ``TinyGPT`` are :data:`KEYED` too (their constructions also hand out the
+names under which a parameter appears twice, ``"tied"``, and plain attributes the check reads, ``"values"``), and
+each build's KV-cache path goes out as one trace of plain data (``course_utils.checks.cached``) through
+``probe.record_runs``, which the keyed replay answers by its inputs (:meth:`KeyedModuleReplay.ran`).
 """
 
 from __future__ import annotations
@@ -135,14 +140,21 @@ COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
 # Notebook 09, in part: sinusoidal_positions (its odd d_model's call handed out too), train_step (each spec's trace
 # on the check's stand-in model, or what was raised, as plain data: ``probe.record_runs``) and
 # LearnedPositionalEmbedding (KEYED: every construction with the test weights loaded and every forward pass, a
-# ``start=`` among their inputs). TransformerBlock and TinyGPT stay in the kernel: their checks feed a stateful KV
-# cache in pieces, and TinyGPT's check_alone needs the reference's helpers there; so 09's kernel keeps the
-# instructor edition.
+# ``start=`` among their inputs). TransformerBlock and TinyGPT stayed in the kernel at first (their checks feed a
+# stateful KV cache in pieces, and TinyGPT's check_alone needs the reference's helpers): see below.
 JUDGED = JUDGED | frozenset({"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"})  # 09
 # generate too: its check runs it on the check's own stand-in model with a cache (nb09.CachedStandInLM), and each
 # spec's trace (the tokens or what was raised, and the model's calls, per call of generate) goes out as plain data.
 JUDGED = JUDGED | frozenset({"generate"})  # 09
 KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
+# And the block and the model: KEYED (every construction, test weights loaded, with the names under which a parameter
+# appears twice and TinyGPT's context_length, and every forward pass without the cache), and per build the cached
+# path's trace (``checks.cached.cached_trace``: the pieces fed with use_cache=True, the whole input, the reset, and
+# what the hints read, on a copy), as plain data through ``probe.record_runs``, read by the keyed replay's ``ran``.
+# TinyGPT's tries of check_alone are marked, as GroupedQueryAttention's. So every exercise of 09 is judged outside,
+# and its kernel has the student edition.
+JUDGED = JUDGED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
+KEYED = KEYED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
 #: Largest hand-off file of one test cell, bytes.
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
@@ -314,6 +326,8 @@ def _is_name(value: Any) -> bool:
 
 
 def _record_problem(record: Any) -> str | None:
+    from course_utils.checks import probe
+
     if not isinstance(record, dict) or not isinstance(record.get("exercise"), str):
         return "not a record of an exercise"
     if record.get("callable") is False:
@@ -321,10 +335,12 @@ def _record_problem(record: Any) -> str | None:
             else "a non-callable record with other fields"
     if "build" in record:
         return _module_record_problem(record)
-    keys = set(record) - {"exercise", "inputs", "changed_inputs", "after"}
+    keys = set(record) - {"exercise", "inputs", "changed_inputs", "after", "attempt"}
     why = _inputs_problem(record.get("inputs"))
     if why:
         return why
+    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
+        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
     if keys not in ({"result"}, {"error"}):
         return f"expected a result or an error, got fields {sorted(map(str, keys))}"
     changed = record.get("changed_inputs", [])
@@ -403,7 +419,7 @@ def _module_record_problem(record: dict) -> str | None:
     if "module" not in record:
         return _outcome_problem(record)
     module = record["module"]
-    if not (isinstance(module, dict) and set(module) - {"structure"} == {"parameters", "attributes"}):
+    if not (isinstance(module, dict) and set(module) - {"structure", "tied", "values"} == {"parameters", "attributes"}):
         return "a module without its parameters and attributes (and nothing else)"
     if "structure" in module:
         why = _structure_problem(module["structure"], module["parameters"])
@@ -412,6 +428,14 @@ def _module_record_problem(record: dict) -> str | None:
     why = _parameters_problem(module["parameters"])
     if why:
         return why
+    if "tied" in module:
+        why = _tied_problem(module["tied"], module["parameters"])
+        if why:
+            return why
+    if "values" in module:
+        why = _state_problem(module["values"])
+        if why:
+            return f"its plain attributes: {why}"
     kinds = module["attributes"]
     if not (isinstance(kinds, dict) and len(kinds) <= 64 and all(_attribute_name(k) for k in kinds)
             and all(v in probe.KINDS for v in kinds.values())):
@@ -499,6 +523,23 @@ def _session_record_problem(record: dict) -> str | None:
     elif not (type(record.get("child")) is int and 0 <= record["child"] < probe.MAX_SESSIONS):
         return "a copy without the number of its own session"
     return _outcome_problem(record)
+
+
+def _tied_problem(tied: Any, parameters: list) -> str | None:
+    """What is wrong with a module's names of parameters that appear again (``probe.tied_parameters``):
+    each ``[name, earlier]`` must name a handed-out parameter under a new dotted name."""
+    from course_utils.checks import probe
+
+    names = {p[0] for p in parameters}
+    if not (isinstance(tied, list) and len(tied) <= probe.MAX_PARAMETERS):
+        return f"its parameters that appear again are not a list of at most {probe.MAX_PARAMETERS}"
+    seen: set[str] = set()
+    for item in tied:
+        if not (isinstance(item, list) and len(item) == 2 and _watched_name(item[0]) and item[1] in names
+                and item[0] not in names and item[0] not in seen):
+            return "a parameter that appears again is not [a new dotted name, the name of a parameter handed out]"
+        seen.add(item[0])
+    return None
 
 
 def _shape_problem(shape: Any, dtype: Any) -> str | None:
@@ -793,18 +834,10 @@ def _decode(value: dict) -> Any:
 
 def _exception(error: dict) -> Exception:
     """An exception of the recorded type name (a builtin one where that name is one) whose text is
-    the recorded message."""
-    import builtins
+    the recorded message (``probe.error_of``)."""
+    from course_utils.checks import probe
 
-    name, message = error["type"], error["message"]
-    base = getattr(builtins, name, None)
-    if not (isinstance(base, type) and issubclass(base, Exception)):
-        base = Exception
-    try:
-        cls = type(name, (base,), {"__str__": lambda self: message, "__module__": "builtins"})
-        return cls(message)
-    except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
-        return type(name, (Exception,), {"__str__": lambda self: message})(message)
+    return probe.error_of(error["type"], error["message"])
 
 
 def _replayed() -> type:
@@ -948,6 +981,35 @@ def _leave_on_cpu(module: Any, left: set[str]) -> None:
             object.__setattr__(module, name, value.to("meta"))
 
 
+def _settle(module: Any, state: dict, exercise: str) -> None:
+    """Leave in the rebuilt ``module`` (it has ``_course_owner``) the state handed out (``probe.snapshot``:
+    dotted name -> value, whether a buffer and saved in ``state_dict``, or missing); a name that would
+    replace one of its parameters or submodules raises :class:`HandOffFailure`."""
+    import torch
+
+    for path, entry in state.items():
+        try:
+            owner, leaf = module._course_owner(path, create=True)
+        except (KeyError, AttributeError, TypeError):
+            raise HandOffFailure(f"the state handed out for {exercise} names {path[:100]!r}, which is not an "
+                                 f"attribute it can have (the hand-off was changed)") from None
+        if leaf in owner._parameters or leaf in owner._modules:
+            raise HandOffFailure(f"the state handed out for {exercise} replaces its {path[:100]!r} "
+                                 f"(the hand-off was changed)")
+        owner._buffers.pop(leaf, None)
+        owner._non_persistent_buffers_set.discard(leaf)
+        owner.__dict__.pop(leaf, None)
+        if entry.get("missing"):
+            continue
+        value = _decode(entry["value"])
+        if entry["buffer"]:
+            owner._buffers[leaf] = value if isinstance(value, torch.Tensor) else None
+            if not entry["saved"]:
+                owner._non_persistent_buffers_set.add(leaf)
+        else:
+            object.__setattr__(owner, leaf, value)
+
+
 @functools.lru_cache(maxsize=None)
 def _replay_module_class() -> type:
     import torch
@@ -978,6 +1040,12 @@ def _replay_module_class() -> type:
             for child in self._modules.values():  # a layer without a bias has bias None, as nn.Linear's
                 if isinstance(child, torch.nn.Linear) and "bias" not in child._parameters:
                     child.register_parameter("bias", None)
+            built = dict(self.named_parameters())
+            for name, earlier in module.get("tied", []):  # one parameter under a second name, as the kernel's
+                owner, leaf = self._course_owner(name, create=True)
+                if leaf in owner._parameters or leaf in owner._modules:
+                    raise ValueError(f"parameter {name!r} appears twice")
+                owner.register_parameter(leaf, built[earlier])
             structure = module.get("structure")
             object.__setattr__(self, "_course_structure", structure or {})
             object.__setattr__(self, "_course_copy", None)
@@ -995,6 +1063,7 @@ def _replay_module_class() -> type:
                                                                      else "object"}))
             if [n for n, _ in self.named_parameters()] != [n for n, _ in module["parameters"]]:
                 raise ValueError("its parameters do not rebuild in the order handed out")
+            _settle(self, module.get("values", {}), replay.exercise)  # plain attributes the check reads
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self._course_replay.forward(self, args, kwargs)
@@ -1153,6 +1222,22 @@ class KeyedModuleReplay(ModuleReplay):
                 return built
         raise HandOffFailure(f"no construction of {self.exercise} with the arguments the grader gave came back "
                              f"(the kernel stopped before it, or the hand-off was changed)")
+
+    def ran(self, *args: Any, **kwargs: Any) -> Any:
+        """What the kernel's run of the check's own procedure on these inputs gave (``probe.record_runs``:
+        notebook 09's cached path), looked up by its inputs within the try replayed; ``probe.run_or_replay``
+        asks this. One that did not come back raises :class:`HandOffFailure`."""
+        from course_utils.checks import probe
+
+        given = probe.inputs_of(args, kwargs)
+        for record in self.records:
+            if "build" not in record and "inputs" in record and record.get("attempt") == self.attempt \
+                    and same_inputs(record["inputs"], given):
+                if "error" in record:
+                    raise _exception(record["error"])
+                return _decode(record["result"])
+        raise HandOffFailure(f"no output came back for a run of {self.exercise} that the test makes (the kernel "
+                             f"stopped before it, or the hand-off was changed)")
 
     def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
         import torch
@@ -1346,29 +1431,7 @@ class SessionReplay(ModuleReplay):
 
     def settle(self, module: Any, record: dict) -> None:
         """Leave in ``module`` the watched state the kernel's module had after ``record`` (``probe.snapshot``)."""
-        import torch
-
-        for path, entry in record.get("state", {}).items():
-            try:
-                owner, leaf = module._course_owner(path, create=True)
-            except (KeyError, AttributeError, TypeError):
-                raise HandOffFailure(f"the state handed out for {self.exercise} names {path[:100]!r}, which is not an "
-                                     f"attribute it can have (the hand-off was changed)") from None
-            if leaf in owner._parameters or leaf in owner._modules:
-                raise HandOffFailure(f"the state handed out for {self.exercise} replaces its {path[:100]!r} "
-                                     f"(the hand-off was changed)")
-            owner._buffers.pop(leaf, None)
-            owner._non_persistent_buffers_set.discard(leaf)
-            owner.__dict__.pop(leaf, None)
-            if entry.get("missing"):
-                continue
-            value = _decode(entry["value"])
-            if entry["buffer"]:
-                owner._buffers[leaf] = value if isinstance(value, torch.Tensor) else None
-                if not entry["saved"]:
-                    owner._non_persistent_buffers_set.add(leaf)
-            else:
-                object.__setattr__(owner, leaf, value)
+        _settle(module, record.get("state", {}), self.exercise)
 
     def method(self, module: Any, name: str) -> Any:
         """``module.<name>``, a method the kernel's session called (:data:`probe.SESSION_METHODS`): the step

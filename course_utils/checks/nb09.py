@@ -23,13 +23,13 @@ attention, so nothing of an answer) with an optimizer that records the gradients
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
 
-Under the grader (``course_utils.checks.probe``), ``sinusoidal_positions``, ``LearnedPositionalEmbedding``,
-``train_step`` and ``generate`` are judged outside the kernel: the kernel hands out their outputs (the call
-with an odd ``d_model`` too), every construction and forward pass of the positions module with the test
-weights loaded (``start=`` among the inputs), and each spec's trace of ``train_step`` and of ``generate``
-as plain data (:func:`_step_run`, :func:`_generate_run`), and the grader runs these checks on them against
-the reference. ``TransformerBlock`` and ``TinyGPT`` (fed a KV cache in pieces) are still decided in the
-kernel.
+Under the grader (``course_utils.checks.probe``), every exercise here is judged outside the kernel: the
+kernel hands out their outputs (the call with an odd ``d_model`` too), every construction and forward pass
+of the positions module, the block and the model with the test weights loaded (``start=`` among the inputs;
+for the block and the model, the names under which a parameter appears twice and ``context_length`` too:
+:func:`_block_plan`, :func:`_gpt_plan`), each build's cached path as one trace of plain data
+(:mod:`course_utils.checks.cached`), and each spec's trace of ``train_step`` and of ``generate`` (:func:`_step_run`,
+:func:`_generate_run`), and the grader runs these checks on them against the reference.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ import torch.nn as nn
 from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks import probe as _probe
+from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    causal_inputs,
     construct,
     Case,
     CheckFailed,
@@ -290,157 +292,33 @@ def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context
 # ------------------------------------------------------------------------------------------
 # The KV cache path of TransformerBlock and TinyGPT
 # ------------------------------------------------------------------------------------------
-def piece_sizes(T: int) -> list[int]:
-    """How a ``T``-token input is cut for the cached path: a first piece, one token, then the rest."""
-    first = (T + 1) // 2
-    return [n for n in (first, 1, T - first - 1) if n > 0]
+def _cached_case(build: tuple, x: torch.Tensor) -> Case:
+    """The cached path of the module built with ``build`` on ``x``, as a case whose inputs are plain data: what
+    the kernel hands out beside each trace (``probe.record_runs``), and what the replay checks it against."""
+    return Case("the cached path", (x,), {"build": tuple(build)})
 
 
-def _describe_pieces(sizes: Sequence[int]) -> str:
-    return " + ".join(str(n) for n in sizes) + " tokens"
+def _cached_run(exercise: str) -> Callable:
+    """The kernel's run of :func:`cached_trace` for a case of :func:`_cached_case`: the student's class built
+    with the case's arguments, the test weights loaded, in ``eval()`` mode. Under the grader."""
+    def run(cls: Callable, case: Case) -> list:
+        model = construct(cls, case.kwargs["build"])
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{type(model).__name__} is not an nn.Module")
+        return cached_trace(exercise, set_test_weights(model).eval(), case.args[0])
+    return run
 
 
-def _call_cached(exercise: str, model: nn.Module, piece: torch.Tensor, where: str) -> torch.Tensor:
-    """``model(piece, use_cache=True)``, its errors turned into what they mean."""
-    try:
-        with torch.no_grad():
-            out = model(piece.clone(), use_cache=True)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except TypeError as exc:
-        if "use_cache" in str(exc):
-            fail(exercise, f"{where}: calling forward(x, use_cache=True) raised TypeError: {exc}. forward takes "
-                           f"use_cache as its second argument, def forward(self, x, use_cache=False), and hands it on"
-                           f" ({'to every block; nn.Sequential passes one argument only, so loop over self.blocks' if exercise == 'TinyGPT' else 'to self.att'}).")
-        fail(exercise, f"{where}: forward(x, use_cache=True) raised TypeError: {exc}.")
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: forward(x, use_cache=True) raised {type(exc).__name__}: {exc}.")
-    if not isinstance(out, torch.Tensor):
-        fail(exercise, f"{where}: forward(x, use_cache=True) returned {type(out).__name__}, not a tensor.")
-    return out
-
-
-def _reset(exercise: str, model: nn.Module, where: str) -> None:
-    """Empty the caches: ``model.reset_cache()`` for the model, ``model.att.reset_cache()`` for a block."""
-    owner = model if exercise == "TinyGPT" else getattr(model, "att", None)
-    name = "reset_cache()" if exercise == "TinyGPT" else "self.att.reset_cache()"
-    if not callable(getattr(owner, "reset_cache", None)):
-        fail(exercise, f"{where}: {name} is missing: "
-                       + ("write reset_cache(self), which empties every block's cache and sets self.num_cached to 0."
-                          if exercise == "TinyGPT" else
-                          "self.att must be notebook 08's MultiHeadAttentionKVCache (section 0), or an attention "
-                          "with the same forward(x, use_cache=False) and reset_cache()."))
-    try:
-        owner.reset_cache()
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: {name} raised {type(exc).__name__}: {exc}.")
-
-
-def _run_pieces(exercise: str, model: nn.Module, x: torch.Tensor, sizes: Sequence[int], where: str) -> list:
-    """Reset, then feed ``x`` in pieces of ``sizes`` tokens with ``use_cache=True``: the outputs of each."""
-    _reset(exercise, model, where)
-    outs, start = [], 0
-    for n in sizes:
-        outs.append(_call_cached(exercise, model, x[:, start:start + n], where))
-        start += n
-    return outs
-
-
-def _first_bad_piece(want: torch.Tensor, outs: list, sizes: Sequence[int]) -> tuple[int, int, str] | None:
-    """The first piece whose outputs differ from ``want``'s positions: (piece, start, problem)."""
-    start = 0
-    for k, (n, out) in enumerate(zip(sizes, outs)):
-        problem = tensor_difference(want[:, start:start + n], out)
-        if problem:
-            return k, start, problem
-        start += n
-    return None
-
-
-def check_cached_path(exercise: str, model: nn.Module, x: torch.Tensor, want: torch.Tensor, where: str) -> None:
-    """Fed in pieces with ``use_cache=True`` after a reset, ``model`` must give ``want``, the expected outputs
-    of the whole input; again after another reset; and ``forward(x)`` must still read a whole sequence."""
-    model.eval()
-    sizes = piece_sizes(x.shape[1])
-    label = f"{where}, input {describe_shape(x)} fed in pieces of {_describe_pieces(sizes)} with use_cache=True"
-    outs = _run_pieces(exercise, model, x, sizes, label)
-    bad = _first_bad_piece(want, outs, sizes)
-    if bad is not None:
-        k, start, problem = bad
-        n = sizes[k]
-        positions = f"position {start}" if n == 1 else f"positions {start}..{start + n - 1}"
-        message = (f"{label}: piece {k + 1} ({positions}, read after {start} cached tokens) differs from the whole "
-                   f"input's outputs: {problem}")
-        fail(exercise, message.rstrip(".") + ". " + _cached_hint(exercise, model, x, sizes, k, start))
-    if exercise == "TinyGPT":
-        cached = getattr(model, "num_cached", None)
-        if cached != x.shape[1]:
-            fail(exercise, f"{label}: afterwards model.num_cached is {cached!r}, expected {x.shape[1]}: set "
-                           f"self.num_cached = start + T at the end of every use_cache=True call.")
-    with torch.no_grad():
-        whole = call_student(exercise, model, Case("the whole input, after the cached pieces", (x.clone(),)))
-    problem = tensor_difference(want, whole)
-    if problem:
-        fail(exercise, f"{where}: after the cached pieces, forward(x) (use_cache=False) no longer gives the whole "
-                       f"input's outputs: {problem} Without use_cache, read x as a whole sequence from position 0 "
-                       f"and leave the cache alone.")
-    reset_hint = ("reset_cache() must empty every cache" + (" and set self.num_cached back to 0." if exercise == "TinyGPT"
-                                                             else "."))
-    reset = "reset_cache()" if exercise == "TinyGPT" else "self.att.reset_cache()"
-    try:
-        again = _run_pieces(exercise, model, x, sizes, label)
-    except CheckFailed:
-        fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces raise an "
-                       f"error (the positions run past context_length, or a cache is still full): {reset_hint}")
-    if _first_bad_piece(want, again, sizes) is not None:
-        fail(exercise, f"{label}: the first time the outputs were right, but after {reset} the same pieces give other "
-                       f"outputs: {reset_hint}")
-    if exercise == "TinyGPT" and getattr(model, "num_cached", None) is not None:
-        _reset(exercise, model, label)
-        if model.num_cached != 0:
-            fail(exercise, f"{label}: after reset_cache(), model.num_cached is {model.num_cached!r}: set it back to 0.")
-
-
-def _cached_hint(exercise: str, model: nn.Module, x: torch.Tensor, sizes: Sequence[int], k: int, start: int) -> str:
-    """Why piece ``k`` of the cached path is wrong, from the student's own model (answer-free)."""
-    if k == 0:
-        return ("With an empty cache, forward(x, use_cache=True) must give the same outputs as forward(x): the "
-                "cache only changes what LATER calls see.")
-    attentions = [block.att for block in getattr(model, "blocks", [])] if exercise == "TinyGPT" else [
-        getattr(model, "att", None)]
-    if attentions and all(hasattr(att, "cache_k") and att.cache_k is None for att in attentions):
-        return ("After the use_cache=True calls every attention's cache is still empty (cache_k is None): the cache is "
-                "not used. " + ("Pass use_cache on to every block (nn.Sequential passes one argument only: for block "
-                                "in self.blocks: x = block(x, use_cache=use_cache))." if exercise == "TinyGPT" else
-                                "Hand use_cache on to the attention: self.att(self.norm1(x), use_cache=use_cache)."))
-    piece = x[:, start:start + sizes[k]]
-    with torch.no_grad():
-        try:
-            alone = model(piece.clone())
-        except Exception:  # noqa: BLE001 - no hint from this symptom
-            alone = None
-    if isinstance(alone, torch.Tensor) and tensor_difference(alone, _run_pieces(exercise, model, x, sizes, "")[k]) is None:
-        if exercise == "TinyGPT":
-            return ("These outputs are those of the piece read as a new sequence: the cache is not used. Pass "
-                    "use_cache on to every block (nn.Sequential passes one argument only: for block in "
-                    "self.blocks: x = block(x, use_cache=use_cache)), and start the positions at self.num_cached.")
-        return ("These outputs are those of the piece read as a new sequence: the cache is not used. Hand use_cache "
-                "on to the attention: self.att(self.norm1(x), use_cache=use_cache).")
-    if exercise == "TinyGPT" and isinstance(getattr(model, "pos_emb", None), nn.Module):
-        blind = copy.deepcopy(model)
-        with torch.no_grad():
-            for tensor in list(blind.pos_emb.parameters()) + list(blind.pos_emb.buffers()):
-                tensor.zero_()  # no positions at all: only their offset can differ now
-            whole = blind(x.clone())
-        outs = _run_pieces(exercise, blind, x, sizes, "")
-        if _first_bad_piece(whole, outs, sizes) is None:
-            return (f"Without position vectors the pieces agree, so the positions are wrong: the tokens of a "
-                    f"use_cache=True call continue the sequence, so their positions start at the number of tokens "
-                    f"already cached ({start} here): self.pos_emb(..., start=self.num_cached), and "
-                    f"self.num_cached grows by T after each call.")
-    return ""
+def _trace_of(exercise: str, cls: Callable, model: nn.Module, build: tuple, x: torch.Tensor) -> list:
+    """:func:`cached_trace` of ``model``, or in the grader's replay what the kernel handed out for ``build`` and
+    ``x``, refused (``probe.ReplayMiss``) unless it has the trace's form."""
+    if not isinstance(cls, _probe.Replayed):
+        return cached_trace(exercise, model, x)
+    found = _probe.run_or_replay(cls, _cached_case(build, x), _cached_run(exercise))
+    if not trace_has_form(found, len(piece_sizes(x.shape[1]))):
+        raise _probe.ReplayMiss(f"what came back from {exercise}'s cached path is not the trace of its pieces, the "
+                                f"whole input and the hints' passes: the hand-off was changed")
+    return found
 
 
 # ------------------------------------------------------------------------------------------
@@ -620,6 +498,11 @@ def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> 
         ((8, 2, 6, 0.25), [Case("(2, 6, 8) with dropout 0.25", (rand(2, 6, 8, seed=9023, low=-2, high=2),))]),
         ((12, 3, 5, 0.0), [Case("(3, 5, 12), three heads", (rand(3, 5, 12, seed=9024, low=-2, high=2),))]),
     ] + extra
+    x = rand(2, 6, 8, seed=9021, low=-2, high=2)
+    moved = rand(2, 4, 8, seed=9026)
+    if _probe.active(exercise):  # under the grader: every construction, forward pass and cached path, judged outside
+        _record_module(exercise, cls, _block_plan(configs, x, moved), configs)
+        return
     require_callable(exercise, cls)
     check_rules(exercise, cls)
     for build, _ in configs:
@@ -627,17 +510,97 @@ def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> 
         _shape_check(exercise, cls, build, _block_shapes)
     diagnose = _block_diagnose(exercise, cls)
     first = student_with_test_weights(exercise, cls, (8, 2, 6, 0.0))
-    x = rand(2, 6, 8, seed=9021, low=-2, high=2)
     modules.check_finite(exercise, first, x, "built with (8, 2, 6, 0.0)")
     count = compare_modules(exercise, cls, configs, diagnose=diagnose)
     modules.check_causal_module(exercise, first, x)
     dropped = student_with_test_weights(exercise, cls, (8, 2, 6, 0.25))
     modules.check_dropout_modes(exercise, dropped, x, "built with (8, 2, 6, 0.25)")
-    moves_with_module(exercise, first, rand(2, 4, 8, seed=9026), "built with (8, 2, 6, 0.0)")
+    moves_with_module(exercise, first, moved, "built with (8, 2, 6, 0.0)")
     _cached_configs(exercise, cls, configs)
     passed(exercise, f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
                      f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
                      f"gives the whole input's outputs")
+
+
+def _record_module(exercise: str, cls: Callable, plan: list, configs: Sequence[tuple[tuple, Sequence[Case]]],
+                   attempt: int | None = None) -> None:
+    """The kernel's whole part of the block's or the model's check under the grader: every construction of
+    ``plan`` with the test weights loaded (the names of its parameters that appear twice and its
+    ``context_length`` too) and its forward passes (``probe.record_module_probes``), then the cached path of
+    every build (:func:`cached_trace`, ``probe.record_runs``). ``attempt``: which of ``check_alone``'s tries.
+
+    A build whose passes, or a cached path, this test cell has handed out already for the same try (the hidden
+    cases' call repeats the visible builds) is not made again: the grader looks them up by their inputs, so
+    the first serves both calls."""
+    done = _handed_out_already(exercise, attempt)
+    plan = [(build, probes) for build, probes in plan if not any(
+        build == b and len(probes) == len(ps) and all(p.same(q) for p, q in zip(probes, ps)) for b, ps in done["plan"])]
+    cases = [c for c in _cached_cases(configs) if not any(
+        c.kwargs == d.kwargs and torch.equal(c.args[0], d.args[0]) for d in done["runs"])]
+    done["plan"] += plan
+    done["runs"] += cases
+    _probe.record_module_probes(exercise, cls, plan, attempt=attempt, prepare=set_test_weights, within=_one_device,
+                                tied=True, values=("context_length",) if exercise == "TinyGPT" else ())
+    _probe.record_runs(exercise, cls, cases, _cached_run(exercise), attempt=attempt)
+
+
+#: What :func:`_record_module` handed out in the test cell running now: (test id, exercise, try) ->
+#: ``{"store": its list of records, "plan": [(build, probes), ...], "runs": [case, ...]}``; a cell run again
+#: (``probe.begin``: a new list of records) starts afresh.
+_HANDED_OUT: dict[tuple[str, str, int | None], dict] = {}
+
+
+def _handed_out_already(exercise: str, attempt: int | None) -> dict:
+    """The builds and cached paths of ``exercise``'s try ``attempt`` handed out in this test cell so far."""
+    test = _probe._current[0]
+    store = _probe._records.get(test)
+    memo = _HANDED_OUT.get((test, exercise, attempt))
+    if memo is None or memo["store"] is not store:
+        memo = _HANDED_OUT[(test, exercise, attempt)] = {"store": store, "plan": [], "runs": []}
+    return memo
+
+
+def _moves_probes(x: torch.Tensor) -> list[_probe.Probe]:
+    """The forward passes :func:`moves_with_module` makes on ``x``: as built, of a float64 copy, of a meta copy."""
+    x64 = x.to(torch.float64) if x.is_floating_point() else x
+    return [_probe.Probe("eval", 7, x), _probe.Probe("eval", 7, x64, "float64"),
+            _probe.Probe("eval", 7, x.to("meta"), "meta")]
+
+
+def _compared_probes(plan: modules.ProbePlan, configs: Sequence[tuple[tuple, Sequence[Case]]],
+                     causal: Callable[[torch.Tensor], list[torch.Tensor]]) -> None:
+    """:func:`compare_modules`' passes (``eval()``, and ``train()`` where the build's dropout is positive, under
+    seed 7) and, per case, what its causality diagnosis runs in ``eval()`` (``causal(x)``: the inputs, no seed)."""
+    for build, cases in configs:
+        dropout = next((a for a in build if isinstance(a, float)), 0.0)
+        plan.add(build, *[_probe.Probe(mode, 7, case.args[0]) for mode in ("eval", "train")[:1 + (dropout > 0)]
+                          for case in cases])
+        plan.add(build, *[_probe.Probe("eval", None, v) for case in cases for v in causal(case.args[0])])
+
+
+def _dropout_probes(x: torch.Tensor) -> list[_probe.Probe]:
+    """The passes ``modules.check_dropout_modes`` makes on ``x``."""
+    return [_probe.Probe(mode, seed, x) for mode in ("eval", "train") for seed in (1, 2)]
+
+
+def _block_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], x: torch.Tensor,
+                moved: torch.Tensor) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every construction and forward pass :func:`check_TransformerBlock` makes (``(8, 2, 6, 0.0)``: the finite
+    pass, causality and the moved copies; ``(8, 2, 6, 0.25)``: dropout's modes), its diagnoses' too."""
+    plan = modules.ProbePlan()
+    for build, _ in configs:
+        plan.add(build)
+    first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
+    plan.add(first, _probe.Probe("eval", 7, x))
+
+    def causal(v: torch.Tensor) -> list[torch.Tensor]:
+        return [v, *causal_inputs(v)] if v.dim() == 3 and v.shape[1] > 1 else []
+
+    _compared_probes(plan, configs, causal)
+    plan.add(first, *modules.causal_probes(x))
+    plan.add(dropped, *_dropout_probes(x))
+    plan.add(first, *_moves_probes(moved))
+    return plan.items()
 
 
 # ------------------------------------------------------------------------------------------
@@ -748,17 +711,26 @@ def construct_copy(exercise: str, cls: Callable, build: tuple) -> nn.Module:
     return student_with_test_weights(exercise, cls, build).eval()
 
 
+def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
+    """The ids :func:`_causal_problem` gives after ``idx`` (``(b, T)``): for each position ``t`` but the last,
+    ``idx`` with the tokens after ``t`` changed to other ids of the same vocabulary."""
+    vocab_size = int(idx.max()) + 1
+    found = []
+    for t in range(idx.shape[1] - 1):
+        changed = idx.clone()
+        changed[:, t + 1:] = (changed[:, t + 1:] + 1 + tokens(*changed[:, t + 1:].shape, max(vocab_size - 1, 1),
+                                                                seed=9090 + t)) % vocab_size
+        found.append(changed)
+    return found
+
+
 def _causal_problem(exercise: str, model: nn.Module, idx: torch.Tensor) -> str | None:
     """Where the logits at some position change when only later tokens change, or ``None``."""
     model.eval()
-    vocab_size = int(idx.max()) + 1
     with torch.no_grad():
         base = call_student(exercise, model, Case("causality", (idx.clone(),)))
         T = idx.shape[1]
-        for t in range(T - 1):
-            changed = idx.clone()
-            changed[:, t + 1:] = (changed[:, t + 1:] + 1 + tokens(*changed[:, t + 1:].shape, max(vocab_size - 1, 1),
-                                                                    seed=9090 + t)) % vocab_size
+        for t, changed in enumerate(_gpt_causal_inputs(idx)):
             out = call_student(exercise, model, Case("causality", (changed,)))
             if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
                 return None
@@ -790,7 +762,7 @@ def _positions_option(exercise: str, cls: Callable) -> None:
     """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError``."""
     try:
         manual_seed(0)
-        cls(11, 8, 2, 1, 6, 0.0, "rotary")
+        cls(*_ROTARY)
     except ValueError:
         return
     except NotImplementedError:
@@ -812,28 +784,76 @@ def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
     versions are put back afterwards. In the student edition a failure that comes from one of them is
     named as such.
     """
-    modules.check_alone("TinyGPT", TinyGPT, _gpt_helpers(), lambda: _check_gpt(TinyGPT, hidden))
+    exercise, cls = "TinyGPT", TinyGPT
+    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
+        configs = _gpt_configs(hidden)
+        plan = _gpt_plan(configs)
+        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _record_module(exercise, cls, plan, configs, 1))
+        _record_module(exercise, cls, plan, configs, 2)  # the student's own helpers
+        return
+    if isinstance(cls, _probe.Replayed):  # the grader's replay of those tries (a keyed replay)
+        from course_utils.checks.nb08 import _alone_keyed
+
+        _alone_keyed(cls, lambda: _check_gpt(cls, hidden))
+    else:
+        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _check_gpt(cls, hidden))
 
 
 def _cached_configs(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
-    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode."""
+    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode (under the
+    grader, judged outside on the trace the kernel handed out, :func:`_trace_of`)."""
     for build, cases in configs:
         case = cases[0]
         model = student_with_test_weights(exercise, cls, build).eval()
         want = expected_output(exercise, Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
-        check_cached_path(exercise, model, case.args[0], want, f"built with {build}")
+        trace = _trace_of(exercise, cls, model, build, case.args[0])
+        check_cached_path(exercise, trace, case.args[0], want, f"built with {build}")
 
 
-def _check_gpt(cls: Callable, hidden: bool) -> None:
-    exercise = "TinyGPT"
-    extra = hidden_cases(exercise) if hidden else []
-    configs = [
+def _cached_cases(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[Case]:
+    """The runs of :func:`_cached_configs`, one per build (:func:`_cached_case`): what the kernel hands out."""
+    return [_cached_case(build, cases[0].args[0]) for build, cases in configs]
+
+
+def _gpt_configs(hidden: bool) -> list[tuple[tuple, list[Case]]]:
+    """The builds and cases :func:`_check_gpt` compares (the hidden ones after the visible)."""
+    extra = hidden_cases("TinyGPT") if hidden else []
+    return [
         ((11, 8, 2, 2, 6, 0.0), [Case("ids (2, 6), T = context_length", (tokens(2, 6, 11, seed=9031),)),
                                  Case("ids (3, 4), T < context_length", (tokens(3, 4, 11, seed=9032),))]),
         ((11, 8, 2, 2, 6, 0.2), [Case("ids (2, 6) with dropout 0.2", (tokens(2, 6, 11, seed=9033),))]),
         ((7, 12, 3, 1, 5, 0.0), [Case("one block of three heads, ids (2, 5)", (tokens(2, 5, 7, seed=9034),))]),
         ((11, 8, 2, 2, 6, 0.0, "sinusoidal"), [Case("positions='sinusoidal', ids (2, 5)", (tokens(2, 5, 11, seed=9038),))]),
     ] + extra
+
+
+#: The construction :func:`_positions_option` makes, which must raise a ``ValueError``.
+_ROTARY = (11, 8, 2, 1, 6, 0.0, "rotary")
+
+
+def _gpt_plan(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[tuple[tuple, list[_probe.Probe]]]:
+    """Every construction and forward pass :func:`_check_gpt` makes (``(11, 8, 2, 2, 6, 0.0)``: the pass without
+    test weights of :func:`_forward_exists`, the leak check, the too-long input and the moved copies;
+    ``(11, 8, 2, 2, 6, 0.2)``: dropout's modes; :data:`_ROTARY`, built only), its diagnoses' too. The kernel
+    loads the test weights into every construction, the one :func:`_forward_exists` runs too: that pass only
+    tells a ``NotImplementedError`` of a module without ``forward``."""
+    plan = modules.ProbePlan()
+    for build, _ in configs:
+        plan.add(build)
+    first, dropped = (11, 8, 2, 2, 6, 0.0), (11, 8, 2, 2, 6, 0.2)
+    plan.add(first, _probe.Probe("eval", None, configs[0][1][0].args[0]))
+    _compared_probes(plan, configs, lambda idx: [idx, *_gpt_causal_inputs(idx)])
+    leak = tokens(2, 6, 11, seed=9035)
+    plan.add(first, *[_probe.Probe("eval", None, v) for v in (leak, *_gpt_causal_inputs(leak))])
+    plan.add(dropped, *_dropout_probes(tokens(2, 6, 11, seed=9033)))
+    plan.add(first, _probe.Probe("eval", 7, tokens(1, 7, 11, seed=9036)), *_moves_probes(tokens(2, 4, 11, seed=9037)))
+    plan.add(_ROTARY)
+    return plan.items()
+
+
+def _check_gpt(cls: Callable, hidden: bool) -> None:
+    exercise = "TinyGPT"
+    configs = _gpt_configs(hidden)
     require_callable(exercise, cls)
     check_rules(exercise, cls)
     for build, _ in configs:

@@ -303,6 +303,22 @@ def parameters_of(module: torch.nn.Module) -> list[list]:
     return found
 
 
+def tied_parameters(module: torch.nn.Module) -> list[list[str]]:
+    """``[[name, earlier], ...]``: each name under which a parameter of ``module`` appears again, beside the
+    name it first appeared under, in ``named_parameters(remove_duplicate=False)`` order (one module used
+    twice, ``[Block()] * n``; a head tied to an embedding). :func:`parameters_of` names each parameter once."""
+    first: dict[int, str] = {}
+    found = []
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            found.append([name, first[id(parameter)]])
+        else:
+            first[id(parameter)] = name
+        if len(found) > MAX_PARAMETERS:  # the grader refuses it; no need to look further
+            break
+    return found
+
+
 def kind_of(value: Any) -> str:
     """What an attribute of a module is, as one of :data:`KINDS` (a name, never a class)."""
     if isinstance(value, torch.nn.Parameter):
@@ -538,7 +554,8 @@ def left_behind(meta: torch.nn.Module) -> list[list[str]]:
 def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tuple[tuple, Sequence[Probe]]],
                          count: Sequence[str] = (), attempt: int | None = None,
                          prepare: Callable[[torch.nn.Module], Any] | None = None,
-                         within: Callable[[Probe], Any] | None = None) -> None:
+                         within: Callable[[Probe], Any] | None = None, tied: bool = False,
+                         values: Sequence[str] = ()) -> None:
     """Build the student's module for every ``(constructor_args, probes)`` of ``plan`` and hand out
     what a module check reads of it: the construction (as :func:`record_module`, with its
     :func:`structure_of`), then each :class:`Probe`'s forward pass, ``{"exercise", "build", "mode",
@@ -556,7 +573,11 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
     construction is handed out, before its forward passes (notebook 09 loads its test weights; a
     module it raises for runs none). ``within(probe)``: a context each forward pass runs in (notebook
     09 runs a meta copy's under its ``OneDevice`` mode, as its check does). A probe's ``kwargs`` go to
-    the forward pass and out with its inputs. Never compares.
+    the forward pass and out with its inputs. ``tied``: the construction also hands out the names under
+    which a parameter appears again (``"tied"``, :func:`tied_parameters`), so the module rebuilt outside
+    shares them as the kernel's did (notebook 09's check names ``[Block()] * n``). ``values``: plain
+    attributes the check reads (notebook 09's ``context_length``), handed out as :func:`snapshot` does
+    (``"values"``), after ``prepare``. Never compares.
     """
     import copy as _copy
 
@@ -564,11 +585,16 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
     if store is None:
         return
     label = _label(student_cls)
+
+    def describe(m: torch.nn.Module) -> dict:
+        found = {"parameters": parameters_of(m), "attributes": {}, "structure": structure_of(m)}
+        if tied:
+            found["tied"] = tied_parameters(m)
+        return found
+
     for build, probes in plan:
         build_inputs = inputs_of(build, {})
-        module = _record_construction(store, exercise, student_cls, build, build_inputs, label,
-                                      lambda m: {"parameters": parameters_of(m), "attributes": {},
-                                                 "structure": structure_of(m)})
+        module = _record_construction(store, exercise, student_cls, build, build_inputs, label, describe)
         if attempt is not None:
             store[-1]["attempt"] = attempt
         if module is None:
@@ -579,6 +605,8 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                 prepare(module)
             except Exception:  # noqa: BLE001 - the check refuses such a module before any forward pass
                 continue
+        if values:
+            store[-1]["module"]["values"] = snapshot(module, values)
         copies: dict[str, Any] = {}
         for p in probes:
             forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
@@ -708,7 +736,8 @@ class Replayed:
     and asks a stand-in for that instead of running it (:func:`run_or_replay`)."""
 
 
-def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable[[Any, Any], Any]) -> None:
+def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable[[Any, Any], Any],
+                attempt: int | None = None) -> None:
     """Hand out ``run(student, case)`` for every case (the kernel's part of a check that runs the
     student's code its own way, e.g. on a simulated device): what ``run`` returns (plain data: what
     the student's code gave, and what the check observed of it) or raises. Never compares.
@@ -716,13 +745,17 @@ def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable
     Each record is ``{"exercise", "inputs": inputs_of(case.args, case.kwargs), "result" | "error"}``,
     as :func:`record` writes them, so the grader replays them the same way: its stand-in for the
     student's code, called with a case's arguments, checks them and returns (or raises) what ``run``
-    did in the kernel (:func:`run_or_replay`).
+    did in the kernel (:func:`run_or_replay`). ``attempt`` (:data:`ATTEMPTS`): which of
+    ``modules.check_alone``'s tries these runs are, written on each record, as for :func:`record_module_probes`
+    (a module class's runs: notebook 09's cached path, read outside by its keyed replay's ``ran``).
     """
     store = _start(exercise, student)
     if store is None:
         return
     for case in cases:
         entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}
+        if attempt is not None:
+            entry["attempt"] = attempt
         try:
             entry["result"] = encode(run(student, case))
         except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
@@ -734,10 +767,26 @@ def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable
 def run_or_replay(student: Any, case: Any, run: Callable[[Any, Any], Any]) -> Any:
     """``run(student, case)``; in the grader's replay (``student`` is a :class:`Replayed`), what the
     kernel's ``run`` handed out for the same case (:func:`record_runs`), which is untrusted: the check
-    must refuse a malformed one with :class:`ReplayMiss`."""
+    must refuse a malformed one with :class:`ReplayMiss`. A module class's replay answers through its
+    ``ran`` (its call builds a module)."""
     if isinstance(student, Replayed):
-        return student(*case.args, **case.kwargs)
+        return getattr(student, "ran", student)(*case.args, **case.kwargs)
     return run(student, case)
+
+
+def error_of(kind: str, message: str) -> Exception:
+    """An exception whose type is named ``kind`` (a subclass of the builtin of that name where there is one)
+    and whose text is ``message``: an error handed out as plain data, raised again (the grader's replay, and
+    a check that judges a trace of plain data)."""
+    import builtins
+
+    base = getattr(builtins, kind, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = Exception
+    try:
+        return type(kind, (base,), {"__str__": lambda self: message, "__module__": "builtins"})(message)
+    except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
+        return type(kind, (Exception,), {"__str__": lambda self: message})(message)
 
 
 def _save(test_id: str) -> None:

@@ -1728,8 +1728,8 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
-                                          "generate"}
-        assert not handoff.student_edition  # TransformerBlock and TinyGPT are still checked in the kernel
+                                          "generate", "TransformerBlock", "TinyGPT"}
+        assert handoff.student_edition  # every exercise of 09 is judged outside
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1737,9 +1737,11 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
         got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
             "LearnedPositionalEmbedding")
-        assert [build for build, _ in got] == [build for build, _ in want]
-        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
-                   for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds))
+        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):
+            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
+            assert [build for build, _ in got] == [build for build, _ in want], exercise
+            assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
+                       for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds)), exercise
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1791,3 +1793,143 @@ def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, 
         verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
         assert verdict.ename == judge.HANDOFF_ERROR and "what came back from generate" in verdict.evalue, \
             (forge, verdict.evalue)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 09's TransformerBlock and TinyGPT: keyed (test weights, tied parameters, context_length), their cached
+# paths handed out as traces of plain data (nb09.cached_trace), read by the keyed replay's ran()
+# --------------------------------------------------------------------------------------------
+BLOCK_TEST, GPT_TEST = "test_TransformerBlock", "test_TinyGPT"
+
+
+@pytest.fixture(scope="module")
+def honest_block():
+    """What an honest TransformerBlock hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB09, "TransformerBlock", _NB09._BLOCK, BLOCK_TEST)
+
+
+@pytest.fixture(scope="module")
+def honest_gpt():
+    """What an honest TinyGPT (built on the notebook's block and positions) hands out: ``(records, sources)``."""
+    yield from _honest(NB09, "TinyGPT", _NB09._GPT, GPT_TEST)
+
+
+def _runs(records: list[dict]) -> list[dict]:
+    """The cached paths' traces handed out (``probe.record_runs``): the records of no construction."""
+    return [r for r in records if "build" not in r and "inputs" in r]
+
+
+def _trace(record: dict) -> list[dict]:
+    """The parts of a handed-out trace, encoded: ``[first, num_cached, whole, again, end, hints]``."""
+    return record["result"]["items"]
+
+
+def test_an_honest_block_hand_off_passes_and_its_cached_path_is_judged_outside(tmp_path, honest_block):
+    """Each build's cached path comes back as one trace of plain data beside its constructions and passes; a forged
+    piece fails as the kernel's check would, with its hint read from the trace; pieces swapped fail; a trace left
+    out, or one without its form, scores 0."""
+    records, sources = honest_block
+    runs = _runs(records)
+    assert len(runs) == 3 + 2 and all(len(_trace(r)) == 6 for r in runs)  # the visible builds, then the hidden (the
+    # hidden cases' call makes no build or pass the visible cases' call handed out already)
+    first = _trace(runs[0])[0]["items"]
+    assert [i["kind"] for i in first] == ["text", "tensor", "tensor", "tensor"] and first[0]["value"] == "ok"
+    assert list(first[2]["value"].shape) == [2, 1, 8]  # pieces of 3 + 1 + 2 tokens of the (2, 6, 8) input
+    assert not any(r["module"].get("tied") for r in records if "module" in r)
+    assert sum(len(r["result"]["items"]) for r in runs) < 100 and len(records) < judge.MAX_RECORDS
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, records, sources)
+    assert verdict.ename is None and "fed in pieces with use_cache=True" in verdict.text, verdict.evalue
+    forged = _copy(records)
+    for run in _runs(forged):
+        pieces = _trace(run)[0]["items"]
+        pieces[2]["value"] = pieces[2]["value"] + 1
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "piece 2 (position 3, read after 3 cached tokens)" in verdict.evalue, \
+        verdict.evalue
+    swapped = _copy(records)
+    for run in _runs(swapped):
+        pieces = _trace(run)[0]["items"]
+        pieces[1], pieces[3] = pieces[3], pieces[1]
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, swapped, sources)
+    assert verdict.ename == "CheckFailed" and "piece 1 (positions 0..2" in verdict.evalue, verdict.evalue
+    gone = [r for r in _copy(records) if r not in _runs([r]) or not judge.same_inputs(r["inputs"], runs[0]["inputs"])]
+    assert len(gone) == len(records) - 1
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, gone, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TransformerBlock" in \
+        verdict.evalue, verdict.evalue
+    for forge in ("a piece as a number", "a piece too many", "a trace cut short"):
+        malformed = _copy(records)
+        trace = _trace(_runs(malformed)[0])
+        if forge == "a piece as a number":
+            trace[0]["items"][1] = {"kind": "number", "type": "float", "value": 1.0}
+        elif forge == "a piece too many":
+            trace[0]["items"].append(trace[0]["items"][1])
+        else:
+            trace.pop()
+        verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, malformed, sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "is not the trace of its pieces" in verdict.evalue, \
+            (forge, verdict.evalue)
+
+
+def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest_gpt):
+    """Both of check_alone's tries come back, each marked; a model said to lack context_length, to count no cached
+    tokens, or to share its blocks' weights fails as the kernel's check would; unmarked runs scores 0, a malformed
+    try, tied name or plain attribute is refused; from a student-edition kernel the second try alone passes."""
+    records, sources = honest_gpt
+    assert {r.get("attempt") for r in records} == {1, 2}
+    built = [r for r in records if "module" in r]
+    assert all(r["module"]["values"]["context_length"]["value"]["value"] == r["build"]["args"]["items"][4]["value"]
+               for r in built if r["build"]["args"]["items"][6:7] != [{"kind": "text", "value": "rotary"}])
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, records, sources)
+    assert verdict.ename is None and "reset_cache() starts a new one" in verdict.text, verdict.evalue
+    second = [r for r in _copy(records) if r.get("attempt") == 2]
+    _write(tmp_path, {"format": probe.FORMAT, "test": GPT_TEST, "records": second, "sources": sources}, f"{GPT_TEST}.pt")
+    verdict = judge.judge_handed_out(tmp_path, NB09, GPT_TEST, {}, first_tries=False)
+    assert verdict.ename is None, verdict.evalue  # a student-edition kernel's hand-off: the second try alone
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, second, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
+    forged = _copy(records)
+    for r in forged:
+        if "module" in r:
+            r["module"]["values"]["context_length"] = {"missing": True}
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "keep self.context_length = context_length" in verdict.evalue, \
+        verdict.evalue
+    forged = _copy(records)
+    for run in _runs(forged):
+        _trace(run)[1] = {"kind": "number", "type": "int", "value": 0}
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "model.num_cached is 0, expected 6" in verdict.evalue, verdict.evalue
+    forged = _copy(records)  # the second block's parameters said to be the first's: one set of weights
+    for r in forged:
+        if "module" in r and r["build"]["args"]["items"][3]["value"] == 2:
+            params = r["module"]["parameters"]
+            later = [p for p in params if p[0].startswith("blocks.1.")]
+            r["module"]["parameters"] = [p for p in params if not p[0].startswith("blocks.1.")]
+            r["module"]["tied"] = [[name, "blocks.0." + name.removeprefix("blocks.1.")] for name, _ in later]
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
+    assert verdict.ename == "CheckFailed" and "blocks[0] and blocks[1] share one set of weights" in verdict.evalue, \
+        verdict.evalue
+    unmarked = [r for r in _copy(records) if not (r.get("attempt") == 1 and "build" not in r)]
+    for r in unmarked:
+        if "build" not in r:
+            r.pop("attempt", None)  # runs of no try never stand for the first try's
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, unmarked, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TinyGPT" in verdict.evalue, \
+        verdict.evalue
+    for forge, words in (("a try of 3", "a try of check_alone other than"),
+                         ("a tied name of no parameter", "appears again is not"),
+                         ("a tied name that is a parameter", "appears again is not"),
+                         ("a private value", "attribute names")):
+        malformed = _copy(records)
+        construction = next(r for r in malformed if "module" in r)
+        if forge == "a try of 3":
+            _runs(malformed)[0]["attempt"] = 3
+        elif forge == "a tied name of no parameter":
+            construction["module"]["tied"] = [["blocks.2.norm1.weight", "blocks.9.norm1.weight"]]
+        elif forge == "a tied name that is a parameter":
+            construction["module"]["tied"] = [["tok_emb.weight", "out_head.weight"]]
+        else:
+            construction["module"]["values"] = {"__class__": {"missing": True}}
+        with pytest.raises(judge.BadHandOff, match=words):
+            _verdict_of(tmp_path, NB09, GPT_TEST, malformed, sources)

@@ -7,7 +7,8 @@ shown to be real first: decided the old way, in a process with the instructor ed
 grading kernel was), each gets full marks. Notebook 03's and 04's cheats attack module exercises (a
 class whose construction builds the reference's module, a forward that reads the expected output from
 the checker's frames); notebook 05's attack ``count_parameters``, a function of a module (the reference's
-count, imported by a computed name; the expected count read from the checker's frames).
+count, imported by a computed name; the expected count read from the checker's frames); notebook 09's attack
+its block (the check replaced) and its model (the expected logits read from the checker's frames).
 """
 
 from __future__ import annotations
@@ -256,11 +257,23 @@ def test_notebook_08s_kv_cache_is_judged_outside(graded):
 
 
 def test_notebook_09s_judged_exercises_are_judged_outside(graded):
-    """sinusoidal_positions, LearnedPositionalEmbedding and train_step are judged outside (09's kernel keeps the
-    instructor edition): a step that takes the expected trace from the checker's frames finds none there (the
-    kernel's check compares nothing), and a check replaced in the kernel hands nothing out."""
+    """sinusoidal_positions, LearnedPositionalEmbedding and train_step are judged outside: a step that takes the
+    expected trace from the checker's frames finds none there (the kernel's check compares nothing), and a check
+    replaced in the kernel hands nothing out."""
     said = {
         "train_step: take the expected step, read from the checker's frames": "the returned loss is 0",
         "LearnedPositionalEmbedding: replace the check through sys.modules": "no construction of LearnedPositionalEmbedding",
+    }
+    _assert_said(graded, said)
+
+
+def test_notebook_09_is_judged_outside_with_the_student_edition(graded):
+    """TransformerBlock and TinyGPT are judged outside too, so 09's kernel has the student edition: a model whose
+    forward returns the expected logits read from the checker's frames finds none there (the kernel only runs
+    the planned passes and the cached path's trace), neither in the notebook's kernel nor in the kernel of
+    TinyGPT's first try; and the block's check replaced in the kernel hands nothing out."""
+    said = {
+        "TinyGPT: return the expected logits, read from the checker's frames": "values differ",
+        "TransformerBlock: replace the check through sys.modules": "no construction of TransformerBlock",
     }
     _assert_said(graded, said)

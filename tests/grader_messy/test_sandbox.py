@@ -134,14 +134,13 @@ def test_notebook_10s_kernel_gets_the_student_edition():
     test_a_fully_judged_notebooks_kernel_gets_the_student_edition("10_flash_attention_backward")
 
 
-def test_notebook_08s_kernel_gets_the_student_edition_and_09s_does_not_yet():
+def test_notebook_08s_and_09s_kernels_get_the_student_edition():
     """Notebook 08 is judged entirely outside (its cache class as ordered sessions; check_alone's first tries
-    in a kernel of their own): its grading kernel has the student edition. 09's TransformerBlock and TinyGPT
-    are still checked in the kernel, so 09's has the instructor edition."""
-    from grader import judge
-
+    in a kernel of their own), and so is 09 (its block and model keyed, with their cached paths handed out as
+    traces of plain data; TinyGPT's first try in a kernel of its own): their grading kernels have the student
+    edition."""
     test_a_fully_judged_notebooks_kernel_gets_the_student_edition("08_kv_cache_gqa_and_windows")
-    assert not judge.student_edition_kernel("09_capstone_tiny_transformer")
+    test_a_fully_judged_notebooks_kernel_gets_the_student_edition("09_capstone_tiny_transformer")
 
 
 def test_a_fork_bomb_stops_at_the_kernels_process_cap(tmp_path):
