@@ -7,6 +7,7 @@ rule broken in a submission costs that exercise its points, with the reason in t
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass, field
@@ -271,16 +272,23 @@ def find_violations(source: str, exercise: str | None = None) -> list[Violation]
     The general rules (no importing the answers, no rewriting ``torch`` or ``builtins``) always
     apply; ``exercise`` adds that exercise's own rules from :data:`RULES`.
     """
-    rule = RULES.get(exercise or "", Rule())
+    return [Violation(message, line) for message, line in _violations(source, exercise or "")]
+
+
+@functools.lru_cache(maxsize=512)
+def _violations(source: str, exercise: str) -> tuple[tuple[str, int | None], ...]:
+    """:func:`find_violations` as ``(message, line)`` pairs, parsed once per source and exercise: a
+    check asks about the same function several times (every test cell, every case of a probe)."""
+    rule = RULES.get(exercise, Rule())
     try:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError as exc:
-        return [Violation(f"the code does not parse: {exc.msg}", exc.lineno)]
+        return ((f"the code does not parse: {exc.msg}", exc.lineno),)
     finder = _Finder(rule)
     finder.visit(tree)
     if rule.require_loop and not finder.has_loop:
         finder.found.append(Violation("no loop found: this exercise asks for an explicit `for` loop"))
-    return finder.found
+    return tuple((v.message, v.line) for v in finder.found)
 
 
 def source_of(obj: object) -> str | None:
@@ -295,7 +303,7 @@ def source_of(obj: object) -> str | None:
     if isinstance(given, str):
         return given
     try:
-        return inspect.getsource(obj)  # type: ignore[arg-type]
+        return _getsource(obj)
     except (OSError, TypeError):
         pass
     if isinstance(obj, type):
@@ -304,11 +312,34 @@ def source_of(obj: object) -> str | None:
             func = getattr(value, "__func__", value)
             if inspect.isfunction(func):
                 try:
-                    parts.append(textwrap.dedent(inspect.getsource(func)))
+                    parts.append(textwrap.dedent(_getsource(func)))
                 except (OSError, TypeError):
                     continue
         return "\n".join(parts) if parts else None
     return None
+
+
+#: The source of each function's code object read so far (``id(code) -> (code, source)``; the code
+#: object is kept, so its id is not reused while it is here).
+_SOURCES: dict[int, tuple[object, str]] = {}
+
+
+def _getsource(obj: object) -> str:
+    """``inspect.getsource(obj)``, remembered per code object for functions: a code object's text does
+    not change (a notebook cell that is run again makes new code objects), and reading it (the cell's
+    lines, then tokenising them to find the function's end) is most of what a rules check costs."""
+    target = inspect.unwrap(obj) if callable(obj) else obj  # as inspect.getsource reads it
+    code = getattr(target, "__code__", None) if inspect.isfunction(target) else None
+    if code is None:
+        return inspect.getsource(obj)  # type: ignore[arg-type]
+    known = _SOURCES.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    source = inspect.getsource(obj)  # type: ignore[arg-type]
+    if len(_SOURCES) >= 4096:
+        _SOURCES.clear()
+    _SOURCES[id(code)] = (code, source)
+    return source
 
 
 def violations_of(obj: object, exercise: str) -> list[Violation]:
