@@ -37,9 +37,9 @@ decides a grade:
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a file that is not in the hand-off's format (JSON and raw tensor bytes,
 ``probe.write_hand_off``; :func:`read_hand_off` says what it refuses), a record of the wrong shape
-or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's
-seed or copy that is malformed, a module layout that ``probe.layout_problem`` refuses), an output
-computed from other inputs than the grader's (a count of another module's layout included) or by
+or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off
+:data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's seed or copy that is malformed,
+a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than the grader's (a count of another module's layout included) or by
 another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled (no unpickler runs on the kernel's files, not even ``torch.load(weights_only=True)``),
@@ -341,7 +341,8 @@ def read_hand_off(data: bytes) -> Any:
         kind = getattr(torch, dtype)
         numel = math.prod(shape)
         if nbytes != numel * kind.itemsize:
-            raise _Unreadable(f"a {dtype} tensor of shape {shape} takes {numel * kind.itemsize:,} bytes, not {nbytes:,}")
+            raise _Unreadable(f"a {dtype} tensor of shape {shape} takes {numel * kind.itemsize:,} bytes, "
+                              f"not {nbytes:,}")
         used[0], used[1] = used[0] + 1, used[1] + nbytes
         if used[0] > MAX_TENSORS or used[1] > len(blob):
             raise _Unreadable(f"more than {MAX_TENSORS:,} tensors, or more tensor bytes than the file holds")
