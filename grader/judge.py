@@ -35,14 +35,15 @@ decides a grade:
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
 
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
-:data:`MAX_BYTES`, a compressed archive, anything ``torch.load(weights_only=True)`` refuses, a
-record of the wrong shape or type (a module's parameters that are not plain tensors or do not
-rebuild, an attribute kind off :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's
-seed or copy that is malformed, a module layout that ``probe.layout_problem`` refuses), an output
-computed from other inputs than the grader's (a count of another module's layout included) or by
+:data:`MAX_BYTES`, a file that is not in the hand-off's format (JSON and raw tensor bytes,
+``probe.write_hand_off``; :func:`read_hand_off` says what it refuses), a record of the wrong shape
+or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off
+:data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's seed or copy that is malformed,
+a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than the grader's (a count of another module's layout included) or by
 another construction, a missing output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
-is ever unpickled, and no class is ever taken from the kernel: only names from a fixed list.
+is ever unpickled (no unpickler runs on the kernel's files, not even ``torch.load(weights_only=True)``),
+and no class is ever taken from the kernel: only names from a fixed list.
 
 Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
 raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
@@ -73,7 +74,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,8 @@ KEYED = KEYED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
 MAX_BYTES = 16 * 1024**2
 #: Most outputs handed out by one test cell, and most elements of one returned tensor.
 MAX_RECORDS, MAX_ELEMENTS = 2000, 4 * 1024**2
+#: Most tensors in one hand-off file.
+MAX_TENSORS = 100_000
 #: Tensor types a returned value may have.
 DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128",
           "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -269,9 +271,9 @@ def load_results(folder: str | Path, test_id: str) -> list[dict]:
 def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str]]:
     """``(records, sources)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
     ``sources``: exercise -> the source of the function checked, as the kernel read it."""
-    import torch
+    from course_utils.checks import probe
 
-    path = Path(folder) / f"{test_id}.pt"
+    path = probe.hand_off_path(folder, test_id)
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -286,18 +288,87 @@ def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[st
     if len(data) > MAX_BYTES:
         raise BadHandOff(f"the result is over the limit of {MAX_BYTES:,} bytes")
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            entries = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise BadHandOff(f"the result is not a file written by torch.save ({exc})") from None
-    if any(e.compress_type != zipfile.ZIP_STORED for e in entries) or sum(e.file_size for e in entries) > MAX_BYTES:
-        raise BadHandOff("the result is not a file written by torch.save (compressed or oversized entries)")
-    try:
-        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any refusal is a bad hand-off
-        raise BadHandOff(f"the result could not be read as plain data ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+        loaded = read_hand_off(data)
+    except _Unreadable as exc:
+        raise BadHandOff(f"the result could not be read as plain data ({exc})") from None
     return _check_file(loaded, test_id)
+
+
+class _Unreadable(ValueError):
+    """A hand-off file that is not one (:func:`read_hand_off`); the message says why."""
+
+
+def read_hand_off(data: bytes) -> Any:
+    """What ``probe.write_hand_off`` wrote into ``data``, read as untrusted data with ``json`` and
+    ``torch.frombuffer`` alone (no pickle): each tensor a new plain CPU tensor of a dtype of :data:`DTYPES`.
+    Anything malformed (a truncated file, another header, a JSON length past the end, bad JSON, a key twice
+    in one object, nesting deeper than the decoder goes, a tensor of another dtype, a negative size, bytes
+    outside the file or not as many as its shape takes, more bytes or tensors than the file holds, a bool that
+    is not 0 or 1) raises :class:`_Unreadable` saying what. What it gives is plain data, not yet a hand-off:
+    :func:`_check_file` reads it as one (its checks go only as deep as the hand-off's layout does)."""
+    import json
+    import math
+
+    import torch
+
+    from course_utils.checks import probe
+
+    magic = probe.HAND_OFF_MAGIC
+    head = len(magic) + 8
+    if not (data.startswith(magic) or magic.startswith(data)):
+        raise _Unreadable("it does not start with the hand-off's header: not a file written by probe.write_hand_off")
+    if len(data) < head:
+        raise _Unreadable("it is truncated within its header")
+    length = int.from_bytes(data[head - 8:head], "little")
+    if length > len(data) - head:
+        raise _Unreadable(f"its JSON of {length:,} bytes runs past the end of the file")
+    view = memoryview(data)
+    blob = view[head + length:]
+
+    used = [0, 0]  # tensors, bytes
+
+    def tensor(spec: Any) -> torch.Tensor:
+        if not (isinstance(spec, list) and len(spec) == 4):
+            raise _Unreadable("a tensor is not [dtype, shape, offset, nbytes]")
+        dtype, shape, offset, nbytes = spec
+        if dtype not in DTYPES:
+            raise _Unreadable(f"a tensor of an unsupported dtype {str(dtype)[:40]!r}")
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int and 0 <= n <= 2**31 for n in shape)):
+            raise _Unreadable("a tensor's shape is not a short list of sizes")
+        if not (type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes
+                and offset + nbytes <= len(blob)):
+            raise _Unreadable("a tensor's bytes are outside the file")
+        kind = getattr(torch, dtype)
+        numel = math.prod(shape)
+        if nbytes != numel * kind.itemsize:
+            raise _Unreadable(f"a {dtype} tensor of shape {shape} takes {numel * kind.itemsize:,} bytes, "
+                              f"not {nbytes:,}")
+        used[0], used[1] = used[0] + 1, used[1] + nbytes
+        if used[0] > MAX_TENSORS or used[1] > len(blob):
+            raise _Unreadable(f"more than {MAX_TENSORS:,} tensors, or more tensor bytes than the file holds")
+        if not nbytes:
+            return torch.empty(shape, dtype=kind)
+        raw = bytearray(blob[offset:offset + nbytes])  # its own memory, writable
+        if kind is torch.bool and raw.translate(None, b"\x00\x01"):
+            raise _Unreadable("a bool tensor holds bytes other than 0 and 1")
+        return torch.frombuffer(raw, dtype=kind).reshape(shape)
+
+    def mapping(items: list) -> Any:  # each JSON object, innermost first: a tensor, or a dict
+        found = dict(items)
+        if len(found) != len(items):
+            raise _Unreadable("a key appears twice in one JSON object")
+        if probe.TENSOR_KEY in found:
+            if len(found) != 1:
+                raise _Unreadable(f"a tensor's {probe.TENSOR_KEY!r} beside other keys")
+            return tensor(found[probe.TENSOR_KEY])
+        return found
+
+    try:
+        return json.loads(str(view[head:head + length], "utf-8"), object_pairs_hook=mapping)
+    except RecursionError:  # the decoder's own guard: what it read is dropped
+        raise _Unreadable("its JSON nests too deep") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, a number too long to read, and each _Unreadable above
+        raise _Unreadable(str(exc)[:200]) from None
 
 
 def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str]]:

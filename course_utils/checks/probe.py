@@ -46,8 +46,9 @@ value or a hidden *output*: the hidden *inputs* reach the kernel as data that th
 
 The grader switches this on with environment variables that only its sandboxed kernel sees:
 
-- ``COURSE_PROBE_DIR``: the folder to write into, one file per test cell, ``<test id>.pt``
-  (``torch.save`` of plain data and tensors, read back with ``torch.load(weights_only=True)``);
+- ``COURSE_PROBE_DIR``: the folder to write into, one file per test cell, ``<test id>.handoff``
+  (:func:`write_hand_off`: JSON for the plain data, raw bytes for the tensors; no pickle, so the
+  grader reads it with ``json`` and ``torch.frombuffer`` alone);
 - ``COURSE_PROBE_INPUTS``: the grader's file of the judged exercises and their hidden cases.
 
 A test cell starts with ``probe.begin("<test id>")`` (a line the grader adds); the end of the cell
@@ -78,13 +79,16 @@ DIR_VARIABLE = "COURSE_PROBE_DIR"
 #: The grader's file of judged exercises and their hidden cases (read-only in the kernel).
 INPUTS_VARIABLE = "COURSE_PROBE_INPUTS"
 #: Version of the hand-off format; the grader refuses any other.
-FORMAT = 1
+FORMAT = 2
 #: Longest exception message kept, in characters.
 MAX_MESSAGE = 2000
 #: Longest source of a checked function kept, in characters.
 MAX_SOURCE = 100_000
 #: How deep a returned list or tuple is followed, and how long it may be.
 MAX_DEPTH, MAX_ITEMS = 4, 64
+#: Longest whole number handed out as a number, in bits (a longer one goes out as another object: the JSON
+#: text of the hand-off, :func:`write_hand_off`, would pass the 4,300 digits Python reads back).
+MAX_INT_BITS = 4096
 #: Most parameters handed out for one module.
 MAX_PARAMETERS = 256
 #: The kinds an attribute of a module is handed out as (see :func:`kind_of`).
@@ -270,6 +274,8 @@ def encode(value: Any, depth: int = 0, modules: bool = False, layouts: bool = Fa
         if t.layout != torch.strided:
             return {"kind": "other", "type": type(value).__name__}
         return {"kind": "tensor", "value": t.as_subclass(torch.Tensor).clone()}
+    if isinstance(value, int) and int.bit_length(value) > MAX_INT_BITS:  # too long for a hand-off's JSON
+        return {"kind": "other", "type": type(value).__name__}
     if isinstance(value, (bool, int, float)):
         return {"kind": "number", "type": type(value).__name__, "value": value}
     if value is None:
@@ -790,12 +796,83 @@ def error_of(kind: str, message: str) -> Exception:
 
 
 def _save(test_id: str) -> None:
-    """Write test ``test_id``'s records (a new file moved into place, so a reader never sees half)."""
-    folder = Path(os.environ[DIR_VARIABLE])
-    path = folder / f"{test_id}.pt"
-    partial = folder / f".{test_id}.pt.partial"
-    torch.save({"format": FORMAT, "test": test_id, "records": _records[test_id],
-                "sources": _sources.get(test_id, {})}, partial)
+    """Write test ``test_id``'s records (:func:`write_hand_off`: a new file moved into place, so a reader
+    never sees half)."""
+    write_hand_off({"format": FORMAT, "test": test_id, "records": _records[test_id],
+                    "sources": _sources.get(test_id, {})}, hand_off_path(os.environ[DIR_VARIABLE], test_id))
+
+
+# --------------------------------------------------------------------------------------------
+# The hand-off file: JSON for the structure, raw bytes for the tensors (never a pickle)
+# --------------------------------------------------------------------------------------------
+#: The first bytes of every hand-off file (:func:`write_hand_off`).
+HAND_OFF_MAGIC = b"COURSE-HANDOFF\n"
+#: The name of a test cell's hand-off file: ``<test id>`` and this.
+HAND_OFF_SUFFIX = ".handoff"
+#: The one key of the JSON object that stands for a tensor in a hand-off file.
+TENSOR_KEY = "__tensor__"
+
+
+def hand_off_path(folder: str | os.PathLike, test_id: str) -> Path:
+    """Where test ``test_id``'s hand-off file is, in ``folder``."""
+    return Path(folder) / f"{test_id}{HAND_OFF_SUFFIX}"
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's elements in row-major order, as raw bytes (``b""`` where they cannot be read: a
+    dtype the grader refuses anyway)."""
+    try:
+        t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    except (RuntimeError, TypeError, NotImplementedError):  # a quantized tensor, say: not on the grader's list
+        return b""
+
+
+def write_hand_off(data: dict, path: str | os.PathLike) -> None:
+    """Write ``data`` (dicts with string keys, lists, strings, numbers, ``None``, ``True``/``False`` and
+    tensors; nothing else) as a hand-off file at ``path``, the grader's side being ``judge.load_hand_off``.
+
+    The file is :data:`HAND_OFF_MAGIC`, the length ``N`` of the JSON text as 8 bytes little-endian, ``N``
+    bytes of UTF-8 JSON (``NaN`` and ``Infinity`` for floats that are), then the tensors' bytes, one after
+    the other. In the JSON each tensor is ``{"__tensor__": [dtype, shape, offset, nbytes]}``: its dtype's
+    name (``"float32"``), its shape, and where its bytes are in what follows the JSON (row-major,
+    this machine's byte order: little-endian on every machine the course runs on). No pickle: the grader
+    reads it with ``json`` and ``torch.frombuffer`` alone. Written to a partial file moved into place,
+    so a reader never sees half of it. A tuple, or anything else that JSON would not give back as it
+    was, is a ``TypeError``.
+    """
+    import json
+
+    blobs: list[bytes] = []
+    size = 0
+
+    def plain(value: Any) -> Any:
+        nonlocal size
+        if isinstance(value, torch.Tensor):
+            raw = _tensor_bytes(value)
+            found = {TENSOR_KEY: [_dtype_name(value.dtype), list(value.shape), size, len(raw)]}
+            blobs.append(raw)
+            size += len(raw)
+            return found
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value) or set(value) == {TENSOR_KEY}:
+                raise TypeError("a hand-off's mappings have string keys, and none is a lone "
+                                f"{TENSOR_KEY!r}: {sorted(map(repr, value))[:5]}")
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if value is None or isinstance(value, (str, int, float)):  # bool is an int
+            return value
+        raise TypeError(f"a hand-off holds plain data and tensors only, not {type(value).__name__}")
+
+    text = json.dumps(plain(data), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as f:
+        f.write(HAND_OFF_MAGIC + len(text).to_bytes(8, "little"))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)
     os.replace(partial, path)
 
 

@@ -10,9 +10,7 @@ message. Then each way a hand-off can be bad is refused with its reason, and not
 
 from __future__ import annotations
 
-import io
 import os
-import zipfile
 
 import pytest
 import torch
@@ -221,8 +219,8 @@ def _record(value=None, **changes) -> dict:
     return record
 
 
-def _write(folder, data, name=f"{TEST}.pt"):
-    torch.save(data, folder / name)
+def _write(folder, data, test=TEST):
+    probe.write_hand_off(data, probe.hand_off_path(folder, test))
 
 
 def _refused(folder, words: str) -> None:
@@ -240,24 +238,21 @@ def test_missing_file(tmp_path):
     _refused(tmp_path, "no result came back")
 
 
+def _path(folder, test=TEST):
+    return probe.hand_off_path(folder, test)
+
+
 def test_link_and_special_file(tmp_path):
-    os.symlink("/etc/hostname", tmp_path / f"{TEST}.pt")
+    os.symlink("/etc/hostname", _path(tmp_path))
     _refused(tmp_path, "not a plain file")
-    (tmp_path / f"{TEST}.pt").unlink()
-    os.mkfifo(tmp_path / f"{TEST}.pt")  # opening it would block the grader
+    _path(tmp_path).unlink()
+    os.mkfifo(_path(tmp_path))  # opening it would block the grader
     _refused(tmp_path, "not a plain file")
 
 
-def test_oversized_and_compressed(tmp_path):
-    (tmp_path / f"{TEST}.pt").write_bytes(bytes(judge.MAX_BYTES + 1))
+def test_oversized_file(tmp_path):
+    _path(tmp_path).write_bytes(probe.HAND_OFF_MAGIC + bytes(judge.MAX_BYTES + 1))
     _refused(tmp_path, "over the limit")
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("archive/data.pkl", bytes(10_000_000))  # a zip bomb in miniature
-    (tmp_path / f"{TEST}.pt").write_bytes(buffer.getvalue())
-    _refused(tmp_path, "compressed or oversized")
-    (tmp_path / f"{TEST}.pt").write_bytes(b"not a zip at all")
-    _refused(tmp_path, "not a file written by torch.save")
 
 
 class _RunsCode:
@@ -266,9 +261,118 @@ class _RunsCode:
 
 
 def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
-    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_RunsCode()]})
-    _refused(tmp_path, "could not be read as plain data")
+    """A pickle (what the hand-off was before format 2) is not read at all: no unpickler runs."""
+    torch.save({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_RunsCode()]}, _path(tmp_path))
+    _refused(tmp_path, "could not be read as plain data (it does not start with the hand-off's header")
     assert "must never run" not in capfd.readouterr().out
+
+
+def test_the_writer_takes_plain_data_and_tensors_only(tmp_path):
+    for value in [(1, 2), {1: "a"}, _RunsCode(), {probe.TENSOR_KEY: 1}]:
+        with pytest.raises(TypeError):
+            probe.write_hand_off({"value": value}, _path(tmp_path))
+
+
+def _every_dtype() -> dict:
+    found = {}
+    for name in judge.DTYPES:
+        dtype = getattr(torch, name)
+        found[name] = (torch.arange(-3, 9).reshape(3, 4) % 3).to(dtype)
+        found[f"{name}, no elements"] = torch.zeros(0, 5, dtype=dtype)
+        found[f"{name}, 0-d"] = torch.ones((), dtype=dtype)
+    found["float32, NaN and infinities"] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    found["bfloat16, NaN and infinities"] = torch.tensor([float("nan"), float("inf"), -0.0], dtype=torch.bfloat16)
+    found["complex64, conjugated"] = torch.tensor([1 + 2j, -3j], dtype=torch.complex64).conj()
+    found["float64, transposed"] = torch.arange(6, dtype=torch.float64).reshape(2, 3).T
+    found["float32, a slice"] = torch.arange(10.0)[3:7:2]
+    return found
+
+
+def test_every_dtype_and_plain_value_comes_back_as_it_went_out(tmp_path):
+    tensors = _every_dtype()
+    numbers = [float("nan"), float("inf"), -float("inf"), -0.0, 1e-310, 2**70, -1, True, False, None]
+    texts = ["", "é ∞ \x00 \ud800 \"quoted\"", "NaN"]
+    _write(tmp_path, {"tensors": tensors, "numbers": numbers, "texts": texts, "nested": [[[{}]], []]})
+    back = judge.read_hand_off(_path(tmp_path).read_bytes())
+    assert set(back) == {"tensors", "numbers", "texts", "nested"} and back["nested"] == [[[{}]], []]
+    assert back["texts"] == texts
+    assert [type(n) for n in back["numbers"]] == [type(n) for n in numbers]
+    assert [str(n) for n in back["numbers"]] == [str(n) for n in numbers]  # NaN, infinities and -0.0 too
+    assert list(back["tensors"]) == list(tensors)
+    for name, want in tensors.items():
+        got = back["tensors"][name]
+        assert type(got) is torch.Tensor and got.dtype == want.dtype and got.shape == want.shape, name
+        assert got.is_contiguous() and not got.is_conj() and got.untyped_storage().nbytes() == got.nbytes, name
+        assert torch.equal(got.reshape(-1).view(torch.uint8), want.resolve_conj().contiguous().reshape(-1).view(torch.uint8)), name
+        got.add_(1) if got.dtype != torch.bool else got.logical_not_()  # its own memory, writable
+
+
+def _forged(text: bytes, blob: bytes = b"", length: int | None = None) -> bytes:
+    return probe.HAND_OFF_MAGIC + (len(text) if length is None else length).to_bytes(8, "little") + text + blob
+
+
+def _file_of(value, blob: bytes) -> bytes:
+    """A hand-off file of one record whose result is ``value``, tensors written as placeholders by hand."""
+    import json
+
+    return _forged(json.dumps({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [
+        _record(value, inputs=probe.inputs_of((), {}))]}).encode(), blob)
+
+
+def _tensor_file(spec, blob=bytes(16)) -> bytes:
+    return _file_of({"kind": "tensor", "value": {probe.TENSOR_KEY: spec}}, blob)
+
+
+def _deep(n: int) -> bytes:
+    return _forged(b"[" * n + b"]" * n)
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"", "truncated within its header"),
+    (b"PK\x03\x04" + bytes(100), "does not start with the hand-off's header"),
+    (probe.HAND_OFF_MAGIC[:5], "truncated within its header"),
+    (probe.HAND_OFF_MAGIC + bytes(3), "truncated within its header"),
+    (_forged(b"{}", length=3), "runs past the end of the file"),
+    (_forged(b"{}", length=2**64 - 1), "runs past the end of the file"),
+    (_forged(b'{"format": 2, "test": '), "Expecting value"),
+    (_forged(b'{"a": 1, "a": 2}'), "a key appears twice"),
+    (_forged(b"\xff\xfe{}"), "utf-8"),
+    (_deep(100_000), "nests too deep"),
+    (_tensor_file(["float8_e4m3fn", [2], 0, 2]), "unsupported dtype 'float8_e4m3fn'"),
+    (_tensor_file(["object", [2], 0, 2]), "unsupported dtype"),
+    (_tensor_file(["float32", [2], 0, 7]), "takes 8 bytes, not 7"),
+    (_tensor_file(["float32", [3], 0, 8]), "takes 12 bytes, not 8"),
+    (_tensor_file(["float32", [4], 4, 16]), "bytes are outside the file"),
+    (_tensor_file(["float32", [1], -4, 4]), "bytes are outside the file"),
+    (_tensor_file(["float32", [4], 0, 16], blob=bytes(8)), "bytes are outside the file"),
+    (_tensor_file(["float32", [-1, -4], 0, 16]), "shape is not a short list of sizes"),
+    (_tensor_file(["float32", [2.0], 0, 8]), "shape is not a short list of sizes"),
+    (_tensor_file(["float32", [1] * 9, 0, 4]), "shape is not a short list of sizes"),
+    (_tensor_file(["float32", [2], True, 8]), "bytes are outside the file"),
+    (_tensor_file(["float32", [2], 0]), "not [dtype, shape, offset, nbytes]"),
+    (_tensor_file(["bool", [2], 0, 2], blob=b"\x01\x07"), "other than 0 and 1"),
+])
+def test_a_malformed_hand_off_file_is_refused(tmp_path, data, words):
+    _path(tmp_path).write_bytes(data)
+    _refused(tmp_path, "could not be read as plain data")
+    _refused(tmp_path, words)
+
+
+def test_deep_but_readable_nesting_is_refused_by_the_layout_check(tmp_path):
+    value = {"kind": "none"}
+    for _ in range(200):
+        value = {"kind": "list", "items": [value]}
+    _path(tmp_path).write_bytes(_file_of(value, b""))
+    _refused(tmp_path, "too long, too deep or malformed")
+
+
+def test_tensors_cannot_share_bytes_to_take_more_memory_than_the_file(tmp_path):
+    value = {"kind": "list", "items": [{"kind": "tensor", "value": {probe.TENSOR_KEY: ["float32", [4], 0, 16]}}] * 2}
+    _path(tmp_path).write_bytes(_file_of(value, bytes(16)))
+    _refused(tmp_path, "more tensor bytes than the file holds")
+    value["items"] = value["items"][:1]  # one is fine
+    _path(tmp_path).write_bytes(_file_of(value, bytes(16)))
+    assert torch.equal(judge.load_results(tmp_path, TEST)[0]["result"]["items"][0]["value"], torch.zeros(4))
 
 
 @pytest.mark.parametrize("data, words", [
@@ -278,10 +382,10 @@ def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs="x")]}, "no inputs"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": [1.0, 2.0]})]},
      "not a plain torch.Tensor"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
-                                                                 "value": torch.ones(1).expand(10**7)})]},
+                                                                 "value": torch.zeros(judge.MAX_ELEMENTS + 1, dtype=torch.uint8)})]},
      "over the limit"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "number", "type": "int", "value": 1.5})]},
      "a number whose type"),
@@ -290,7 +394,7 @@ def test_code_in_the_hand_off_never_runs(tmp_path, capfd):
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "inputs": probe.inputs_of((), {}),
                                                          "error": {"type": "ValueError"}}]}, "an error without"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs={"args": {"kind": "list", "items": [
-        {"kind": "tensor", "value": torch.nn.Parameter(torch.ones(2))}]}, "kwargs": {}})]}, "its inputs hold"),
+        {"kind": "tensor", "value": "ones(2)"}]}, "kwargs": {}})]}, "its inputs hold"),
 ])
 def test_malformed_or_mistyped_records(tmp_path, data, words):
     _write(tmp_path, data)
@@ -382,7 +486,7 @@ def _honest(notebook: str, exercise: str, answer: str, test: str):
 
 def _verdict_of(tmp_path, notebook: str, test: str, records, sources) -> judge.Verdict:
     """The verdict of ``test`` from ``records`` and ``sources`` written as a kernel would hand them out."""
-    _write(tmp_path, {"format": probe.FORMAT, "test": test, "records": records, "sources": sources}, f"{test}.pt")
+    _write(tmp_path, {"format": probe.FORMAT, "test": test, "records": records, "sources": sources}, test)
     return judge.judge_handed_out(tmp_path, notebook, test, {})
 
 
@@ -413,11 +517,11 @@ def test_an_honest_module_hand_off_passes(tmp_path, honest_v1):
 
 
 @pytest.mark.parametrize("forge, words", [
-    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.nn.Parameter(torch.ones(3, 2))]),
-     "not a plain torch.Tensor"),
+    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", [[1.0, 1.0]] * 3]), "not a plain torch.Tensor"),
     (lambda c: c["module"]["parameters"].__setitem__(0, ["W query", torch.ones(3, 2)]), "malformed or repeated name"),
     (lambda c: c["module"]["parameters"].append(["W_key", torch.ones(3, 2)]), "malformed or repeated name"),
-    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.ones(1).expand(10**7)]), "over the limit"),
+    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.zeros(judge.MAX_ELEMENTS + 1, dtype=torch.uint8)]),
+     "over the limit"),
     (lambda c: c["module"].__setitem__("state", {}), "parameters and attributes (and nothing else)"),
     (lambda c: c["module"]["attributes"].__setitem__("W_query", "SelfAttention_v1"), "kinds from"),
     (lambda c: c["module"]["attributes"].__setitem__("forward", "Parameter"), "kinds from"),
@@ -499,7 +603,7 @@ def test_what_a_copy_leaves_is_checked(tmp_path, monkeypatch):
 
     def verdict(forged):
         _write(tmp_path, {"format": probe.FORMAT, "test": "test_copy_v2_weights_to_v1", "records": forged,
-                          "sources": sources}, "test_copy_v2_weights_to_v1.pt")
+                          "sources": sources}, "test_copy_v2_weights_to_v1")
         return judge.judge_handed_out(tmp_path, NB03, "test_copy_v2_weights_to_v1", {})
 
     assert verdict(records).ename is None
@@ -1883,7 +1987,7 @@ def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, records, sources)
     assert verdict.ename is None and "reset_cache() starts a new one" in verdict.text, verdict.evalue
     second = [r for r in _copy(records) if r.get("attempt") == 2]
-    _write(tmp_path, {"format": probe.FORMAT, "test": GPT_TEST, "records": second, "sources": sources}, f"{GPT_TEST}.pt")
+    _write(tmp_path, {"format": probe.FORMAT, "test": GPT_TEST, "records": second, "sources": sources}, GPT_TEST)
     verdict = judge.judge_handed_out(tmp_path, NB09, GPT_TEST, {}, first_tries=False)
     assert verdict.ename is None, verdict.evalue  # a student-edition kernel's hand-off: the second try alone
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, second, sources)
