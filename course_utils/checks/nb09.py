@@ -34,6 +34,7 @@ for the block and the model, the names under which a parameter appears twice and
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from typing import Callable, Sequence
@@ -52,7 +53,6 @@ from course_utils.checks.core import (
     Case,
     CheckFailed,
     _compare_forward,
-    _difference,
     _hinted,
     build_student,
     call_student,
@@ -62,7 +62,6 @@ from course_utils.checks.core import (
     describe_shape,
     expect,
     expected_parameter_shapes,
-    explain,
     fail,
     hidden_cases,
     mistake_outputs,
@@ -440,8 +439,6 @@ def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Seq
 def _one_device(p: _probe.Probe) -> "contextlib.AbstractContextManager":
     """The context a probed forward pass runs in: :class:`OneDevice` for a meta copy's, as
     :func:`moves_with_module` runs it."""
-    import contextlib
-
     return OneDevice() if p.copy == "meta" else contextlib.nullcontext()
 
 
