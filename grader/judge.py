@@ -39,8 +39,9 @@ The kernel's hand-off is untrusted data (:func:`load_results`): a link, a specia
 ``probe.write_hand_off``; :func:`read_hand_off` says what it refuses), a record of the wrong shape
 or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off
 :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's seed or copy that is malformed,
-a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than the grader's (a count of another module's layout included) or by
-another construction, a missing output or one too many: each scores
+a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than
+the grader's (a count of another module's layout included) or by another construction, a missing
+output or one too many: each scores
 0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
 is ever unpickled (no unpickler runs on the kernel's files, not even ``torch.load(weights_only=True)``),
 and no class is ever taken from the kernel: only names from a fixed list.

@@ -1,4 +1,4 @@
-"""A pytest plugin for ``scripts/test_cpu.py``: each test's start and end, per pytest process.
+"""A pytest plugin for ``scripts/profile_tests.py``: each test's start and end, per pytest process.
 
 Loaded with ``-p tests.support.cpu_log`` when ``COURSE_CPU_LOG`` names a folder; it writes one JSON line per
 test start and end into ``<folder>/tests-<pid>.jsonl`` (a pytest-xdist worker is its own process).

@@ -136,7 +136,7 @@ def test_verdicts(notebook: str, exercise: str, answer_source: str) -> tuple[tup
 
     Kept for the process: ``tests/grader_answers/test_hidden_tests.py`` (is each wrong answer rejected,
     each right one passed?) and ``test_judge.py`` (is the verdict outside the kernel's?) ask for the
-    same answers, and ``tests/conftest.py`` runs the two files in one worker, so each answer's test
+    same answers, and ``conftest.py`` (``SHARED_WORKER``) runs the two files in one worker, so each answer's test
     cells run once for both."""
     base, cells = _executed(notebook)
     namespace = dict(base)

@@ -1,7 +1,7 @@
 """Where the CPU of a pytest run goes: per test file, split into the pytest process, the kernels it
 started and its other child processes. Linux only (reads ``/proc``).
 
-    .venv/bin/python scripts/test_cpu.py [pytest arguments]
+    .venv/bin/python scripts/profile_tests.py [pytest arguments]
     (default: make test's own: -n 2 --dist loadfile --no-loadscope-reorder --ignore=tests/release/test_colab.py)
 
 Every 0.25 s it reads each process's CPU time (``/proc/<pid>/stat``: user + system) and its parent, and
