@@ -830,7 +830,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 def write_hand_off(data: dict, path: str | os.PathLike) -> None:
     """Write ``data`` (dicts with string keys, lists, strings, numbers, ``None``, ``True``/``False`` and
-    tensors; nothing else) as a hand-off file at ``path``, the grader's side being ``judge.load_hand_off``.
+    tensors; nothing else) as a hand-off file at ``path``, the grader's side being ``judge.read_hand_off``.
 
     The file is :data:`HAND_OFF_MAGIC`, the length ``N`` of the JSON text as 8 bytes little-endian, ``N``
     bytes of UTF-8 JSON (``NaN`` and ``Infinity`` for floats that are), then the tensors' bytes, one after

@@ -219,8 +219,12 @@ def _record(value=None, **changes) -> dict:
     return record
 
 
+def _path(folder, test=TEST):
+    return probe.hand_off_path(folder, test)
+
+
 def _write(folder, data, test=TEST):
-    probe.write_hand_off(data, probe.hand_off_path(folder, test))
+    probe.write_hand_off(data, _path(folder, test))
 
 
 def _refused(folder, words: str) -> None:
@@ -236,10 +240,6 @@ def test_a_well_formed_hand_off_is_read(tmp_path):
 
 def test_missing_file(tmp_path):
     _refused(tmp_path, "no result came back")
-
-
-def _path(folder, test=TEST):
-    return probe.hand_off_path(folder, test)
 
 
 def test_link_and_special_file(tmp_path):
