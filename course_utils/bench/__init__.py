@@ -18,12 +18,12 @@ Shape letters: ``b`` batch, ``T`` tokens, ``d`` model size, ``H`` heads, ``D`` h
 The package's modules, one job each: ``timing`` (warm-up, synchronisation, median), ``peaks``
 (FLOPs, throughput, GPU peaks), ``memory`` (peak memory, score-matrix size), ``correctness`` (the gate
 before timing), ``sdpa`` (which backend ran, FlexAttention, shared weights), ``runner`` (check, then
-time, a set of implementations; the table and the figure) and ``cli`` (the command).
+time, a set of implementations; the table and the figure) and ``cli`` (the command, which the
+package does not import: the command loads the instructor edition's runner, which imports this package).
 """
 
 from __future__ import annotations
 
-from course_utils.bench.cli import main
 from course_utils.bench.correctness import IncorrectImplementation, checked_time, verify
 from course_utils.bench.memory import MemoryReport, max_seq_len_for_scores, peak_memory, score_matrix_bytes
 from course_utils.bench.runner import (
@@ -77,5 +77,4 @@ __all__ = [
     "format_table",
     "plot_results",
     "forgetting_causal",
-    "main",
 ]

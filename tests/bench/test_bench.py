@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils import bench, reference
+from course_utils.bench.cli import main as bench_command
 from course_utils.instructor import bench_impls
 
 GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA events, max_memory_allocated)")
@@ -225,7 +226,7 @@ def test_flex_attention_status_is_a_decision_with_a_reason():
 # ---------------------------------------------------------------------------- the command
 def test_benchmark_command_reports_a_wrong_implementation_and_writes_json_and_png(tmp_path, capsys):
     out = tmp_path / "results"
-    code = bench.main(["--out", str(out), "--device", "cpu", "--seq-lens", "16", "32", "--batch", "1",
+    code = bench_command(["--out", str(out), "--device", "cpu", "--seq-lens", "16", "32", "--batch", "1",
                        "--d-model", "16", "--num-heads", "2", "--warmup", "0", "--repeats", "1", "--broken-demo"])
     assert code == 0
     data = json.loads((out / "attention_bench.json").read_text())
@@ -249,10 +250,10 @@ _WITHOUT_ANSWERS = textwrap.dedent("""
     # The student edition has neither the answers nor the instructor package.
     sys.modules["course_utils.reference"] = None
     sys.modules["course_utils.instructor"] = None
-    from course_utils import bench
+    from course_utils.bench.cli import main
     assert "course_utils.reference" not in [m for m in sys.modules if sys.modules[m] is not None]
     try:
-        bench.main(["--out", "unused"])
+        main(["--out", "unused"])
     except SystemExit as exc:
         print("EXIT:", exc.code)
     else:
