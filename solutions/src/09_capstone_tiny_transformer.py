@@ -1045,9 +1045,9 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 #   GELU feed-forward network. A GPT: embeddings plus positions, dropout, blocks, a final norm, a head.
 # - A training step: logits, cross-entropy on the answer positions, `zero_grad`, `backward`, `step`.
 # - The trained model reverses unseen sequences, with learned or sinusoidal positions alike. With a
-#   mean instead of attention it never does. Without positions one block cannot; two blocks slowly
-#   learn most of it (about 70%), because the causal mask leaks order (NoPE). One head's map shows the anti-diagonal: the
-#   model learned where to look.
+#   mean instead of attention it never does. Without positions one block cannot; two blocks slowly learn
+#   most of it (about 70%), because the causal mask leaks order (NoPE). One head's map shows the
+#   anti-diagonal: the model learned where to look.
 # - Generation: greedy at temperature 0, sampling with a temperature and top-k otherwise; with the
 #   KV cache the prompt is read once and then one token per step, and greedy writes the same tokens as
 #   a full recompute (the same logits up to rounding), faster for long sequences.

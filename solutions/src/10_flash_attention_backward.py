@@ -18,9 +18,11 @@
 #    `lse`, and pass `torch.autograd.gradcheck`: `FlashAttention`;
 # 4. **measure** what the forward pass keeps for the backward, yours against autograd's;
 # 5. train the tiny GPT of notebook 09 with your `FlashAttention` as its attention core, and compare it
-#    with PyTorch's kernel: the same accuracy, the loss curves on top of each other, and the time.
+#    with PyTorch's kernel: the same accuracy, the loss curves on top of each other, and the time;
 # 6. going further: write the key-block loop for `dK` and `dV` as a **Triton** kernel,
-#    `flash_attention_backward_triton` (it runs in Triton's interpreter on a CPU).
+#    `flash_attention_backward_triton` (it runs in Triton's interpreter on a CPU);
+# 7. read what a production backward adds: grouped-query attention, dropout, more of
+#    `torch.autograd.Function`, and the tricks of a fast Triton kernel.
 #
 # Shapes use these letters: `b` = batch size, `H` = number of heads, `T` = number of tokens,
 # `D` = size of one head. Attention inputs are `(..., T, D)`: any batch dimensions in front.
@@ -231,15 +233,15 @@ plt.show()
 #
 # - `q`, `k`, `v`, `o`, `do` are `(..., T, D)`, `lse` is `(..., T)` (the forward's outputs);
 #   return `(dq, dk, dv)`, shaped like `q`, `k`, `v`;
-# - first `delta = (do * o).sum(-1)`, `(..., T)`, and `dq`, `dk`, `dv` full of zeros, in the
-#   float32 of the next bullet;
 # - **float32 inside**, as notebook 07's forward: `acc = torch.promote_types(q.dtype, torch.float32)`
 #   is float32 for bfloat16, float16 and float32 inputs (float64 stays float64). Compute `delta`, every
 #   tile and the running `dk_blk`, `dv_blk` in `acc` (`.to(acc)` on each block you slice), make `dq`,
 #   `dk`, `dv` with `dtype=acc`, and return them cast back, `dq.to(q.dtype)` and so on. Two reasons: the
 #   forward's `lse` is float32 even for bfloat16 inputs, and a product of a float32 tile with a bfloat16
 #   one raises "expected m1 and m2 to have the same dtype"; and a long sum in bfloat16 (8 significant
-#   bits) loses its small terms;
+#   bits) loses its small terms. For float32 inputs every `.to(acc)` does nothing;
+# - first `delta = (do.to(acc) * o.to(acc)).sum(-1)`, `(..., T)`, and `dq`, `dk`, `dv` full of zeros
+#   (`torch.zeros(q.shape, dtype=acc, device=q.device)`, and the same for `k` and `v`);
 # - the **outer loop over key blocks** of `block_k` (`k_blk`, `v_blk` `(..., Bk, D)`), with `dk_blk`,
 #   `dv_blk` `(..., Bk, D)` starting at zero; the **inner loop over query blocks** of `block_q`: from 0,
 #   or when `causal` from `(k_start // block_q) * block_q`;
@@ -583,10 +585,12 @@ else:
 # whatever the tile's size. Here the tiles are tiny (8 by 8), so that fixed cost is almost all of the
 # attention's time. The ratio printed above is for a whole training step, and the rest of the step
 # (embeddings, the feed-forward layers, the loss, the optimizer) costs the same in both models, so the
-# attention alone is slowed down more than that ratio says. The arithmetic is the same; what FlashAttention gains on
-# a GPU comes from running the whole loop **inside one kernel**, tiles in on-chip memory, which is what
-# notebook 07's Triton kernel does for the forward pass. The Python version's job is to be right, and
-# readable: it is the specification a fast kernel is tested against.
+# attention alone is slowed down more than that ratio says.
+#
+# The arithmetic is the same; what FlashAttention gains on a GPU comes from running the whole loop
+# **inside one kernel**, tiles in on-chip memory, which is what notebook 07's Triton kernel does for the
+# forward pass. The Python version's job is to be right, and readable: it is the specification a fast
+# kernel is tested against.
 
 # %% [markdown]
 # ## 6. Going further: dK and dV in Triton
@@ -598,9 +602,9 @@ else:
 # FlashAttention-2 puts the key blocks outside. `dQ` is left out here: it would need atomic additions
 # into a float32 buffer (FlashAttention-2 and -3), or a second loop over key blocks in the same program
 # (Triton's tutorial), as section 2 says. On a CPU it runs in Triton's interpreter, as in notebook 07;
-# where Triton is not installed this section is skipped and says so. The host side (`delta = rowsum(dO ∘ O)` computed with PyTorch,
-# the strides, the grid) is `backward.launch_backward(kernel, q, k, v, o, lse, do, causal, block_m,
-# block_n)`: read it in `course_utils/backward.py`.
+# where Triton is not installed this section is skipped and says so. The host side (`delta =
+# rowsum(dO ∘ O)` computed with PyTorch, the strides, the grid) is `backward.launch_backward(kernel, q,
+# k, v, o, lse, do, causal, block_m, block_n)`: read it in `course_utils/backward.py`.
 
 # %%
 flash.use_interpreter_without_gpu()  # no GPU: TRITON_INTERPRET=1, before any kernel is defined
@@ -747,10 +751,10 @@ else:
 # <details><summary>1. Predict the output: every row of dS sums to the same number, whatever q, k, v and
 # dO are. Which number? Run the cell below to check.</summary>
 #
-# **Zero.** `rowsum(dS)_i = Σ_j P_ij dP_ij − D_i Σ_j P_ij = D_i − D_i · 1 = 0`. It says that adding the
-# same constant to every score of a row changes nothing (the softmax does not see it), so the loss
-# has no gradient in that direction. It is also a quick test for a backward pass: a `dS` whose rows do
-# not sum to 0 has a wrong `delta`, or a wrong `P` (rebuilt without `lse`, or unmasked), whose rows do
+# **Zero.** `rowsum(dS)_i = Σ_j P_ij dP_ij − delta_i Σ_j P_ij = delta_i − delta_i · 1 = 0`. It says that
+# adding the same constant to every score of a row changes nothing (the softmax does not see it), so the
+# loss has no gradient in that direction. It is also a quick test for a backward pass: a `dS` whose rows
+# do not sum to 0 has a wrong `delta`, or a wrong `P` (rebuilt without `lse`, or unmasked), whose rows do
 # not sum to 1.
 # </details>
 
@@ -775,12 +779,12 @@ print("every row of dS sums to 0 (within 1e-12):", bool(ds.sum(-1).abs().max() <
 # <details><summary>3. Find the bug: the backward forgets the causal mask, but skips the future tiles.
 # Which gradients are wrong?</summary>
 #
-# Almost all of them. In the tiles that cross the diagonal, `P = exp(S − lse)` is no longer 0 above
-# the diagonal: the rebuilt weights give each query some weight on its future keys of the same key
-# block. That reaches every query but the last of each key block, and every key but the first. With
-# `T = 40` and tiles of 8 queries by 16 keys, 37 of the 40 rows of each of `dQ`, `dK` and `dV` are
-# wrong (measured); only rows 15, 31, 39 of `dQ`, and rows 0, 16, 32 of `dK` and `dV`, survive. The
-# forward masked these entries, so the backward must mask them the same way.
+# All three, in almost every row. In the tiles that cross the diagonal, `P = exp(S − lse)` is no longer 0
+# above the diagonal: the rebuilt weights give each query some weight on its future keys of the same key
+# block. That reaches every query but the last of each key block, and every key but the first. With `T =
+# 40` and tiles of 8 queries by 16 keys, 37 of the 40 rows of each of `dQ`, `dK` and `dV` are wrong
+# (measured); only rows 15, 31, 39 of `dQ`, and rows 0, 16, 32 of `dK` and `dV`, survive. The forward
+# masked these entries, so the backward must mask them the same way.
 # </details>
 #
 # <details><summary>4. The backward recomputes S = Q Kᵀ for every tile. How many matrix products of a
