@@ -330,8 +330,8 @@ for block_q, block_k in [(8, 8), (16, 32), (50, 7), (64, 64)]:
 # It is used through `FlashAttention.apply(q, k, v, causal, block_q, block_k)`, with positional
 # arguments. The torch of this course (2.13) also takes keywords, but only after every argument before
 # them: `FlashAttention.apply(q, k, v, block_q=16)` fails with "missing required argument: 'causal'",
-# because `apply` does not fill in `forward`'s defaults. Releases older than that, down to the 2.5 the
-# course supports, reject keyword arguments to `apply`. Positional arguments work everywhere.
+# because `apply` does not fill in `forward`'s defaults. Older releases, such as the 2.5 the course
+# supports, reject any keyword argument to `apply`. Positional arguments work everywhere.
 # `ctx.save_for_backward` is the right place for tensors: autograd checks that they were not changed
 # in place before the backward runs, and frees them after it.
 #

@@ -127,6 +127,16 @@ def test_a_bool_as_a_block_size_is_named_with_the_argument_order(call):
         call(torch.randn(6, 4))
 
 
+def test_apply_takes_keywords_only_after_every_earlier_argument_as_notebook_10_says():
+    """Notebook 10, section 3: on the pinned torch, apply binds keywords to forward's parameters but fills in
+    no default before them (a forward that takes ctx), so positional arguments stay the advice."""
+    q, k, v, do = _inputs(1, 6, 4, seed=19)
+    positional = R.FlashAttention.apply(q, k, v, True, 4, 4)
+    assert torch.equal(R.FlashAttention.apply(q, k, v, True, block_q=4, block_k=4), positional)
+    with pytest.raises(TypeError, match="missing required argument: 'causal'"):
+        R.FlashAttention.apply(q, k, v, block_q=4)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda q: R.flash_attention_backward(q, q, q, q, q[..., 0], q, 0, 4), "block_q must be a positive int"),
     (lambda q: R.flash_attention_backward(q, q, q, q, q, q, 2, 2), "lse must have shape"),
