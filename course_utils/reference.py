@@ -562,7 +562,13 @@ except ImportError:  # pragma: no cover - a machine without Triton still has eve
     tl = None
 
 
-def _check_block(value: int, name: str) -> None:
+def _check_block(value: int, name: str, order: str = "") -> None:
+    """A ``ValueError`` unless ``value`` is a positive int. A bool in a block size's place is most often the
+    causal flag given in another function's argument order: ``order`` (the function's own) is then named."""
+    if isinstance(value, bool) and order:
+        raise ValueError(f"{name} must be a positive int, got {value!r}: the causal flag in a block size's place? "
+                         f"The order is {order}, causal last (FlashAttention.apply takes causal before the block "
+                         f"sizes: apply(q, k, v, causal, block_q, block_k))")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
@@ -605,8 +611,9 @@ def flash_attention_forward(
     ``exp(m_old - m_new)`` when the maximum grows. With ``causal=True``, key blocks that start after
     the block's last query are skipped (never computed); only blocks that cross the diagonal are masked.
     """
-    _check_block(block_q, "block_q")
-    _check_block(block_k, "block_k")
+    order = "flash_attention_forward(q, k, v, block_q, block_k, causal)"
+    _check_block(block_q, "block_q", order)
+    _check_block(block_k, "block_k", order)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         check_rank_at_least(t, 2, name)
     check_same_last_dim(q, k, "q", "k")
@@ -1166,11 +1173,15 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     ``q``, ``k``, ``v``, ``o``, ``do`` are ``(..., T, D)``; ``lse`` ``(..., T)`` is the forward's
     log-sum-exp. Each tile of weights is rebuilt from the scores, ``P = exp(S - lse)``. The outer loop
     runs over key blocks, so that a key block's ``dk`` and ``dv`` are summed over the query blocks in
-    the inner loop and written once; ``dq`` gets a share from every key block (on a GPU: a second
-    pass, or atomic adds). With ``causal=True``, query blocks wholly before a key block are skipped.
+    the inner loop and written once; ``dq`` gets a share from every key block (on a GPU: atomic adds
+    into a float32 buffer, or a second loop over key blocks). With ``causal=True``, query blocks wholly
+    before a key block are skipped. As the forward, every tile and every sum is computed in float32 at
+    least (``lse`` is float32 for bfloat16 or float16 inputs), and the gradients are cast back to the
+    inputs' dtypes at the end.
     """
-    _check_block(block_q, "block_q")
-    _check_block(block_k, "block_k")
+    order = "flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)"
+    _check_block(block_q, "block_q", order)
+    _check_block(block_k, "block_k", order)
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")):
         check_rank_at_least(t, 2, name)
     check_same_last_dim(q, k, "q", "k")
@@ -1180,25 +1191,28 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
     scale = 1.0 / math.sqrt(D)
-    delta = (do * o).sum(dim=-1)  # (..., T): D_i = rowsum(dO * O), one number per query
-    dq = torch.zeros_like(q)  # (..., T, D)
-    dk = torch.zeros_like(k)  # (..., Tk, D)
-    dv = torch.zeros_like(v)  # (..., Tk, Dv)
+    acc = torch.promote_types(q.dtype, torch.float32)  # tiles and sums in float32 at least, as the forward
+    delta = (do.to(acc) * o.to(acc)).sum(dim=-1)  # (..., T): delta_i = rowsum(dO * O), one number per query
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)  # (..., T, D)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)  # (..., Tk, D)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)  # (..., Tk, Dv)
     for k_start in range(0, Tk, block_k):
         k_end = min(k_start + block_k, Tk)
-        k_blk, v_blk = k[..., k_start:k_end, :], v[..., k_start:k_end, :]  # (..., Bk, D), (..., Bk, Dv)
+        k_blk = k[..., k_start:k_end, :].to(acc)  # (..., Bk, D)
+        v_blk = v[..., k_start:k_end, :].to(acc)  # (..., Bk, Dv)
         dk_blk = torch.zeros_like(k_blk)  # (..., Bk, D)
         dv_blk = torch.zeros_like(v_blk)  # (..., Bk, Dv)
         first = (k_start // block_q) * block_q if causal else 0  # earlier query blocks see none of these keys
         for q_start in range(first, T, block_q):
             q_end = min(q_start + block_q, T)
-            q_blk, do_blk = q[..., q_start:q_end, :], do[..., q_start:q_end, :]  # (..., Bq, D), (..., Bq, Dv)
+            q_blk = q[..., q_start:q_end, :].to(acc)  # (..., Bq, D)
+            do_blk = do[..., q_start:q_end, :].to(acc)  # (..., Bq, Dv)
             s = q_blk @ k_blk.transpose(-2, -1) * scale  # (..., Bq, Bk)
             if causal and k_end - 1 > q_start:  # the tile crosses the diagonal
                 rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (Bq, 1)
                 cols = torch.arange(k_start, k_end, device=q.device)[None, :]  # (1, Bk)
                 s = s.masked_fill(cols > rows, float("-inf"))
-            p = torch.exp(s - lse[..., q_start:q_end, None])  # (..., Bq, Bk): the weights, rebuilt
+            p = torch.exp(s - lse[..., q_start:q_end, None].to(acc))  # (..., Bq, Bk): the weights, rebuilt
             dv_blk = dv_blk + p.transpose(-2, -1) @ do_blk  # (..., Bk, Dv)
             dp = do_blk @ v_blk.transpose(-2, -1)  # (..., Bq, Bk)
             ds = p * (dp - delta[..., q_start:q_end, None])  # (..., Bq, Bk)
@@ -1206,7 +1220,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             dk_blk = dk_blk + ds.transpose(-2, -1) @ q_blk * scale  # (..., Bk, D)
         dk[..., k_start:k_end, :] = dk_blk
         dv[..., k_start:k_end, :] = dv_blk
-    return dq, dk, dv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)  # back to the inputs' dtypes
 
 
 class FlashAttention(torch.autograd.Function):

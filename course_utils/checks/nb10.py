@@ -7,7 +7,8 @@
   backward the tiles wholly in the future must be skipped (the check counts the score entries).
 - ``FlashAttention``: a ``torch.autograd.Function``; its output and gradients against autograd's,
   what it keeps for the backward (exactly ``q``, ``k``, ``v``, the output and ``lse``: no ``P``),
-  ``torch.autograd.gradcheck`` in float64, and SDPA's gradients in float32 at ``T = 256``.
+  ``torch.autograd.gradcheck`` in float64, SDPA's gradients in float32 at ``T = 256``, and one case
+  in bfloat16 (output and gradients against float64 attention on the same inputs, within 1e-2).
 - ``flash_attention_backward_triton``: the Triton kernel for ``dK`` and ``dV``, launched with
   :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU.
 
@@ -446,6 +447,46 @@ def _sdpa_cases() -> list[Case]:
     ]
 
 
+#: bfloat16's tolerance for ``o``, ``dq``, ``dk``, ``dv`` of order 1 against float64 attention on the same
+#: inputs: with float32 tiles and sums, what is left is the rounding of the bfloat16 output (8 significant
+#: bits, up to 4e-3 here, measured); PyTorch's own bfloat16 SDPA is off by up to 1.1e-2 at 1.5.
+HALF_ATOL, HALF_RTOL = 1e-2, 1.6e-2
+
+
+def _half_cases() -> list[Case]:
+    """One bfloat16 case, ``T`` not a multiple of the blocks: the forward returns ``lse`` in float32, so a
+    backward that does not compute its tiles in float32 fails with a dtype error."""
+    return [Case("bfloat16 (1, 2, 50, 16), block_q=16, block_k=24, causal: against float64 attention",
+                 (*(t.to(torch.bfloat16) for t in _inputs(1, 2, 50, 16, seed=1067, dtype=torch.float32)), True, 16, 24))]
+
+
+def _half_diagnose(error: BaseException) -> str | None:
+    """The hint for a bfloat16 run that raised: the dtype mismatch of a backward without float32 tiles."""
+    text = str(error)
+    if "dtype" in text or "scalar type" in text:
+        return ("in bfloat16, notebook 07's forward returns lse in float32, so P = exp(S - lse) is float32 and a "
+                "product with a bfloat16 tile fails. In flash_attention_backward, compute every tile in float32: "
+                "acc = torch.promote_types(q.dtype, torch.float32), .to(acc) on each block you slice, dq, dk and dv "
+                "made with dtype=acc, and return them cast back, dq.to(q.dtype) and so on.")
+    return None
+
+
+def _check_half(exercise: str, cls: Any, case: Case, names: tuple[str, ...]) -> None:
+    """``cls`` on a bfloat16 case: runs, returns ``o`` in bfloat16, and ``(o, dq, dk, dv)`` agree with float64
+    attention on the same inputs within bfloat16's tolerance."""
+    q, k, v, do = (t.to(torch.float64) for t in case.args[:4])
+    want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's attention in float64, run here
+    try:
+        got = call_student(exercise, lambda *_: _probe.run_or_replay(cls, case, _function_run), case)
+    except CheckFailed as error:
+        cause = error.student_error if error.student_error is not None else error
+        raise _hinted(error, _half_diagnose(cause)) from None
+    if isinstance(got, (tuple, list)) and got and isinstance(got[0], torch.Tensor) and got[0].dtype != torch.bfloat16:
+        fail(exercise, f"for bfloat16 inputs the output o has dtype {got[0].dtype}: return it in the inputs' dtype, "
+                       f"as notebook 07's flash_attention_forward does", case)
+    _compare(exercise, case, got, want, names, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
+
+
 def _gradcheck_run(cls: Any, case: Case) -> list | None:
     """``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when it passes, ``["disagrees", first
     line of its error]`` when it does not; raises what else it raised. Under the grader, what the
@@ -499,13 +540,14 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
     """Check ``FlashAttention``, a ``torch.autograd.Function``: ``apply(q, k, v, causal, block_q, block_k)``.
 
     Output and gradients against autograd's in float64; what its forward keeps for the backward;
-    ``gradcheck``; and gradients against SDPA's in float32 at ``T = 256``, causal and not.
+    ``gradcheck``; gradients against SDPA's in float32 at ``T = 256``, causal and not; and a bfloat16 case.
     """
     exercise = "FlashAttention"
     names = ("o", *GRADS)
     cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
     gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
     sdpa = _sdpa_cases()
+    half = _half_cases()
     if _probe.active(exercise):  # under the grader: hand out what each run gave and what was seen; judged outside
         _probe.record_runs(exercise, FlashAttention, [_KIND], _function_kind)
         if _function_kind(FlashAttention, _KIND):
@@ -513,6 +555,7 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
             _probe.record_runs(exercise, FlashAttention, [Case("what forward keeps", ("kept",))], _kept_facts)
             _probe.record_runs(exercise, FlashAttention, [gradcheck], _gradcheck_run)
             _probe.record_runs(exercise, FlashAttention, sdpa, _function_run)
+            _probe.record_runs(exercise, FlashAttention, half, _function_run)
         return
     require_callable(exercise, FlashAttention)
     kind = _probe.run_or_replay(FlashAttention, _KIND, _function_kind)
@@ -545,9 +588,12 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
         want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's kernel, run here
         got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
         _compare(exercise, case, got, want, names, atol=1e-4, rtol=1e-3, name_mistakes=False)
+    for case in half:
+        _check_half(exercise, FlashAttention, case, names)
     passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
-                     f"forward keeps exactly q, k, v, o and lse; gradcheck passes; and the gradients equal SDPA's "
-                     f"at T = 256 in float32, causal and not")
+                     f"forward keeps exactly q, k, v, o and lse; gradcheck passes; the gradients equal SDPA's "
+                     f"at T = 256 in float32, causal and not; and in bfloat16 the output and gradients are within "
+                     f"{HALF_ATOL:g} of float64 attention")
 
 
 # ------------------------------------------------------------------------------------------

@@ -92,8 +92,9 @@ def _full(q, k, v, do, causal=True, *, subtract_delta=True, dq_scale=1, dk_scale
     return ds @ k * scale ** dq_scale, ds.transpose(-2, -1) @ q * scale ** dk_scale, dv
 
 
-NO_DELTA = ("dS = P * dP without subtracting D: the softmax's backward is dS = P * (dP - D), with D = rowsum(dO * O) "
-            "(one number per query), because every weight of a row moves when one score moves.")
+NO_DELTA = ("dS = P * dP without subtracting delta: the softmax's backward is dS = P * (dP - delta), with "
+            "delta = rowsum(dO * O) (one number per query), because every weight of a row moves when one score "
+            "moves.")
 DK_SCALE_MISSING = ("dK misses the scale: S = Q K^T / sqrt(D), so dK = dS^T Q / sqrt(D), like dQ = dS K / sqrt(D).")
 DK_SCALE_TWICE = ("dK is scaled twice: dK = dS^T Q / sqrt(D), one factor 1/sqrt(D), the one of S = Q K^T / sqrt(D).")
 DQ_SCALE_MISSING = "dQ misses the scale: S = Q K^T / sqrt(D), so dQ = dS K / sqrt(D)."
@@ -110,7 +111,8 @@ REFERENCE_MISTAKES = [
             lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, mask=False) if causal else None),
     Mistake("the causal argument is ignored: with causal=False every query sees every key.",
             lambda q, k, v, do, causal=True: None if causal else _full(q, k, v, do, True)),
-    Mistake("D is the row sum of dO alone: D = rowsum(dO * O), the product with the output, one number per query.",
+    Mistake("delta is the row sum of dO alone: delta = rowsum(dO * O), the product with the output, one number per "
+            "query.",
             lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, delta="do")),
 ]
 
@@ -166,9 +168,9 @@ DQ_LAST_BLOCK = ("dQ holds only the last key block's share: a query receives a s
                  "add to it (dq[..., q_start:q_end, :] += dS @ K_blk * scale), do not overwrite it.")
 DK_WRONG_AXIS = ("dK is dS @ Q, accumulated over the wrong axis: dK_j sums over the queries i (the rows of dS), "
                  "so dK_blk += dS^T @ Q_blk * scale.")
-DELTA_FROM_TILE = ("D is taken from one tile, rowsum(P_tile * dP_tile): it needs the whole row, and one key block "
-                   "sees part of it. Compute D = rowsum(dO * O) once, before the loops: the same number, from the "
-                   "output.")
+DELTA_FROM_TILE = ("delta is taken from one tile, rowsum(P_tile * dP_tile): it needs the whole row, and one key "
+                   "block sees part of it. Compute delta = rowsum(dO * O) once, before the loops: the same number, "
+                   "from the output.")
 FLASH_MISTAKES = [
     Mistake(NO_DELTA, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, subtract_delta=False))),
     Mistake(DK_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=0))),

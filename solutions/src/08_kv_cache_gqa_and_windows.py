@@ -200,17 +200,36 @@ plt.show()
 # al., 2021).
 #
 # A head's `D` numbers form `D / 2` pairs. At position `p`, pair `i` turns by the angle
-# `p · θ_i`, with `θ_i = base^(-2i / D)` and `base = 10000`: pair 0 turns by one radian per position,
-# the last pairs barely move, like the hands of a clock at different speeds. Turning a query at
-# position `m` and a key at position `n` changes their dot product only through `m - n`: the score
-# sees how **far apart** two tokens are, not where they are. The values are not turned.
+# `p · θ_i`, with `θ_i = base^(-2i / D)`: pair 0 turns by one radian per position, the last pairs
+# barely move, like the hands of a clock at different speeds. Turning a query at position `m` and a key
+# at position `n` changes their dot product only through `m - n`: the score sees how **far apart** two
+# tokens are, not where they are. The values are not turned.
 #
-# Which two numbers form a pair? Two conventions exist, and weights trained with one are garbage with
-# the other:
+# `base` is a hyperparameter of the model: 10,000 in the RoPE paper and in Llama 2, 500,000 in Llama 3.
+# A larger base turns the slow pairs more slowly still, so that their angles do not come round again
+# within a long context. We use 10,000.
 #
+# Which two numbers form a pair? Two conventions exist:
+#
+# - **neighbours**: `(x_0, x_1), (x_2, x_3), ...`, read as complex numbers. This is RoFormer's own
+#   (the RoPE paper), GPT-J's, and Meta's original Llama code's.
 # - **rotate-half** (GPT-NeoX, Hugging Face's Llama): dimension `i` pairs with `i + D/2`. **We follow
 #   this one.**
-# - **neighbours** (Meta's original Llama code): `(x_0, x_1), (x_2, x_3), ...`, read as complex numbers.
+#
+# They are the same rotation with the dimensions listed in another order: put dimensions `0, 2, 4, ...`
+# in the first half and `1, 3, 5, ...` in the second, and neighbours become rotate-half. Reordering the
+# rows of `W_q` and `W_k` that way (the same order for both, so every score is unchanged) turns weights
+# trained with one convention into weights for the other. Hugging Face's script that converts Meta's
+# Llama weights does exactly that. Without that reordering, the weights of one convention give wrong
+# scores in the other.
+#
+# **Longer contexts than in training.** Past the longest training context the slow pairs reach angles
+# the model has never seen, and its quality drops. Context extension changes the angles, then
+# fine-tunes briefly. *Position interpolation* divides every position by a factor `s`, so that `s`
+# times the trained length maps onto trained angles. *NTK-aware scaling* raises `base` instead, which
+# slows the slow pairs a lot and the fast pairs hardly at all. *YaRN* interpolates only the slow pairs,
+# leaves the fast ones alone and scales the scores slightly. Llama 3.1 uses a rule of the same kind to
+# go from 8,192 to 131,072 tokens.
 
 # %% [markdown]
 # ### Exercise 2: `rope_angles`
@@ -258,7 +277,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """(..., T, D) queries or keys turned pair by pair (x_i with x_(i + D/2)) at positions (T,)."""
     ### BEGIN SOLUTION
     D = x.shape[-1]
-    angles = rope_angles(D, int(positions.max()) + 1)[positions]  # (T, D/2): the rows of these positions
+    angles = rope_angles(D, int(positions.max()) + 1)  # (P, D/2), float32 on the CPU
+    angles = angles.to(x.device)[positions.to(x.device)]  # (T, D/2): the rows of these positions, on x's device
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., : D // 2], x[..., D // 2:]  # (..., T, D/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, D)
@@ -1000,32 +1020,40 @@ for length in (4096, 32768, 131072):
 # queries and write the outputs, `2 · H · Tq · D` numbers, and read the keys and values,
 # `2 · G · Tk · D` numbers.
 #
-# - **Prefill**, `Tq = Tk = T`: the FLOPs grow like `T²`, the bytes like `T`: thousands of FLOPs per
-#   byte, far right of the ridge, compute-bound. (This counts every number once; notebook 07's tiles
-#   read `K` and `V` again for each query block, which lowers it, but prefill stays the heavy,
-#   compute-hungry part.)
-# - **Decode**, `Tq = 1`: the whole cache is read to compute one row of scores per query head. Per key
-#   and value number read (2 bytes), each of the `n_rep = H / G` query heads that share it does 2
-#   multiply-adds, 4 FLOPs: about `H / G = n_rep` FLOPs per byte. **1 for MHA**, `n_rep` for GQA.
+# - **Prefill**, `Tq = Tk = T`: the FLOPs grow like `T²`, the bytes like `T`. A causal prefill computes
+#   only the scores at or below the diagonal, about half of them, so it does about half these FLOPs (we
+#   count it that way below): still over a thousand FLOPs per byte at 4096 tokens, far right of the
+#   ridge, compute-bound. (This counts every number once; notebook 07's tiles read `K` and `V` again for
+#   each query block, which lowers it, but prefill stays the heavy, compute-hungry part.)
+# - **Decode**, `Tq = 1`: the whole cache is read to compute one row of scores per query head. Each key
+#   or value number read (2 bytes) takes part in one multiply-add (2 FLOPs) for each of the
+#   `n_rep = H / G` query heads that share it: `2 · n_rep` FLOPs per 2 bytes, about `n_rep` FLOPs per
+#   byte. **1 for MHA**, `n_rep` for GQA.
+#
+# That count assumes a **group-aware** kernel, which reads each key/value head once for its `n_rep`
+# query heads (FlashAttention's kernels, SDPA with `enable_gqa=True`). With `repeat_kv`'s copies every
+# query head reads a copy of its own, and decode is back to about 1 FLOP per byte.
 #
 # We place both on the same roofline as notebook 07, an H100, at Llama 3 8B's sizes (`H = 32`,
 # `D = 128`) with 4096 tokens:
 
 # %%
 def attention_core_intensity(num_queries: int, num_keys: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                             element_bytes: int = 2) -> float:
-    """FLOP per byte of one layer's attention core (Q K^T and P V) when each number is read or written once."""
-    flops = 4 * num_heads * num_queries * num_keys * head_dim
+                             element_bytes: int = 2, causal: bool = False) -> float:
+    """FLOP per byte of one layer's attention core (Q K^T and P V) when each number is read or written once;
+    causal (num_queries == num_keys): only the scores at or below the diagonal are computed."""
+    scores = num_queries * (num_queries + 1) // 2 if causal else num_queries * num_keys  # per head
+    flops = 4 * num_heads * scores * head_dim
     numbers = 2 * num_heads * num_queries * head_dim + 2 * num_kv_heads * num_keys * head_dim  # Q, O; K, V
     return flops / (numbers * element_bytes)
 
 
-points = [("prefill of 4096 tokens, GQA (G = 8)", attention_core_intensity(4096, 4096, 32, 8, 128)),
+points = [("causal prefill of 4096 tokens, GQA (G = 8)", attention_core_intensity(4096, 4096, 32, 8, 128, causal=True)),
           ("decode, MHA (G = 32)", attention_core_intensity(1, 4096, 32, 32, 128)),
           ("decode, GQA (G = 8, n_rep = 4)", attention_core_intensity(1, 4096, 32, 8, 128)),
           ("decode, MQA (G = 1, n_rep = 32)", attention_core_intensity(1, 4096, 32, 1, 128))]
 for label, flop_per_byte in points:
-    print(f"{label:36s} {flop_per_byte:7.1f} FLOP/byte")
+    print(f"{label:42s} {flop_per_byte:7.1f} FLOP/byte")
 ax = plotting.plot_roofline(points, bench.GPU_SPECS["H100"], title="one layer's attention, Llama 3 8B sizes, 4096 tokens")
 plt.show()
 
@@ -1033,10 +1061,16 @@ plt.show()
 # Every decode point sits on the memory slope, far left of the H100's ridge (295 FLOP/byte): a decode
 # step's time is the time to **read the cache** (and the weights), while the tensor cores mostly wait.
 # MHA uses less than 1 % of the chip's FLOPs there. Grouping does not remove any FLOPs; it removes
-# **bytes**: with `G = 8` every key read serves 4 query heads, so the same step runs about 4 times
-# faster, and MQA about 32 times. That, more than the memory the cache takes, is why GQA and MQA
-# matter. (Batching many sequences helps the weight matmuls, where one weight read serves every
-# sequence, but not attention: each sequence reads its own cache.)
+# **bytes**: with `G = 8` every key read serves 4 query heads, so the attention part of the step runs
+# about 4 times faster, and MQA's about 32 times.
+#
+# The whole step gains less. At batch 1 it also reads every weight of the model: 16 GB for Llama 3 8B
+# in bfloat16, against 2 GiB of cache for 4096 tokens with MHA and 0.5 GiB with GQA (32 layers, keys
+# and values, 2 bytes each). The weights dominate there; the cache's share, and GQA's gain, grow with
+# the batch and the length. And the memory the cache takes and the bandwidth it uses are the **same
+# bytes**: a cache 4 times smaller both fits 4 times more sequences and is read 4 times faster.
+# (Batching many sequences helps the weight matmuls, where one weight read serves every sequence, but
+# not attention: each sequence reads its own cache.)
 
 # %% [markdown]
 # ## Check your understanding
@@ -1118,7 +1152,8 @@ plt.show()
 #
 # - **RoPE** turns each pair `(x_i, x_{i+D/2})` of a query or key by `p · base^(-2i/D)`, so scores depend
 #   on distances only; with a cache, turn the new queries and keys at `start + i`, before caching.
-# - **Prefill** is compute-bound; a **decode** step reads the whole cache for about `n_rep` FLOPs per
-#   byte (1 for MHA): it is memory-bound, and GQA and MQA speed it up by reading fewer bytes.
+# - **Prefill** is compute-bound (causal: half the FLOPs of all the scores); a **decode** step reads the
+#   whole cache for about `n_rep` FLOPs per byte with a group-aware kernel (1 for MHA): it is
+#   memory-bound, and GQA and MQA speed up its attention by reading fewer bytes.
 #
 # Notebook 09 puts attention into a complete tiny transformer and trains it.

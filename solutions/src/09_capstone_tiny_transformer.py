@@ -9,8 +9,8 @@
 # The task is **reversing a sequence of digits**: after `3 1 4 1 5 9 2 6 |` the model must write
 # `6 2 9 5 1 4 1 3`. It needs attention (the next digit sits somewhere else in the sequence), and it
 # needs to know *where* each digit sits. Position vectors tell the model that directly. Without
-# them, one causal block cannot solve the task; two blocks can, because the causal mask itself
-# leaks a little order, but they learn it far more slowly (section 8 shows both).
+# them, one causal block cannot solve the task; two blocks learn most of it, because the causal mask
+# itself leaks a little order, but far more slowly and not all of it (section 8 shows both).
 #
 # **In this notebook you will**
 # 1. see that attention alone cannot tell word order: it is **permutation-equivariant**;
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from course_utils import checks, tasks, training
 
 torch.manual_seed(123)
+torch.set_num_threads(1)  # small tensors: one thread is as fast, and steady on a busy machine
 print("torch", torch.__version__)
 
 # %% [markdown]
@@ -693,12 +694,13 @@ print("no positions, two blocks, seed 0:", ", ".join(f"step {s}: {nope[s]:.0%}" 
 print("no positions, one block, best accuracy:", f"{max(position_ablation.CURVES['none, one block'].values()):.0%}")
 
 # %% [markdown]
-# Two blocks without positions do learn the task: under 1% of the held-out sequences at step 500,
-# about a third at step 1000, half at step 2000 and about 70% at step 4000, still rising slowly and
-# noisily at step 6000 (seed 1 follows the same path). With positions the same model was at 100%
-# after 100 steps. One block without positions stays at 0% for all 3000 steps,
-# as section 1 predicts. So positions do not make this task *possible* for a model with two or more
-# blocks: they make it *easy*, and that is why every transformer has them in some form.
+# Two blocks without positions learn most of the task, not all of it: under 1% of the held-out
+# sequences at step 500, about a third at step 1000, half at step 2000 and about 70% at step 4000. Then
+# the curve stops rising: from step 3500 to 6000 it moves between 67% and 79%, and step 6000 is below
+# its best (seed 1 follows the same path). With positions the same model was at 100% after 100 steps.
+# One block without positions stays at 0% for all 3000 steps, as section 1 predicts. So for two blocks,
+# positions are not what makes the task learnable at all: they make it *easy* and complete, and that is
+# why every transformer has them in some form.
 
 # %% [markdown]
 # ## 9. What did the heads learn?
@@ -770,9 +772,13 @@ plt.show()
 # task, where there is one correct answer. Language models usually **sample** from the softmax instead,
 # shaped by two knobs:
 # - the **temperature** divides the logits before the softmax: below 1 it sharpens the distribution
-#   (towards greedy), above 1 it flattens it (towards uniform); temperature 0 means greedy;
+#   (towards greedy), above 1 it flattens it (towards uniform). Dividing by 0 is undefined, so
+#   temperature 0 meaning greedy is a convention, the one of OpenAI's API and vLLM, which we follow.
+#   Hugging Face's `generate` asks for greedy with `do_sample=False` instead, and when it samples it
+#   keeps the 50 largest logits (`top_k=50`) unless told otherwise;
 # - **top-k** keeps only the `k` largest logits (the others get `-inf`, so probability 0), so that
-#   the long tail of unlikely tokens is never drawn.
+#   the long tail of unlikely tokens is never drawn. Logits equal to the `k`-th largest are kept too,
+#   so a tie can keep more than `k` tokens.
 #
 # ### Exercise 6: `generate`
 #
@@ -800,6 +806,13 @@ plt.show()
 #    that no stale cache stays behind.
 #
 # `@torch.no_grad()` (given) switches off autograd: generation needs no gradients.
+#
+# Real generation adds three things this exercise leaves out. **Top-p** (nucleus) sampling keeps the
+# fewest most likely tokens whose probabilities add up to at least `p`, however many that is.
+# **Stopping**: each sequence ends at an end-of-sequence token or a stop string, not after a fixed
+# number of tokens. **Ragged batches**: prompts of different lengths are padded (on the left for a
+# decoder-only model), an attention mask hides the padding, the positions start at each prompt's
+# first real token, and a sequence that has stopped is padded until the others stop too.
 #
 # The check uses a small stand-in model with a cache of its own (a running mean of the token vectors,
 # not a transformer), so that only your `generate` is graded. It tells you which call read what, and
@@ -856,7 +869,8 @@ checks.check_generate(generate, hidden=True)
 
 # %% [markdown]
 # The trained model, greedy, with the cache: it writes the reversal of unseen sequences. Without the
-# cache it writes exactly the same tokens, because both ways compute the same logits.
+# cache both ways compute the same logits up to float32 rounding (their additions happen in another
+# order), and here that rounding never changes which token is the largest: the same tokens.
 
 # %%
 prompts = held_out.inputs[:5, : task.num_digits + 1]  # (5, 9): the digits and the separator
@@ -922,7 +936,15 @@ else:
 # %% [markdown]
 # On the CPU we wrote this on, the cache made these 240 tokens two to three times faster, and the gap
 # grows with the length: from 120 to 240 new tokens the time with the cache about doubled, the time
-# without it more than tripled. The price is memory: the cache holds two `(b, H, T, D)` tensors per
+# without it more than tripled.
+#
+# The `n²/2` count predicts far more: 32,520 token-passes without the cache (steps of 16 to 255
+# tokens) against 255 with it, about 127 times fewer. The measured gain is much smaller because a
+# forward pass of this tiny model has a fixed cost of more than a millisecond whatever the number of
+# tokens (1.4 ms for 1 token and for 16 tokens on our CPU, against 11 ms for 255): Python's and
+# PyTorch's cost per operation. The cached steps pay that fixed cost 240 times, and it is almost all of
+# their time. For a large model, whose work per token is far above its fixed cost, the gain comes much
+# closer to the count. The price is memory: the cache holds two `(b, H, T, D)` tensors per
 # block (notebook 08 counts them for real models). Every serving system for large models decodes
 # this way.
 
@@ -1023,12 +1045,12 @@ print("same logits at the first token:", torch.allclose(a[0, 0], b[0, 0], atol=1
 #   GELU feed-forward network. A GPT: embeddings plus positions, dropout, blocks, a final norm, a head.
 # - A training step: logits, cross-entropy on the answer positions, `zero_grad`, `backward`, `step`.
 # - The trained model reverses unseen sequences, with learned or sinusoidal positions alike. With a
-#   mean instead of attention it never does. Without positions one block cannot; two blocks slowly
-#   can, because the causal mask leaks order (NoPE). One head's map shows the anti-diagonal: the
-#   model learned where to look.
+#   mean instead of attention it never does. Without positions one block cannot; two blocks slowly learn
+#   most of it (about 70%), because the causal mask leaks order (NoPE). One head's map shows the
+#   anti-diagonal: the model learned where to look.
 # - Generation: greedy at temperature 0, sampling with a temperature and top-k otherwise; with the
 #   KV cache the prompt is read once and then one token per step, and greedy writes the same tokens as
-#   a full recompute, several times faster for long sequences.
+#   a full recompute (the same logits up to rounding), faster for long sequences.
 #
 # Where next: try the copy task (`digits | digits`) and watch a diagonal appear instead, or make the
 # sequences longer than the positions the model was trained on and see learned positions fail.

@@ -79,6 +79,64 @@ def test_flash_attention_function_passes_gradcheck_and_keeps_five_tensors():
     assert nb10._kept_problem(R.FlashAttention) is None
 
 
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_backward_runs_in_half_precision_with_float32_tiles(half, causal):
+    """07's forward returns lse in float32: the backward computes its tiles and sums in float32, returns the
+    inputs' dtype, and is within the check's bfloat16 tolerance of float64 attention without its rtol."""
+    q, k, v, do = (t.to(half) for t in _inputs(1, 2, 50, 16, seed=13, dtype=torch.float32))
+    got = nb10.run_function(R.FlashAttention, q, k, v, do, causal, 16, 24)
+    want = nb10.attention_with_grads(*(t.double() for t in (q, k, v, do)), causal)
+    for g, w in zip(got, want):
+        assert g.dtype == half
+        assert_close(g.double(), w, atol=nb10.HALF_ATOL, rtol=0)  # the check adds rtol=HALF_RTOL
+
+
+def test_a_backward_with_tiles_in_bfloat16_fails_the_check_with_the_float32_hint():
+    """The half-precision case of check_FlashAttention: a backward that keeps the inputs' dtype in its tiles
+    fails there (P = exp(S - lse) is float32), and the message says to compute every tile in float32."""
+    def uncast_backward(q, k, v, o, lse, do, block_q, block_k, causal=True):
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for ks in range(0, q.shape[-2], block_k):
+            for qs in range(0, q.shape[-2], block_q):
+                s = q[..., qs:qs + block_q, :] @ k[..., ks:ks + block_k, :].mT
+                p = torch.exp(s - lse[..., qs:qs + block_q, None])
+                dv[..., ks:ks + block_k, :] += p.mT @ do[..., qs:qs + block_q, :]  # float32 P, bfloat16 dO
+        return dq, dk, dv
+
+    class Uncast(torch.autograd.Function):
+        forward = R.FlashAttention.forward
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            return (*uncast_backward(q, k, v, o, lse, do, ctx.block_q, ctx.block_k, ctx.causal), None, None, None)
+
+    case = nb10._half_cases()[0]
+    with pytest.raises(CheckFailed, match="compute every tile in float32"):
+        nb10._check_half("FlashAttention", Uncast, case, ("o", *nb10.GRADS))
+    nb10._check_half("FlashAttention", R.FlashAttention, case, ("o", *nb10.GRADS))
+
+
+@pytest.mark.parametrize("call", [lambda q: R.flash_attention_forward(q, q, q, True, 4, 4),
+                                  lambda q: R.flash_attention_backward(q, q, q, q, q[..., 0], q, True, 4, 4)])
+def test_a_bool_as_a_block_size_is_named_with_the_argument_order(call):
+    """FlashAttention.apply takes (q, k, v, causal, block_q, block_k), the tiled functions (..., block_q,
+    block_k, causal): the causal flag passed first lands in block_q, and the message names both orders."""
+    with pytest.raises(ValueError, match=r"causal flag in a block size's place\? The order is flash_attention_"):
+        call(torch.randn(6, 4))
+
+
+def test_apply_takes_keywords_only_after_every_earlier_argument_as_notebook_10_says():
+    """Notebook 10, section 3: on the pinned torch, apply binds keywords to forward's parameters but fills in
+    no default before them (a forward that takes ctx), so positional arguments stay the advice."""
+    q, k, v, do = _inputs(1, 6, 4, seed=19)
+    positional = R.FlashAttention.apply(q, k, v, True, 4, 4)
+    assert torch.equal(R.FlashAttention.apply(q, k, v, True, block_q=4, block_k=4), positional)
+    with pytest.raises(TypeError, match="missing required argument: 'causal'"):
+        R.FlashAttention.apply(q, k, v, block_q=4)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda q: R.flash_attention_backward(q, q, q, q, q[..., 0], q, 0, 4), "block_q must be a positive int"),
     (lambda q: R.flash_attention_backward(q, q, q, q, q, q, 2, 2), "lse must have shape"),
@@ -209,6 +267,33 @@ def test_reference_backward_kernel_agrees_with_autograd(causal, shape, blocks):
     tolerance = 5e-3 if torch.cuda.is_available() else 1e-5
     assert_close(dk, dk_want, atol=tolerance, rtol=0)
     assert_close(dv, dv_want, atol=tolerance, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_the_kernel_needs_its_two_casts_in_half_precision():
+    """lse and delta are float32, so p and ds are: tl.dot refuses them with float16 dO and q unless cast, as the
+    notebook says. float16, not bfloat16: Triton 3.6's interpreter computes bfloat16 wrongly (NumPy has none);
+    the bfloat16 kernel is compiled for a GPU below."""
+    import inspect
+
+    import triton
+
+    flash.use_interpreter_without_gpu()
+    q, k, v, do = (t.half() for t in _inputs(1, 2, 40, 16, seed=17, dtype=torch.float32))
+    o, lse = R.flash_attention_forward(q, k, v, 16, 16)
+    dk, dv = backward.launch_backward(R.flash_attention_backward_triton, q, k, v, o, lse, do, True, 16, 16)
+    _, _, dk_want, dv_want = nb10.attention_with_grads(*(t.double() for t in (q, k, v, do)), True)
+    assert dk.dtype == dv.dtype == torch.float16
+    assert_close(dk.double(), dk_want, atol=2e-3, rtol=0)
+    assert_close(dv.double(), dv_want, atol=2e-3, rtol=0)
+    source = inspect.getsource(R.flash_attention_backward_triton)
+    for cast in ("tl.trans(p).to(do.dtype)", "tl.trans(ds).to(q.dtype)"):
+        assert source.count(cast) == 1
+    namespace = {"tl": R.tl}
+    exec(source.replace(".to(do.dtype), do)", ", do)").replace(".to(q.dtype), q)", ", q)"), namespace)  # noqa: S102
+    with pytest.raises(Exception, match="same dtype"):
+        backward.launch_backward(triton.jit(namespace["flash_attention_backward_triton"]), q, k, v, o, lse, do, True,
+                                 16, 16)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
