@@ -283,6 +283,15 @@ def _graded_cells(graded: Path) -> dict[str, object]:
     return {nbcells.grade_id(c): c for c in nb.cells if nbcells.is_test(c)}
 
 
+def _why(status: str) -> str:
+    """A file's status as the student reads it: what was wrong with it, without the grader's note that
+    its name is not a course notebook's where the file could not be read at all."""
+    parts = status.split("; ")
+    if len(parts) > 1:
+        parts = [p for p in parts if p != "unknown file name"]
+    return "; ".join(parts)
+
+
 def results_for(rows: list[dict], notebook: str, graded_nb: Path) -> dict:
     """Gradescope's results.json for the autograde ``rows`` of one submission."""
     from grader import intake
@@ -294,13 +303,14 @@ def results_for(rows: list[dict], notebook: str, graded_nb: Path) -> dict:
     def file(row: dict) -> str:  # as the student named it (the grader saw it in a folder "student/")
         return row["file"].split("/", 1)[1] if row["file"].startswith(f"{STUDENT}/") else row["file"]
 
-    notes = [f"{file(r)}: {r['status']}" for r in others]
+    notes = [f"{file(r)}: {_why(r['status'])}" for r in others]
     if not mine:
-        why = "; ".join(notes) or "no file was handed in"
-        return {"output": f"{notebook} was not graded: no notebook of it was found in your submission ({why}). "
-                          f"Hand in your {notebook}.ipynb.",
+        listed = "".join(f"\n- {note}" for note in notes) or "\n- no file was handed in"
+        return {"output": f"Not graded: your submission holds no readable {notebook} notebook.{listed}\n"
+                          f"Hand in your {notebook}.ipynb as Jupyter saved it (File > Save Notebook) and submit again.",
                 "tests": [{"name": f"{t.exercise}: {t.grade_id}", "number": str(i), "score": 0.0,
-                           "max_score": t.points, "status": "failed", "output": "not graded: no notebook found",
+                           "max_score": t.points, "status": "failed",
+                           "output": "not graded: no readable notebook in the submission (see above)",
                            "visibility": "visible"} for i, t in enumerate(tests, start=1)],
                 "stdout_visibility": "hidden", **FORMATS}
     row = mine[0]

@@ -203,7 +203,9 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1"}
+           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1",
+           # course_utils where the grader has it (bound below), installed or not (Gradescope's zip).
+           "PYTHONPATH": str(Path(_course_utils_dir()).parent)}
     # How this machine's PyTorch and MKL are told to compute (another CPU's instructions, issue 17): the
     # kernel computes as the grader does, as it would on one machine whose CPU they describe. The grader
     # compares the kernel's outputs with the reference's, computed in its own process.
