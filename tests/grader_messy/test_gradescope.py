@@ -427,3 +427,18 @@ def test_a_first_try_kernel_sees_the_student_edition_with_only_its_helpers_answe
         shutil.rmtree(plain)
     finally:
         shutil.rmtree(home)
+
+
+def test_the_notebook_s_time_limit_leaves_room_in_gradescope_s_timeout(tmp_path):
+    """420 s by default, under Gradescope's default 10 minutes; ``--time-limit`` for a raised timeout, and
+    the zip's README tells the instructor of a heavy notebook which settings to raise."""
+    assert gradescope.TIME_LIMIT + 120 <= gradescope.GRADESCOPE_TIMEOUT
+    assert main(["gradescope", "01", "--out", str(tmp_path / "a.zip")]) == 0
+    assert main(["gradescope", "09", "--out", str(tmp_path / "b.zip"), "--time-limit", "1500"]) == 0
+    with zipfile.ZipFile(tmp_path / "a.zip") as a, zipfile.ZipFile(tmp_path / "b.zip") as b:
+        assert "--time-limit 420 " in a.read("run_autograder").decode()
+        assert "--time-limit 1500 " in b.read("run_autograder").decode()
+        assert "raise the Autograder timeout in Autograder Settings to at least 1680 s" in b.read("README.md").decode()
+        assert "container with more memory" in b.read("README.md").decode()
+        assert "leaves room for the rest." in a.read("README.md").decode()
+        assert "raise" not in a.read("README.md").decode()
