@@ -22,6 +22,9 @@ answers and the results out of the student's reach:
 ``/autograder/results`` are root's alone (``run_autograder`` makes them so). What this does not give
 (no PID, network or mount namespace, no cgroup) is said in the README's Gradescope section.
 
+Killing every process of the user assumes one kernel at a time: Gradescope's runner grades its one
+submission in one process (``autograde(workers=0)``); a pool of grading processes must not share the user.
+
 The grading process switches this on with :data:`USER_VARIABLE` (the user's name) and
 :data:`EDITION_VARIABLE` (the folder holding the student edition's ``course_utils``).
 """

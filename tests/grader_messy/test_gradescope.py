@@ -442,3 +442,29 @@ def test_the_notebook_s_time_limit_leaves_room_in_gradescope_s_timeout(tmp_path)
         assert "container with more memory" in b.read("README.md").decode()
         assert "leaves room for the rest." in a.read("README.md").decode()
         assert "raise" not in a.read("README.md").decode()
+
+
+def test_setup_takes_only_a_released_python_at_the_floor(autograder_zip, tmp_path):
+    """setup.sh's test of a Python: a release candidate (Ubuntu 22.04's python3.11 is 3.11.0rc1) and a
+    Python under the floor fail it; this interpreter, and a released 3.12, pass."""
+    with zipfile.ZipFile(autograder_zip) as z:
+        setup = z.read("setup.sh").decode()
+    released = setup[setup.index("released() {"):setup.index("\n}\n", setup.index("released() {")) + 3]
+
+    def posing_as(version: tuple) -> str:  # this interpreter, with another sys.version_info
+        path = tmp_path / f"python-{'-'.join(map(str, version))}"
+        path.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import collections, sys; "
+                        f"sys.version_info = collections.namedtuple('V', 'major minor micro releaselevel serial')"
+                        f"{version!r}; exec(sys.argv[1])\" \"$2\"\n")
+        path.chmod(0o755)
+        return str(path)
+
+    def accepts(python: str) -> bool:
+        return subprocess.run(["bash", "-c", f"{released}\nreleased {python}"]).returncode == 0
+
+    assert accepts(sys.executable)
+    assert accepts(posing_as((3, 12, 0, "final", 0)))
+    assert not accepts(posing_as((3, 11, 0, "candidate", 1)))
+    assert not accepts(posing_as((3, 11, 2, "final", 0)))
+    assert not accepts(posing_as((3, 10, 12, "final", 0)))
+    assert 'die "no released Python 3.11.5 or newer could be had' in setup
