@@ -47,17 +47,18 @@ find_python() {{
 tried="the Pythons on PATH"
 PY="$(find_python)" || {{
   tried="$tried, Ubuntu's python3.12 and python3.11 packages"
+  apt-get update -qq >/dev/null 2>&1 || true
   for version in 3.12 3.11; do
     apt-get install -y -qq "python$version" "python$version-venv" >/dev/null 2>&1 || true
   done
   PY="$(find_python)"
 }} || {{
   # uv's managed Python, installed where the kernel's user can read it ($ROOT/python).
-  tried="$tried, uv's managed Python 3.12"
+  tried="$tried, uv's managed Python 3.11"
   apt-get install -y -qq python3-venv >/dev/null 2>&1 || true
   if python3 -m venv "$ROOT/uv" >/dev/null 2>&1 && "$ROOT/uv/bin/python" -m pip install --quiet uv; then
-    UV_PYTHON_INSTALL_DIR="$ROOT/python" "$ROOT/uv/bin/uv" python install 3.12 >/dev/null 2>&1 || true
-    exe="$(UV_PYTHON_INSTALL_DIR="$ROOT/python" "$ROOT/uv/bin/uv" python find --managed-python 3.12 2>/dev/null)" || exe=""
+    UV_PYTHON_INSTALL_DIR="$ROOT/python" "$ROOT/uv/bin/uv" python install 3.11 >/dev/null 2>&1 || true
+    exe="$(UV_PYTHON_INSTALL_DIR="$ROOT/python" "$ROOT/uv/bin/uv" python find --python-preference only-managed 3.11 2>/dev/null)" || exe=""
     if [ -n "$exe" ] && released "$exe"; then PY="$exe"; fi
   fi
   [ -n "${{PY:-}}" ]
