@@ -735,6 +735,15 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
     from concurrent.futures.process import BrokenProcessPool
 
     broken = []
+    if workers == 0:  # in this process: one submission where memory is short (Gradescope), no pool
+        for sid, js in per_student.items():
+            try:
+                rows = grade_student(js, str(root), str(work_root / sid), settings)
+            except Exception as exc:  # noqa: BLE001 - a failure costs its student only
+                rows = [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
+                               f"grading failed: {type(exc).__name__}: {exc}", j.file) for j in js]
+            record(js, rows)
+        return broken
     with grading_pool(workers, settings.sandbox) as pool:
         futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): sid
                    for sid, js in per_student.items()}
@@ -876,7 +885,8 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
               similarity_max_share: int = similarity.MAX_SHARE, shard: tuple[int, int] | None = None,
               db_url: str | None = None, layout: str = "auto") -> int:
     """Grade every submission (or one shard's: ``shard=(K, N)``); write the CSVs, reports and
-    gradebook. Limits not given come from :data:`grader.config.SETTINGS`. Returns the exit code:
+    gradebook, in ``workers`` grading processes (0: in this process, as Gradescope's one submission
+    does). Limits not given come from :data:`grader.config.SETTINGS`. Returns the exit code:
     0 when every submission got a row (an empty class or shard included: the CSVs with their
     headers and an empty gradebook), 2 when the arguments are unusable or grading was refused (no
     sandbox; the reason is one line on stderr), 1 otherwise.

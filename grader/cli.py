@@ -240,7 +240,7 @@ def cmd_gradescope(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: Gradescope takes a .zip (e.g. autograder.zip)")
     if names[0] not in course.available_notebooks() or not (course.solutions_dir() / f"{names[0]}.ipynb").exists():
         raise UsageError(f"{names[0]} is not built yet: run `python -m grader build {names[0][:2]}` first")
-    path = build_autograder(names[0], out)
+    path = build_autograder(names[0], out, args.time_limit)
     print(f"wrote {path}: upload it as the autograder of a Gradescope programming assignment "
           "(students hand in the .ipynb)", file=sys.stderr)
     return 0
@@ -351,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "run_autograder and the course's grader")
     p.add_argument("notebook", help="the notebook, e.g. 01 or 01_dot_products")
     p.add_argument("--out", required=True, help="the .zip to write, e.g. autograder.zip")
+    p.add_argument("--time-limit", type=_positive_int, default=None,
+                   help="seconds the notebook may run on Gradescope (default 420, under its 10 minutes)")
     p.set_defaults(func=cmd_gradescope)
     return parser
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Bool, Integer, List, Unicode
 
-from grader import cgroups
+from grader import cgroups, runas
 from grader.config import SETTINGS
 
 #: Memory per kernel (address space), bytes. torch needs ~1 GiB of address space to import.
@@ -203,7 +203,9 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1"}
+           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1",
+           # course_utils where the grader has it (bound below), installed or not (Gradescope's zip).
+           "PYTHONPATH": str(Path(_course_utils_dir()).parent)}
     # How this machine's PyTorch and MKL are told to compute (another CPU's instructions, issue 17): the
     # kernel computes as the grader does, as it would on one machine whose CPU they describe. The grader
     # compares the kernel's outputs with the reference's, computed in its own process.
@@ -258,6 +260,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         # itself (which then ends the sandbox) rather than only the kernel.
         self.kernel_spec.interrupt_mode = "message"
         if not self.sandbox:
+            user = runas.kernel_user()  # Gradescope: no bubblewrap, the kernel runs as an unprivileged user
+            if user is not None:
+                runas.hand_over(user, writable=[self._socket_dir], readable=[])
+                return [*runas.drop_prefix(user), *limits_prefix(self.memory_limit), *inner]
             return [*limits_prefix(self.memory_limit), *inner]
         exe = self.bwrap or bwrap_path()
         if not exe:
@@ -281,7 +287,14 @@ class SandboxedKernelManager(AsyncKernelManager):
         # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
         kw.setdefault("stdout", subprocess.DEVNULL)
         kw.setdefault("stdin", subprocess.DEVNULL)
-        if not self.sandbox and self.probe_dir and self.probe_inputs:
+        user = None if self.sandbox else runas.kernel_user()
+        if user is not None:  # its own empty home, the student edition, only the hand-off of the grader's
+            self._home = runas.make_home(user, self.reference_subset)
+            hand_off = probe_env(self.probe_dir, self.probe_inputs, inside=False) if self.probe_dir else {}
+            runas.hand_over(user, writable=[self.probe_dir], readable=[self.probe_inputs])
+            kw["env"] = runas.kernel_env(self._home, extra=hand_off)
+            kw["cwd"] = str(self._home)
+        elif not self.sandbox and self.probe_dir and self.probe_inputs:
             # Unsandboxed (--allow-unsandboxed) the kernel inherits the environment: add the hand-off.
             kw["env"] = {**(kw.get("env") or os.environ),
                          **probe_env(self.probe_dir, self.probe_inputs, inside=False)}
@@ -292,6 +305,10 @@ class SandboxedKernelManager(AsyncKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         self._remove_pids_group()
+        user = None if self.sandbox else runas.kernel_user()
+        if user is not None:  # nothing the student's code started outlives its kernel
+            runas.kill_all(user)
+            shutil.rmtree(getattr(self, "_home", "") or "/nonexistent", ignore_errors=True)
         if not restart:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 

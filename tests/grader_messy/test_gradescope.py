@@ -1,17 +1,30 @@
-"""Gradescope: ``python -m grader gradescope 01 --out autograder.zip``, unpacked into a temporary
-``/autograder``-shaped root and run there as Gradescope runs it (``run_autograder``, pointed at the
-root by ``AUTOGRADER_ROOT``); ``results.json`` is checked against a JSON schema written from
-Gradescope's specification (``tests/fixtures/gradescope/results.schema.json``). One notebook is
-graded; a submission without a notebook costs no grading."""
+"""Gradescope: ``python -m grader gradescope 01 --out autograder.zip``, checked two ways.
+
+* Quick: unpacked into a temporary ``/autograder``-shaped root and run with the course's own Python
+  (``GRADER_PYTHON``), where bubblewrap runs: the results' shape, messages and visibility.
+* As Gradescope runs it (``tests/fixtures/gradescope/container.py``): ``setup.sh`` in a clean
+  environment (a fresh virtual environment from requirements.txt: about 2 minutes here, PyTorch from
+  the machine's local wheel), then ``run_autograder`` as root where bubblewrap cannot start, so the
+  kernel runs as the unprivileged user ``setup.sh`` made: the solution's full marks, the stub's zero,
+  bad files' zero with their reasons, the peak memory, and the three cheats of issue 37 (read the
+  answers, rewrite results.json from a detached process, print the hidden cases), each of which fails.
+
+``results.json`` is checked against a JSON schema written from Gradescope's specification
+(``tests/fixtures/gradescope/results.schema.json``)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import os
+import runpy
 import shutil
 import stat
 import subprocess
 import sys
+import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -19,10 +32,13 @@ import jsonschema
 import nbformat
 import pytest
 
-from grader import course
+from grader import course, gradescope
 from grader.cli import main
 from grader.gradescope import ROOT_VARIABLE, failed_in_visible_part, hidden_lines
+from grader.sandbox import check_bwrap
 from tests.fixtures import submissions as cases
+from tests.fixtures.gradescope import attacks
+from tests.fixtures.gradescope.container import Container, processes_of, why_not
 
 pytestmark = pytest.mark.skipif(cases.NB not in course.available_notebooks(), reason="notebook 01 is not built")
 
@@ -37,6 +53,9 @@ def autograder_zip(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gradescope") / "autograder.zip"
     assert main(["gradescope", "01", "--out", str(out)]) == 0
     return out
+
+
+needs_bwrap = pytest.mark.skipif(not check_bwrap()[0], reason="the quick runs use the bubblewrap sandbox")
 
 
 def run_autograder(zip_path: Path, root: Path, files: dict[str, bytes]) -> tuple[dict, subprocess.CompletedProcess]:
@@ -59,6 +78,8 @@ def run_autograder(zip_path: Path, root: Path, files: dict[str, bytes]) -> tuple
 
 @pytest.fixture(scope="module")
 def graded(autograder_zip, tmp_path_factory):
+    if not check_bwrap()[0]:
+        pytest.skip("the quick runs use the bubblewrap sandbox")
     nb = cases.filled(dot=cases.DOT_WRONG, attention_scores=SCORES_3D_ONLY)
     results, proc = run_autograder(autograder_zip, tmp_path_factory.mktemp("autograder"),
                                    {"my homework.ipynb": nbformat.writes(nb).encode()})
@@ -70,15 +91,92 @@ def test_the_zip_follows_gradescope_s_layout(autograder_zip, tmp_path):
         names = set(z.namelist())
         modes = {i.filename: (i.external_attr >> 16) for i in z.infolist()}
         setup = z.read("setup.sh").decode()
-    assert {"setup.sh", "run_autograder", f"solutions/{cases.NB}.ipynb", "grader/autograde.py",
-            "course_utils/reference.py", "constraints.txt", "pyproject.toml"} <= names, "at the root, not in a folder"
-    assert not any(n.startswith("solutions/") and cases.NB not in n for n in names), "only this notebook's solution"
+    assert {"setup.sh", "run_autograder", "requirements.txt", f"solutions/{cases.NB}.ipynb", "grader/autograde.py",
+            "grader/runas.py", "course_utils/reference.py", "constraints.txt", "pyproject.toml",
+            "student/course_utils/checks/__init__.py"} <= names, "at the root, not in a folder"
     assert not any("__pycache__" in n for n in names)
     for script in ("setup.sh", "run_autograder"):
         assert modes[script] & stat.S_IXUSR, f"{script} must be executable"
     (tmp_path / "setup.sh").write_text(setup)
     assert subprocess.run(["bash", "-n", str(tmp_path / "setup.sh")]).returncode == 0
-    assert "bubblewrap" in setup and "-c constraints.txt" in setup
+    assert '-r "$SOURCE/requirements.txt" -c "$SOURCE/constraints.txt"' in setup
+
+
+def test_the_zip_holds_only_its_notebook_s_hidden_cases_recording_and_answers(autograder_zip):
+    """Notebook 01's zip: its own hidden cases, recording, solution and answers; none of another
+    notebook's. The student edition in it has no answers and no hidden cases at all."""
+    with zipfile.ZipFile(autograder_zip) as z:
+        names = set(z.namelist())
+        reference = z.read("course_utils/reference.py").decode()
+        stub = z.read("student/course_utils/reference.py").decode()
+    assert {n for n in names if n.startswith("course_utils/instructor/")} == {
+        "course_utils/instructor/__init__.py", "course_utils/instructor/nb01.py"}
+    assert {n for n in names if n.startswith(("course_utils/expected/", "student/course_utils/expected/"))} == {
+        "course_utils/expected/01_dot_products.pt", "student/course_utils/expected/01_dot_products.pt"}
+    assert {n for n in names if n.startswith(("solutions/", "notebooks/"))} == {
+        f"solutions/{cases.NB}.ipynb", f"solutions/src/{cases.NB}.py", f"notebooks/{cases.NB}.ipynb"}
+    defined = {node.name for node in ast.parse(reference).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert defined == {"dot", "attention_scores_for_query", "attention_scores"}
+    assert not any(n.startswith("student/course_utils/instructor") for n in names)
+    assert not [node for node in ast.parse(stub).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                and node.name in course.EXERCISES[cases.NB]], "the student edition's reference is the stub"
+
+
+def test_the_reference_subset_is_what_the_notebook_s_checks_need():
+    """Notebook 08's checks compare with helpers of the same notebook; 02's need only its own answers."""
+    assert set(gradescope.reference_names("02_softmax_and_context")) == {"softmax_naive", "softmax_stable",
+                                                                         "context_vectors"}
+    names = gradescope.reference_names("08_kv_cache_gqa_and_windows")
+    assert set(course.EXERCISES["08_kv_cache_gqa_and_windows"]) <= set(names)
+    assert not set(names) & set(course.EXERCISES["01_dot_products"] + course.EXERCISES["09_capstone_tiny_transformer"])
+
+
+def _imported_distributions() -> set[str]:
+    """The distributions whose modules the grader or course_utils import (the course's own and the
+    standard library's left out)."""
+    providers = importlib.metadata.packages_distributions()
+    found = set()
+    for package in ("grader", "course_utils"):
+        for path in (course.repo_root() / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                           [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+                for module in modules:
+                    top = module.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in ("grader", "course_utils", "__future__"):
+                        found.update(providers.get(top, [top]))
+    return {d.lower().replace("_", "-") for d in found}
+
+
+@pytest.mark.parametrize("notebook", ["01_dot_products", "07_flash_attention_from_scratch"])
+def test_requirements_hold_every_import_of_the_grader_at_the_course_s_versions(notebook):
+    """One list (``GRADER_PACKAGES``) makes requirements.txt; it must name every distribution the grader
+    and course_utils import (and the kernel's ipykernel), each at its version in constraints.txt."""
+    pins = {}
+    for line in gradescope.requirements(notebook).splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    wanted = _imported_distributions() | {"ipykernel"}
+    if notebook not in gradescope.TRITON_NOTEBOOKS:
+        wanted.discard("triton")
+    assert wanted <= set(pins), f"missing from GRADER_PACKAGES: {sorted(wanted - set(pins))}"
+    for name, version in pins.items():
+        installed = importlib.metadata.version(name).split("+")[0]  # torch's "+cpu" is a build, not a version
+        assert installed == version, f"{name}: constraints.txt says {version}, {installed} is installed"
+
+
+def test_the_python_floor_admits_every_pinned_distribution():
+    """setup.sh refuses a Python older than ``PYTHON_FLOOR``; every installed distribution of the course's
+    environment must accept that version (soupsieve 4 asks for 3.11.5: Debian's 3.11.2 cannot install it)."""
+    from packaging.specifiers import SpecifierSet
+
+    floor = ".".join(map(str, gradescope.PYTHON_FLOOR))
+    for dist in importlib.metadata.distributions():
+        requires = dist.metadata.get("Requires-Python")
+        if requires:
+            assert SpecifierSet(requires).contains(floor), f"{dist.metadata['Name']} requires Python {requires}"
+    assert not SpecifierSet(">=3.11.5").contains(".".join(map(str, (3, 11, 2)))), "the floor matters"
 
 
 def test_results_json_follows_the_specification(graded):
@@ -117,12 +215,13 @@ def test_no_test_code_reaches_the_student(graded):
     assert graded[0]["stdout_visibility"] == "hidden", "the grader's log is for the instructor"
 
 
+@needs_bwrap
 def test_a_submission_without_the_notebook_gets_zero_and_says_why(autograder_zip, tmp_path):
     results, proc = run_autograder(autograder_zip, tmp_path, {"answers.pdf": b"%PDF-1.4"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jsonschema.validate(results, SCHEMA)
     assert all(t["score"] == 0 and t["status"] == "failed" and t["visibility"] == "visible" for t in results["tests"])
-    assert "(answers.pdf: not a notebook (.pdf file))" in results["output"]
+    assert "\n- answers.pdf: not a notebook (.pdf file)\n" in results["output"]
 
 
 def test_where_a_test_cell_failed_is_read_from_its_checks():
@@ -144,3 +243,228 @@ def test_where_a_test_cell_failed_is_read_from_its_checks():
     assert failed_in_visible_part(cell(2), visible) is False  # both passed: a hidden test failed
     assert failed_in_visible_part(cell(2, error=False), visible) is False  # nothing failed
     assert failed_in_visible_part(cell(0), "assert f(1) == 2") is False  # not a check: keep it hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# As Gradescope runs it: setup.sh, then run_autograder as root without bubblewrap
+
+
+#: Past this, Gradescope's default container (768 MB) would be too tight: the issue measured 773 to
+#: 853 MiB with a pool of grading processes.
+PEAK_LIMIT = 700 * 1024**2
+
+
+@pytest.fixture(scope="module")
+def container(autograder_zip):
+    """The zip's image: ``setup.sh`` run once (a fresh virtual environment, the kernel's user)."""
+    why = why_not()
+    if why:
+        pytest.skip(f"Gradescope's container cannot be played here: {why}")
+    box = Container(autograder_zip)
+    try:
+        proc, seconds = box.setup()
+        print(f"setup.sh took {seconds:.0f} s")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield box, proc
+    finally:
+        box.remove()
+
+
+def _kernel_uid(box: Container) -> int:
+    ids = box.user_ids(gradescope.KERNEL_USER)
+    assert ids is not None, "setup.sh creates the kernel's user"
+    return ids[0]
+
+
+def _checked(box: Container, results: dict, proc: subprocess.CompletedProcess) -> dict[str, dict]:
+    """What every run must show: a valid results.json written by root alone, the kernel run as its user,
+    none of its processes left; the tests by grade id."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jsonschema.validate(results, SCHEMA)
+    assert results["output_format"] == "text", "a student's text is never rendered as HTML"
+    written = box.root / "results" / "results.json"
+    assert (written.stat().st_uid, stat.S_IMODE(written.stat().st_mode)) == (0, 0o600)
+    for private in ("source", "results", "submission"):
+        assert stat.S_IMODE((box.root / private).stat().st_mode) == 0o700, private
+    assert not processes_of(_kernel_uid(box))
+    return {t["name"].split(": ")[1]: t for t in results["tests"]}
+
+
+def test_setup_installs_a_released_python_and_the_kernel_s_user(container):
+    box, proc = container
+    assert "setup.sh: Python:" in proc.stdout
+    venv = box.root / "venv" / "bin" / "python"
+    version = subprocess.run([str(venv), "-c", "import sys; print(tuple(sys.version_info))"],
+                             capture_output=True, text=True).stdout
+    major, minor, micro, level, _ = ast.literal_eval(version)
+    assert (major, minor, micro) >= gradescope.PYTHON_FLOOR and level == "final"
+    assert _kernel_uid(box) != 0
+    assert not (box.root / "student" / "course_utils" / "instructor").exists()
+    assert stat.S_IMODE((box.root / "student" / "course_utils" / "reference.py").stat().st_mode) & 0o004
+
+
+def test_the_solution_gets_full_marks_in_one_process_under_700_mib(container):
+    box, _ = container
+    results, proc, peak = box.grade({"my homework.ipynb": nbformat.writes(cases.solution()).encode()})
+    print(f"peak memory (PSS) of run_autograder and its processes: {peak / 1024**2:.0f} MiB")
+    tests = _checked(box, results, proc)
+    assert sum(t["score"] for t in tests.values()) == cases.FULL
+    assert f"the kernel runs as {gradescope.KERNEL_USER}" in proc.stdout
+    assert peak < PEAK_LIMIT, f"{peak / 1024**2:.0f} MiB"
+
+
+def test_the_untouched_notebook_gets_zero(container):
+    box, _ = container
+    results, proc, _ = box.grade({f"{cases.NB}.ipynb": nbformat.writes(cases.blank()).encode()})
+    tests = _checked(box, results, proc)
+    assert all(t["score"] == 0 and t["status"] == "failed" and t["output"] for t in tests.values())
+
+
+def test_bad_files_get_zero_with_their_reasons(container):
+    box, _ = container
+    results, proc, _ = box.grade({"homework.ipynb": b'{"cells": [{"cell_type": "code", "source": "x = 1"',
+                                  "homework.py": b"def dot(x, y):\n    return x @ y\n"})
+    tests = _checked(box, results, proc)
+    assert all(t["score"] == 0 for t in tests.values())
+    lines = results["output"].splitlines()
+    assert lines[0] == f"Not graded: your submission holds no readable {cases.NB} notebook."
+    assert "- homework.ipynb: invalid notebook: not valid JSON (Expecting ',' delimiter at line 1)" in lines
+    assert "- homework.py: not a notebook (.py file)" in lines
+
+
+def test_the_kernel_can_neither_read_the_answers_nor_rewrite_the_results(container):
+    """Cheats 1 and 2 of issue 37, in one answer: ``dot`` runs the reference from the autograder's source
+    with ``runpy``, and the cell leaves a detached process that keeps writing a full-marks
+    results.json. The file system stops both (the messages say so), and the process is killed."""
+    box, _ = container
+    marker = Path("/tmp") / f"gradescope-cheat-{uuid.uuid4().hex}.txt"
+    answer = attacks.rewrite_results(str(marker)) + "\n" + attacks.READ_ANSWERS
+    try:
+        results, proc, _ = box.grade({"homework.ipynb": nbformat.writes(cases.filled(dot=answer)).encode()})
+        first = (box.root / "results" / "results.json").read_bytes()
+        tests = _checked(box, results, proc)
+        assert tests["test_dot"]["score"] == 0
+        assert "no answer to read" in tests["test_dot"]["output"]
+        assert "PermissionError(13, 'Permission denied')" in tests["test_dot"]["output"]
+        time.sleep(2)  # what the detached process would have done by now
+        assert (box.root / "results" / "results.json").read_bytes() == first
+        notes = marker.read_text().splitlines()
+        assert "started" in notes, "the detached process ran"
+        assert not [n for n in notes if n.startswith("rewrote")]
+        assert "failed: PermissionError(13, 'Permission denied')" in notes
+    finally:
+        marker.unlink(missing_ok=True)
+    # The cheat works where the files can be read (as they could by a kernel run as root):
+    answer_file = box.root / "source" / "course_utils" / "reference.py"
+    dot = runpy.run_path(str(answer_file))["dot"]
+    import torch
+
+    assert float(dot(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]))) == 11.0
+
+
+def test_the_hidden_cases_cannot_be_printed_in_an_exception(container):
+    """Cheat 3 of issue 37: ``dot`` raises an exception whose message is ``instructor/nb01.py``. The message
+    reaches the student (so a readable file would have), but the file cannot be read or imported."""
+    box, _ = container
+    results, proc, _ = box.grade({"homework.ipynb": nbformat.writes(cases.filled(dot=attacks.PRINT_HIDDEN)).encode()})
+    tests = _checked(box, results, proc)
+    shown = json.dumps(results, ensure_ascii=False)
+    assert tests["test_dot"]["score"] == 0
+    assert "could not read it: PermissionError(13, 'Permission denied')" in tests["test_dot"]["output"]
+    assert "could not import it: ModuleNotFoundError" in tests["test_dot"]["output"]
+    hidden = (box.root / "source" / "course_utils" / "instructor" / "nb01.py").read_text(encoding="utf-8")
+    for line in hidden.splitlines():
+        if len(line.strip()) > 20:
+            assert line.strip() not in shown, line
+
+
+def test_a_grader_that_dies_still_leaves_a_valid_results_json(autograder_zip, tmp_path):
+    """The grader killed (out of memory, say) before it wrote anything: run_autograder writes a score of 0
+    and says that the autograder stopped, not the student's answers."""
+    dying = tmp_path / "python"
+    dying.write_text("#!/bin/sh\nkill -KILL $$\n")
+    dying.chmod(0o755)
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(autograder_zip) as z:
+        z.extractall(root / "source")
+    (root / "submission").mkdir()
+    (root / "submission" / "homework.ipynb").write_text(nbformat.writes(cases.solution()))
+    script = root / "source" / "run_autograder"
+    script.chmod(0o755)
+    proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, cwd=root,
+                          env={"PATH": os.environ["PATH"], ROOT_VARIABLE: str(root), "GRADER_PYTHON": str(dying)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    jsonschema.validate(results, SCHEMA)
+    assert results["score"] == 0 and results["tests"] == []
+    assert results["output"].startswith("The autograder stopped before it could grade this submission")
+    assert "wrote no results.json" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a kernel's home is handed to another user by root")
+def test_a_first_try_kernel_sees_the_student_edition_with_only_its_helpers_answers(tmp_path, monkeypatch):
+    """Notebooks 08 and 09 run ``check_alone``'s first tries in a kernel whose reference holds a few
+    helpers' answers: run as the kernel's user, that kernel gets a ``course_utils`` of its own, the
+    student edition's files but that reference, and its home is the user's alone."""
+    import pwd
+
+    from grader import reference_subset, runas
+
+    gradescope._student_edition("08_kv_cache_gqa_and_windows", tmp_path / "edition")
+    monkeypatch.setenv(runas.EDITION_VARIABLE, str(tmp_path / "edition"))
+    helpers = reference_subset.write_subset(["repeat_kv"], tmp_path / "subset")
+    nobody = pwd.getpwnam("nobody")
+    home = runas.make_home(nobody, str(helpers))
+    try:
+        package = home / "lib" / "course_utils"
+        assert (package / "reference.py").read_text() == helpers.read_text()
+        assert (package / "checks").resolve() == (tmp_path / "edition" / "course_utils" / "checks").resolve()
+        assert not (package / "instructor").exists()
+        assert (home.stat().st_uid, stat.S_IMODE(home.stat().st_mode)) == (nobody.pw_uid, 0o700)
+        assert runas.kernel_env(home)["PYTHONPATH"] == str(home / "lib")
+        plain = runas.make_home(nobody)
+        assert runas.kernel_env(plain)["PYTHONPATH"] == str(tmp_path / "edition")
+        shutil.rmtree(plain)
+    finally:
+        shutil.rmtree(home)
+
+
+def test_the_notebook_s_time_limit_leaves_room_in_gradescope_s_timeout(tmp_path):
+    """420 s by default, under Gradescope's default 10 minutes; ``--time-limit`` for a raised timeout, and
+    the zip's README tells the instructor of a heavy notebook which settings to raise."""
+    assert gradescope.TIME_LIMIT + 120 <= gradescope.GRADESCOPE_TIMEOUT
+    assert main(["gradescope", "01", "--out", str(tmp_path / "a.zip")]) == 0
+    assert main(["gradescope", "09", "--out", str(tmp_path / "b.zip"), "--time-limit", "1500"]) == 0
+    with zipfile.ZipFile(tmp_path / "a.zip") as a, zipfile.ZipFile(tmp_path / "b.zip") as b:
+        assert "--time-limit 420 " in a.read("run_autograder").decode()
+        assert "--time-limit 1500 " in b.read("run_autograder").decode()
+        assert "raise the Autograder timeout in Autograder Settings to at least 1680 s" in b.read("README.md").decode()
+        assert "container with more memory" in b.read("README.md").decode()
+        assert "leaves room for the rest." in a.read("README.md").decode()
+        assert "raise" not in a.read("README.md").decode()
+
+
+def test_setup_takes_only_a_released_python_at_the_floor(autograder_zip, tmp_path):
+    """setup.sh's test of a Python: a release candidate (Ubuntu 22.04's python3.11 is 3.11.0rc1) and a
+    Python under the floor fail it; this interpreter, and a released 3.12, pass."""
+    with zipfile.ZipFile(autograder_zip) as z:
+        setup = z.read("setup.sh").decode()
+    released = setup[setup.index("released() {"):setup.index("\n}\n", setup.index("released() {")) + 3]
+
+    def posing_as(version: tuple) -> str:  # this interpreter, with another sys.version_info
+        path = tmp_path / f"python-{'-'.join(map(str, version))}"
+        path.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import collections, sys; "
+                        f"sys.version_info = collections.namedtuple('V', 'major minor micro releaselevel serial')"
+                        f"{version!r}; exec(sys.argv[1])\" \"$2\"\n")
+        path.chmod(0o755)
+        return str(path)
+
+    def accepts(python: str) -> bool:
+        return subprocess.run(["bash", "-c", f"{released}\nreleased {python}"]).returncode == 0
+
+    assert accepts(sys.executable)
+    assert accepts(posing_as((3, 12, 0, "final", 0)))
+    assert not accepts(posing_as((3, 11, 0, "candidate", 1)))
+    assert not accepts(posing_as((3, 11, 2, "final", 0)))
+    assert not accepts(posing_as((3, 10, 12, "final", 0)))
+    assert 'die "no released Python 3.11.5 or newer could be had' in setup
