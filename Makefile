@@ -5,6 +5,8 @@
 #   make test-colab the Colab stand-in under Python 3.12 and PyPI's torch, as Colab has them (CI runs it
 #                   after make test; downloads about 3 GB into .venv-colab on first use) [COLAB_PY=...]
 #   make test-torch-floor  the Colab stand-in with the oldest torch pyproject.toml admits (2.5.0)
+#   make test-gradescope  Gradescope's container played here: setup.sh from nothing, then run_autograder
+#                   where bubblewrap cannot start (CI runs it after make test; about 8 minutes)
 # Instructors:
 #   make build      solutions/src/*.py -> solutions/*.ipynb, executed from a clean kernel, and the
 #                   checks' expected outputs recorded into course_utils/expected/
@@ -28,7 +30,7 @@ WORKERS ?= 2
 PORT ?= 8888
 ARTIFACTS := test-artifacts/browser
 
-.PHONY: setup lab test test-colab test-torch-floor test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
+.PHONY: setup lab test test-colab test-torch-floor test-gradescope test-tools build release check-release autograde feedback bench bench-grader lock sandbox clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -77,14 +79,19 @@ test-tools:
 # The course's own code is compiled once, before the tests: where PYTHONDONTWRITEBYTECODE is set (as on
 # some CI machines), every kernel and grader process would otherwise compile it anew (about 0.1 s each).
 # The Colab stand-in (tests/release/test_colab.py) runs under Colab's own Python and torch, in make
-# test-colab (CI runs it right after), not a second time here under the course's Python 3.11.
+# test-colab (CI runs it right after), not a second time here under the course's Python 3.11. Gradescope's
+# container (tests/grader_messy/test_gradescope_container.py: setup.sh installs a whole environment) is
+# left to make test-gradescope, which CI also runs right after.
 TEST_WORKERS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j2 setup test-tools
 	@$(BIN)/python -m compileall -q -j 0 course_utils grader scripts tests >/dev/null
 	@echo "browser tests save their screenshots in $(ARTIFACTS)/"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  --ignore=tests/release/test_colab.py
+	  --ignore=tests/release/test_colab.py --ignore=tests/grader_messy/test_gradescope_container.py
+
+test-gradescope: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/grader_messy/test_gradescope_container.py -p no:randomly -q
 
 # The Colab stand-in (tests/release/test_colab.py) in another environment than the course's, built once:
 #   make test-colab        Colab's Python (3.12) and PyPI's torch 2.13.0, a CUDA build as Colab has
