@@ -51,7 +51,7 @@ raise), and a function the test cell passes beside the exercise's (``sliding_win
 out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`). Its
 ``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
 ``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
-:class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
+:class:`KeyedModuleReplay` reads only the try the check is replaying (``modules.replayed_tries``), and an
 unmarked record, or one marked otherwise, never stands for either. Its ``MultiHeadAttentionKVCache``,
 whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
 (``probe.record_sessions``: each construction and every step the check makes on it, in order, with

@@ -58,12 +58,13 @@ from course_utils.checks.core import (
     tensor_difference,
 )
 from course_utils.checks.modules import (
+    alone,
     check_causal_module,
     check_dropout_modes,
-    alone,
     check_alone,
     check_moves_with_module,
     finite_then_values,
+    helper_checks,
     module_checks,
     not_causal,
     replayed_tries,
@@ -90,16 +91,9 @@ HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "G
            "apply_rope": ("rope_angles",)}
 
 
-def _helpers(exercise: str) -> dict[str, Callable]:
-    """The helpers of ``exercise`` (:data:`HELPERS`) -> their checks."""
-    checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
-                 "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
-    return {name: checks_of[name] for name in HELPERS[exercise]}
-
-
 def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
     """``run()`` (the checks of ``obj``) with the reference's versions of the helpers ``obj`` calls."""
-    check_alone(exercise, obj, _helpers(exercise), run)
+    check_alone(exercise, obj, helper_checks(globals(), exercise), run)
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -237,7 +231,7 @@ def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
     def compare() -> None:
         compare_function(exercise, apply_rope, cases, quiet=True)
 
-    alone(exercise, apply_rope, _helpers(exercise), compare)  # under the grader: both tries handed out, judged outside
+    alone(exercise, apply_rope, helper_checks(globals(), exercise), compare)  # under the grader: both tries, judged outside
     if _probe.active(exercise):
         return
     passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
