@@ -1747,7 +1747,8 @@ class JudgeOutside(NbGraderPreprocessor):
         those helpers' answers (:func:`grader.reference_subset.first_try_groups`), and that kernel's
         verdict of those tests replaces the first: a pass if either try passes, else the first try's
         message, as ``check_alone`` gives it. Nothing else of that kernel's is read, so the helpers'
-        answers it holds earn nothing. Where its hand-off cannot be used, the first verdict stands."""
+        answers it holds earn nothing. Where its hand-off cannot be used (unreadable, or a test's records
+        that do not replay), the first verdict stands."""
         from grader import intake, reference_subset
         from grader.execute import RobustExecute
 
@@ -1782,6 +1783,8 @@ class JudgeOutside(NbGraderPreprocessor):
                         print(f"grader.judge: could not judge the first try of {notebook} {test_id}: "
                               f"{type(exc).__name__}: {exc}", file=sys.stderr)
                         continue
+                    if verdict.ename == HANDOFF_ERROR:
+                        continue  # records of that kernel's that do not replay: the second try's verdict stands
                     cell.outputs = verdict.outputs()
             finally:
                 if again.get("course_handoff") is not None:

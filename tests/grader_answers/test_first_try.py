@@ -341,3 +341,37 @@ def test_an_overflowing_softmax_stable_costs_context_vectors_nothing_in_the_grad
     assert "test_context_vectors" in tried_again, "the test proves nothing: context_vectors passed in the first kernel"
     assert not _errors(outputs["test_context_vectors"]), _errors(outputs["test_context_vectors"])
     assert not any(_errors(outputs[gid]) for gid in ("test_softmax_naive",)), "a right answer lost its points"
+
+
+def test_a_kernel_of_first_tries_whose_records_do_not_replay_leaves_the_first_verdict(monkeypatch):
+    """The kernel of first tries runs the student's code again; where its records of a test do not replay (a
+    HandOffError: forged, cut short), the first kernel's verdict stands, message and all. A verdict of its
+    that replays (a pass, or the first try's failure) replaces it."""
+    import nbformat
+
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside
+
+    class Folder:
+        outputs = "unused"
+
+        def remove(self) -> None:
+            pass
+
+    def execute(self, nb, resources, km=None):
+        resources["course_handoff"] = Folder()
+        return nb, resources
+
+    monkeypatch.setattr(RobustExecute, "preprocess", execute)
+    answer_cell = next(c for c in harness.solution_notebook(NB08).cells
+                       if harness.grade_id(c) == "GroupedQueryAttention")
+    nb = nbformat.v4.new_notebook(cells=[answer_cell])
+    answer = answer_cell.source
+    first = [nbformat.v4.new_output("error", ename="CheckFailed", evalue="the first kernel's message", traceback=[])]
+    for verdict, kept in ((judge.Verdict("", judge.HANDOFF_ERROR, "forged"), True), (judge.Verdict("✅ passed\n"), False)):
+        monkeypatch.setattr(judge, "judge_handed_out", lambda *args, v=verdict, **kwargs: v)
+        cell = nbformat.v4.new_code_cell(outputs=list(first))
+        resources = {"nbgrader": {"notebook": NB08}, "course_unexecuted": nb}
+        JudgeOutside().first_tries(nb, resources, NB08, [(cell, _GQA_TEST, "GroupedQueryAttention")],
+                                   {"GroupedQueryAttention": answer})
+        assert (cell.outputs == first) is kept, cell.outputs
