@@ -37,7 +37,9 @@ writes what came back to a folder that the grader reads once the kernel has exit
   its output; its hidden modules arrive as layouts too, rebuilt here (:func:`build_layout`);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
-read code, as ``check_rules`` in the kernel read it).
+read code, as ``check_rules`` in the kernel read it). An exercise checked with the notebook's other
+exercises (``modules.alone``) hands its records out once per try of ``modules.check_alone``, each
+marked with its try (``"attempt"``, :func:`trying`).
 
 The grader then replays these outputs through the same checks, in its own process, against the
 reference. Nothing in this kernel decides a verdict, and nothing here holds an answer, an expected
@@ -490,7 +492,8 @@ COPIES = (None, "float64", "meta")
 MAX_STRUCTURE = 64
 
 
-#: The tries of ``modules.check_alone`` a module's runs may be handed out as (:func:`record_module_probes`).
+#: The tries of ``modules.check_alone`` a record may be marked as (``"attempt"``: :func:`trying`, or a writer's
+#: own ``attempt``): 1 with the reference's helpers swapped in, 2 with the student's own.
 ATTEMPTS = (1, 2)
 _first_tries: list[bool] = []  # while the grader replays a hand-off: whether it holds check_alone's first tries
 
