@@ -51,7 +51,7 @@ raise), and a function the test cell passes beside the exercise's (``sliding_win
 out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`). Its
 ``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
 ``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
-:class:`KeyedModuleReplay` reads only the try the check is replaying (``nb08._alone_keyed``), and an
+:class:`KeyedModuleReplay` reads only the try the check is replaying (``modules.replayed_tries``), and an
 unmarked record, or one marked otherwise, never stands for either. Its ``MultiHeadAttentionKVCache``,
 whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
 (``probe.record_sessions``: each construction and every step the check makes on it, in order, with
@@ -1656,6 +1656,24 @@ def _code_lines(source: str) -> list[str]:
     return [line.rstrip() for line in source.splitlines() if line.strip()]
 
 
+def _names_any(nb: NotebookNode, answers: dict[str, int], names: list[str]) -> bool:
+    """Whether a code cell of ``nb`` other than a test cell names one of ``names`` (the helpers an exercise may
+    call), the helper's own answer cell (``answers``: grade id -> index) left out for its own name. Where none
+    does, no code of the student's can look a helper up by name (``modules.helpers_used``), so a kernel of first
+    tries would make the same try as the first kernel. Reading the cells can only spare that kernel, never earn
+    an answer points: its verdict would be the same."""
+    import re
+
+    from grader import cells
+
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or cells.is_test(cell):
+            continue
+        if any(answers.get(name) != index and re.search(rf"\b{re.escape(name)}\b", cell.source) for name in names):
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=None)
 def _released_stubs(notebook: str) -> dict[str, str]:
     """exercise -> its stub in the released student notebook (what an answer not yet written is)."""
@@ -1729,18 +1747,23 @@ class JudgeOutside(NbGraderPreprocessor):
         those helpers' answers (:func:`grader.reference_subset.first_try_groups`), and that kernel's
         verdict of those tests replaces the first: a pass if either try passes, else the first try's
         message, as ``check_alone`` gives it. Nothing else of that kernel's is read, so the helpers'
-        answers it holds earn nothing. Where its hand-off cannot be used, the first verdict stands."""
-        from grader import reference_subset
+        answers it holds earn nothing. Where its hand-off cannot be used (unreadable, or a test's records
+        that do not replay), the first verdict stands."""
+        from grader import intake, reference_subset
         from grader.execute import RobustExecute
 
         unexecuted = resources.get("course_unexecuted")
         if unexecuted is None:
             return
         stubs = _released_stubs(notebook)
+        named = reference_subset.alone_helpers(notebook)
+        cells_of = intake.answer_cells(nb)
         for exercises, helpers in reference_subset.first_try_groups(notebook):
-            # An answer still the released stub raises NotImplementedError whatever helpers it is given.
+            # An answer still the released stub raises NotImplementedError whatever helpers it is given, and
+            # a notebook whose code never names the exercise's helpers makes the same first try as its second.
             mine = [(cell, test_id) for cell, test_id, exercise in failed if exercise in exercises
-                    and _code_lines(sources.get(exercise, "")) != _code_lines(stubs.get(exercise, ""))]
+                    and _code_lines(sources.get(exercise, "")) != _code_lines(stubs.get(exercise, ""))
+                    and _names_any(nb, cells_of, named.get(exercise, []))]
             if not mine:
                 continue
             folder = tempfile.mkdtemp(prefix="grader-first-try-")
@@ -1760,6 +1783,8 @@ class JudgeOutside(NbGraderPreprocessor):
                         print(f"grader.judge: could not judge the first try of {notebook} {test_id}: "
                               f"{type(exc).__name__}: {exc}", file=sys.stderr)
                         continue
+                    if verdict.ename == HANDOFF_ERROR:
+                        continue  # records of that kernel's that do not replay: the second try's verdict stands
                     cell.outputs = verdict.outputs()
             finally:
                 if again.get("course_handoff") is not None:

@@ -1,7 +1,8 @@
 """The reference cut down to a few of its definitions: the answers a grading kernel may hold.
 
-``modules.check_alone`` checks an exercise that builds on others (notebook 08's
-``GroupedQueryAttention`` calls ``repeat_kv``; 09's ``TinyGPT`` builds ``TransformerBlock``s) first with
+``modules.check_alone`` checks an exercise that builds on others (02's ``context_vectors`` calls
+``softmax_stable``; 08's ``GroupedQueryAttention`` calls ``repeat_kv``; 09's ``TinyGPT`` builds
+``TransformerBlock``s; each checks module's ``HELPERS`` names them) first with
 the reference's versions of those helpers swapped in, so that a wrong helper costs only the helper's
 points. That first try needs the helpers' answers in the kernel, and nothing else of the reference:
 this module writes a ``course_utils/reference.py`` that holds only the named definitions and those they
@@ -130,15 +131,18 @@ def write_subset(names: Iterable[str], folder: Path) -> Path:
 
 def alone_helpers(notebook: str | None) -> dict[str, list[str]]:
     """exercise -> the exercises of the same notebook it is checked with (``modules.check_alone``'s
-    helpers, swapped in for its first try), for the exercises of ``notebook`` that have any."""
-    from course_utils.checks import nb08, nb09
+    helpers, swapped in for its first try), for the exercises of ``notebook`` that have any: the
+    ``HELPERS`` of its checks' module (``course_utils.checks.nb02`` ...)."""
+    import importlib
 
     number = (notebook or "")[:2]
-    if number == "08":
-        return {exercise: list(names) for exercise, names in nb08.HELPERS.items()}
-    if number == "09":
-        return {"TinyGPT": list(nb09._gpt_helpers())}
-    return {}
+    if not (len(number) == 2 and number.isdigit()):
+        return {}
+    try:
+        module = importlib.import_module(f"course_utils.checks.nb{number}")
+    except ModuleNotFoundError:
+        return {}
+    return {exercise: list(names) for exercise, names in getattr(module, "HELPERS", {}).items()}
 
 
 def first_try_groups(notebook: str | None, source: str | None = None) -> list[tuple[list[str], list[str]]]:

@@ -57,6 +57,10 @@ __all__ = [
     "not_causal",
     "helpers_used",
     "check_alone",
+    "alone",
+    "helper_checks",
+    "two_tries",
+    "replayed_tries",
     "shared_parameters",
     "ProbePlan",
     "causal_probes",
@@ -455,7 +459,7 @@ def finite_then_values(exercise: str, cls: Callable, config: tuple[tuple, list[C
 
 
 # ------------------------------------------------------------------------------------------
-# One mistake, one exercise (notebook 09): the other exercises an answer builds on
+# One mistake, one exercise: the other exercises of the notebook an answer builds on
 # ------------------------------------------------------------------------------------------
 def _functions_of(obj: object) -> list:
     """The Python functions that make up ``obj``: itself, or a class's own methods and properties."""
@@ -581,6 +585,113 @@ def check_alone(exercise: str, obj: object, helpers: dict[str, Callable], run: C
     except Exception:  # noqa: BLE001 - the verdict with the reference's helpers stands
         raise first from None
     print(printed.getvalue(), end="")
+
+
+def helper_checks(checks: dict, exercise: str) -> dict[str, Callable]:
+    """The helpers of ``exercise`` -> their checks, from a checks module's namespace ``checks`` (its
+    ``globals()``): its ``HELPERS[exercise]`` (the other exercises of the notebook the answer may call,
+    by the names the notebook gives them), each checked by its ``check_<name>``."""
+    return {name: checks[f"check_{name}"] for name in checks["HELPERS"][exercise]}
+
+
+def alone(exercise: str, obj: object, helpers: dict[str, Callable], run: Callable[[], None],
+          hand_out: Callable[[], None] | None = None) -> None:
+    """:func:`check_alone` wherever the check runs: the one way an exercise that calls the notebook's
+    other exercises (``helpers``: their names -> their checks) is checked, so that a mistake in one of
+    them costs ``obj`` nothing.
+
+    - In a kernel under the grader (``probe.active``): ``hand_out()`` (what the kernel's part of the
+      check hands out; default ``run``) twice, its records marked as the first try (the reference's
+      helpers swapped in, made only by a kernel that has them: :func:`check_alone`) and the second (the
+      student's own), ``probe.trying``.
+    - In the grader's replay (``obj`` is a ``probe.Replayed``): ``run()`` on the tries the kernel handed
+      out, with :func:`check_alone`'s verdict (:func:`replayed_tries`).
+    - Anywhere else (JupyterLab, Colab, nbval, the instructor's runs): :func:`check_alone`; in the
+      student edition a failure that a helper of the student's explains names that helper.
+    """
+    if _probe.active(exercise):
+        with _probe.trying(1):
+            check_alone(exercise, obj, helpers, hand_out or run)
+        with _probe.trying(2):
+            (hand_out or run)()
+        return
+    if isinstance(obj, _probe.Replayed):
+        replayed_tries(obj, run)
+        return
+    check_alone(exercise, obj, helpers, run)
+
+
+def two_tries(run: Callable[[], None], to_second: Callable[[], None],
+              after_first_passed: Callable[[], None] = lambda: None) -> None:
+    """:func:`check_alone`'s verdict, judged outside: ``run()`` on the first try (the student's code
+    with our helpers); only if that fails, ``to_second()`` and ``run()`` again, quietly, on the second
+    (with the student's own helpers). It fails only when both fail, with the first message."""
+    import contextlib
+    import io
+
+    try:
+        run()
+    except CheckFailed as error:
+        first = error
+    else:
+        after_first_passed()
+        return
+    to_second()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            run()
+    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
+        raise first from None
+    print(printed.getvalue(), end="")
+
+
+def replayed_tries(replay: object, run: Callable[[], None]) -> None:
+    """:func:`two_tries` on the grader's replay of an exercise (``grader.judge``), whose records the
+    kernel marked with their try (``probe.trying``, ``probe.ATTEMPTS``). A replay that looks its records
+    up (``KeyedModuleReplay``, ``SessionReplay``: an ``attempt`` of their own) reads only the try it is
+    set to. A replay that reads them in order (``Replay``, ``ModuleReplay``) reads the first try's run of
+    records from where it stands, then, where the verdict needs it, the second try's run that follows;
+    either way it moves past both, so that a test cell's next check call starts at its own records. A
+    run of records ends where the mark changes, and a replay never reads past its run.
+
+    From a kernel that made no first tries (the student edition's: ``probe.first_tries_handed_out``),
+    its records are the second tries alone, and that verdict stands (the grader may make the first try
+    in a kernel of its own: ``grader.judge.JudgeOutside.first_tries``)."""
+    keyed = hasattr(replay, "attempt")
+    if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
+        if keyed:
+            replay.attempt = 2  # type: ignore[attr-defined]
+        run()
+        return
+    if keyed:
+        replay.attempt = 1  # type: ignore[attr-defined]
+        two_tries(run, lambda: setattr(replay, "attempt", 2))
+        return
+    records: list = replay.records  # type: ignore[attr-defined]
+    start = replay.used  # type: ignore[attr-defined]
+
+    def end_of(attempt: int, begin: int) -> int:
+        end = begin
+        while end < len(records) and isinstance(records[end], dict) and records[end].get("attempt") == attempt:
+            end += 1
+        return end
+
+    first_end = end_of(1, start)
+    second_end = end_of(2, first_end)
+
+    def read(begin: int, end: int) -> None:  # the replay sees this try's records, and no further
+        replay.records, replay.used = records[:end], begin  # type: ignore[attr-defined]
+
+    def done() -> None:
+        replay.records, replay.used = records, second_end  # type: ignore[attr-defined]
+
+    read(start, first_end)
+    try:
+        two_tries(run, lambda: read(first_end, second_end), done)
+    except BaseException:
+        replay.records = records  # type: ignore[attr-defined]
+        raise
+    done()
 
 
 def _reference_helpers(names: Sequence[str]) -> dict[str, object] | None:

@@ -18,9 +18,15 @@ import torch
 
 from course_utils import rules
 from course_utils.checks.core import Case, check, compare_function, hidden_cases, rand
+from course_utils.checks.modules import alone, helper_checks
 from course_utils.data import book_inputs
 
 __all__ = ["check_softmax_naive", "check_softmax_stable", "check_context_vectors"]
+
+#: The other exercises of this notebook an exercise's answer may call, by the names the notebook gives
+#: them: its checks run with the reference's versions (:func:`modules.alone`), so that a wrong helper
+#: costs only the helper's points (an overflowing ``softmax_stable`` costs ``context_vectors`` nothing).
+HELPERS = {"softmax_stable": ("softmax_naive",), "context_vectors": ("softmax_naive", "softmax_stable")}
 
 #: ``exp`` of anything above this is ``inf`` in float32.
 _EXP_OVERFLOW = 88.0
@@ -119,10 +125,12 @@ def check_softmax_naive(softmax_naive: Callable, hidden: bool = False) -> None:
 def check_softmax_stable(softmax_stable: Callable, hidden: bool = False) -> None:
     """Compare ``softmax_stable(x, dim)`` with the expected outputs, including scores in the 1000s and ``-inf``.
 
-    A slice made only of ``-inf`` has no defined softmax and is never tested.
+    A slice made only of ``-inf`` has no defined softmax and is never tested. Runs with our
+    ``softmax_naive`` (:func:`modules.alone`).
     """
     cases = _softmax_cases(stable=True) + (hidden_cases("softmax_stable") if hidden else [])
-    compare_function("softmax_stable", softmax_stable, cases, diagnose=_softmax_diagnose)
+    alone("softmax_stable", softmax_stable, helper_checks(globals(), "softmax_stable"),
+          lambda: compare_function("softmax_stable", softmax_stable, cases, diagnose=_softmax_diagnose))
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,11 +188,13 @@ def _context_diagnose(context_vectors: Callable):
 
 @check
 def check_context_vectors(context_vectors: Callable, hidden: bool = False) -> None:
-    """Compare ``context_vectors(inputs)`` on the book's sentence and batched ``(..., T, d)`` inputs."""
+    """Compare ``context_vectors(inputs)`` on the book's sentence and batched ``(..., T, d)`` inputs. Runs
+    with our ``softmax_naive`` and ``softmax_stable`` (:func:`modules.alone`)."""
     cases = [
         Case("book sentence (6, 3)", (book_inputs(),)),
         Case("batch of 2, T=5, d=4", (rand(2, 5, 4, seed=31),)),
     ]
-    compare_function("context_vectors", context_vectors,
-                     cases + (hidden_cases("context_vectors") if hidden else []),
-                     diagnose=_context_diagnose(context_vectors))
+    cases += hidden_cases("context_vectors") if hidden else []
+    alone("context_vectors", context_vectors, helper_checks(globals(), "context_vectors"),
+          lambda: compare_function("context_vectors", context_vectors, cases,
+                                   diagnose=_context_diagnose(context_vectors)))

@@ -45,6 +45,7 @@ from course_utils.checks.core import (
     require_callable,
     tensor_difference,
 )
+from course_utils.checks.modules import alone, helper_checks
 from course_utils.checks.nb02 import batch_hint
 from course_utils.data import book_inputs
 
@@ -56,6 +57,12 @@ __all__ = [
 ]
 
 _NAMES = ("W_query", "W_key", "W_value")
+
+#: The other exercises of this notebook an exercise's answer may call, by the names the notebook gives
+#: them: its checks run with the reference's versions (:func:`modules.alone`), so that a wrong helper
+#: costs only the helper's points.
+HELPERS = {"SelfAttention_v1": ("scaled_dot_product_attention",),
+           "SelfAttention_v2": ("scaled_dot_product_attention",)}
 
 
 def _tree(obj: object) -> ast.AST | None:
@@ -174,20 +181,22 @@ def _v1_configs() -> list[tuple[tuple, list[Case]]]:
 
 @check
 def check_SelfAttention_v1(SelfAttention_v1: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v1(d_in, d_out)`` with the course's seed and compare its outputs with the expected ones."""
+    """Build ``SelfAttention_v1(d_in, d_out)`` with the course's seed and compare its outputs with the expected ones.
+    Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`)."""
     diagnose = _module_diagnose(
         "SelfAttention_v1", SelfAttention_v1, nn.Parameter,
         "SelfAttention_v1 keeps each projection as a matrix, nn.Parameter(torch.rand(d_in, d_out)), and computes "
         "x @ W; nn.Linear layers are SelfAttention_v2's way.",
         "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).")
-    compare_module("SelfAttention_v1", SelfAttention_v1,
-                   _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else []), diagnose=diagnose,
-                   attributes=_NAMES)
+    configs = _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else [])
+    alone("SelfAttention_v1", SelfAttention_v1, helper_checks(globals(), "SelfAttention_v1"),
+          lambda: compare_module("SelfAttention_v1", SelfAttention_v1, configs, diagnose=diagnose, attributes=_NAMES))
 
 
 @check
 def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` with the course's seed and compare its outputs with the expected ones."""
+    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` with the course's seed and compare its outputs with the expected
+    ones. Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`)."""
     configs = [
         ((3, 2), [Case("book sentence (6, 3)", (book_inputs(),))]),
         ((4, 3), [Case("T=5, d_in=4", (rand(5, 4, seed=81),))]),
@@ -197,9 +206,9 @@ def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> 
         "SelfAttention_v2 builds each projection as a layer, nn.Linear(d_in, d_out, bias=qkv_bias), and calls it: "
         "self.W_query(x).",
         "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as (d_out, d_in).")
-    compare_module("SelfAttention_v2", SelfAttention_v2,
-                   configs + (hidden_cases("SelfAttention_v2") if hidden else []), diagnose=diagnose,
-                   attributes=_NAMES)
+    configs += hidden_cases("SelfAttention_v2") if hidden else []
+    alone("SelfAttention_v2", SelfAttention_v2, helper_checks(globals(), "SelfAttention_v2"),
+          lambda: compare_module("SelfAttention_v2", SelfAttention_v2, configs, diagnose=diagnose, attributes=_NAMES))
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,6 +50,12 @@ from course_utils.device import manual_seed
 
 __all__ = ["check_causal_mask", "check_causal_attention_weights", "check_CausalAttention"]
 
+#: The other exercises of this notebook an exercise's answer may call, by the names the notebook gives
+#: them: its checks run with the reference's versions (:func:`modules.alone`), so that a wrong helper
+#: costs only the helper's points.
+HELPERS = {"causal_attention_weights": ("causal_mask",),
+           "CausalAttention": ("causal_mask", "causal_attention_weights")}
+
 
 def _at(index) -> str:
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
@@ -300,7 +306,8 @@ def _sums_diagnosis(g: torch.Tensor, w: torch.Tensor, sums: torch.Tensor, d_k: i
 
 @check
 def check_causal_attention_weights(causal_attention_weights: Callable, hidden: bool = False) -> None:
-    """Check ``causal_attention_weights(queries, keys)`` -> ``(..., T, T)`` scaled, masked, softmaxed."""
+    """Check ``causal_attention_weights(queries, keys)`` -> ``(..., T, T)`` scaled, masked, softmaxed. Runs with
+    our ``causal_mask`` (:func:`modules.alone`)."""
     exercise = "causal_attention_weights"
     q, k = _book_queries_keys()
     cases = [
@@ -308,8 +315,12 @@ def check_causal_attention_weights(causal_attention_weights: Callable, hidden: b
         Case("T=5, d_k=4, random", (rand(5, 4, seed=41, low=-2, high=2), rand(5, 4, seed=42, low=-2, high=2))),
     ]
     cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, causal_attention_weights, cases, diagnose=_weights_diagnosis)
-    check_follows_device(exercise, causal_attention_weights)
+
+    def run() -> None:
+        compare_function(exercise, causal_attention_weights, cases, diagnose=_weights_diagnosis)
+        check_follows_device(exercise, causal_attention_weights)
+
+    modules.alone(exercise, causal_attention_weights, modules.helper_checks(globals(), exercise), run)
 
 
 def check_follows_device(exercise: str, fn: Callable) -> None:
@@ -420,7 +431,8 @@ def _check_rows_sum_to_one(exercise: str, student: torch.nn.Module, build: tuple
 
 @check
 def check_CausalAttention(CausalAttention: Callable, hidden: bool = False) -> None:
-    """Check ``CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)``."""
+    """Check ``CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)``. Runs with our
+    ``causal_mask`` and ``causal_attention_weights`` (:func:`modules.alone`)."""
     exercise = "CausalAttention"
     batch = book_batch()
     configs = [
@@ -428,17 +440,21 @@ def check_CausalAttention(CausalAttention: Callable, hidden: bool = False) -> No
         ((3, 2, 6, 0.0), [Case("book batch (2, 6, 3)", (batch,))]),
     ]
     more = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
-    if _probe.active(exercise):  # under the grader: hand out every forward pass the checks below make
+
+    def hand_out() -> None:  # under the grader: hand out every forward pass the checks below make
         build, cases = configs[0]  # _known_mistake_first's passes first
         first = [Probe("eval", 7, case.args[0]) for case in cases] + [Probe("eval", 7, _identical_tokens(build))]
         _probe.record_module_probes(exercise, CausalAttention, modules.module_class_plan(
             configs + more["configs"], first, more["causal"]))
-        return
-    _known_mistake_first(exercise, CausalAttention, configs[0])
-    modules.check_module_class(exercise, CausalAttention, configs + more["configs"], diagnose=_module_diagnosis)
-    for case in more["causal"]:
-        where = f"built with {case.build}"
-        student = build_student(exercise, CausalAttention, case.build)
-        modules.check_mask_buffer(exercise, student, case.build[2], where)
-        modules.check_finite(exercise, student, case.args[0], where)
-        modules.check_causal_module(exercise, student, case.args[0])
+
+    def run() -> None:
+        _known_mistake_first(exercise, CausalAttention, configs[0])
+        modules.check_module_class(exercise, CausalAttention, configs + more["configs"], diagnose=_module_diagnosis)
+        for case in more["causal"]:
+            where = f"built with {case.build}"
+            student = build_student(exercise, CausalAttention, case.build)
+            modules.check_mask_buffer(exercise, student, case.build[2], where)
+            modules.check_finite(exercise, student, case.args[0], where)
+            modules.check_causal_module(exercise, student, case.args[0])
+
+    modules.alone(exercise, CausalAttention, modules.helper_checks(globals(), exercise), run, hand_out)

@@ -39,6 +39,7 @@ from course_utils.checks.core import (
 from course_utils.checks import probe as _probe
 from course_utils.checks.modules import (
     ProbePlan,
+    alone,
     attention_class_plan,
     causal_probes,
     check_causal_module,
@@ -46,6 +47,7 @@ from course_utils.checks.modules import (
     check_module_class,
     check_truncated,
     finite_then_values,
+    helper_checks,
     module_checks,
     not_causal,
 )
@@ -59,6 +61,11 @@ __all__ = [
     "check_MultiHeadAttention",
     "check_count_parameters",
 ]
+
+#: The other exercises of this notebook an exercise's answer may call, by the names the notebook gives
+#: them: its checks run with the reference's versions (:func:`modules.alone`), so that a wrong helper
+#: costs only the helper's points.
+HELPERS = {"MultiHeadAttention": ("split_heads", "merge_heads")}
 
 
 def _hidden_modules(exercise: str, hidden: bool) -> dict:
@@ -234,7 +241,8 @@ def _mha_shapes(got: list, want: list, build: tuple) -> str | None:
 
 @check
 def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False) -> None:
-    """Check ``MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``."""
+    """Check ``MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``. Runs with our
+    ``split_heads`` and ``merge_heads`` (:func:`modules.alone`)."""
     exercise = "MultiHeadAttention"
     cls = MultiHeadAttention
     extra = _hidden_modules(exercise, hidden)
@@ -246,16 +254,20 @@ def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False)
                              Case("T=5 < context_length", (rand(2, 5, 4, seed=113),))]),
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
     ] + extra["configs"]
-    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        builds = [values[0]] + [build for build, _ in configs]
+    builds = [values[0]] + [build for build, _ in configs]
+
+    def hand_out() -> None:  # under the grader: hand out every construction and forward pass below
         _probe.record_module_probes(exercise, cls, attention_class_plan(builds, values, configs, extra["causal"]))
-        return
-    module_checks(exercise, cls, [values[0]] + [build for build, _ in configs], _mha_shapes)
-    diagnose = not_causal(exercise, cls)
-    finite_then_values(exercise, cls, values, diagnose)
-    check_module_class(exercise, cls, configs, diagnose=diagnose)
-    for case in extra["causal"]:
-        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+
+    def run() -> None:
+        module_checks(exercise, cls, builds, _mha_shapes)
+        diagnose = not_causal(exercise, cls)
+        finite_then_values(exercise, cls, values, diagnose)
+        check_module_class(exercise, cls, configs, diagnose=diagnose)
+        for case in extra["causal"]:
+            check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+
+    alone(exercise, cls, helper_checks(globals(), exercise), run, hand_out)
 
 
 # ------------------------------------------------------------------------------------------

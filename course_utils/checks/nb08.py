@@ -13,9 +13,9 @@ Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``rep
 (``grader/judge.py``): the kernel only hands out what the student's code gave on every call their
 checks make (``compare_function``'s, the dtype pass, the calls that must raise; for ``apply_rope``
 both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, read outside by
-:func:`_alone_replayed`; for ``GroupedQueryAttention`` every construction and forward pass of
+:func:`modules.replayed_tries`; for ``GroupedQueryAttention`` every construction and forward pass of
 :func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
-:func:`_alone_keyed`) and, for ``sliding_window_mask_mod``, each case's mask made from its
+:func:`modules.replayed_tries`) and, for ``sliding_window_mask_mod``, each case's mask made from its
 ``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
 these checks on a replay of it. ``MultiHeadAttentionKVCache``'s outputs depend on every call before
 them (the cache): under the grader its kernel runs, per module, the check's whole ordered sequence of
@@ -58,13 +58,16 @@ from course_utils.checks.core import (
     tensor_difference,
 )
 from course_utils.checks.modules import (
+    alone,
     check_causal_module,
     check_dropout_modes,
     check_alone,
     check_moves_with_module,
     finite_then_values,
+    helper_checks,
     module_checks,
     not_causal,
+    replayed_tries,
 )
 
 __all__ = [
@@ -90,47 +93,7 @@ HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "G
 
 def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
     """``run()`` (the checks of ``obj``) with the reference's versions of the helpers ``obj`` calls."""
-    checks_of = {"decode_causal_mask": check_decode_causal_mask, "rope_angles": check_rope_angles,
-                 "apply_rope": check_apply_rope, "repeat_kv": check_repeat_kv}
-    check_alone(exercise, obj, {name: checks_of[name] for name in HELPERS[exercise]}, run)
-
-
-def _two_tries(run: Callable[[], None], to_second: Callable[[], None],
-               after_first_passed: Callable[[], None] = lambda: None) -> None:
-    """:func:`modules.check_alone`'s verdict, judged outside: ``run()`` on the first try (the student's
-    code with our helpers); only if that fails, ``to_second()`` and ``run()`` again, quietly, on the
-    second (with the student's own helpers). It fails only when both fail, with the first message."""
-    import contextlib
-    import io
-
-    try:
-        run()
-    except CheckFailed as error:
-        first = error
-    else:
-        after_first_passed()
-        return
-    to_second()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()) as printed:
-            run()
-    except Exception:  # noqa: BLE001 - the verdict with our helpers stands
-        raise first from None
-    print(printed.getvalue(), end="")
-
-
-def _alone_replayed(replay: object, run: Callable[[], None], count: int) -> None:
-    """:func:`_two_tries` on a function's replay: the first ``count`` calls are the first try, the next
-    ``count`` the second. The tries the verdict does not need are left unread (the replay's position,
-    ``grader.judge.Replay.used``, moves past them). From a kernel that made no first tries
-    (``probe.first_tries_handed_out``), the ``count`` calls are the second try, and its verdict stands
-    (the grader may make the first try in a kernel of its own: ``grader.judge.JudgeOutside.first_tries``)."""
-    if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
-        run()
-        return
-    start = replay.used  # type: ignore[attr-defined]
-    _two_tries(run, lambda: setattr(replay, "used", start + count),
-               lambda: setattr(replay, "used", start + 2 * count))
+    check_alone(exercise, obj, helper_checks(globals(), exercise), run)
 
 
 def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
@@ -268,14 +231,9 @@ def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
     def compare() -> None:
         compare_function(exercise, apply_rope, cases, quiet=True)
 
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
-        _alone(exercise, apply_rope, compare)  # with our rope_angles (the instructor edition's, swapped in)
-        compare()  # with the student's own
+    alone(exercise, apply_rope, helper_checks(globals(), exercise), compare)  # under the grader: both tries, judged outside
+    if _probe.active(exercise):
         return
-    if isinstance(apply_rope, _probe.Replayed):  # the grader's replay of those two runs
-        _alone_replayed(apply_rope, compare, len(cases))
-    else:
-        _alone(exercise, apply_rope, compare)
     passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
                      f"turned by its angle at its position")
 
@@ -592,7 +550,7 @@ def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden:
         return
     if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries (judge.SessionReplay)
         cls.begin()  # type: ignore[attr-defined] - this call of the check reads its own run of sessions
-        _alone_keyed(cls, lambda: _check_kv_cache(exercise, cls, hidden))
+        replayed_tries(cls, lambda: _check_kv_cache(exercise, cls, hidden))
     else:
         _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
 
@@ -863,7 +821,7 @@ def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = 
         _probe.record_module_probes(exercise, cls, plan, attempt=2)  # the student's own
         return
     if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries
-        _alone_keyed(cls, lambda: _check_gqa(exercise, cls, hidden))
+        replayed_tries(cls, lambda: _check_gqa(exercise, cls, hidden))
     else:
         _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
 
@@ -900,19 +858,6 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"),  # check_moves_with_module
              _probe.Probe("eval", 7, x.to("meta"), "meta"))
     return plan.items()
-
-
-def _alone_keyed(replay: object, run: Callable[[], None]) -> None:
-    """:func:`_two_tries` on a module's keyed replay (``grader.judge.KeyedModuleReplay``): the runs the
-    kernel made with our helpers are ``attempt`` 1, those with the student's own 2. A run the kernel did
-    not hand out is a ``ReplayMiss``, never a verdict. From a kernel that made no first tries, only the
-    second is read."""
-    if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
-        replay.attempt = 2  # type: ignore[attr-defined]
-        run()
-        return
-    replay.attempt = 1  # type: ignore[attr-defined]
-    _two_tries(run, lambda: setattr(replay, "attempt", 2))
 
 
 def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:

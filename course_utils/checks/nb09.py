@@ -611,6 +611,10 @@ def _gpt_helpers() -> dict:
             "sinusoidal_positions": check_sinusoidal_positions}
 
 
+#: The other exercises of this notebook an exercise's answer may call, by name (``grader/reference_subset.py``).
+HELPERS = {"TinyGPT": tuple(_gpt_helpers())}
+
+
 def _gpt_shapes(got: list, want: list, build: tuple) -> str | None:
     vocab_size, d_model, context_length = build[0], build[1], build[4]
     sinusoidal = len(build) > 6 and build[6] == "sinusoidal"
@@ -789,9 +793,7 @@ def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
         _record_module(exercise, cls, plan, configs, 2)  # the student's own helpers
         return
     if isinstance(cls, _probe.Replayed):  # the grader's replay of those tries (a keyed replay)
-        from course_utils.checks.nb08 import _alone_keyed
-
-        _alone_keyed(cls, lambda: _check_gpt(cls, hidden))
+        modules.replayed_tries(cls, lambda: _check_gpt(cls, hidden))
     else:
         modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _check_gpt(cls, hidden))
 

@@ -62,12 +62,18 @@ from course_utils.checks.nb07 import (
     triton_kernel_ready,
     watched_structure,
 )
+from course_utils.checks.modules import alone, helper_checks
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
            "check_flash_attention_backward_triton", "attention_with_grads", "forward_statistics", "tiles_problem"]
 
 GRADS = ("dq", "dk", "dv")
+
+#: The other exercises of this notebook an exercise's answer may call, by the names the notebook gives
+#: them: its checks run with the reference's versions (:func:`modules.alone`), so that a wrong helper
+#: costs only the helper's points.
+HELPERS = {"FlashAttention": ("attention_backward_reference", "flash_attention_backward")}
 
 
 # ------------------------------------------------------------------------------------------
@@ -541,14 +547,15 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
 
     Output and gradients against autograd's in float64; what its forward keeps for the backward;
     ``gradcheck``; gradients against SDPA's in float32 at ``T = 256``, causal and not; and a bfloat16 case.
+    Runs with our ``attention_backward_reference`` and ``flash_attention_backward`` (:func:`modules.alone`).
     """
     exercise = "FlashAttention"
-    names = ("o", *GRADS)
     cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
     gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
     sdpa = _sdpa_cases()
     half = _half_cases()
-    if _probe.active(exercise):  # under the grader: hand out what each run gave and what was seen; judged outside
+
+    def hand_out() -> None:  # under the grader: hand out what each run gave and what was seen; judged outside
         _probe.record_runs(exercise, FlashAttention, [_KIND], _function_kind)
         if _function_kind(FlashAttention, _KIND):
             _probe.record_runs(exercise, FlashAttention, cases, _function_run)
@@ -556,7 +563,15 @@ def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
             _probe.record_runs(exercise, FlashAttention, [gradcheck], _gradcheck_run)
             _probe.record_runs(exercise, FlashAttention, sdpa, _function_run)
             _probe.record_runs(exercise, FlashAttention, half, _function_run)
-        return
+
+    alone(exercise, FlashAttention, helper_checks(globals(), exercise),
+          lambda: _check_function(exercise, FlashAttention, cases, gradcheck, sdpa, half), hand_out)
+
+
+def _check_function(exercise: str, FlashAttention: Any, cases: list, gradcheck: Case, sdpa: list,
+                    half: list) -> None:
+    """:func:`check_FlashAttention`'s checks, on the class or on the grader's replay of it."""
+    names = ("o", *GRADS)
     require_callable(exercise, FlashAttention)
     kind = _probe.run_or_replay(FlashAttention, _KIND, _function_kind)
     if type(kind) is not bool:

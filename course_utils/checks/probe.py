@@ -37,7 +37,9 @@ writes what came back to a folder that the grader reads once the kernel has exit
   its output; its hidden modules arrive as layouts too, rebuilt here (:func:`build_layout`);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
-read code, as ``check_rules`` in the kernel read it).
+read code, as ``check_rules`` in the kernel read it). An exercise checked with the notebook's other
+exercises (``modules.alone``) hands its records out once per try of ``modules.check_alone``, each
+marked with its try (``"attempt"``, :func:`trying`).
 
 The grader then replays these outputs through the same checks, in its own process, against the
 reference. Nothing in this kernel decides a verdict, and nothing here holds an answer, an expected
@@ -419,8 +421,8 @@ def record(exercise: str, student: Callable, cases: Sequence[Any], *,
     for case in cases:
         args = prepare(case) if prepare is not None else \
             tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
-        entry: dict[str, Any] = {"exercise": exercise,
-                                 "inputs": inputs_of(args if prepare else case.args, case.kwargs, layouts)}
+        entry: dict[str, Any] = _mark({"exercise": exercise,
+                                       "inputs": inputs_of(args if prepare else case.args, case.kwargs, layouts)})
         before = [module_states(a, attributes) if attributes and isinstance(a, torch.nn.Module) else None
                   for a in args]
         try:
@@ -472,8 +474,8 @@ def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[
             continue
         for mode in ("eval", "train") if train else ("eval",):
             for case in cases:
-                forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": mode,
-                                           "inputs": inputs_of(case.args, case.kwargs)}
+                forward: dict[str, Any] = _mark({"exercise": exercise, "build": build_inputs, "mode": mode,
+                                                 "inputs": inputs_of(case.args, case.kwargs)})
                 try:
                     forward["result"] = encode(module_output(module, Case(case.name, case.args, case.kwargs,
                                                                           build=build, mode=mode)))
@@ -490,7 +492,8 @@ COPIES = (None, "float64", "meta")
 MAX_STRUCTURE = 64
 
 
-#: The tries of ``modules.check_alone`` a module's runs may be handed out as (:func:`record_module_probes`).
+#: The tries of ``modules.check_alone`` a record may be marked as (``"attempt"``: :func:`trying`, or a writer's
+#: own ``attempt``): 1 with the reference's helpers swapped in, 2 with the student's own.
 ATTEMPTS = (1, 2)
 _first_tries: list[bool] = []  # while the grader replays a hand-off: whether it holds check_alone's first tries
 
@@ -511,6 +514,36 @@ def replaying(first_tries: bool):
 def first_tries_handed_out() -> bool:
     """Whether the hand-off being replayed holds ``modules.check_alone``'s first tries (:func:`replaying`)."""
     return _first_tries[-1] if _first_tries else True
+
+
+_trying: list[int] = []  # in the kernel: which of check_alone's tries the records handed out now belong to
+
+
+@contextlib.contextmanager
+def trying(attempt: int):
+    """In the kernel: every record handed out inside is marked as ``attempt`` (:data:`ATTEMPTS`) of
+    ``modules.check_alone``'s tries (``modules.alone``), unless its writer is told another. Outside,
+    the replay reads each try's records alone (``modules.replayed_tries``)."""
+    if attempt not in ATTEMPTS:
+        raise ValueError(f"a try of check_alone is one of {ATTEMPTS}, not {attempt!r}")
+    _trying.append(attempt)
+    try:
+        yield
+    finally:
+        _trying.pop()
+
+
+def _attempt(given: int | None = None) -> int | None:
+    """The try a record belongs to: ``given``, else the one :func:`trying` set, else ``None``."""
+    return given if given is not None else (_trying[-1] if _trying else None)
+
+
+def _mark(entry: dict, attempt: int | None = None) -> dict:
+    """``entry`` marked with its try of check_alone (:func:`_attempt`), where there is one."""
+    attempt = _attempt(attempt)
+    if attempt is not None:
+        entry["attempt"] = attempt
+    return entry
 
 
 @dataclass
@@ -617,8 +650,7 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
         for p in probes:
             forward: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "mode": p.mode, "seed": p.seed,
                                        "copy": p.copy, "inputs": inputs_of((p.x,), p.kwargs or {})}
-            if attempt is not None:
-                forward["attempt"] = attempt
+            _mark(forward, attempt)
             target = module
             if p.copy is not None:
                 if p.copy not in copies:
@@ -656,7 +688,7 @@ def _record_construction(store: list, exercise: str, student_cls: Any, build: tu
     none to run."""
     from course_utils.checks.core import construct
 
-    entry: dict[str, Any] = {"exercise": exercise, "build": build_inputs, "cls": label}
+    entry: dict[str, Any] = _mark({"exercise": exercise, "build": build_inputs, "cls": label})
     try:
         module = construct(student_cls, build)
     except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
@@ -759,9 +791,7 @@ def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable
     if store is None:
         return
     for case in cases:
-        entry: dict[str, Any] = {"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}
-        if attempt is not None:
-            entry["attempt"] = attempt
+        entry: dict[str, Any] = _mark({"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}, attempt)
         try:
             entry["result"] = encode(run(student, case))
         except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out

@@ -14,6 +14,8 @@ from grader import judge, reference_subset
 from tests.support import harness
 from tests.grader_answers.test_judge import _GQA_TEST, _OWN_REPEAT, NB08, _handed_out
 
+NB02 = "02_softmax_and_context"
+
 
 def _tries(records: list[dict]) -> set:
     return {r.get("attempt") for r in records}
@@ -111,6 +113,90 @@ def test_a_missing_helper_in_the_reference_hands_out_no_first_try(monkeypatch):
     assert _tries(_hand_out(monkeypatch, subset)) == {2}
 
 
+# --------------------------------------------------------------------------------------------
+# One mistake costs one exercise in every notebook (tests/fixtures/answers: ALONE)
+# --------------------------------------------------------------------------------------------
+def _alone_fixtures() -> list:
+    from grader import course
+    from tests.fixtures.answers import load
+
+    found = []
+    for notebook in course.NOTEBOOKS:
+        module = load(notebook)
+        for label, (exercise, helper, wrong, right) in getattr(module, "ALONE", {}).items():
+            found.append(pytest.param(notebook, exercise, helper, str(wrong), right, id=f"{notebook[:2]}: {label}"))
+    return found
+
+
+ALONE = _alone_fixtures()
+
+
+def test_every_exercise_that_calls_another_has_a_fixture():
+    """Each exercise checked with helpers (a checks module's HELPERS, grader/reference_subset.py) has a fixture
+    of a wrong helper under a right answer, in 02 to 05 and 10 (06 and 07 have no such exercise)."""
+    have = {(p.values[0], p.values[1]) for p in ALONE}
+    for notebook in ("02_softmax_and_context", "03_trainable_self_attention", "04_causal_attention",
+                     "05_multi_head_attention", "10_flash_attention_backward"):
+        helpers = reference_subset.alone_helpers(notebook)
+        assert helpers, notebook
+        assert {(notebook, exercise) for exercise in helpers} <= have, notebook
+
+
+def _verdicts_of(monkeypatch, notebook: str, exercise: str, source: str, first_tries: bool) -> dict:
+    """test id -> (error name, message) of ``source``'s test cells, handed out by an in-process grading kernel
+    and judged outside: a kernel with the reference's helpers (``first_tries``: a kernel of first tries), or
+    without them (the student edition's, which hands out the second tries alone)."""
+    import contextlib
+
+    from course_utils.checks import expected
+    from grader import autograde
+
+    harness._executed(notebook)  # the notebook's own cells first (cached), with the whole reference
+    if not first_tries:
+        monkeypatch.setitem(sys.modules, "course_utils.reference", None)  # the import raises ImportError
+    with expected.using(expected.RECORDED) if not first_tries else contextlib.nullcontext():  # as that edition
+        handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
+    monkeypatch.setitem(sys.modules, "course_utils.reference", reference)
+    sources = {exercise: autograde._def_source(source, exercise)[0]}
+    try:
+        return {gid: (v.ename, v.evalue) for gid in harness.test_ids_for(exercise, cells, notebook)
+                for v in [judge.judge_handed_out(handoff.outputs, notebook, gid, sources, first_tries=first_tries)]}
+    finally:
+        handoff.remove()
+
+
+@pytest.mark.parametrize("notebook, exercise, helper, wrong, right", ALONE)
+def test_a_wrong_helper_costs_only_its_own_points(monkeypatch, notebook, exercise, helper, wrong, right):
+    """The helper's tests take its points; the exercise's tests, with that helper in the notebook, keep theirs:
+    in the instructor's kernel, and judged outside from a kernel of first tries (our helpers swapped in, the
+    verdict ``check_alone`` gives). From the student edition's kernel alone (the second try: the student's own
+    helper) the exercise fails: the kernel of first tries is what keeps its points."""
+    assert any(exc is not None for _, exc in harness.test_verdicts(notebook, helper, wrong)), "the wrong helper passed"
+    both = wrong + "\n" + right
+    inside = harness.test_verdicts(notebook, exercise, both)
+    assert inside and all(exc is None for _, exc in inside), inside
+    judged = _verdicts_of(monkeypatch, notebook, exercise, both, first_tries=True)
+    assert judged and all(ename is None for ename, _ in judged.values()), judged
+    alone = _verdicts_of(monkeypatch, notebook, exercise, both, first_tries=False)
+    assert any(ename not in (None, judge.HANDOFF_ERROR) for ename, _ in alone.values()), \
+        f"the test proves nothing: no double penalty to undo ({alone})"
+    honest = _verdicts_of(monkeypatch, notebook, exercise, right, first_tries=False)
+    assert all(ename is None for ename, _ in honest.values()), honest  # honest work needs no kernel of first tries
+
+
+@pytest.mark.parametrize("notebook, exercise, helper, wrong, right", ALONE)
+def test_the_student_edition_names_the_helper_to_fix_first(notebook, exercise, helper, wrong, right):
+    """Student edition (recorded expectations, no reference code): the exercise's visible check, with the wrong
+    helper, either passes or names that helper first, with check_alone's message; nothing of the reference runs."""
+    from course_utils.checks import expected
+
+    with expected.using(expected.RECORDED):
+        passed, message = harness.check_verdict(notebook, exercise, wrong + "\n" + right)
+    assert not passed or helper == "softmax_stable", message  # context_vectors' visible inputs cannot overflow exp
+    if not passed:
+        assert f"your {exercise} uses your {helper}, which does not pass its own check yet" in message, message
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
@@ -129,11 +215,13 @@ class GroupedQueryAttention(torch.nn.Module):
 '''
 
 
-def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, list], list[str]]:
+def _graded(monkeypatch, tmp_path, answers: dict[str, str], notebook: str = NB08,
+            keep: set[str] | None = None) -> tuple[dict[str, list], list[str]]:
     """Notebook 08's repeat_kv and GroupedQueryAttention (their answer and test cells, after the set-up, the
-    imports and the answers of 04 and 05 that the notebook shows) with ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside
-    as the grader composes them (its kernel has the student edition): (test id -> its outputs, the tests
-    that failed in that kernel and were tried again in a kernel of first tries)."""
+    imports and the answers of 04 and 05 that the notebook shows), or all of ``notebook`` (``keep=None``), with
+    ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside as the grader composes
+    them (its kernel has the student edition): (test id -> its outputs, the tests that failed in that kernel and
+    were tried again in a kernel of first tries)."""
     import nbformat
 
     from grader import sandbox
@@ -144,7 +232,7 @@ def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, l
     ok, why = sandbox.check_bwrap()
     if not ok:
         pytest.skip(why)
-    assert judge.student_edition_kernel(NB08), "08's kernel has the student edition"
+    assert judge.student_edition_kernel(notebook), f"{notebook}'s kernel has the student edition"
     tried_again: list[str] = []
     first_tries = JudgeOutside.first_tries
 
@@ -153,15 +241,16 @@ def _graded(monkeypatch, tmp_path, answers: dict[str, str]) -> tuple[dict[str, l
         first_tries(self, nb, resources, notebook, failed, sources)
 
     monkeypatch.setattr(JudgeOutside, "first_tries", spy)
-    nb = harness.solution_notebook(NB08)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    keep = {"repeat_kv", "test_repeat_kv", "GroupedQueryAttention", _GQA_TEST}
-    nb.cells = code[:3] + [c for c in code if harness.grade_id(c) in keep]  # set-up, imports, 04's and 05's answers
+    nb = harness.solution_notebook(notebook)
+    if notebook == NB08:
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        keep = {"repeat_kv", "test_repeat_kv", "GroupedQueryAttention", _GQA_TEST}
+        nb.cells = code[:3] + [c for c in code if harness.grade_id(c) in keep]  # set-up, imports, 04's and 05's answers
     for cell in nb.cells:
         if harness.grade_id(cell) in answers:
             cell.source = answers[harness.grade_id(cell)]
     config = autograde_config()
-    resources = {"nbgrader": {"notebook": NB08}, "metadata": {"path": str(tmp_path)}}
+    resources = {"nbgrader": {"notebook": notebook}, "metadata": {"path": str(tmp_path)}}
     for step in (MarkTests, RobustExecute, JudgeOutside):
         nb, resources = step(config=config).preprocess(nb, resources)
     return {harness.grade_id(c): c.get("outputs", []) for c in nb.cells if harness.grade_id(c)}, tried_again
@@ -198,7 +287,8 @@ def test_a_class_that_imports_the_answer_scores_zero_in_both_kernels(monkeypatch
 
 def test_only_written_answers_get_a_kernel_of_first_tries(monkeypatch):
     """An answer still the released stub raises NotImplementedError whatever helpers it is given, so an
-    untouched notebook costs no second kernel; a written answer that failed gets one per group."""
+    untouched notebook costs no second kernel; nor does one whose code never names the exercise's helpers
+    (outside test cells); a written answer that failed and may call a helper gets one per group."""
     import nbformat
 
     from grader import intake
@@ -211,13 +301,77 @@ def test_only_written_answers_get_a_kernel_of_first_tries(monkeypatch):
         runs.append(resources["course_first_try_reference"])
         return nb, resources
 
+    from tests.fixtures.answers import load
+
     monkeypatch.setattr(RobustExecute, "preprocess", execute)
-    nb = nbformat.v4.new_notebook()
+    answer_cell = next(c for c in harness.solution_notebook(NB08).cells
+                       if harness.grade_id(c) == "GroupedQueryAttention")
+    nb = nbformat.v4.new_notebook(cells=[answer_cell])
     resources = {"nbgrader": {"notebook": NB08}, "course_unexecuted": nb}
     stub = judge._released_stubs(NB08)["GroupedQueryAttention"]
     answer = intake.load_source(NB08).answers["GroupedQueryAttention"].source
     failed = [(nbformat.v4.new_code_cell(), _GQA_TEST, "GroupedQueryAttention")]
+    answer_cell.source = stub
     JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": stub})
     assert runs == []
+    answer_cell.source = answer
     JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": answer})
     assert len(runs) == 1
+    # An answer that names no helper, in a notebook whose other code names none either: the same try again.
+    inline = load(NB08).RIGHT["GroupedQueryAttention"]["queries grouped instead of keys repeated"]
+    answer_cell.source = inline
+    JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": inline})
+    assert len(runs) == 1
+    nb.cells.append(nbformat.v4.new_code_cell("def my_repeat(k, n):\n    return repeat_kv(k, n)"))  # a cell of its own
+    JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": inline})
+    assert len(runs) == 2
+
+
+def test_an_overflowing_softmax_stable_costs_context_vectors_nothing_in_the_grader(monkeypatch, tmp_path):
+    """Notebook 02 through the grader's own steps, in the real sandbox: an overflowing softmax_stable under a
+    right context_vectors that calls it. The student edition's kernel finds context_vectors wrong with the
+    student's own softmax_stable; the kernel of first tries, whose reference holds only softmax_naive and
+    softmax_stable, finds it right. softmax_stable loses its points; context_vectors keeps its own."""
+    from tests.fixtures.answers import load
+
+    nb02 = load(NB02)
+    context, helper, wrong, right = nb02.ALONE["a wrong softmax_stable under a right context_vectors"]
+    outputs, tried_again = _graded(monkeypatch, tmp_path, {helper: str(wrong), context: right}, NB02)
+    assert _errors(outputs["test_softmax_stable"]), "the overflowing softmax_stable passed"
+    assert "test_context_vectors" in tried_again, "the test proves nothing: context_vectors passed in the first kernel"
+    assert not _errors(outputs["test_context_vectors"]), _errors(outputs["test_context_vectors"])
+    assert not any(_errors(outputs[gid]) for gid in ("test_softmax_naive",)), "a right answer lost its points"
+
+
+def test_a_kernel_of_first_tries_whose_records_do_not_replay_leaves_the_first_verdict(monkeypatch):
+    """The kernel of first tries runs the student's code again; where its records of a test do not replay (a
+    HandOffError: forged, cut short), the first kernel's verdict stands, message and all. A verdict of its
+    that replays (a pass, or the first try's failure) replaces it."""
+    import nbformat
+
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside
+
+    class Folder:
+        outputs = "unused"
+
+        def remove(self) -> None:
+            pass
+
+    def execute(self, nb, resources, km=None):
+        resources["course_handoff"] = Folder()
+        return nb, resources
+
+    monkeypatch.setattr(RobustExecute, "preprocess", execute)
+    answer_cell = next(c for c in harness.solution_notebook(NB08).cells
+                       if harness.grade_id(c) == "GroupedQueryAttention")
+    nb = nbformat.v4.new_notebook(cells=[answer_cell])
+    answer = answer_cell.source
+    first = [nbformat.v4.new_output("error", ename="CheckFailed", evalue="the first kernel's message", traceback=[])]
+    for verdict, kept in ((judge.Verdict("", judge.HANDOFF_ERROR, "forged"), True), (judge.Verdict("✅ passed\n"), False)):
+        monkeypatch.setattr(judge, "judge_handed_out", lambda *args, v=verdict, **kwargs: v)
+        cell = nbformat.v4.new_code_cell(outputs=list(first))
+        resources = {"nbgrader": {"notebook": NB08}, "course_unexecuted": nb}
+        JudgeOutside().first_tries(nb, resources, NB08, [(cell, _GQA_TEST, "GroupedQueryAttention")],
+                                   {"GroupedQueryAttention": answer})
+        assert (cell.outputs == first) is kept, cell.outputs

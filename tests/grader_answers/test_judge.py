@@ -1198,14 +1198,20 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
         handoff.remove()
     n = 3  # the visible cases: their first try, then their second; then the hidden cases' two tries
     assert all("error" in r for r in records[:n]) and all("result" in r for r in records[n:2 * n])
+    assert [r["attempt"] for r in records[:2 * n]] == [1] * n + [2] * n  # each marked with its try (probe.trying)
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
     assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
     both = _copy(records)
-    both[n:2 * n] = _copy(records[:n])
+    both[n:2 * n] = [dict(r, attempt=2) for r in _copy(records[:n])]
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", both, sources)
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    # The marks bound each try: the second try's records unmarked, or marked as the first's, stand for neither.
+    for forged in ([{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)],
+                   [dict(r, attempt=1) for r in _copy(records)]):
+        verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", forged, sources)
+        assert verdict.ename == judge.HANDOFF_ERROR, (verdict.ename, verdict.evalue)
 
 
 #: GroupedQueryAttention beside a repeat_kv of the student's own: one that is wrong (checked with ours, the class

@@ -27,8 +27,13 @@ def test_each_notebook_names_the_helpers_its_checks_swap_in():
         "apply_rope": ["rope_angles"]}
     assert reference_subset.alone_helpers(NB09) == {
         "TinyGPT": ["LearnedPositionalEmbedding", "TransformerBlock", "sinusoidal_positions"]}
-    assert reference_subset.alone_helpers("05_multi_head_attention") == {}
-    assert reference_subset.first_try_groups("05_multi_head_attention") == []
+    assert reference_subset.alone_helpers("05_multi_head_attention") == {"MultiHeadAttention": ["split_heads",
+                                                                                              "merge_heads"]}
+    assert reference_subset.alone_helpers("02_softmax_and_context") == {
+        "softmax_stable": ["softmax_naive"], "context_vectors": ["softmax_naive", "softmax_stable"]}
+    for notebook in ("01_dot_products", "06_efficient_attention_gpu", "07_flash_attention_from_scratch", None, "xx"):
+        assert reference_subset.alone_helpers(notebook) == {}, notebook  # no exercise there calls another
+        assert reference_subset.first_try_groups(notebook) == []
 
 
 def test_no_first_try_kernel_holds_the_answer_of_an_exercise_it_checks():
@@ -38,8 +43,14 @@ def test_no_first_try_kernel_holds_the_answer_of_an_exercise_it_checks():
     assert groups == [(["MultiHeadAttentionKVCache", "GroupedQueryAttention"], ["decode_causal_mask", "apply_rope",
                                                                                "repeat_kv"]),
                       (["apply_rope"], ["rope_angles"])]
-    for exercises, helpers in groups + reference_subset.first_try_groups(NB09):
-        assert not set(exercises) & set(reference_subset.needed(helpers)), exercises
+    from grader import course
+
+    for notebook in course.NOTEBOOKS:
+        for exercises, helpers in reference_subset.first_try_groups(notebook):
+            assert not set(exercises) & set(reference_subset.needed(helpers)), (notebook, exercises)
+    assert reference_subset.first_try_groups("04_causal_attention") == [  # CausalAttention's reference holds
+        (["causal_attention_weights"], ["causal_mask"]),  # causal_attention_weights: a kernel of its own
+        (["CausalAttention"], ["causal_mask", "causal_attention_weights"])]
 
 
 def test_a_helper_that_needs_its_own_exercise_is_refused(monkeypatch):
