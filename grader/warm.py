@@ -147,8 +147,9 @@ class KernelProcess:
 
     stdin = stdout = stderr = None
 
-    def __init__(self, pid: int, group: "cgroups.Group | None"):
+    def __init__(self, pid: int, group: "cgroups.Group | None", kernel_pid: int = 0):
         self.pid = pid
+        self.kernel_pid = kernel_pid  # the kernel itself (PID 2 of its namespace)
         self.returncode: int | None = None
         self._fd = os.pidfd_open(pid)
         self._group = group
@@ -211,6 +212,7 @@ class WarmParent:
         prefix = self.group.join_prefix() if self.group is not None else []
         self.process = subprocess.Popen(prefix + cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL)
+        self.channel_inode = os.fstat(theirs.fileno()).st_ino  # the parent's end, which no kernel may hold
         theirs.close()
         self._channel = ours
         self._reader = ours.makefile("r", encoding="utf-8")
@@ -283,7 +285,7 @@ class WarmParent:
                 group.remove()
                 os.kill(init, signal.SIGKILL)
                 raise
-        return KernelProcess(init, group)
+        return KernelProcess(init, group, kernel)
 
     def _host_pids(self, inner: int) -> tuple[int, int]:
         """(PID 1 of the forked kernel's namespace, the kernel) as this machine numbers them: found among
