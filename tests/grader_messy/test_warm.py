@@ -329,6 +329,8 @@ ATTACK = textwrap.dedent(f"""
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").write(payload)
     exec(payload)  # this kernel, and any state a later one might share
+    # A forked kernel's /proc is its parent's sandbox's: /proc/self is not the PID the kernel has.
+    print("forked" if os.readlink("/proc/self") != str(os.getpid()) else "cold")
     loop = "import time\\nwhile True:\\n    time.sleep(0.2)\\n"
     subprocess.Popen([sys.executable, "-c", loop], start_new_session=True)
 """) + REACH_PARENT
@@ -350,7 +352,7 @@ def test_a_wrong_answer_after_an_attack_on_the_same_worker_still_loses_its_point
     name = "02_softmax_and_context"
     wrong = "def softmax_stable(x, dim=-1):\n    return x / x.sum(dim=dim, keepdim=True)\n"
     subs = tmp_path / "subs"
-    for student, nb in [("a_attack", _submission(name, ATTACK)),
+    for student, nb in [("a_attack", _submission(name, ATTACK, answers={"softmax_stable": wrong})),
                         ("b_wrong", _submission(name, answers={"softmax_stable": wrong})),
                         ("c_right", _submission(name))]:
         (subs / student).mkdir(parents=True)
@@ -359,7 +361,12 @@ def test_a_wrong_answer_after_an_attack_on_the_same_worker_still_loses_its_point
     assert autograde(subs, out, workers=1, progress=False) == 0
     attacked = nbformat.read(out / "nbgrader" / "autograded" / "a_attack" / name / f"{name}.ipynb", as_version=4)
     said = "".join(o.get("text", "") for o in attacked.cells[1].outputs)
-    assert "reached []" in said, said
+    assert "reached []" in said and "forked" in said, said
+    # The payload works where it runs: the attacker's own wrong answer passed its tests in its kernel
+    # (its score is 0 all the same: the rules flag the cell), so a kernel that inherited it would pass too.
+    tests = [c for c in attacked.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+             and "softmax_stable" in c.metadata["nbgrader"].get("grade_id", "")]
+    assert tests and not any(o.get("output_type") == "error" for c in tests for o in c.outputs)
     with open(out / "cells.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f)]
     softmax = {r["student_id"]: r for r in rows if "softmax_stable" in r["grade_id"]}
