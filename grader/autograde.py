@@ -832,6 +832,10 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
         return {}, work_root
     shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
     shutil.rmtree(work_root, ignore_errors=True)
+    if settings.warm_kernels and len(jobs) < 2 * max(1, workers):
+        # A warm parent's imports cost about what one cold kernel's and a half do: with fewer than two
+        # notebooks per grading process, cold kernels are as fast.
+        settings = settings.with_(warm_kernels=False)
     per_student: dict[str, list[Job]] = {}
     for job in jobs:
         per_student.setdefault(job.student_id, []).append(job)

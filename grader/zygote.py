@@ -315,9 +315,12 @@ def _kernel(request: dict) -> None:
     random.seed()
     numpy.random.seed()
     torch.seed()
+    import importlib.util
+
     import ipykernel.kernelapp
 
-    sys.argv = [ipykernel.kernelapp.__file__.replace("kernelapp.py", "__main__.py"), "-f", request["connection_file"]]
+    launcher = importlib.util.find_spec("ipykernel_launcher")
+    sys.argv = [launcher.origin if launcher else "ipykernel_launcher", "-f", request["connection_file"]]
     sys.path[0] = "/tmp/work"
     app = ipykernel.kernelapp.IPKernelApp.instance()
     app.initialize(["-f", request["connection_file"]])
