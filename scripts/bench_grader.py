@@ -136,12 +136,13 @@ def breakdown(folder: Path, name: str, count: int, cold: bool) -> dict[str, floa
     if not cold:
         warm.enable(settings.memory)
         warm.current().ready()  # the parent's imports: once per grading process, not per notebook
-    saved = [(RobustExecute, "async_start_new_kernel", timed(RobustExecute, "async_start_new_kernel", "kernel start", True)),
-             (RobustExecute, "async_start_new_kernel_client",
-              timed(RobustExecute, "async_start_new_kernel_client", "kernel start", True)),
-             (RobustExecute, "preprocess", timed(RobustExecute, "preprocess", "execute")),
-             (judge, "prepare", timed(judge, "prepare", "hand-off")),
-             (judge.JudgeOutside, "preprocess", timed(judge.JudgeOutside, "preprocess", "judging"))]
+    # nbconvert calls the sync wrappers (bound to nbclient's coroutines), a restart the coroutines.
+    saved = [(RobustExecute, attribute, timed(RobustExecute, attribute, "kernel start", attribute.startswith("async")))
+             for attribute in ("start_new_kernel", "start_new_kernel_client", "async_start_new_kernel",
+                               "async_start_new_kernel_client")]
+    saved += [(RobustExecute, "preprocess", timed(RobustExecute, "preprocess", "execute")),
+              (judge, "prepare", timed(judge, "prepare", "hand-off")),
+              (judge.JudgeOutside, "preprocess", timed(judge.JudgeOutside, "preprocess", "judging"))]
     try:
         start = time.perf_counter()
         for job in jobs:
