@@ -109,8 +109,12 @@ def current() -> "WarmParent | None":
     with _lock:
         parent = _state["parent"]
         if parent is not None and not parent.alive():
-            _state["lost"] += 1
             parent.close()
+            if not parent.served:  # it never got ready: it will not on a second try either
+                _say(f"grader: the warm parent could not start ({parent.why()}); using cold kernels")
+                _state.update(enabled=False, parent=None)
+                return None
+            _state["lost"] += 1
             parent = None
         if parent is None:
             try:
@@ -223,6 +227,17 @@ class WarmParent:
     def alive(self) -> bool:
         return self.process.poll() is None and (self.hello is None or bool(self.hello.get("ready")))
 
+    @property
+    def served(self) -> bool:
+        """Whether it got ready (imported, said hello) at all."""
+        return bool(self.hello and self.hello.get("ready"))
+
+    def why(self) -> str:
+        """Why it is not serving, in words."""
+        if self.hello is not None and not self.hello.get("ready"):
+            return str(self.hello.get("error"))
+        return f"it ended with exit status {self.process.poll()}"
+
     def _line(self, timeout: float) -> dict:
         self._channel.settimeout(timeout)
         try:
@@ -236,7 +251,11 @@ class WarmParent:
     def ready(self, timeout: float = 180) -> dict:
         """The parent's hello once it has imported (``seconds``, ``modules``); ``OSError`` if it cannot."""
         if self.hello is None:
-            self.hello = self._line(timeout)
+            try:
+                self.hello = self._line(timeout)
+            except OSError as exc:
+                self.hello = {"ready": False, "error": str(exc)}
+                self.process.kill()
             if not self.hello.get("ready"):
                 raise OSError(f"the warm parent could not import: {self.hello.get('error')}")
         return self.hello

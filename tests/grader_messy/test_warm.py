@@ -414,3 +414,23 @@ def test_verdicts_are_the_same_warm_and_cold(tmp_path):
     warm_rows, cold_rows = _cells(tmp_path / "warm"), _cells(tmp_path / "cold")
     assert len(warm_rows) > 20 and any(r["passed"] == "no" for r in warm_rows)
     assert warm_rows == cold_rows
+
+
+def test_a_parent_that_cannot_import_means_cold_kernels(monkeypatch, capsys):
+    """A parent that never gets ready (here: its Python cannot start) is not restarted for every
+    notebook: one line says why, and the process's kernels are cold from then on."""
+    _need_warm()
+    monkeypatch.setattr(warm.sys, "executable", "/nonexistent/python")
+    warm.enable(SETTINGS.memory)
+    try:
+        parent = warm.current()
+        with pytest.raises(OSError):
+            parent.ready(timeout=60)
+        assert warm.current() is None and warm.current() is None
+        assert capsys.readouterr().err.count("grader: the warm parent could not start") == 1
+        monkeypatch.undo()
+        out, km = _run("print('cold')")
+        assert "cold" in out and not km._forks()
+    finally:
+        warm.disable()
+        warm._state["said"] = False
