@@ -33,16 +33,20 @@ def _need_warm() -> None:
 
 
 @pytest.fixture(scope="module")
-def parent():
-    """Warm kernels in this process for the module's tests; cold again after them."""
+def _warm_in_this_process():
+    """Cold kernels again in this process after the module's tests."""
     _need_warm()
+    yield
+    warm.disable()
+
+
+@pytest.fixture
+def parent(_warm_in_this_process):
+    """Warm kernels in this process: its parent (started again if a test before stopped it)."""
     warm.enable(SETTINGS.memory)
-    try:
-        current = warm.current()
-        current.ready()
-        yield current
-    finally:
-        warm.disable()
+    current = warm.current()
+    current.ready()
+    return current
 
 
 def _run(code: str, *, student_edition: bool = True, timeout: float = 60,
@@ -228,6 +232,7 @@ def test_a_dead_parent_is_restarted():
     """A parent that dies is started afresh for the next kernel, and counted (grade_student grades the
     notebook it served again with cold kernels: test_a_notebook_whose_parent_died_is_graded_again_cold)."""
     _need_warm()
+    warm.disable()
     warm.enable(SETTINGS.memory)
     try:
         first = warm.current()
@@ -420,6 +425,7 @@ def test_a_parent_that_cannot_import_means_cold_kernels(monkeypatch, capsys):
     """A parent that never gets ready (here: its Python cannot start) is not restarted for every
     notebook: one line says why, and the process's kernels are cold from then on."""
     _need_warm()
+    warm.disable()
     monkeypatch.setattr(warm.sys, "executable", "/nonexistent/python")
     warm.enable(SETTINGS.memory)
     try:
