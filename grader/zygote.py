@@ -35,7 +35,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 28, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 #: SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP and SECBIT_KEEP_CAPS off, each with its lock: uid 0 gains nothing on execve.
 SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20
@@ -140,47 +140,61 @@ def _reap() -> None:
 
 def _spawn(request: dict, channel_fd: int) -> int:
     """Fork ``A`` (which forks ``B`` and ``C``, see the module docstring); B's PID here, once B says the
-    kernel's file system is ready."""
+    kernel's file system is ready. This parent writes A's user and group maps itself (it owns A's new
+    user namespace), so no fork of it is ever dumpable."""
+    import select
+
     report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # A
         try:
             os.close(report_r)
+            os.close(go_w)
             os.close(channel_fd)
-            _a(request, report_w)
+            _a(request, report_w, go_r)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
         os._exit(1)
     os.close(report_w)
-    try:
-        import select
+    os.close(go_r)
 
-        ready, _, _ = select.select([report_r], [], [], 60)
-        data = os.read(report_r, 64) if ready else b""
+    def read(timeout: float) -> bytes:
+        ready, _, _ = select.select([report_r], [], [], timeout)
+        return os.read(report_r, 64) if ready else b""
+
+    try:
+        if read(30) != b"u":
+            raise RuntimeError("the fork could not make its namespaces")
+        uid, gid = os.getuid(), os.getgid()
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(text)
+        os.write(go_w, b"m")
+        data = read(60)
     finally:
         os.close(report_r)
+        os.close(go_w)
     if not data.strip().isdigit():
         raise RuntimeError("the forked kernel did not start" + (f": {data.decode(errors='replace')}" if data else ""))
     return int(data)
 
 
-def _a(request: dict, report_w: int) -> None:
-    uid, gid = os.getuid(), os.getgid()
+def _a(request: dict, report_w: int, go_r: int) -> None:
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET),
            "unshare")
-    # Its own maps are writable only while it is dumpable; B and C do not exist yet, and the parent stays not.
-    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
-        with open(path, "w") as f:
-            f.write(text)
-    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    os.write(report_w, b"u")
+    if os.read(go_r, 1) != b"m":  # the parent has written this namespace's maps
+        os._exit(1)
+    os.close(go_r)
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # B
         try:
             os.close(ready_r)
             os.close(report_w)
+            # If A goes, B goes, and with it every process of the kernel's namespaces.
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
             _b(request, ready_w)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
