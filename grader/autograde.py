@@ -722,19 +722,22 @@ def pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def grading_pool(workers: int, sandboxed: bool = True, warm_memory: int | None = None) -> ProcessPoolExecutor:
+def grading_pool(workers: int, sandboxed: bool = True, warm_memory: int | None = None,
+                 warm_meta: bool = True) -> ProcessPoolExecutor:
     """``workers`` grading processes (:func:`pool_context`), each with this process's environment as it
     is now and, for sandboxed kernels, this process's matplotlib font list (:func:`grader.sandbox.font_cache`,
     built once per process instead of once per grading process). With ``warm_memory`` (the kernels'
-    memory cap, bytes), each grading process starts its warm parent (:mod:`grader.warm`) at once."""
+    memory cap, bytes), each grading process starts its warm parent (:mod:`grader.warm`) at once
+    (``warm_meta``: :func:`grader.warm.needs_meta`)."""
     from grader import sandbox
 
     fonts = sandbox.font_cache() if sandboxed else None
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=pool_context(), initializer=_start_worker,
-                               initargs=(dict(os.environ), str(fonts or ""), warm_memory))
+                               initargs=(dict(os.environ), str(fonts or ""), warm_memory, warm_meta))
 
 
-def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | None = None) -> None:
+def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | None = None,
+                  warm_meta: bool = True) -> None:
     """A grading process's environment is its caller's at the time of the call (as a spawned process's
     would be), not the fork server's, which an earlier call started; its font list is its caller's."""
     from grader import sandbox, warm
@@ -743,7 +746,7 @@ def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | No
     os.environ.update(environment)
     sandbox.adopt_font_cache(Path(fonts) if fonts else None)
     if warm_memory is not None:
-        warm.enable(warm_memory)
+        warm.enable(warm_memory, warm_meta)
 
 
 def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_root: Path,
@@ -754,7 +757,10 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
 
     broken = []
     warm_memory = settings.memory if settings.sandbox and settings.warm_kernels else None
-    with grading_pool(workers, settings.sandbox, warm_memory) as pool:
+    from grader import warm
+
+    meta = warm.needs_meta(sorted({j.notebook for js in per_student.values() for j in js}))
+    with grading_pool(workers, settings.sandbox, warm_memory, meta) as pool:
         futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): sid
                    for sid, js in per_student.items()}
         for future in as_completed(futures):

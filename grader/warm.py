@@ -41,7 +41,7 @@ ZYGOTE_INSIDE = "/run/grader/zygote.py"
 STASH_INSIDE = "/run/grader-stash"
 FONTS_INSIDE = "/run/grader-fonts"
 
-_state: dict = {"parent": None, "enabled": False, "memory": 0, "lost": 0, "suspended": 0, "said": False}
+_state: dict = {"parent": None, "enabled": False, "memory": 0, "meta": True, "lost": 0, "suspended": 0, "said": False}
 _lock = threading.Lock()
 
 
@@ -70,10 +70,20 @@ def check() -> tuple[bool, str]:
     return True, "warm kernels: one pre-imported parent per grading process, a fresh fork per notebook"
 
 
-def enable(memory: int) -> None:
+#: Notebooks from this one on run the checks' meta-device probes, which import torch._dynamo and sympy
+#: lazily (about 1 CPU-s): their parent imports those too.
+META_FROM = "04"
+
+
+def needs_meta(notebooks: list[str]) -> bool:
+    """Whether a parent for ``notebooks`` should import the meta device's lazy parts."""
+    return any(name[:2] >= META_FROM for name in notebooks)
+
+
+def enable(memory: int, meta: bool = True) -> None:
     """Grade this process's notebooks with warm kernels; start the parent now (it imports while the
-    grader prepares the first notebook)."""
-    _state.update(enabled=True, memory=memory)
+    grader prepares the first notebook). ``meta``: see :func:`needs_meta`."""
+    _state.update(enabled=True, memory=memory, meta=meta)
     current()
 
 
@@ -118,7 +128,7 @@ def current() -> "WarmParent | None":
             parent = None
         if parent is None:
             try:
-                parent = WarmParent(_state["memory"])
+                parent = WarmParent(_state["memory"], _state["meta"])
             except OSError as exc:
                 _say(f"grader: the warm parent could not start ({exc}); using cold kernels")
                 _state["enabled"] = False
@@ -191,7 +201,7 @@ class KernelProcess:
 class WarmParent:
     """One grading process's warm parent: ``bwrap ... python zygote.py FD`` under the kernel's limits."""
 
-    def __init__(self, memory: int):
+    def __init__(self, memory: int, meta: bool = True):
         from grader import sandbox
 
         self.folder = Path(tempfile.mkdtemp(prefix="grader-warm-"))
@@ -210,7 +220,7 @@ class WarmParent:
         exe = sandbox.bwrap_path()
         if exe is None:
             raise OSError("bubblewrap is not installed")
-        cmd = sandbox.sandbox_command([sys.executable, ZYGOTE_INSIDE, str(theirs.fileno())], socket_dir=str(self.folder),
+        cmd = sandbox.sandbox_command([sys.executable, ZYGOTE_INSIDE, str(theirs.fileno()), "meta" if meta else "plain"], socket_dir=str(self.folder),
                                       memory=memory, bwrap=exe, student_edition=True, extra=extra)
         self.group = cgroups.make_group(memory_max=memory or None)
         prefix = self.group.join_prefix() if self.group is not None else []

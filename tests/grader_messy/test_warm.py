@@ -80,9 +80,16 @@ def _run(code: str, *, student_edition: bool = True, timeout: float = 60,
 
 
 def test_a_kernel_is_forked_from_the_parent(parent):
-    out, km = _run("import sys, os\nprint('torch' in sys.modules, os.getpid(), os.getcwd())")
-    assert out.split() == ["True", "2", "/tmp/work"], out
+    """Forked: torch and the meta device's lazy parts already imported; PID 2 of its own namespace."""
+    out, km = _run("import sys, os\nprint('torch' in sys.modules, 'torch._dynamo' in sys.modules, os.getpid(), "
+                   "os.getcwd())")
+    assert out.split() == ["True", "True", "2", "/tmp/work"], out
     assert km._forks()
+
+
+def test_the_meta_devices_lazy_parts_are_imported_for_notebooks_that_use_them():
+    assert warm.needs_meta(["02_softmax_and_context", "08_kv_cache_gqa_and_windows"])
+    assert not warm.needs_meta(["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention"])
 
 
 # What the first kernel leaves behind, and what the next one must not find. ------------------------------
