@@ -442,7 +442,7 @@ def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(job.repaired, encoding="utf-8")
         try:
-            outcome = api.autograde(job.notebook, job.student_id, force=True, create=True)
+            outcome = _autograde_one(api, job)
             ok = outcome["success"]
             error = "" if ok else _last_error_line(outcome)
             if not ok and os.environ.get("GRADER_DEBUG"):
@@ -477,6 +477,21 @@ def grade_student(jobs: list[Job], master: str, work: str, settings: Settings) -
         results.append(Result(job.student_id, job.notebook, score, src.max_score, "; ".join(status_parts),
                               job.file, cells, job.repairs, job.violations, _visible_tests(src), job.answers))
     return results
+
+
+def _autograde_one(api, job: Job) -> dict:
+    """nbgrader's autograde of one notebook. Where its warm parent (:mod:`grader.warm`) died meanwhile, the
+    notebook is graded again from the start with cold kernels: it is never lost, nor judged on a half run."""
+    from grader import warm
+
+    parent, lost = warm.current(), warm.lost()
+    outcome = api.autograde(job.notebook, job.student_id, force=True, create=True)
+    if parent is not None and (not parent.alive() or warm.lost() != lost):
+        print(f"grader: the warm parent ended while grading {job.student_id}/{job.notebook}; "
+              "graded again with cold kernels", file=sys.stderr)
+        with warm.suspended():
+            outcome = api.autograde(job.notebook, job.student_id, force=True, create=True)
+    return outcome
 
 
 def _where(cell, index: int) -> str:
@@ -707,25 +722,31 @@ def pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def grading_pool(workers: int, sandboxed: bool = True) -> ProcessPoolExecutor:
+def grading_pool(workers: int, sandboxed: bool = True, warm_memory: int | None = None,
+                 warm_meta: bool = True) -> ProcessPoolExecutor:
     """``workers`` grading processes (:func:`pool_context`), each with this process's environment as it
     is now and, for sandboxed kernels, this process's matplotlib font list (:func:`grader.sandbox.font_cache`,
-    built once per process instead of once per grading process)."""
+    built once per process instead of once per grading process). With ``warm_memory`` (the kernels'
+    memory cap, bytes), each grading process starts its warm parent (:mod:`grader.warm`) at once
+    (``warm_meta``: :func:`grader.warm.needs_meta`)."""
     from grader import sandbox
 
     fonts = sandbox.font_cache() if sandboxed else None
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=pool_context(), initializer=_start_worker,
-                               initargs=(dict(os.environ), str(fonts or "")))
+                               initargs=(dict(os.environ), str(fonts or ""), warm_memory, warm_meta))
 
 
-def _start_worker(environment: dict[str, str], fonts: str) -> None:
+def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | None = None,
+                  warm_meta: bool = True) -> None:
     """A grading process's environment is its caller's at the time of the call (as a spawned process's
     would be), not the fork server's, which an earlier call started; its font list is its caller's."""
-    from grader import sandbox
+    from grader import sandbox, warm
 
     os.environ.clear()
     os.environ.update(environment)
     sandbox.adopt_font_cache(Path(fonts) if fonts else None)
+    if warm_memory is not None:
+        warm.enable(warm_memory, warm_meta)
 
 
 def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_root: Path,
@@ -744,7 +765,11 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
                                f"grading failed: {type(exc).__name__}: {exc}", j.file) for j in js]
             record(js, rows)
         return broken
-    with grading_pool(workers, settings.sandbox) as pool:
+    warm_memory = settings.memory if settings.sandbox and settings.warm_kernels else None
+    from grader import warm
+
+    meta = warm.needs_meta(sorted({j.notebook for js in per_student.values() for j in js}))
+    with grading_pool(workers, settings.sandbox, warm_memory, meta) as pool:
         futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): sid
                    for sid, js in per_student.items()}
         for future in as_completed(futures):
@@ -822,6 +847,10 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
         return {}, work_root
     shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
     shutil.rmtree(work_root, ignore_errors=True)
+    if settings.warm_kernels and len(jobs) < 2 * max(1, workers):
+        # A warm parent's imports cost about what one cold kernel's and a half do: with fewer than two
+        # notebooks per grading process, cold kernels are as fast.
+        settings = settings.with_(warm_kernels=False)
     per_student: dict[str, list[Job]] = {}
     for job in jobs:
         per_student.setdefault(job.student_id, []).append(job)
@@ -883,7 +912,7 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
               cell_timeout: int | None = None, notebook_timeout: int | None = None,
               memory: int | None = None, progress: bool = True,
               similarity_max_share: int = similarity.MAX_SHARE, shard: tuple[int, int] | None = None,
-              db_url: str | None = None, layout: str = "auto") -> int:
+              db_url: str | None = None, layout: str = "auto", cold_kernels: bool = False) -> int:
     """Grade every submission (or one shard's: ``shard=(K, N)``); write the CSVs, reports and
     gradebook, in ``workers`` grading processes (0: in this process, as Gradescope's one submission
     does). Limits not given come from :data:`grader.config.SETTINGS`. Returns the exit code:
@@ -894,7 +923,9 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     a folder or a ``.zip``), laid out by :mod:`grader.lms` into ``out/intake`` (``layout``: ``auto``
     or one of :data:`grader.lms.LAYOUTS`).
     ``similarity_max_share``: copy detection ignores code found in more students' answers than this.
-    ``db_url``: where the merged gradebook lives (default: SQLite in ``out/nbgrader``)."""
+    ``db_url``: where the merged gradebook lives (default: SQLite in ``out/nbgrader``).
+    ``cold_kernels``: start every kernel afresh instead of forking it from a warm parent (:mod:`grader.warm`);
+    where no warm parent can run, kernels are cold anyway and one line says why."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     problem = check_paths(submissions, out)
     if problem:
@@ -907,8 +938,15 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         return 2
     if not sandbox:
         print(message, file=sys.stderr)
+    warm_kernels = False
+    if sandbox and not cold_kernels:
+        from grader import warm
+
+        warm_kernels, why = warm.check()
+        if not warm_kernels:
+            print(f"grader: cold kernels ({why})", file=sys.stderr)
     settings = SETTINGS.with_(sandbox=sandbox, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                              memory=memory, db_url=db_url)
+                              memory=memory, db_url=db_url, warm_kernels=warm_kernels)
     names = [n for n in course.available_notebooks() if (course.solutions_dir() / f"{n}.ipynb").exists()]
 
     out.mkdir(parents=True, exist_ok=True)

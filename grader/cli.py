@@ -190,7 +190,7 @@ def cmd_autograde(args: argparse.Namespace) -> int:
                      allow_unsandboxed=args.allow_unsandboxed, cell_timeout=args.cell_timeout,
                      notebook_timeout=args.notebook_timeout, memory=int(args.memory_gb * 1024**3),
                      similarity_max_share=args.similarity_max_share, shard=shard, db_url=args.db_url,
-                     layout=args.layout)
+                     layout=args.layout, cold_kernels=args.cold_kernels)
     if code == 2:
         return code
     return max(code, _export(Path(args.out), export))
@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=1, help="students graded in parallel (processes)")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="grade without the bubblewrap sandbox where it cannot run (student code gets your rights)")
+    p.add_argument("--cold-kernels", action="store_true",
+                   help="start every kernel afresh (about 3 s of imports each) instead of forking it from a warm, "
+                        "pre-imported parent in the sandbox")
     p.add_argument("--cell-timeout", type=_positive_int, default=SETTINGS.cell_timeout,
                    help=f"seconds per cell before it is interrupted (default {SETTINGS.cell_timeout})")
     p.add_argument("--notebook-timeout", type=_positive_int, default=SETTINGS.notebook_timeout,

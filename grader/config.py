@@ -37,6 +37,8 @@ class Settings:
     db_url: str | None = None  # the merged gradebook (default: SQLite in the output folder)
     #: Judge grader/judge.py's exercises outside the kernel (``GRADER_JUDGE_OUTSIDE=0``: inside it, as before).
     judge_outside: bool = field(default_factory=lambda: os.environ.get("GRADER_JUDGE_OUTSIDE", "1") != "0")
+    #: Fork each sandboxed kernel from a warm, pre-imported parent (grader/warm.py); ``--cold-kernels``: no.
+    warm_kernels: bool = True
 
     def with_(self, **changes) -> "Settings":
         """A copy with ``changes`` (``None`` values are ignored, so CLI options pass through)."""

@@ -122,6 +122,11 @@ class RobustExecute(Execute):
             self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"),
                                           reference=resources.get("course_first_try_reference", ""))
             if self._handoff is not None:
+                from grader import warm
+
+                parent = warm.current()
+                if parent is not None:  # where the notebook's forked kernels can have it bound
+                    warm.adopt_hand_off(self._handoff, parent)
                 resources["course_handoff"] = self._handoff
                 # The notebook as it goes in, for a kernel of check_alone's first tries (JudgeOutside).
                 resources["course_unexecuted"] = copy.deepcopy(nb)

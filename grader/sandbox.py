@@ -166,18 +166,40 @@ def probe_env(probe_dir: str, probe_inputs: str, *, inside: bool) -> dict[str, s
     return {probe.DIR_VARIABLE: probe_dir, probe.INPUTS_VARIABLE: probe_inputs}
 
 
+def kernel_env(probe_dir: str = "", probe_inputs: str = "") -> dict[str, str]:
+    """The sandboxed kernel's whole environment (a cold kernel's and a warm one's alike)."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+           "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1",
+           # course_utils where the grader has it (bound below), installed or not (Gradescope's zip).
+           "PYTHONPATH": str(Path(_course_utils_dir()).parent)}
+    # How this machine's PyTorch and MKL are told to compute (another CPU's instructions, issue 17): the
+    # kernel computes as the grader does, as it would on one machine whose CPU they describe. The grader
+    # compares the kernel's outputs with the reference's, computed in its own process.
+    env.update({key: os.environ[key] for key in CPU_VARIABLES if os.environ.get(key)})
+    if probe_dir and probe_inputs:
+        env.update(probe_env(probe_dir, probe_inputs, inside=True))
+    return env
+
+
 def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: str, probe_dir: str = "",
-                    probe_inputs: str = "", student_edition: bool = False, reference: str = "") -> list[str]:
+                    probe_inputs: str = "", student_edition: bool = False, reference: str = "",
+                    extra: list[str] | None = None) -> list[str]:
     """``inner`` wrapped in bubblewrap (see the module docstring) and ``prlimit``.
 
     With ``probe_dir`` and ``probe_inputs`` (a folder and a file of the grader's, ``grader/judge.py``)
     the kernel writes its outputs into that folder and reads the hidden inputs from that file; with
     ``student_edition`` it sees ``course_utils`` without the answers and the hidden cases, and with
     ``reference`` too (a file the grader wrote, ``grader/reference_subset.py``) it sees that file as
-    ``course_utils/reference.py``: a few helpers' answers, nothing else."""
+    ``course_utils/reference.py``: a few helpers' answers, nothing else. ``extra``: more bubblewrap
+    arguments (the warm parent's, ``grader/warm.py``), after every bind above.
+
+    Every capability is dropped (``--cap-drop ALL``): run as root, bubblewrap would otherwise leave the
+    kernel all of them inside its user namespace, enough to unmount what hides ``instructor/``."""
     if reference and not student_edition:
         raise ValueError("a cut-down reference is shown only over the student edition")
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv",
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", "--cap-drop", "ALL",
            # The private /tmp comes first: a later mount on top of it would hide the binds below
            # whenever the course itself lives under /tmp (a CI checkout, say).
            "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]
@@ -200,20 +222,11 @@ def sandbox_command(inner: list[str], *, socket_dir: str, memory: int, bwrap: st
     fonts = font_cache()
     for listing in sorted(fonts.glob("fontlist-*.json")) if fonts is not None else []:
         cmd += ["--ro-bind", str(listing), f"/tmp/home/.matplotlib/{listing.name}"]
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
-           "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-           "NBGRADER_EXECUTION": "autograde", "COURSE_SANDBOX": "1",
-           # course_utils where the grader has it (bound below), installed or not (Gradescope's zip).
-           "PYTHONPATH": str(Path(_course_utils_dir()).parent)}
-    # How this machine's PyTorch and MKL are told to compute (another CPU's instructions, issue 17): the
-    # kernel computes as the grader does, as it would on one machine whose CPU they describe. The grader
-    # compares the kernel's outputs with the reference's, computed in its own process.
-    env.update({key: os.environ[key] for key in CPU_VARIABLES if os.environ.get(key)})
+    env = kernel_env(probe_dir, probe_inputs)
     if probe_dir and probe_inputs:
         cmd += ["--bind", probe_dir, PROBE_DIR_INSIDE,
                 "--ro-bind", str(Path(probe_inputs).parent), PROBE_INPUTS_INSIDE]
-        env.update(probe_env(probe_dir, probe_inputs, inside=True))
+    cmd += extra or []
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     return cmd + ["--", *limits_prefix(memory), *inner]
@@ -247,8 +260,15 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        from grader import warm
+
+        # The grading process's warm parent (grader/warm.py), or None: cold kernels. A warm kernel's files
+        # live in a folder of its own under the parent's staging folder, where the parent can bind them.
+        self._warm = warm.current() if self.sandbox else None
+        self._stage = self._warm.stage() if self._warm is not None else None
         # Unix sockets in a private folder, bound into the sandbox at the same path.
-        self._socket_dir = tempfile.mkdtemp(prefix="grader-kernel-")
+        self._socket_dir = str(self._stage / "sockets") if self._stage is not None \
+            else tempfile.mkdtemp(prefix="grader-kernel-")
         os.chmod(self._socket_dir, 0o700)
         self.transport = "ipc"
         self.ip = os.path.join(self._socket_dir, "k")
@@ -265,6 +285,8 @@ class SandboxedKernelManager(AsyncKernelManager):
                 runas.hand_over(user, writable=[self._socket_dir], readable=[])
                 return [*runas.drop_prefix(user), *limits_prefix(self.memory_limit), *inner]
             return [*limits_prefix(self.memory_limit), *inner]
+        if self._forks():
+            return inner  # for the record only: the warm parent forks the kernel (_async_launch_kernel)
         exe = self.bwrap or bwrap_path()
         if not exe:
             raise RuntimeError("bubblewrap is not available; refusing to run student code unsandboxed")
@@ -282,6 +304,30 @@ class SandboxedKernelManager(AsyncKernelManager):
         if group is not None:
             group.remove()
             self._pids_group = None
+
+    def _forks(self) -> bool:
+        """Whether this kernel is forked from the warm parent: a sandboxed student-edition kernel (the one
+        edition the parent imported) in a grading process with warm kernels on."""
+        return self._warm is not None and self.sandbox and self.student_edition
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        if self._forks():
+            try:
+                process = self._warm.spawn(self._stage, connection_file=self.connection_file,
+                                           env=kernel_env(self.probe_dir, self.probe_inputs), probe_dir=self.probe_dir,
+                                           probe_inputs=self.probe_inputs, reference=self.reference_subset,
+                                           memory=self.memory_limit)
+            except (OSError, ValueError) as exc:
+                print(f"grader: a warm kernel could not start ({exc}); this one is cold", file=sys.stderr)
+                self._warm = None
+                kernel_cmd = self.format_kernel_cmd()
+            else:
+                provisioner = self.provisioner
+                provisioner.process, provisioner.pid, provisioner.pgid = process, process.pid, None
+                provisioner.cwd = kw.get("cwd")
+                self._reconcile_connection_info(provisioner.connection_info)
+                return
+        await super()._async_launch_kernel(kernel_cmd, **kw)
 
     async def _async_start_kernel(self, **kw):
         # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
@@ -311,5 +357,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(getattr(self, "_home", "") or "/nonexistent", ignore_errors=True)
         if not restart:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+            if self._stage is not None:
+                shutil.rmtree(self._stage, ignore_errors=True)
 
     cleanup_resources = _async_cleanup_resources  # type: ignore[assignment]

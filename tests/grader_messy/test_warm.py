@@ -1,0 +1,449 @@
+"""Warm kernels (grader/warm.py, grader/zygote.py): each kernel is a fork of one pre-imported parent in
+the sandbox, and still starts as alone as a cold kernel does.
+
+For each isolation property a kernel tries to break it and the next kernel forked from the same parent
+looks for what it left; the whole attack then runs as a graded submission, and a wrong answer graded
+after it by the same grading process still loses its points. ``test_verdicts_are_the_same_warm_and_cold``
+grades the known answers of tests/fixtures both ways and compares every row of cells.csv.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import sandbox, warm
+from grader.config import SETTINGS
+
+
+def _need_warm() -> None:
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    ok, why = warm.check()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def _warm_in_this_process():
+    """Cold kernels again in this process after the module's tests."""
+    _need_warm()
+    yield
+    warm.disable()
+
+
+@pytest.fixture
+def parent(_warm_in_this_process):
+    """Warm kernels in this process: its parent (started again if a test before stopped it)."""
+    warm.enable(SETTINGS.memory)
+    current = warm.current()
+    current.ready()
+    return current
+
+
+def _run(code: str, *, student_edition: bool = True, timeout: float = 60,
+         during=None) -> tuple[str, "sandbox.SandboxedKernelManager"]:
+    """Run ``code`` in a new sandboxed kernel (warm where this process has a parent); its stdout and error."""
+
+    async def main():
+        km = sandbox.SandboxedKernelManager(student_edition=student_edition)
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        out: list[str] = []
+
+        def hook(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                out.append(content["text"])
+            elif msg["msg_type"] == "error":
+                out.append(f"{content['ename']}: {content['evalue']}\n")
+        try:
+            await kc.wait_for_ready(timeout=60)
+            await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+            if during is not None:
+                during(km)
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        return "".join(out), km
+
+    return asyncio.run(main())
+
+
+def test_a_kernel_is_forked_from_the_parent(parent):
+    """Forked: torch and the meta device's lazy parts already imported; PID 2 of its own namespace."""
+    out, km = _run("import sys, os\nprint('torch' in sys.modules, 'torch._dynamo' in sys.modules, os.getpid(), "
+                   "os.getcwd())")
+    assert out.split() == ["True", "True", "2", "/tmp/work"], out
+    assert km._forks()
+
+
+def test_the_meta_devices_lazy_parts_are_imported_for_notebooks_that_use_them():
+    assert warm.needs_meta(["02_softmax_and_context", "08_kv_cache_gqa_and_windows"])
+    assert not warm.needs_meta(["01_dot_products", "02_softmax_and_context", "03_trainable_self_attention"])
+
+
+# What the first kernel leaves behind, and what the next one must not find. ------------------------------
+LEAVE = textwrap.dedent("""
+    import os, signal, subprocess, sys, threading, time
+    import torch, course_utils.checks.core as core
+    for path in ["/tmp/work/leak.py", "/tmp/leak", "/tmp/home/.ipython/profile_default/startup/00-leak.py",
+                 "/tmp/home/.local/lib/python3.11/site-packages/usercustomize.py",
+                 "/tmp/home/.local/lib/python3.11/site-packages/sitecustomize.py"]:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").write("open('/tmp/work/LEAKED', 'w').write('startup ran')\\n")
+    os.environ["COURSE_LEAK"] = "1"
+    sys.modules["leak_module"] = sys
+    torch.leaked = True
+    core.LEAKED = True
+    torch.nn.functional.softmax = lambda *a, **k: "patched"
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    keep = open("/tmp/work/leak.py")
+    os.dup2(keep.fileno(), 77)
+    threading.Thread(target=time.sleep, args=(600,), name="leak-thread", daemon=True).start()
+    subprocess.Popen(["sleep", "4711"], start_new_session=True)
+    subprocess.Popen(["setsid", "-f", "sleep", "4712"])
+    print("left", flush=True)
+""")
+
+FIND = textwrap.dedent("""
+    import os, signal, sys, threading
+    import torch, course_utils.checks.core as core
+    import course_utils.checks  # noqa
+    found = []
+    for path in ["/tmp/work/leak.py", "/tmp/leak", "/tmp/work/LEAKED", "/tmp/home/.ipython/profile_default/startup/00-leak.py",
+                 "/tmp/home/.local"]:
+        if os.path.exists(path):
+            found.append(path)
+    if "COURSE_LEAK" in os.environ: found.append("env")
+    if "leak_module" in sys.modules: found.append("sys.modules")
+    if getattr(torch, "leaked", False) or getattr(core, "LEAKED", False): found.append("globals")
+    if torch.nn.functional.softmax(torch.zeros(2), dim=0).tolist() != [0.5, 0.5]: found.append("patched")
+    if signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL: found.append("signal")
+    try:
+        os.fstat(77); found.append("fd 77")
+    except OSError:
+        pass
+    if any(t.name == "leak-thread" for t in threading.enumerate()): found.append("thread")
+    for pid in os.listdir("/proc"):
+        try:
+            if b"47" in open(f"/proc/{pid}/cmdline", "rb").read() and b"sleep" in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(f"process {pid}")
+        except OSError:
+            pass
+    print("found", found)
+""")
+
+
+def test_nothing_of_one_kernel_reaches_the_next(parent):
+    """Files (home, IPython's start-up folder, usercustomize, /tmp, the working folder), processes (a
+    setsid'd one too), environment, sys.modules, module globals, signal handlers, open files, threads."""
+    out, _ = _run(LEAVE)
+    assert "left" in out, out
+    out, _ = _run(FIND)
+    assert "found []" in out, out
+    # And from this machine's side: no sleep of the first kernel is left anywhere.
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert not cmdline.startswith(b"sleep\x0047"), cmdline
+
+
+RANDOM = ("import random, numpy, torch\n"
+          "print(json.dumps([random.random(), float(numpy.random.rand()), torch.rand(3).tolist()]))")
+
+
+def test_random_state_starts_as_a_cold_kernels(parent):
+    """Python's, numpy's and torch's generators are seeded afresh in each kernel, as a fresh interpreter
+    seeds them: two kernels forked from one parent draw differently."""
+    first = json.loads(_run("import json\n" + RANDOM)[0])
+    second = json.loads(_run("import json\n" + RANDOM)[0])
+    assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
+
+
+REACH_PARENT = textwrap.dedent("""
+    import ctypes, os, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    me = os.readlink("/proc/self")
+    reached = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and p != me]:
+        try:
+            if b"zygote" not in open(f"/proc/{pid}/cmdline", "rb").read():
+                continue  # the parent, and its forks, run grader/zygote.py
+            nspid = [line for line in open(f"/proc/{pid}/status") if line.startswith("NSpid:")][0].split()[1:]
+        except (OSError, IndexError):
+            continue
+        for leaf in ("mem", "environ", "maps"):
+            try:
+                open(f"/proc/{pid}/{leaf}", "rb").read(16); reached.append(f"{leaf} of {pid}")
+            except OSError:
+                pass
+        for leaf in ("root", "cwd"):
+            try:
+                os.listdir(f"/proc/{pid}/{leaf}"); reached.append(f"{leaf} of {pid}")
+            except OSError:
+                pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")  # the numbers only: following one needs the right to trace
+        except OSError:
+            fds = []
+        for fd in fds:
+            for follow in (os.readlink, lambda path: os.close(os.open(path, os.O_RDONLY))):
+                try:
+                    follow(f"/proc/{pid}/fd/{fd}"); reached.append(f"fd {fd} of {pid}")
+                except OSError:
+                    pass
+        if len(nspid) == 1:  # outside this kernel's PID namespace: the parent, or the fork between
+            try:
+                fd = os.open(f"/proc/{pid}", os.O_RDONLY)
+                signal.pidfd_send_signal(fd, 0); reached.append(f"signal to {pid}")
+            except OSError:
+                pass
+    if libc.umount2(b"/tmp", 2) == 0: reached.append("umount /tmp")
+    if libc.mount(b"none", b"/tmp/work", b"tmpfs", 0, None) == 0: reached.append("mount")
+    if libc.unshare(0x10000000 | 0x00020000) == 0 and libc.umount2(b"/tmp", 2) == 0:
+        reached.append("umount /tmp in a new namespace")
+    print("reached", reached)
+""")
+
+
+def test_the_kernel_cannot_reach_its_parent(parent):
+    """No control channel open in the kernel (the parent's end of the grader's socket is in no file
+    descriptor of the kernel); the parent cannot be read, traced or signalled through /proc; the kernel
+    cannot undo its layout (unmount its /tmp to see the parent's)."""
+    held = []
+
+    def look(km) -> None:
+        kernel = km.provisioner.process.kernel_pid
+        for fd in os.listdir(f"/proc/{kernel}/fd"):
+            held.append(os.readlink(f"/proc/{kernel}/fd/{fd}"))
+
+    out, km = _run(REACH_PARENT, during=look)
+    assert "reached []" in out, out
+    assert held and f"socket:[{parent.channel_inode}]" not in held
+    assert parent.alive()
+
+
+def test_a_dead_parent_is_restarted():
+    """A parent that dies is started afresh for the next kernel, and counted (grade_student grades the
+    notebook it served again with cold kernels: test_a_notebook_whose_parent_died_is_graded_again_cold)."""
+    _need_warm()
+    warm.disable()
+    warm.enable(SETTINGS.memory)
+    try:
+        first = warm.current()
+        first.ready()
+        lost = warm.lost()
+        first.process.kill()
+        first.process.wait()
+        second = warm.current()
+        assert second is not first and warm.lost() == lost + 1
+        out, _ = _run("print('again')")
+        assert "again" in out
+    finally:
+        warm.disable()
+
+
+def test_a_notebook_whose_parent_died_is_graded_again_cold(monkeypatch):
+    from grader import autograde
+
+    class Parent:
+        def alive(self):
+            return False
+
+    calls = []
+
+    class Api:
+        def autograde(self, *args, **kwargs):
+            calls.append(warm.current())
+            return {"success": True}
+
+    monkeypatch.setitem(warm._state, "enabled", True)
+    monkeypatch.setitem(warm._state, "parent", None)
+    monkeypatch.setattr(warm, "current", lambda: None if warm._state["suspended"] else Parent())
+    job = autograde.Job(0, "s", "02_softmax_and_context", "f", "", [], [], {}, [], {})
+    assert autograde._autograde_one(Api(), job) == {"success": True}
+    assert len(calls) == 2 and isinstance(calls[0], Parent) and calls[1] is None
+
+
+def test_cold_kernels_where_the_parent_cannot_start(monkeypatch, tmp_path, capsys):
+    """No warm parent (here: bubblewrap missing for it): one line says so and grading goes on cold."""
+    from grader import autograde
+
+    monkeypatch.setattr(warm, "check", lambda: (False, "bubblewrap is not installed"))
+    monkeypatch.setattr(autograde, "sandbox_settings", lambda allow: (True, ""))
+    seen, real = {}, autograde.grade
+
+    def grade(jobs, out, settings, *args):
+        seen["warm"] = settings.warm_kernels
+        return real(jobs, out, settings, *args)
+
+    monkeypatch.setattr(autograde, "grade", grade)
+    (tmp_path / "subs").mkdir()
+    autograde.autograde(tmp_path / "subs", tmp_path / "out", progress=False)
+    assert seen["warm"] is False
+    assert capsys.readouterr().err.count("grader: cold kernels (bubblewrap is not installed)") == 1
+    monkeypatch.setattr(warm, "check", lambda: (True, ""))
+    autograde.autograde(tmp_path / "subs", tmp_path / "out", progress=False, cold_kernels=True)
+    assert seen["warm"] is False
+
+
+def test_a_cold_kernel_cannot_unmount_what_hides_the_instructor_edition(tmp_path):
+    """The sandbox drops every capability (run as root, bubblewrap would leave them)."""
+    import subprocess
+    import sys
+
+    ok, why = sandbox.check_bwrap()
+    if not ok:
+        pytest.skip(why)
+    package = Path(sandbox._course_utils_dir())
+    code = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print(libc.umount2({str(package / 'instructor')!r}.encode(), 2), os.listdir({str(package / 'instructor')!r}))")
+    cmd = sandbox.sandbox_command([sys.executable, "-c", code], socket_dir=str(tmp_path), memory=0,
+                                  bwrap=sandbox.bwrap_path(), student_edition=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["-1", "[]"], done.stdout + done.stderr
+
+
+# Graded end to end: an attack, then a wrong answer, on one grading process. ----------------------------
+_RIGHT_SOFTMAX = ("def softmax_stable(x, dim=-1):\n    shifted = x - x.max(dim=dim, keepdim=True).values\n"
+                  "    e = torch.exp(shifted)\n    return e / e.sum(dim=dim, keepdim=True)\n")
+#: Run in any later kernel, this would give a wrong softmax_stable full marks: after each cell, the right one.
+_PAYLOAD = ("import threading, time\n"
+            "def _wait():\n"
+            "    for _ in range(600):\n"
+            "        try:\n"
+            "            from IPython import get_ipython\n"
+            "            ip = get_ipython()\n"
+            "        except Exception:\n"
+            "            ip = None\n"
+            "        if ip is not None:\n"
+            f"            ip.events.register('post_run_cell', lambda *a: exec({_RIGHT_SOFTMAX!r}, ip.user_ns))\n"
+            "            return\n"
+            "        time.sleep(0.05)\n"
+            "threading.Thread(target=_wait, daemon=True).start()\n")
+ATTACK = textwrap.dedent(f"""
+    import os, subprocess, sys
+    payload = {_PAYLOAD!r}
+    for path in ["/tmp/home/.ipython/profile_default/startup/00-fix.py",
+                 "/tmp/home/.local/lib/python3.11/site-packages/usercustomize.py", "/tmp/work/sitecustomize.py"]:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").write(payload)
+    exec(payload)  # this kernel, and any state a later one might share
+    # A forked kernel's /proc is its parent's sandbox's: /proc/self is not the PID the kernel has.
+    print("forked" if os.readlink("/proc/self") != str(os.getpid()) else "cold")
+    loop = "import time\\nwhile True:\\n    time.sleep(0.2)\\n"
+    subprocess.Popen([sys.executable, "-c", loop], start_new_session=True)
+""") + REACH_PARENT
+
+
+def _submission(name: str, extra_first: str = "", answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    from tests.grader_answers.test_autograde import _student_version_with
+
+    nb = _student_version_with(name, answers or {})
+    if extra_first:
+        nb.cells.insert(1, nbformat.v4.new_code_cell(extra_first))
+    return nb
+
+
+def test_a_wrong_answer_after_an_attack_on_the_same_worker_still_loses_its_points(tmp_path):
+    from grader.autograde import autograde
+
+    _need_warm()
+    name = "02_softmax_and_context"
+    wrong = "def softmax_stable(x, dim=-1):\n    return x / x.sum(dim=dim, keepdim=True)\n"
+    subs = tmp_path / "subs"
+    for student, nb in [("a_attack", _submission(name, ATTACK, answers={"softmax_stable": wrong})),
+                        ("b_wrong", _submission(name, answers={"softmax_stable": wrong})),
+                        ("c_right", _submission(name))]:
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / f"{name}.ipynb")
+    out = tmp_path / "out"
+    assert autograde(subs, out, workers=1, progress=False) == 0
+    attacked = nbformat.read(out / "nbgrader" / "autograded" / "a_attack" / name / f"{name}.ipynb", as_version=4)
+    said = "".join(o.get("text", "") for o in attacked.cells[1].outputs)
+    assert "reached []" in said and "forked" in said, said
+    # The payload works where it runs: the attacker's own wrong answer passed its tests in its kernel
+    # (its score is 0 all the same: the rules flag the cell), so a kernel that inherited it would pass too.
+    tests = [c for c in attacked.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+             and "softmax_stable" in c.metadata["nbgrader"].get("grade_id", "")]
+    assert tests and not any(o.get("output_type") == "error" for c in tests for o in c.outputs)
+    with open(out / "cells.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f)]
+    softmax = {r["student_id"]: r for r in rows if "softmax_stable" in r["grade_id"]}
+    assert softmax["b_wrong"]["passed"] == "no", softmax
+    assert softmax["c_right"]["passed"] == "yes", softmax
+
+
+def _cells(out: Path) -> list[dict]:
+    with open(out / "cells.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+#: ``COURSE_WARM_NOTEBOOKS="all"`` (or "05 08") compares every notebook's known answers; default 01 (its 10
+#: submissions graded twice: about 1 min on 2 busy cores; 01 and 02 took 3 min).
+WARM_NOTEBOOKS = os.environ.get("COURSE_WARM_NOTEBOOKS", "01")
+
+
+def test_verdicts_are_the_same_warm_and_cold(tmp_path):
+    """Every known answer (tests/fixtures/answers: each wrong and right variant, the solution, the blank
+    notebook) of the chosen notebooks, graded with warm kernels and with --cold-kernels: cells.csv alike,
+    row for row."""
+    from grader import course
+    from grader.autograde import autograde
+    from tests.fixtures.answers import load
+
+    _need_warm()
+    subs = tmp_path / "subs"
+    names = [n for n in course.available_notebooks() if WARM_NOTEBOOKS == "all" or n[:2] in WARM_NOTEBOOKS.split()]
+    for name in names:
+        module = load(name)
+        variants = [("solution", {})]
+        for kind in ("WRONG", "RIGHT"):
+            per_exercise = {ex: list(answers.values()) for ex, answers in getattr(module, kind).items()} if module else {}
+            depth = max((len(v) for v in per_exercise.values()), default=0)
+            variants += [(f"{kind.lower()}_{k}", {ex: v[k] for ex, v in per_exercise.items() if k < len(v)})
+                         for k in range(depth)]
+        for student, answers in variants:
+            (subs / student).mkdir(parents=True, exist_ok=True)
+            nbformat.write(_submission(name, answers=answers), subs / student / f"{name}.ipynb")
+        (subs / "blank").mkdir(exist_ok=True)
+        nbformat.write(nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4),
+                       subs / "blank" / f"{name}.ipynb")
+    assert autograde(subs, tmp_path / "warm", workers=2, progress=False) == 0
+    assert autograde(subs, tmp_path / "cold", workers=2, progress=False, cold_kernels=True) == 0
+    warm_rows, cold_rows = _cells(tmp_path / "warm"), _cells(tmp_path / "cold")
+    assert len(warm_rows) > 20 and any(r["passed"] == "no" for r in warm_rows)
+    assert warm_rows == cold_rows
+
+
+def test_a_parent_that_cannot_import_means_cold_kernels(monkeypatch, capsys):
+    """A parent that never gets ready (here: its Python cannot start) is not restarted for every
+    notebook: one line says why, and the process's kernels are cold from then on."""
+    _need_warm()
+    warm.disable()
+    monkeypatch.setattr(warm.sys, "executable", "/nonexistent/python")
+    warm.enable(SETTINGS.memory)
+    try:
+        parent = warm.current()
+        with pytest.raises(OSError):
+            parent.ready(timeout=60)
+        assert warm.current() is None and warm.current() is None
+        assert capsys.readouterr().err.count("grader: the warm parent could not start") == 1
+        monkeypatch.undo()
+        out, km = _run("print('cold')")
+        assert "cold" in out and not km._forks()
+    finally:
+        warm.disable()
+        warm._state["said"] = False
