@@ -220,12 +220,17 @@ def forbidden_ops(exercise: str) -> dict[str, str]:
     return found
 
 
-def op_violations(exercise: str, ops: "Iterable[str]") -> list[Violation]:
-    """Every forbidden operation among ``ops`` (ATen operations the student's code ran, by name), as a
-    violation naming the operation and the library function it belongs to."""
+def op_violations(exercise: str, ops: Iterable[str]) -> list[Violation]:
+    """Every forbidden function whose operations are among ``ops`` (ATen operations the student's code ran,
+    by name), as a violation naming the function and the operations it ran."""
     forbidden = forbidden_ops(exercise)
-    return [Violation(f"your code ran `{op}`, which is what `{forbidden[op]}` runs: this exercise does not allow it "
-                      f"(however the function is reached)") for op in sorted(set(ops)) if op in forbidden]
+    by_name: dict[str, list[str]] = {}
+    for op in sorted(set(ops)):
+        if op in forbidden:
+            by_name.setdefault(forbidden[op], []).append(op)
+    return [Violation(f"your code ran {', '.join(f'`{op}`' for op in found)}, the operation{'s' * (len(found) > 1)} "
+                      f"of `{name}`, which this exercise does not allow however it is reached")
+            for name, found in by_name.items()]
 
 
 @dataclass

@@ -36,10 +36,10 @@ decides a grade:
 
 The rules are also checked on what ran: the kernel hands out, beside the outputs, which ATen operations
 of ``course_utils.rules.WATCHED_OPS`` the student's code dispatched while it ran for the grader
-(``probe.OpRecorder``), and a test that passes every comparison still scores 0, with the rule's own
-message, where one of them is an operation its exercise's rule forbids (:func:`forbidden_ran`): a library
-softmax reached by a name built at run time, or swapped in for the student's function, runs
-``aten._softmax`` all the same.
+(``probe.OpRecorder``), and a test whose code ran an operation its exercise's rule forbids scores 0, with
+the rule's own message, whatever its outputs (:func:`forbidden_ran`; a source that breaks a rule as
+written is told so first, as the kernel did): a library softmax reached by a name built at run time,
+or swapped in for the student's function, runs ``aten._softmax`` all the same.
 
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a file that is not in the hand-off's format (JSON and raw tensor bytes,
@@ -1613,9 +1613,9 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
     earn them: the grader checks the answer cells' rules itself, whatever the kernel says.
     ``first_tries``: whether the kernel made ``modules.check_alone``'s first tries (``probe.replaying``).
-    ``ops``: exercise -> the ATen operations its code ran in the kernel: a test that passes every
-    comparison still fails, with the rule's own message, where one of them is forbidden
-    (:func:`forbidden_ran`); a test that fails keeps the check's message, as the kernel would show it."""
+    ``ops``: exercise -> the ATen operations its code ran in the kernel: where one of them is forbidden,
+    the test fails with the rule's own message (:func:`forbidden_ran`), whatever its outputs; where the
+    source already breaks a rule, the check says so first, as the kernel would."""
     import torch
 
     from course_utils import checks
@@ -1624,6 +1624,9 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
 
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
+    refused = forbidden_ran(exercises, ops or {}, sources)
+    if refused is not None:
+        return refused
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
     replays.update({name: replay_for(name, records, sources.get(name))
                     for name, owner in COMPANIONS.items() if owner in exercises})
@@ -1645,21 +1648,20 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
         why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \
               "): the hand-off was changed"
         return Verdict("", HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, why))
-    refused = forbidden_ran(exercises, ops or {})
-    if refused is not None:
-        return refused
     return Verdict(printed.getvalue())
 
 
-def forbidden_ran(exercises: list[str], ops: dict[str, list[str]]) -> Verdict | None:
+def forbidden_ran(exercises: list[str], ops: dict[str, list[str]], sources: dict[str, str]) -> Verdict | None:
     """The failure of a test whose code ran an operation its exercise's rule forbids (``ops``: exercise ->
     the ATen operations its code ran, ``probe.ops_ran``), with the rule's message as a check gives it
-    (``core.check_rules``'s form); ``None`` when none did. Exercises not of this notebook are not read."""
+    (``core.check_rules``'s form); ``None`` when none did, or where the exercise's source (``sources``)
+    breaks a rule as written: the replayed check says that, as it did in the kernel. Exercises not of
+    this notebook are not read."""
     from course_utils import rules
 
     for exercise in exercises:
         found = rules.op_violations(exercise, ops.get(exercise, ()))
-        if found:
+        if found and not rules.find_violations(sources.get(exercise) or "", exercise):
             why = rules.RULES[exercise].why
             lines = "; ".join(str(v) for v in found)
             return Verdict("", "CheckFailed", f"❌ {exercise}: {lines}. {why[:1].upper()}{why[1:]}".strip())
