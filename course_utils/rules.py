@@ -12,7 +12,8 @@ Three parts:
   time (``getattr(x, "soft" + "max")``) or a function swapped in through ``sys.modules`` is caught where it runs;
 - the policy for every answer cell (:func:`policy_violations`): the machinery no exercise needs
   (computed names on modules, ``sys.modules``, ``exec``, frames, ``gc``, dunders...), which is how a
-  student reaches past the rules and into the grader.
+  student reaches past the rules and into the grader. The grader applies it to each submitted answer
+  cell, outside the kernel (``grader/autograde.py``'s ``check_rules``); notebook 01 announces it.
 """
 
 from __future__ import annotations
@@ -530,15 +531,14 @@ def _policy(source: str) -> tuple[tuple[str, int | None], ...]:
     return tuple(dict.fromkeys((v.message, v.line) for v in finder.found))
 
 
-def find_violations(source: str, exercise: str | None = None, policy: bool = True) -> list[Violation]:
+def find_violations(source: str, exercise: str | None = None) -> list[Violation]:
     """Every rule that ``source`` (a cell or a function's code) breaks.
 
     The general rules (no importing the answers, no rewriting ``torch`` or ``builtins``) always
-    apply; ``exercise`` adds that exercise's own rules from :data:`RULES`; ``policy`` the policy on
-    machinery (:func:`policy_violations`: the grader applies it to each answer cell as a whole).
+    apply; ``exercise`` adds that exercise's own rules from :data:`RULES`. (The policy on machinery,
+    :func:`policy_violations`, is the grader's, applied to each answer cell as a whole.)
     """
-    found = [Violation(message, line) for message, line in _violations(source, exercise or "")]
-    return found + policy_violations(source) if policy else found
+    return [Violation(message, line) for message, line in _violations(source, exercise or "")]
 
 
 @functools.lru_cache(maxsize=512)

@@ -295,13 +295,13 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
             continue  # the course's own test cell
         if nbcells.is_answer(cell) and gid in src.answers:
             own, rest = _def_source(cell.source, gid)
-            found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid, policy=False)]
-            found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed), policy=False)] \
+            found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid)]
+            found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] \
                 if rest.strip() else []
             # Other exercises defined in the same cell get their own rules.
             for other in intake.defined_names(rest):
                 if other in src.answers and other != gid:
-                    found += [str(v) for v in rules.find_violations(_def_source(rest, other)[0], other, policy=False)]
+                    found += [str(v) for v in rules.find_violations(_def_source(rest, other)[0], other)]
             found += [str(v) for v in rules.policy_violations(cell.source)]
             if found:
                 why = rules.RULES.get(gid, rules.Rule()).why
@@ -313,7 +313,7 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
             continue
         if intake.normalise(cell.source) in course_cells:
             continue  # the course's own cell, unchanged
-        found = [str(v) for v in rules.find_violations(_strip_allowed_imports(cell.source, allowed), policy=False)]
+        found = [str(v) for v in rules.find_violations(_strip_allowed_imports(cell.source, allowed))]
         found += [str(v) for v in rules.policy_violations(cell.source)]
         if found:
             reason = f"cell {i + 1}: " + "; ".join(dict.fromkeys(found))

@@ -1624,7 +1624,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
 
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
-    refused = forbidden_ran(exercises, ops or {}, sources)
+    refused = forbidden_ran([src.tests[test_id].exercise], ops or {}, sources)  # its own exercise only
     if refused is not None:
         return refused
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
@@ -1655,8 +1655,8 @@ def forbidden_ran(exercises: list[str], ops: dict[str, list[str]], sources: dict
     """The failure of a test whose code ran an operation its exercise's rule forbids (``ops``: exercise ->
     the ATen operations its code ran, ``probe.ops_ran``), with the rule's message as a check gives it
     (``core.check_rules``'s form); ``None`` when none did, or where the exercise's source (``sources``)
-    breaks a rule as written: the replayed check says that, as it did in the kernel. Exercises not of
-    this notebook are not read."""
+    breaks a rule as written: the replayed check says that, as it did in the kernel. Only ``exercises``
+    are read (a test's own: what another exercise's code ran costs that exercise's tests)."""
     from course_utils import rules
 
     for exercise in exercises:

@@ -181,7 +181,7 @@ POLICY = {
 
 @pytest.mark.parametrize("source, words", POLICY.values(), ids=POLICY.keys())
 def test_the_policy_names_each_piece_of_machinery(source, words):
-    found = [str(v) for v in rules.find_violations(source)]
+    found = [str(v) for v in rules.find_violations(source) + rules.policy_violations(source)]  # what the grader reads
     assert any(words in f for f in found), found
 
 
@@ -226,4 +226,57 @@ def _right_fixtures():
 
 @pytest.mark.parametrize("exercise, source", list(_right_fixtures()))
 def test_every_right_fixture_passes_the_rules_and_the_policy(exercise, source):
-    assert rules.find_violations(source, exercise) == []
+    assert rules.find_violations(source, exercise) == [] and rules.policy_violations(source) == []
+
+
+# --------------------------------------------------------------------------------------------
+# The hand-off carries what ran as plain data, and the judge refuses a forbidden operation
+# --------------------------------------------------------------------------------------------
+_LOOP_DOT = ("def dot(x, y):\n    total = torch.zeros((), dtype=x.dtype)\n    for i in range(x.shape[0]):\n"
+             "        total = total + x[i] * y[i]\n    return total\n")
+_RUNTIME_DOT = "def dot(x, y):\n    for _ in range(1):\n        total = getattr(x, 'mat' + 'mul')(y)\n    return total\n"
+
+
+@pytest.mark.parametrize("source, ran, verdict", [
+    (_LOOP_DOT, [], None),
+    (_RUNTIME_DOT, ["aten.dot"], "your code ran `aten.dot`, the operation of `dot`"),
+], ids=["a loop", "matmul by a name built at run time"])
+def test_the_kernel_hands_out_what_ran_and_the_judge_refuses_a_forbidden_operation(source, ran, verdict, monkeypatch):
+    from grader import judge
+    from tests.grader_answers.test_judge import _handed_out
+
+    handoff, _ = _handed_out("01_dot_products", "dot", source, monkeypatch)
+    try:
+        records, sources, ops = judge.load_handed_out(handoff.outputs, "test_dot")
+        assert ops == {"dot": ran}, ops
+        got = judge.judge_handed_out(handoff.outputs, "01_dot_products", "test_dot", {"dot": source})
+    finally:
+        handoff.remove()
+    assert (got.ename, got.evalue.split(", which")[0]) == \
+        ((None, "") if verdict is None else ("CheckFailed", f"❌ dot: {verdict}")), got
+
+
+def test_a_source_that_breaks_a_rule_as_written_is_told_so_first():
+    """The replayed check says what the kernel's check said (the name in the source); the operations it ran
+    decide only where the source reads clean."""
+    from grader import judge
+
+    ops = {"dot": ["aten.dot"]}
+    assert judge.forbidden_ran(["dot"], ops, {"dot": "def dot(x, y):\n    return torch.dot(x, y)\n"}) is None
+    refused = judge.forbidden_ran(["dot"], ops, {"dot": _RUNTIME_DOT})
+    assert refused is not None and refused.ename == "CheckFailed" and "`aten.dot`" in refused.evalue
+    assert judge.forbidden_ran(["dot"], {"dot": ["aten.mul", "aten.add"]}, {"dot": _LOOP_DOT}) is None
+    assert judge.forbidden_ran(["attention_scores"], {"attention_scores": ["aten.bmm"]}, {}) is None
+
+
+@pytest.mark.parametrize("ops", [
+    "aten._softmax", {"softmax_stable": "aten._softmax"}, {"softmax stable": ["aten._softmax"]},
+    {"softmax_stable": [1]}, {"softmax_stable": ["x" * 101]}, {"softmax_stable": ["aten.mul"] * (probe.MAX_OPS + 1)},
+], ids=["not a mapping", "not a list", "not a name", "not text", "too long", "too many"])
+def test_malformed_operations_in_a_hand_off_are_refused(ops, tmp_path):
+    from grader import judge
+
+    probe.write_hand_off({"format": probe.FORMAT, "test": "test_softmax_stable", "records": [], "sources": {},
+                          "ops": ops}, probe.hand_off_path(tmp_path, "test_softmax_stable"))
+    with pytest.raises(judge.BadHandOff, match="operations handed out"):
+        judge.load_handed_out(tmp_path, "test_softmax_stable")
