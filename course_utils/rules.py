@@ -374,8 +374,7 @@ DUNDER_ALLOWED = frozenset({"__init__", "__name__", "__qualname__", "__doc__", "
 POLICY_MODULES = {
     "gc": "the garbage collector reaches every object in memory",
     "ctypes": "ctypes reads and writes memory directly",
-    "IPython": "IPython reaches into the notebook kernel",
-    "ipykernel": "ipykernel reaches into the notebook kernel",
+    "IPython": "IPython reaches into the notebook kernel (its events, its error handlers)",
 }
 #: Functions that read the callers' frames, by their last name (``sys._getframe``, ``inspect.stack``...).
 FRAME_FUNCTIONS = frozenset({"_getframe", "_current_frames", "settrace", "setprofile", "currentframe", "stack",
