@@ -1,7 +1,19 @@
-"""What a solution may not do, found by reading its source (never by running it).
+"""What a solution may not do: found by reading its source, and (under the grader) in what it ran.
 
 Used twice: by the self-checks (so a student learns before submitting) and by the grader (so a
 rule broken in a submission costs that exercise its points, with the reason in the report).
+
+Three parts:
+
+- each exercise's :class:`Rule` (:data:`RULES`): library functions it may not call, read from the source;
+- the same rules on what ran: :data:`ATEN_OPS` maps each forbidden name to the ATen operations it
+  dispatches, which the grading kernel records while the student's code runs
+  (``course_utils.checks.probe``) and the grader refuses (:func:`op_violations`), so a name built at run
+  time (``getattr(x, "soft" + "max")``) or a function swapped in through ``sys.modules`` is caught where it runs;
+- the policy for every answer cell (:func:`policy_violations`): the machinery no exercise needs
+  (computed names on modules, ``sys.modules``, ``exec``, frames, ``gc``, dunders...), which is how a
+  student reaches past the rules and into the grader. The grader applies it to each submitted answer
+  cell, outside the kernel (``grader/autograde.py``'s ``check_rules``); notebook 01 announces it.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ import functools
 import inspect
 import textwrap
 from dataclasses import dataclass, field
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -23,12 +36,16 @@ class Rule:
         forbid_matmul_operator: the ``@`` operator is not allowed.
         require_loop: the solution must contain a ``for``/``while`` loop or a comprehension.
         why: one sentence for the student.
+        uses: library functions the exercise is meant to call: the ATen operations they run
+            (:data:`ATEN_OPS`) are never held against it (``MHAPyTorchSDPA`` hands the softmax to SDPA,
+            whose math path runs ``aten._safe_softmax``).
     """
 
     forbidden_calls: tuple[str, ...] = ()
     forbid_matmul_operator: bool = False
     require_loop: bool = False
     why: str = ""
+    uses: tuple[str, ...] = ()
 
 
 #: Always forbidden in a solution cell: importing the answers or the grader, and rewriting the
@@ -79,6 +96,7 @@ RULES: dict[str, Rule] = {
     "MHAPyTorchSDPA": Rule(
         forbidden_calls=("softmax", "MultiheadAttention", "multi_head_attention_forward", "flex_attention"),
         why="hand the attention core to F.scaled_dot_product_attention instead of computing the softmax yourself.",
+        uses=("scaled_dot_product_attention",),
     ),
     # Notebook 06: the timer is written by hand, not borrowed from a timing library.
     "time_cuda_aware": Rule(
@@ -141,6 +159,79 @@ RULES.update({
             "the untiled formulas would keep the (T, T) matrix this exercise removes.",
     ),
 })
+
+
+# --------------------------------------------------------------------------------------------
+# The rules on what ran: each forbidden name -> the ATen operations it dispatches
+# --------------------------------------------------------------------------------------------
+#: A library softmax, however it is reached: ``torch.softmax``, ``F.softmax``, ``x.softmax``,
+#: ``nn.Softmax`` and ``F.softmin`` all dispatch ``aten._softmax``; SDPA's math path (and the private
+#: ``torch._safe_softmax``) dispatches ``aten._safe_softmax``. A softmax written from ``exp`` and ``sum``
+#: dispatches ``aten.exp``, ``aten.sum`` and ``aten.div``: none of these. (Their gradients are left out: an
+#: honest softmax's backward runs ``_softmax_backward_data`` where a check takes gradients.)
+_SOFTMAX_OPS = ("aten._softmax", "aten._safe_softmax")
+_LOG_SOFTMAX_OPS = ("aten._log_softmax",)
+#: The fused attention kernels: SDPA's flash (the CPU one too), memory-efficient, cuDNN and third-party
+#: paths; its math path (``aten._safe_softmax``: on the CPU, 3-D inputs, dropout or the meta device take it);
+#: ``nn.MultiheadAttention``'s fused path; FlexAttention (a higher-order operator, dispatched as ``flex_attention``).
+_SDPA_OPS = ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
+             "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+             "aten._scaled_dot_product_fused_attention_overrideable", "aten._flash_attention_forward",
+             "aten._efficient_attention_forward", "aten._safe_softmax")
+_MHA_OPS = ("aten._native_multi_head_attention",)
+#: A library product of two vectors: ``torch.dot``, ``@`` and ``matmul`` on 1-D tensors and ``tensordot``
+#: dispatch ``aten.dot``; ``inner``, ``mm``, ``mv``, ``einsum`` (``bmm``) and ``vdot`` their own. A loop of
+#: ``x[i] * y[i]`` dispatches ``aten.select``, ``aten.mul`` and ``aten.add``: none of these.
+_PRODUCT_OPS = ("aten.dot", "aten.vdot", "aten.mm", "aten.mv", "aten.bmm", "aten.addmm", "aten.addmv",
+                "aten.baddbmm", "aten.addbmm")
+#: Each forbidden name of :data:`RULES` that has operations of its own, and those operations (an ATen
+#: operation's name without its overload: ``aten._softmax``). The one table: a rule's forbidden names say
+#: which operations its exercise may not run (:func:`forbidden_ops`). Not every name is here: autograd
+#: (``backward``, ``grad``) and the course's own functions run no operation of their own, and
+#: ``nn.MultiheadAttention``'s slow path runs the same operations as an honest attention (the static rule
+#: and the policy on names built at run time catch those).
+ATEN_OPS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("softmax", "Softmax", "softmin"), _SOFTMAX_OPS),
+    **dict.fromkeys(("log_softmax", "LogSoftmax"), _LOG_SOFTMAX_OPS),
+    "logsumexp": ("aten.logsumexp",),
+    "scaled_dot_product_attention": _SDPA_OPS,
+    **dict.fromkeys(("MultiheadAttention", "multi_head_attention_forward"), _MHA_OPS),
+    "flex_attention": ("flex_attention",),
+    **dict.fromkeys(("TransformerEncoderLayer", "TransformerEncoder"),
+                    ("aten._transformer_encoder_layer_fwd",) + _MHA_OPS),
+    **dict.fromkeys(("TransformerDecoderLayer", "TransformerDecoder"), _MHA_OPS),
+    **dict.fromkeys(("dot", "matmul", "mm", "inner", "vdot", "einsum", "tensordot", "mv"), _PRODUCT_OPS),
+}
+#: Every operation of :data:`ATEN_OPS`: what the grading kernel records of what a student's code ran.
+WATCHED_OPS = frozenset(op for ops in ATEN_OPS.values() for op in ops)
+
+
+@functools.lru_cache(maxsize=None)
+def forbidden_ops(exercise: str) -> dict[str, str]:
+    """``{operation: forbidden name}``: the ATen operations ``exercise`` may not run (:data:`ATEN_OPS` of its
+    rule's forbidden names, less those of the library functions it is meant to use, ``Rule.uses``), each
+    with the first forbidden name that stands for it. Empty for an exercise without such a rule."""
+    rule = RULES.get(exercise, Rule())
+    allowed = {op for name in rule.uses for op in ATEN_OPS.get(name, ())}
+    found: dict[str, str] = {}
+    for name in rule.forbidden_calls:
+        for op in ATEN_OPS.get(name, ()):
+            if op not in allowed:
+                found.setdefault(op, name)
+    return found
+
+
+def op_violations(exercise: str, ops: Iterable[str]) -> list[Violation]:
+    """Every forbidden function whose operations are among ``ops`` (ATen operations the student's code ran,
+    by name), as a violation naming the function and the operations it ran."""
+    forbidden = forbidden_ops(exercise)
+    by_name: dict[str, list[str]] = {}
+    for op in sorted(set(ops)):
+        if op in forbidden:
+            by_name.setdefault(forbidden[op], []).append(op)
+    return [Violation(f"your code ran {', '.join(f'`{op}`' for op in found)}, the operation{'s' * (len(found) > 1)} "
+                      f"of `{name}`, which this exercise does not allow however it is reached")
+            for name, found in by_name.items()]
 
 
 @dataclass
@@ -266,11 +357,185 @@ class _Finder(ast.NodeVisitor):
     visit_For = visit_While = visit_ListComp = visit_GeneratorExp = visit_SetComp = visit_DictComp = _loop
 
 
+# --------------------------------------------------------------------------------------------
+# The policy for every answer cell: machinery that no exercise needs
+# --------------------------------------------------------------------------------------------
+#: Names that hold a module in the course's notebooks (``import torch.nn.functional as F``...): an attribute
+#: of one read by a computed name is flagged (:class:`_Policy`), as is one of any name a cell imports itself.
+MODULE_NAMES = frozenset({
+    "torch", "F", "nn", "np", "numpy", "math", "sys", "os", "builtins", "course_utils", "checks", "data",
+    "plotting", "training", "bench", "flash", "backward", "tasks", "validation", "reference", "importlib", "gc",
+    "inspect", "ctypes", "types", "operator", "functools", "IPython", "triton", "tl", "time", "random", "copy",
+    "itertools", "pathlib", "io", "subprocess", "shutil", "traceback", "threading", "linecache", "runpy", "site",
+})
+#: Dunder attributes an answer may read or write (``super().__init__``, ``type(m).__name__``, ``torch.__version__``).
+DUNDER_ALLOWED = frozenset({"__init__", "__name__", "__qualname__", "__doc__", "__version__"})
+#: Modules no answer may import: they reach frames, memory, every object or the kernel.
+POLICY_MODULES = {
+    "gc": "the garbage collector reaches every object in memory",
+    "ctypes": "ctypes reads and writes memory directly",
+    "IPython": "IPython reaches into the notebook kernel (its events, its error handlers)",
+}
+#: Functions that read the callers' frames, by their last name (``sys._getframe``, ``inspect.stack``...).
+FRAME_FUNCTIONS = frozenset({"_getframe", "_current_frames", "settrace", "setprofile", "currentframe", "stack",
+                             "getouterframes", "getinnerframes", "trace", "walk_stack", "walk_tb"})
+#: Attributes of frames, tracebacks and generators that lead to a frame.
+FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "tb_next", "gi_frame",
+                              "cr_frame", "ag_frame"})
+#: Built-in functions that run code built at run time.
+CODE_BUILDERS = frozenset({"exec", "eval", "compile"})
+_NAMESPACES = ("globals", "vars", "locals")
+_ATTRIBUTE_FUNCTIONS = ("getattr", "setattr", "delattr", "hasattr")
+
+
+def _root_name(node: ast.AST) -> str | None:
+    """The name an expression starts from: ``torch`` for ``torch.nn.functional``, ``sys.modules['x']``,
+    ``load('x').y``; ``None`` when it starts from no name."""
+    while True:
+        if isinstance(node, ast.Attribute):
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        else:
+            return node.id if isinstance(node, ast.Name) else None
+
+
+class _Policy(ast.NodeVisitor):
+    """The policy's findings in one parsed cell (:func:`policy_violations`)."""
+
+    def __init__(self, tree: ast.AST) -> None:
+        self.found: list[Violation] = []
+        self.modules = set(MODULE_NAMES)
+        self.literal_names: set[str] = set()  # ``for name in ["W_query", "W_key"]``: known without running
+        self.called: set[int] = set()  # ids of the Name nodes that are the function of a call
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                self.modules.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                self.modules.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and \
+                    isinstance(node.iter, (ast.List, ast.Tuple)) and \
+                    all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts):
+                self.literal_names.add(node.target.id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                self.called.add(id(node.func))
+        for node in ast.walk(tree):  # a module under another name: ``t = torch``, ``f = torch.nn.functional``
+            if isinstance(node, ast.Assign) and self._is_module(node.value):
+                self.modules.update(t.id for t in node.targets if isinstance(t, ast.Name))
+
+    def _add(self, message: str, node: ast.AST) -> None:
+        self.found.append(Violation(message, getattr(node, "lineno", None)))
+
+    def _is_module(self, node: ast.AST) -> bool:
+        return _root_name(node) in self.modules
+
+    def _literal(self, node: ast.AST) -> bool:
+        return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or \
+            (isinstance(node, ast.Name) and node.id in self.literal_names)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_import(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        self._check_import(module, node)
+        for alias in node.names:
+            if module == "sys" and alias.name == "modules":
+                self._add("imports `sys.modules`: replacing or reaching modules is not allowed", node)
+            elif alias.name in FRAME_FUNCTIONS and module in ("sys", "inspect", "traceback"):
+                self._add(f"imports `{module}.{alias.name}`: reading the callers' frames is not allowed", node)
+
+    def _check_import(self, name: str, node: ast.AST) -> None:
+        root = name.split(".")[0]
+        if root in POLICY_MODULES:
+            self._add(f"imports `{name}`: {POLICY_MODULES[root]}, which no exercise needs", node)
+        elif root == "torch" and any(part.startswith("_") for part in name.split(".")[1:]):
+            self._add(f"imports `{name}`: torch's private internals are not allowed in a solution", node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if isinstance(func, ast.Name) and name in _ATTRIBUTE_FUNCTIONS and len(node.args) >= 2 and \
+                not self._literal(node.args[1]) and self._is_module(node.args[0]):
+            self._add(f"uses `{name}` on the module `{ast.unparse(node.args[0])[:60]}` with a name built at run time: "
+                      "reach library functions by their written names", node)
+        if name in ("attrgetter", "methodcaller") and not all(self._literal(a) for a in node.args):
+            self._add(f"uses `{name}` with a name built at run time: reach functions by their written names", node)
+        if isinstance(func, ast.Name) and name == "vars" and node.args and self._is_module(node.args[0]):
+            self._add(f"uses `vars({ast.unparse(node.args[0])[:60]})`: reading a module as a dict is not allowed", node)
+        if isinstance(func, ast.Attribute) and name in FRAME_FUNCTIONS and \
+                _root_name(func) in ("sys", "inspect", "traceback") and _root_name(func) in self.modules:
+            self._add(f"uses `{ast.unparse(func)[:60]}`: reading the callers' frames is not allowed", node)
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and \
+                node.value.func.id in _NAMESPACES:
+            self._add(f"uses `{node.value.func.id}()[...]`: reading or changing a namespace as a dict is not allowed", node)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        value = node.value
+        if node.attr == "modules" and isinstance(value, ast.Name) and value.id == "sys":
+            self._add("uses `sys.modules`: replacing or reaching modules through it is not allowed", node)
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _NAMESPACES:
+            self._add(f"uses `{value.func.id}().{node.attr}`: reading or changing a namespace as a dict is not allowed",
+                      node)
+        if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in DUNDER_ALLOWED:
+            self._add(f"uses `{node.attr}`: dunder attributes other than {', '.join(sorted(DUNDER_ALLOWED))} are not "
+                      "allowed in a solution", node)
+        elif node.attr.startswith("_") and not node.attr.startswith("__") and _root_name(node) in ("torch", "F", "nn") \
+                and _root_name(node) in self.modules:
+            self._add(f"uses `{ast.unparse(node)[:60]}`: torch's private internals are not allowed in a solution", node)
+        if node.attr in FRAME_ATTRIBUTES:
+            self._add(f"uses `{node.attr}`: reading frames is not allowed", node)
+        if node.attr == "set_custom_exc" or (node.attr in ("register", "unregister", "callbacks")
+                                              and isinstance(value, ast.Attribute) and value.attr == "events"):
+            self._add(f"uses `{ast.unparse(node)[:60]}`: IPython's events and error handlers are not for solutions", node)
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if not isinstance(node.ctx, ast.Load):
+            return
+        if node.id in CODE_BUILDERS:
+            self._add(f"uses `{node.id}`: running code built at run time is not allowed in a solution", node)
+        elif node.id in _ATTRIBUTE_FUNCTIONS + ("globals", "locals") and id(node) not in self.called:
+            self._add(f"uses `{node.id}` passed around as a value: call it directly, with a written name", node)
+        elif node.id.startswith("__") and node.id.endswith("__") and node.id not in ("__name__", "__doc__") \
+                and node.id not in FORBIDDEN_NAMES:
+            self._add(f"uses `{node.id}`: dunder names are not allowed in a solution", node)
+
+
+def policy_violations(source: str) -> list[Violation]:
+    """What ``source`` (an answer cell, or a function's code) uses of the machinery no exercise needs:
+    an attribute of a module by a computed name (``getattr(torch, "soft" + "max")``), ``sys.modules``,
+    ``globals()[...]`` / ``vars()`` / ``locals()``, ``exec`` / ``eval`` / ``compile``, frames
+    (``sys._getframe``, ``inspect.stack``, ``f_back``...), ``gc``, ``ctypes``, dunder attributes beyond
+    :data:`DUNDER_ALLOWED`, torch's private internals, IPython's events and ``set_custom_exc``
+    (``__import__``, ``importlib`` and ``get_ipython``: :data:`FORBIDDEN_NAMES`, in every rule check)."""
+    return [Violation(message, line) for message, line in _policy(source)]
+
+
+@functools.lru_cache(maxsize=512)
+def _policy(source: str) -> tuple[tuple[str, int | None], ...]:
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return ()  # find_violations says so
+    finder = _Policy(tree)
+    finder.visit(tree)
+    return tuple(dict.fromkeys((v.message, v.line) for v in finder.found))
+
+
 def find_violations(source: str, exercise: str | None = None) -> list[Violation]:
     """Every rule that ``source`` (a cell or a function's code) breaks.
 
     The general rules (no importing the answers, no rewriting ``torch`` or ``builtins``) always
-    apply; ``exercise`` adds that exercise's own rules from :data:`RULES`.
+    apply; ``exercise`` adds that exercise's own rules from :data:`RULES`. (The policy on machinery,
+    :func:`policy_violations`, is the grader's, applied to each answer cell as a whole.)
     """
     return [Violation(message, line) for message, line in _violations(source, exercise or "")]
 

@@ -275,9 +275,12 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
     """Test grade_id -> reason for each test that a broken rule sets to 0, and the list of findings.
 
     An answer cell is checked with :func:`course_utils.rules.find_violations` for its exercise
-    (the same call as the student's self-check, so the same reason); any other code cell a
-    student added or changed is checked with the general rules (no reference, no patching of
-    torch, builtins or the test helpers), and a finding there zeroes every test below it.
+    (the same call as the student's self-check, so the same reason), and as a whole with the policy on
+    machinery no exercise needs (:func:`course_utils.rules.policy_violations`: computed names on modules,
+    ``sys.modules``, ``exec``, frames...), read here from the submitted source, outside the kernel; any
+    other code cell a student added or changed is checked with the general rules and the policy (no
+    reference, no patching of torch, builtins or the test helpers), and a finding there zeroes every test
+    below it.
     """
     allowed = _allowed_imports(src)
     course_cells = _course_cells(src.name)
@@ -293,11 +296,13 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
         if nbcells.is_answer(cell) and gid in src.answers:
             own, rest = _def_source(cell.source, gid)
             found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid)]
-            found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] if rest.strip() else []
+            found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] \
+                if rest.strip() else []
             # Other exercises defined in the same cell get their own rules.
             for other in intake.defined_names(rest):
                 if other in src.answers and other != gid:
                     found += [str(v) for v in rules.find_violations(_def_source(rest, other)[0], other)]
+            found += [str(v) for v in rules.policy_violations(cell.source)]
             if found:
                 why = rules.RULES.get(gid, rules.Rule()).why
                 reason = f"{gid}: " + "; ".join(dict.fromkeys(found)) + (f". {why}" if why else "")
@@ -309,6 +314,7 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
         if intake.normalise(cell.source) in course_cells:
             continue  # the course's own cell, unchanged
         found = [str(v) for v in rules.find_violations(_strip_allowed_imports(cell.source, allowed))]
+        found += [str(v) for v in rules.policy_violations(cell.source)]
         if found:
             reason = f"cell {i + 1}: " + "; ".join(dict.fromkeys(found))
             findings.append(reason + " (a cell outside the answers; every test below it scores 0)")

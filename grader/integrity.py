@@ -12,6 +12,12 @@ A flag is a lead for the instructor, not a verdict and not a score change: an an
 ``getattr`` innocently keeps its points. Flags go to the instructor's report ("Integrity (instructor
 only)") and to the ``integrity`` column of ``grades.csv``, never to ``results.json`` or the students'
 feedback. The grader reads the answer cells' source itself, outside the kernel.
+
+Since issue 35 most of this machinery also costs the exercise its points, by the policy that every
+answer cell is held to (:func:`course_utils.rules.policy_violations`, announced in notebook 01 and the
+README; a "rule broken" in the report, with its reason). The flags here keep listing all they find,
+that included, and more than the policy scores (``getattr`` by a computed name on any object,
+``inspect``, ``pickle``, ``marshal``, ``builtins``): a lead is cheap, a lost point is not.
 """
 
 from __future__ import annotations

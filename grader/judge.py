@@ -34,6 +34,13 @@ decides a grade:
    or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
    error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
 
+The rules are also checked on what ran: the kernel hands out, beside the outputs, which ATen operations
+of ``course_utils.rules.WATCHED_OPS`` the student's code dispatched while it ran for the grader
+(``probe.OpRecorder``), and a test whose code ran an operation its exercise's rule forbids scores 0, with
+the rule's own message, whatever its outputs (:func:`forbidden_ran`; a source that breaks a rule as
+written is told so first, as the kernel did): a library softmax reached by a name built at run time,
+or swapped in for the student's function, runs ``aten._softmax`` all the same.
+
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
 :data:`MAX_BYTES`, a file that is not in the hand-off's format (JSON and raw tensor bytes,
 ``probe.write_hand_off``; :func:`read_hand_off` says what it refuses), a record of the wrong shape
@@ -272,6 +279,14 @@ def load_results(folder: str | Path, test_id: str) -> list[dict]:
 def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str]]:
     """``(records, sources)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
     ``sources``: exercise -> the source of the function checked, as the kernel read it."""
+    records, sources, _ = load_handed_out(folder, test_id)
+    return records, sources
+
+
+def load_handed_out(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str], dict[str, list[str]]]:
+    """``(records, sources, ops)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
+    ``ops``: exercise -> the ATen operations its code ran in the kernel (``probe.ops_ran``; none handed out
+    for an exercise: none of ``rules.WATCHED_OPS`` ran)."""
     from course_utils.checks import probe
 
     path = probe.hand_off_path(folder, test_id)
@@ -372,10 +387,11 @@ def read_hand_off(data: bytes) -> Any:
         raise _Unreadable(str(exc)[:200]) from None
 
 
-def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str]]:
+def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str], dict[str, list[str]]]:
     from course_utils.checks import probe
 
-    if not isinstance(loaded, dict) or set(loaded) != {"format", "test", "records", "sources"}:
+    if not isinstance(loaded, dict) or not {"format", "test", "records", "sources"} <= set(loaded) \
+            <= {"format", "test", "records", "sources", "ops"}:
         raise BadHandOff("the result does not have the hand-off's layout")
     if loaded["format"] != probe.FORMAT or loaded["test"] != test_id:
         raise BadHandOff(f"the result is not this test's (format {loaded['format']!r}, test {loaded['test']!r})")
@@ -390,7 +406,12 @@ def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str]]:
     if not (isinstance(sources, dict) and all(_is_name(k) and isinstance(v, str) and len(v) <= probe.MAX_SOURCE
                                               for k, v in sources.items())):
         raise BadHandOff("the sources handed out are not a mapping of exercise names to short texts")
-    return records, sources
+    ops = loaded.get("ops", {})
+    if not (isinstance(ops, dict) and len(ops) <= 64 and all(
+            _is_name(k) and isinstance(v, list) and len(v) <= probe.MAX_OPS
+            and all(isinstance(op, str) and 0 < len(op) <= 100 for op in v) for k, v in ops.items())):
+        raise BadHandOff("the operations handed out are not a mapping of exercise names to short lists of names")
+    return records, sources, ops
 
 
 def _is_name(value: Any) -> bool:
@@ -1584,14 +1605,17 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
 
 
 def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str],
-               first_tries: bool = True) -> Verdict:
+               first_tries: bool = True, ops: dict[str, list[str]] | None = None) -> Verdict:
     """Run the solution's test cell ``test_id`` with each judged exercise replayed from ``records``.
 
     ``sources``: exercise -> the source of the student's function: what the kernel handed out (the
     function it actually checked, wherever it was defined), else the answer cell's (read by the grader).
     It only feeds the rules and the diagnoses that read code, so a forged one can cost points, never
     earn them: the grader checks the answer cells' rules itself, whatever the kernel says.
-    ``first_tries``: whether the kernel made ``modules.check_alone``'s first tries (``probe.replaying``)."""
+    ``first_tries``: whether the kernel made ``modules.check_alone``'s first tries (``probe.replaying``).
+    ``ops``: exercise -> the ATen operations its code ran in the kernel: where one of them is forbidden,
+    the test fails with the rule's own message (:func:`forbidden_ran`), whatever its outputs; where the
+    source already breaks a rule, the check says so first, as the kernel would."""
     import torch
 
     from course_utils import checks
@@ -1600,6 +1624,9 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
 
     src = intake.load_source(notebook)
     exercises = judged_exercises(notebook)
+    refused = forbidden_ran([src.tests[test_id].exercise], ops or {}, sources)  # its own exercise only
+    if refused is not None:
+        return refused
     replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
     replays.update({name: replay_for(name, records, sources.get(name))
                     for name, owner in COMPANIONS.items() if owner in exercises})
@@ -1624,13 +1651,30 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     return Verdict(printed.getvalue())
 
 
+def forbidden_ran(exercises: list[str], ops: dict[str, list[str]], sources: dict[str, str]) -> Verdict | None:
+    """The failure of a test whose code ran an operation its exercise's rule forbids (``ops``: exercise ->
+    the ATen operations its code ran, ``probe.ops_ran``), with the rule's message as a check gives it
+    (``core.check_rules``'s form); ``None`` when none did, or where the exercise's source (``sources``)
+    breaks a rule as written: the replayed check says that, as it did in the kernel. Only ``exercises``
+    are read (a test's own: what another exercise's code ran costs that exercise's tests)."""
+    from course_utils import rules
+
+    for exercise in exercises:
+        found = rules.op_violations(exercise, ops.get(exercise, ()))
+        if found and not rules.find_violations(sources.get(exercise) or "", exercise):
+            why = rules.RULES[exercise].why
+            lines = "; ".join(str(v) for v in found)
+            return Verdict("", "CheckFailed", f"❌ {exercise}: {lines}. {why[:1].upper()}{why[1:]}".strip())
+    return None
+
+
 def judge_handed_out(folder: str | Path, notebook: str, test_id: str, answers: dict[str, str],
                      first_tries: bool = True) -> Verdict:
     """The verdict of test ``test_id`` from what the kernel handed out into ``folder``; ``answers``:
     exercise -> the answer cell's source; ``first_tries``: whether that kernel made ``check_alone``'s
     first tries. :class:`BadHandOff` when the hand-off cannot be used."""
-    records, seen = load_hand_off(folder, test_id)
-    return judge_test(notebook, test_id, records, {**answers, **seen}, first_tries)
+    records, seen, ops = load_handed_out(folder, test_id)
+    return judge_test(notebook, test_id, records, {**answers, **seen}, first_tries, ops)
 
 
 def _handoff_message(exercise: str, why: str) -> str:

@@ -37,7 +37,10 @@ writes what came back to a folder that the grader reads once the kernel has exit
   its output; its hidden modules arrive as layouts too, rebuilt here (:func:`build_layout`);
 
 and, once per exercise, the source of the function checked (for the rules and the diagnoses that
-read code, as ``check_rules`` in the kernel read it). An exercise checked with the notebook's other
+read code, as ``check_rules`` in the kernel read it), and the ATen operations of ``rules.WATCHED_OPS``
+that the student's code ran while the kernel ran it for the grader (:class:`OpRecorder`: a library
+softmax reached by a name built at run time still dispatches ``aten._softmax``), which the grader holds
+against the exercise's rule (``rules.op_violations``). An exercise checked with the notebook's other
 exercises (``modules.alone``) hands its records out once per try of ``modules.check_alone``, each
 marked with its try (``"attempt"``, :func:`trying`).
 
@@ -73,6 +76,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_utils.device import manual_seed
 
@@ -81,7 +85,7 @@ DIR_VARIABLE = "COURSE_PROBE_DIR"
 #: The grader's file of judged exercises and their hidden cases (read-only in the kernel).
 INPUTS_VARIABLE = "COURSE_PROBE_INPUTS"
 #: Version of the hand-off format; the grader refuses any other.
-FORMAT = 2
+FORMAT = 3
 #: Longest exception message kept, in characters.
 MAX_MESSAGE = 2000
 #: Longest source of a checked function kept, in characters.
@@ -107,6 +111,7 @@ _current: list[str] = []  # the test cell running now: [] or [test id]
 _records: dict[str, list[dict]] = {}  # test id -> what its checks handed out so far
 _pending: dict[str, int] = {}  # test id -> its records of finished check calls, not yet written
 _sources: dict[str, dict[str, str]] = {}  # test id -> exercise -> the source of the function checked
+_ops: dict[str, dict[str, set]] = {}  # test id -> exercise -> the ATen operations its code dispatched (OpRecorder)
 _inputs: dict[str, Any] | None = None
 _hooked = False
 
@@ -143,6 +148,7 @@ def begin(test_id: str) -> None:
     _current[:] = [test_id]
     _records[test_id] = []
     _sources[test_id] = {}
+    _ops[test_id] = {}
     _save(test_id)
     if not _hooked:
         try:
@@ -426,7 +432,9 @@ def record(exercise: str, student: Callable, cases: Sequence[Any], *,
         before = [module_states(a, attributes) if attributes and isinstance(a, torch.nn.Module) else None
                   for a in args]
         try:
-            entry["result"] = encode(student(*args, **case.kwargs))
+            with _watching(exercise):
+                returned = student(*args, **case.kwargs)
+            entry["result"] = encode(returned)
         except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
             entry["error"] = _error(exc)
         if attributes:
@@ -477,8 +485,9 @@ def record_module(exercise: str, student_cls: Callable, configs: Sequence[tuple[
                 forward: dict[str, Any] = _mark({"exercise": exercise, "build": build_inputs, "mode": mode,
                                                  "inputs": inputs_of(case.args, case.kwargs)})
                 try:
-                    forward["result"] = encode(module_output(module, Case(case.name, case.args, case.kwargs,
-                                                                          build=build, mode=mode)))
+                    with _watching(exercise):
+                        returned = module_output(module, Case(case.name, case.args, case.kwargs, build=build, mode=mode))
+                    forward["result"] = encode(returned)
                 except Exception as exc:  # noqa: BLE001
                     forward["error"] = _error(exc)
                 store.append(forward)
@@ -668,6 +677,7 @@ def record_module_probes(exercise: str, student_cls: Callable, plan: Sequence[tu
                 getattr(target, p.mode)()
                 manual_seed(7 if p.seed is None else p.seed)
                 with contextlib.ExitStack() as counting:
+                    counting.enter_context(_watching(exercise))
                     for counter in counters:
                         counting.enter_context(counter)
                     if within is not None:
@@ -690,7 +700,8 @@ def _record_construction(store: list, exercise: str, student_cls: Any, build: tu
 
     entry: dict[str, Any] = _mark({"exercise": exercise, "build": build_inputs, "cls": label})
     try:
-        module = construct(student_cls, build)
+        with _watching(exercise):
+            module = construct(student_cls, build)
     except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
         entry["error"] = _error(exc)
         store.append(entry)
@@ -766,6 +777,73 @@ def add_replayed_calls(calls: dict[str, int]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# The ATen operations the student's code ran (the rules, checked on what ran: ``rules.op_violations``)
+# --------------------------------------------------------------------------------------------
+#: Most operations handed out for one exercise of one test (``rules.WATCHED_OPS`` has fewer).
+MAX_OPS = 64
+
+
+class OpRecorder(TorchDispatchMode):
+    """Notes every ATen operation dispatched while active, into ``seen`` (a set of operators).
+
+    A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees the operations below Python and
+    below composite functions: ``F.softmax``, ``x.softmax`` and ``getattr(torch, "soft" + "max")`` all
+    dispatch ``aten._softmax``; ``@`` dispatches ``aten.mm``, ``aten.bmm`` or ``aten.dot``; SDPA one of
+    its fused kernels, or ``aten._safe_softmax`` on its math path. It changes nothing it sees. It
+    declares itself an infrastructure mode that handles higher-order operators, so that FlexAttention's
+    eager path (``torch.compile`` underneath) runs under it and is seen as ``flex_attention``, not refused.
+    """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        return True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Not wrapped in torch._disable_dynamo: its first call would import torch._dynamo, 1.3 s per kernel.
+        return False
+
+    def __init__(self, seen: set) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+def op_name(func: Any) -> str:
+    """An operator's name without its overload: ``aten._softmax`` for ``aten._softmax.default``,
+    ``flex_attention`` for the FlexAttention higher-order operator."""
+    return str(getattr(func, "overloadpacket", func))
+
+
+@contextlib.contextmanager
+def _watching(exercise: str):
+    """Record the ATen operations run inside (:class:`OpRecorder`) as ``exercise``'s in the current test,
+    for an exercise whose rule forbids some (``rules.forbidden_ops``); for any other, nothing."""
+    from course_utils import rules
+
+    if not (_current and rules.forbidden_ops(exercise)):
+        yield
+        return
+    seen = _ops.setdefault(_current[0], {}).setdefault(exercise, set())
+    with OpRecorder(seen):
+        yield
+
+
+def ops_ran(test_id: str) -> dict[str, list[str]]:
+    """exercise -> the operations of ``rules.WATCHED_OPS`` its code ran in test ``test_id``, sorted (plain data
+    for the hand-off)."""
+    from course_utils import rules
+
+    return {exercise: sorted({op_name(f) for f in seen} & rules.WATCHED_OPS)[:MAX_OPS]
+            for exercise, seen in _ops.get(test_id, {}).items()}
+
+
+# --------------------------------------------------------------------------------------------
 # Code a check runs its own way (notebook 06's timer on a simulated device)
 # --------------------------------------------------------------------------------------------
 class Replayed:
@@ -793,7 +871,9 @@ def record_runs(exercise: str, student: Any, cases: Sequence[Any], run: Callable
     for case in cases:
         entry: dict[str, Any] = _mark({"exercise": exercise, "inputs": inputs_of(case.args, case.kwargs)}, attempt)
         try:
-            entry["result"] = encode(run(student, case))
+            with _watching(exercise):
+                returned = run(student, case)
+            entry["result"] = encode(returned)
         except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome to hand out
             entry["error"] = _error(exc)
         store.append(entry)
@@ -829,7 +909,8 @@ def _save(test_id: str) -> None:
     """Write test ``test_id``'s records (:func:`write_hand_off`: a new file moved into place, so a reader
     never sees half)."""
     write_hand_off({"format": FORMAT, "test": test_id, "records": _records[test_id],
-                    "sources": _sources.get(test_id, {})}, hand_off_path(os.environ[DIR_VARIABLE], test_id))
+                    "sources": _sources.get(test_id, {}), "ops": ops_ran(test_id)},
+                   hand_off_path(os.environ[DIR_VARIABLE], test_id))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1204,7 +1285,7 @@ def record_sessions(exercise: str, student_cls: Callable, sessions: Sequence[Ses
                 entry["attempt"] = attempt
             child = None
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _watching(exercise):
                     if step.op == "forward":
                         entry.update(mode=step.mode, seed=step.seed, inputs=inputs_of((step.x,), step.kwargs))
                         getattr(module, step.mode)()

@@ -14,6 +14,23 @@
 #
 # How to work: fill in each cell that says `# YOUR CODE HERE`, run it, then run the check cell
 # below it. A ✅ means your code agrees with ours on several inputs; a ❌ tells you what differs.
+#
+# **Rules for every answer cell.** Some exercises forbid a library function (the exercise says
+# which). The grader checks this in two ways: it reads your code, and it watches which PyTorch
+# operations your code actually runs. So a forbidden function counts however you reach it, even
+# through a name you build at run time.
+#
+# No exercise needs Python's machinery for reaching into other code, so an answer cell that uses
+# it scores 0 for that exercise, with the reason in your report:
+# - `getattr`, `setattr`, `delattr` or `hasattr` on a module with a name built at run time;
+# - `sys.modules`, `globals()[...]`, `vars()` or `locals()` used as a dict;
+# - `exec`, `eval`, `compile`, `__import__` or `importlib`;
+# - frames (`sys._getframe`, `inspect.stack`, `f_back`...), `gc` or `ctypes`;
+# - dunder attributes other than `__init__`, `__name__`, `__qualname__`, `__doc__` and `__version__`,
+#   and torch's private parts (`torch._C`...);
+# - IPython's events and `set_custom_exc`.
+#
+# `getattr(self, name)` on your own layer and `super().__init__()` are fine.
 
 # %% setup=true
 

@@ -1,10 +1,13 @@
-"""Cheats score 0 on their exercise under the real grader (issue 18), honest work keeps full marks.
+"""Cheats score 0 on their exercise under the real grader (issues 18 and 35), honest work keeps full marks.
 
 Every cheat of ``tests/fixtures/cheats.py`` goes into an otherwise solved notebook, and the class is
-graded in one sandboxed ``autograde`` run. Each cheat's exercise scores 0, no static rule is what
-stopped it, and the notebook's other tests keep their points. The cheats of the issue's classes are
-shown to be real first: decided the old way, in a process with the instructor edition (as the
-grading kernel was), each gets full marks. Notebook 03's and 04's cheats attack module exercises (a
+graded in one sandboxed ``autograde`` run. Each cheat's exercise scores 0 by the verdict computed
+outside the kernel alone (the test cells' own scores, before the static rules' zeroes), and the
+notebook's other tests keep their points. The policy on machinery (issue 35) names the cheats that use
+it, and the rules checked on what ran name the operations of the ``ran`` cheats, those the policy does
+not see included. The cheats of the issue's classes are shown to be real first: decided the old way,
+in a process with the instructor edition (as the grading kernel was), whose checks read names alone,
+each gets full marks. Notebook 03's and 04's cheats attack module exercises (a
 class whose construction builds the reference's module, a forward that reads the expected output from
 the checker's frames); notebook 05's attack ``count_parameters``, a function of a module (the reference's
 count, imported by a computed name; the expected count read from the checker's frames); notebook 09's attack
@@ -19,9 +22,12 @@ import sys
 import types
 from pathlib import Path
 
+import json
+
 import nbformat
 import pytest
 
+from course_utils import rules
 from grader import cells as nbcells
 from grader import course, intake
 from grader.autograde import autograde
@@ -110,14 +116,23 @@ def graded(tmp_path_factory):
         nbformat.write(_solved(notebook, cells), subs / student / f"{notebook}.ipynb")
     assert autograde(subs, out, workers=2, **LIMITS) == 0
     grades, cells = harness.read_grading(out)
-    return {"plan": plan, "grades": grades, "cells": cells, "out": out}
+    judged = {(r["student_id"], r["notebook"]): {c["grade_id"]: c for c in r["cells"]}
+              for r in json.loads((out / "results.json").read_text())}
+    return {"plan": plan, "grades": grades, "cells": cells, "out": out, "judged": judged}
+
+
+def _judged(graded, name: str, test: str | None = None) -> dict:
+    """The cell of cheat ``name``'s test (default: its exercise's first) in ``results.json``: the judge's own
+    score (``auto_score``) and message, and the static rules' zero (``comment``) apart."""
+    cheat = cheats.CHEATS[name]
+    return graded["judged"][(_student(name), cheat.notebook)][test or f"test_{cheat.exercise}"]
 
 
 def _assert_said(graded, said: dict[str, str]) -> None:
-    """Each cheat's test message holds the words ``said[cheat name]``: the reason it scored 0."""
+    """Each cheat's test message, as the judge wrote it, holds the words ``said[cheat name]``: the reason it
+    scored 0 outside the kernel (a static rule's zero, if any, is a comment beside it)."""
     for name, words in said.items():
-        cheat = cheats.CHEATS[name]
-        message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+        message = _judged(graded, name)["message"]
         assert words in message, f"{name}: {message!r} lacks {words!r}"
 
 
@@ -132,13 +147,14 @@ def test_honest_work_keeps_full_marks(graded):
 def test_each_cheat_scores_zero_on_its_exercise(graded, name):
     cheat = cheats.CHEATS[name]
     key = (_student(name), cheat.notebook)
-    row, cells = graded["grades"][key], graded["cells"][key]
+    cells = graded["cells"][key]
     mine = harness.test_ids_for(cheat.exercise, cells, cheat.notebook)
     assert mine, f"no test cells for {cheat.exercise}"
     for gid in mine:
         assert float(cells[gid]["score"]) == 0, f"{name}: {gid} scored {cells[gid]['score']} ({cells[gid]['message']})"
         assert cells[gid]["message"], f"{name}: {gid} lost its points without a reason"
-    assert "rule broken" not in row["status"], f"{name}: a static rule caught it, so this proves nothing: {row['status']}"
+        judged = _judged(graded, name, gid)  # the verdict outside alone, whatever a static rule also says
+        assert judged["auto_score"] == 0 and judged["message"], f"{name}: {gid} judged {judged}"
     for gid, cell in cells.items():
         other = nbcells.exercise_of_test(gid, course.EXERCISES[cheat.notebook])
         # The notebook's other tests still count (those whose answer calls the cheat's function aside:
@@ -149,8 +165,27 @@ def test_each_cheat_scores_zero_on_its_exercise(graded, name):
             assert float(cell["score"]) == float(cell["max_score"]), f"{name}: {gid} lost points: {cell['message']}"
 
 
+def test_the_policy_names_the_machinery_of_each_cheat_that_uses_it(graded):
+    """Issue 35: a cheat whose answer cell uses machinery no exercise needs loses its exercise's points by the
+    static policy too, with the reason in the report; the ``ran`` cheats it does not see are named below."""
+    for name, cheat in cheats.CHEATS.items():
+        comment = _judged(graded, name)["comment"]
+        if name in cheats.RAN_ONLY:
+            assert not comment, f"{name}: the policy named it, so it proves nothing of the rules on what ran: {comment}"
+        else:
+            assert rules.policy_violations(cheat.source), f"{name}: the policy does not name it"
+            assert comment.startswith("rule broken in the answer"), f"{name}: {comment!r}"
+
+
+def test_each_ran_cheat_is_refused_for_what_it_ran(graded):
+    """Issue 35: a forbidden library function reached by a name built at run time, under another name, called as
+    its fused kernel or swapped in for the hidden cases, is refused with its rule's message by what it ran."""
+    assert set(cheats.RAN_SAID) == {n for n, c in cheats.CHEATS.items() if c.kind == "ran"}
+    _assert_said(graded, cheats.RAN_SAID)
+
+
 def test_handoff_failures_say_why(graded):
-    messages = {name: " ".join(c["message"] for gid, c in graded["cells"][(_student(name), cheat.notebook)].items()
+    messages = {name: " ".join(c["message"] for gid, c in graded["judged"][(_student(name), cheat.notebook)].items()
                                if gid.startswith(f"test_{cheat.exercise}"))
                 for name, cheat in cheats.CHEATS.items() if cheat.kind == "handoff"}
     said = {
@@ -178,10 +213,9 @@ def test_a_fully_judged_notebooks_kernel_cannot_import_the_reference(graded, nam
     answers imported by a computed name are not there to be found. An exercise checked with helpers
     (``modules.alone``) is tried again in a kernel of first tries, whose cut-down reference holds the helpers
     only: the answer is not there either, and that kernel's message (the first try's) is the verdict's."""
-    cheat = cheats.CHEATS[name]
-    message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+    message = _judged(graded, name)["message"]
     assert ("ImportError" in message and "not part of the student edition" in message) or \
-        f"module 'course_utils.reference' has no attribute '{cheat.exercise}'" in message, message
+        f"module 'course_utils.reference' has no attribute '{cheats.CHEATS[name].exercise}'" in message, message
 
 
 def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
@@ -243,8 +277,7 @@ def test_notebook_08_is_judged_outside_with_the_student_edition(graded):
     then runs for check_alone's first try holds only the helpers' answers (grader/reference_subset.py), where
     the class is not to be found either."""
     name = "GroupedQueryAttention: build the reference's module, imported by a computed name"
-    cheat = cheats.CHEATS[name]
-    message = graded["cells"][(_student(name), cheat.notebook)][f"test_{cheat.exercise}"]["message"]
+    message = _judged(graded, name)["message"]
     assert "has no attribute 'GroupedQueryAttention'" in message, message
 
 

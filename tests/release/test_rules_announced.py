@@ -95,3 +95,32 @@ def test_the_reader_sees_a_rule_that_is_missing():
     assert missing_announcements(rules.Rule(forbidden_calls=("LogSoftmax",)), "no `F.log_softmax`") == []
     assert missing_announcements(rules.Rule(forbidden_calls=("MultiheadAttention",)),
                                  "extend your `MultiHeadAttention`") == ["`MultiheadAttention`"]
+
+
+#: What the policy on machinery (``rules.policy_violations``) forbids, as notebook 01 and the README name it.
+POLICY_WORDS = ("getattr", "sys.modules", "globals()", "vars()", "locals()", "exec", "eval", "compile", "__import__",
+                "importlib", "sys._getframe", "gc", "ctypes", "torch._C", "set_custom_exc",
+                *sorted(rules.DUNDER_ALLOWED))
+
+
+def _missing_policy_words(text: str) -> list[str]:
+    """The words of :data:`POLICY_WORDS` that ``text`` does not write as code (``globals()[...]`` names ``globals()``),
+    and IPython's events if it does not name them."""
+    missing = [word for word in POLICY_WORDS if f"`{word}" not in text]
+    return missing + ([] if "IPython's events" in text else ["IPython's events"])
+
+
+def test_notebook_01_announces_the_policy_and_the_rules_on_what_ran():
+    """The policy on machinery costs points in every notebook, so the first notebook says so, before any
+    answer cell, with each thing it forbids; and that the rules are also checked on what ran."""
+    nb = nbformat.read(course.notebooks_dir() / "01_dot_products.ipynb", as_version=4)
+    first_answer = next(i for i, c in enumerate(nb.cells) if _grade_id(c) and c.get("metadata", {})
+                        .get("nbgrader", {}).get("solution"))
+    text = "\n".join(c.source for c in nb.cells[:first_answer] if c.cell_type == "markdown")
+    assert not _missing_policy_words(text), _missing_policy_words(text)
+    assert "operations your code actually runs" in text
+
+
+def test_the_readme_announces_the_policy():
+    text = (course.repo_root() / "README.md").read_text(encoding="utf-8")
+    assert not _missing_policy_words(text), _missing_policy_words(text)
