@@ -19,6 +19,9 @@ from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 CONFIG_FILE = Path(__file__).with_name("nbgrader_config.py")
+#: Settings that make PyTorch and MKL compute as another CPU would; passed on to every kernel where set
+#: (sandboxed, forked or run as another user), so that it computes as the grader does.
+CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """nbgrader's ``Execute`` step, hardened for untrusted notebooks.
 
-* The kernel is a :class:`grader.sandbox.SandboxedKernelManager` (bubblewrap, memory cap).
+* The kernel is a :class:`grader.kernels.SandboxedKernelManager` (bubblewrap, memory cap).
 * Each cell has a time limit (nbgrader's ``timeout``, the kernel is interrupted) and the whole
   notebook has one (``notebook_timeout``): once it is spent, the remaining cells are not run and
   carry an error saying so, so their tests score 0.

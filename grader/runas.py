@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from grader.config import CPU_VARIABLES
+
 #: The environment variable naming the user kernels run as (unset: the kernel runs as the grader).
 USER_VARIABLE = "GRADER_KERNEL_USER"
 #: The environment variable naming the folder that holds the student edition's ``course_utils``.
@@ -112,9 +114,7 @@ def make_home(user: pwd.struct_passwd, reference: str = "") -> Path:
 
 def kernel_env(home: Path, *, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The kernel's whole environment: nothing of the grader's but the CPU settings
-    (``sandbox.CPU_VARIABLES``), ``course_utils`` from the student edition (or ``home/lib``)."""
-    from grader.sandbox import CPU_VARIABLES
-
+    (``config.CPU_VARIABLES``), ``course_utils`` from the student edition (or ``home/lib``)."""
     lib = home / "lib"
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
            "PYTHONPATH": str(lib if lib.is_dir() else edition()), "PYTHONNOUSERSITE": "1",

@@ -13,6 +13,9 @@ bound into the sandbox: TCP on localhost would need the host's network.
 
 Where bubblewrap cannot run (macOS, containers without user namespaces), :func:`check_bwrap`
 says why; the grader then refuses to grade unless the instructor passes ``--allow-unsandboxed``.
+
+This module builds the commands; the kernel manager that starts kernels with them, cold, forked from a
+warm parent or as another user, is :class:`grader.kernels.SandboxedKernelManager`.
 """
 
 from __future__ import annotations
@@ -26,11 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jupyter_client.manager import AsyncKernelManager
-from traitlets import Bool, Integer, List, Unicode
-
-from grader import cgroups, runas
-from grader.config import SETTINGS
+from grader.config import CPU_VARIABLES, SETTINGS
 
 #: Memory per kernel (address space), bytes. torch needs ~1 GiB of address space to import.
 DEFAULT_MEMORY = SETTINGS.memory
@@ -125,8 +124,6 @@ def _build_font_cache() -> Path | None:
     return built if any(built.glob("fontlist-*.json")) else None
 
 
-#: Settings that make PyTorch and MKL compute as another CPU would; passed on to the kernel where set.
-CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 #: Where the kernel sees the grader's hand-off folders (``grader/judge.py``): the folder it writes its
 #: outputs to, and the read-only folder of the hidden inputs.
 PROBE_DIR_INSIDE = "/tmp/course-probe"
@@ -238,126 +235,3 @@ def limits_prefix(memory: int) -> list[str]:
     if exe is None or memory <= 0:
         return []
     return [exe, f"--as={memory}", f"--fsize={MAX_FILE}", "--core=0", "--"]
-
-
-class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel runs in bubblewrap (or, if ``sandbox`` is off, only under limits).
-
-    nbclient creates one per notebook (``Execute.kernel_manager_class``); the traits below are
-    set through the nbgrader config.
-    """
-
-    sandbox = Bool(True, help="run the kernel in bubblewrap").tag(config=True)
-    memory_limit = Integer(DEFAULT_MEMORY, help="address-space cap for the kernel, bytes (0: none)").tag(config=True)
-    bwrap = Unicode("", help="bubblewrap executable (default: found on PATH)").tag(config=True)
-    extra_env = List(Unicode(), help="VAR=VALUE pairs for the kernel's environment").tag(config=True)
-    # Set per notebook by ``grader.execute.RobustExecute`` (see ``grader/judge.py``).
-    probe_dir = Unicode("", help="the grader's folder the kernel hands its outputs out to")
-    probe_inputs = Unicode("", help="the grader's file of hidden inputs the kernel reads")
-    student_edition = Bool(False, help="show the kernel course_utils without answers or hidden cases")
-    reference_subset = Unicode("", help="with student_edition: a file of a few helpers' answers "
-                                        "(grader/reference_subset.py) shown as course_utils/reference.py")
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        from grader import warm
-
-        # The grading process's warm parent (grader/warm.py), or None: cold kernels. A warm kernel's files
-        # live in a folder of its own under the parent's staging folder, where the parent can bind them.
-        self._warm = warm.current() if self.sandbox else None
-        self._stage = self._warm.stage() if self._warm is not None else None
-        # Unix sockets in a private folder, bound into the sandbox at the same path.
-        self._socket_dir = str(self._stage / "sockets") if self._stage is not None \
-            else tempfile.mkdtemp(prefix="grader-kernel-")
-        os.chmod(self._socket_dir, 0o700)
-        self.transport = "ipc"
-        self.ip = os.path.join(self._socket_dir, "k")
-        self.connection_file = os.path.join(self._socket_dir, "kernel.json")
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        inner = super().format_kernel_cmd(extra_arguments)
-        # Interrupt over the control channel: a SIGINT to the process group would hit bubblewrap
-        # itself (which then ends the sandbox) rather than only the kernel.
-        self.kernel_spec.interrupt_mode = "message"
-        if not self.sandbox:
-            user = runas.kernel_user()  # Gradescope: no bubblewrap, the kernel runs as an unprivileged user
-            if user is not None:
-                runas.hand_over(user, writable=[self._socket_dir], readable=[])
-                return [*runas.drop_prefix(user), *limits_prefix(self.memory_limit), *inner]
-            return [*limits_prefix(self.memory_limit), *inner]
-        if self._forks():
-            return inner  # for the record only: the warm parent forks the kernel (_async_launch_kernel)
-        exe = self.bwrap or bwrap_path()
-        if not exe:
-            raise RuntimeError("bubblewrap is not available; refusing to run student code unsandboxed")
-        cmd = sandbox_command(inner, socket_dir=self._socket_dir, memory=self.memory_limit, bwrap=exe,
-                              probe_dir=self.probe_dir, probe_inputs=self.probe_inputs,
-                              student_edition=self.student_edition, reference=self.reference_subset)
-        # Caps on the kernel's processes, and on the memory they hold together (grader/cgroups.py), where
-        # this machine lets the grader set them.
-        self._remove_pids_group()
-        self._pids_group = cgroups.make_group(memory_max=self.memory_limit or None)
-        return (self._pids_group.join_prefix() if self._pids_group is not None else []) + cmd
-
-    def _remove_pids_group(self) -> None:
-        group = getattr(self, "_pids_group", None)
-        if group is not None:
-            group.remove()
-            self._pids_group = None
-
-    def _forks(self) -> bool:
-        """Whether this kernel is forked from the warm parent: a sandboxed student-edition kernel (the one
-        edition the parent imported) in a grading process with warm kernels on."""
-        return self._warm is not None and self.sandbox and self.student_edition
-
-    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        if self._forks():
-            try:
-                process = self._warm.spawn(self._stage, connection_file=self.connection_file,
-                                           env=kernel_env(self.probe_dir, self.probe_inputs), probe_dir=self.probe_dir,
-                                           probe_inputs=self.probe_inputs, reference=self.reference_subset,
-                                           memory=self.memory_limit)
-            except (OSError, ValueError) as exc:
-                print(f"grader: a warm kernel could not start ({exc}); this one is cold", file=sys.stderr)
-                self._warm = None
-                kernel_cmd = self.format_kernel_cmd()
-            else:
-                provisioner = self.provisioner
-                provisioner.process, provisioner.pid, provisioner.pgid = process, process.pid, None
-                provisioner.cwd = kw.get("cwd")
-                self._reconcile_connection_info(provisioner.connection_info)
-                return
-        await super()._async_launch_kernel(kernel_cmd, **kw)
-
-    async def _async_start_kernel(self, **kw):
-        # The kernel's own banner goes to its stdout; the student's output travels over ZeroMQ.
-        kw.setdefault("stdout", subprocess.DEVNULL)
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        user = None if self.sandbox else runas.kernel_user()
-        if user is not None:  # its own empty home, the student edition, only the hand-off of the grader's
-            self._home = runas.make_home(user, self.reference_subset)
-            hand_off = probe_env(self.probe_dir, self.probe_inputs, inside=False) if self.probe_dir else {}
-            runas.hand_over(user, writable=[self.probe_dir], readable=[self.probe_inputs])
-            kw["env"] = runas.kernel_env(self._home, extra=hand_off)
-            kw["cwd"] = str(self._home)
-        elif not self.sandbox and self.probe_dir and self.probe_inputs:
-            # Unsandboxed (--allow-unsandboxed) the kernel inherits the environment: add the hand-off.
-            kw["env"] = {**(kw.get("env") or os.environ),
-                         **probe_env(self.probe_dir, self.probe_inputs, inside=False)}
-        return await super()._async_start_kernel(**kw)
-
-    start_kernel = _async_start_kernel  # type: ignore[assignment]
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        self._remove_pids_group()
-        user = None if self.sandbox else runas.kernel_user()
-        if user is not None:  # nothing the student's code started outlives its kernel
-            runas.kill_all(user)
-            shutil.rmtree(getattr(self, "_home", "") or "/nonexistent", ignore_errors=True)
-        if not restart:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            if self._stage is not None:
-                shutil.rmtree(self._stage, ignore_errors=True)
-
-    cleanup_resources = _async_cleanup_resources  # type: ignore[assignment]

@@ -222,7 +222,7 @@ def test_the_kernel_is_stopped_at_once_after_the_last_cell(tmp_path, shutdown, h
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'ran')")])
     config = Config()
-    config.RobustExecute.kernel_manager_class = "grader.sandbox.SandboxedKernelManager"
+    config.RobustExecute.kernel_manager_class = "grader.kernels.SandboxedKernelManager"
     config.SandboxedKernelManager.sandbox = False  # the hook must be able to reach tmp_path
     if shutdown != RobustExecute.shutdown_kernel.default_value:
         config.RobustExecute.shutdown_kernel = shutdown

@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import sandbox, warm
+from grader import kernels, sandbox, warm
 from grader.config import SETTINGS
 
 
@@ -50,11 +50,11 @@ def parent(_warm_in_this_process):
 
 
 def _run(code: str, *, student_edition: bool = True, timeout: float = 60,
-         during=None) -> tuple[str, "sandbox.SandboxedKernelManager"]:
+         during=None) -> tuple[str, "kernels.SandboxedKernelManager"]:
     """Run ``code`` in a new sandboxed kernel (warm where this process has a parent); its stdout and error."""
 
     async def main():
-        km = sandbox.SandboxedKernelManager(student_edition=student_edition)
+        km = kernels.SandboxedKernelManager(student_edition=student_edition)
         await km.start_kernel()
         kc = km.client()
         kc.start_channels()
