@@ -275,17 +275,20 @@ def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
 @check
 def check_flash_attention_backward(flash_attention_backward: Callable, hidden: bool = False) -> None:
     """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
-    autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
+    autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped; and in
+    bfloat16 (``lse`` in float32, as notebook 07's forward returns it) within bfloat16's tolerance."""
     exercise = "flash_attention_backward"
     cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
+    half = _half_backward_case()
     if _probe.active(exercise):  # under the grader: hand out gradients and what the watcher saw; judged outside
         for case in cases:  # in the order the check asks for them
             _probe.record(exercise, flash_attention_backward, [case])
             if hidden or not case.kwargs.get("causal", True):
                 _probe.record_runs(exercise, flash_attention_backward, [case], _structure_run)
         _probe.record_runs(exercise, flash_attention_backward, [structure], _structure_run)
+        _probe.record(exercise, flash_attention_backward, [half])
         return
     require_callable(exercise, flash_attention_backward)
     check_rules(exercise, flash_attention_backward)
@@ -298,8 +301,17 @@ def check_flash_attention_backward(flash_attention_backward: Callable, hidden: b
         if hidden or not case.kwargs.get("causal", True):  # the causal structure is watched on T = 40 below
             check_backward_structure(exercise, flash_attention_backward, case)
     check_backward_structure(exercise, flash_attention_backward, structure)
+    q, k, v, _, _, do = (t.to(torch.float64) for t in half.args[:6])
+    want = attention_with_grads(q, k, v, do, half.kwargs["causal"])[1:]  # PyTorch's, in float64, run here
+    try:
+        got = call_student(exercise, flash_attention_backward, Case(half.name, _clone(half.args), dict(half.kwargs)))
+    except CheckFailed as error:
+        cause = error.student_error if error.student_error is not None else error
+        raise _hinted(error, _half_diagnose(cause)) from None
+    _compare(exercise, half, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
     passed(exercise, f"{len(cases)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly "
-                     f"in the future are skipped ({'; '.join(c.name for c in cases)})")
+                     f"in the future are skipped ({'; '.join(c.name for c in cases)}); in bfloat16 the gradients "
+                     f"are within {HALF_ATOL:g} of float64 attention")
 
 
 # ------------------------------------------------------------------------------------------
@@ -464,6 +476,15 @@ def _half_cases() -> list[Case]:
     backward that does not compute its tiles in float32 fails with a dtype error."""
     return [Case("bfloat16 (1, 2, 50, 16), block_q=16, block_k=24, causal: against float64 attention",
                  (*(t.to(torch.bfloat16) for t in _inputs(1, 2, 50, 16, seed=1067, dtype=torch.float32)), True, 16, 24))]
+
+
+def _half_backward_case() -> Case:
+    """``flash_attention_backward``'s bfloat16 case: ``q``, ``k``, ``v``, ``o`` and ``do`` ``(1, 2, 50, 16)`` in
+    bfloat16, ``lse`` ``(1, 2, 50)`` in float32, as notebook 07's forward returns them."""
+    q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(1, 2, 50, 16, seed=1067, dtype=torch.float32))
+    o, lse = forward_statistics(*(t.float() for t in (q, k, v)), True)  # (1, 2, 50, 16), (1, 2, 50)
+    return Case("bfloat16 (1, 2, 50, 16), lse in float32, block_q=16, block_k=24, causal: against float64 attention",
+                (q, k, v, o.to(torch.bfloat16), lse, do, 16, 24), {"causal": True})
 
 
 def _half_diagnose(error: BaseException) -> str | None:
