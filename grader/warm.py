@@ -39,6 +39,8 @@ from grader import cgroups
 ZYGOTE_INSIDE = "/run/grader/zygote.py"
 #: Where a forked kernel's file system is staged before its /tmp is laid out, and matplotlib's font list.
 STASH_INSIDE = "/run/grader-stash"
+#: Where a forked kernel sees the parent's /tmp for a moment, to bind again what the sandbox shows under it.
+OLD_TMP_INSIDE = "/run/grader-old-tmp"
 FONTS_INSIDE = "/run/grader-fonts"
 
 _state: dict = {"parent": None, "enabled": False, "memory": 0, "meta": True, "lost": 0, "suspended": 0, "said": False}
@@ -210,7 +212,13 @@ class WarmParent:
         ours, theirs = socket.socketpair()
         fonts = sandbox.font_cache()
         self.fonts = sorted(p.name for p in fonts.glob("fontlist-*.json")) if fonts is not None else []
-        extra = ["--ro-bind", str(Path(__file__).with_name("zygote.py")), ZYGOTE_INSIDE, "--dir", STASH_INSIDE]
+        # What the sandbox shows under /tmp (Python, the virtual environment, course_utils: where the course
+        # itself lives under /tmp), which each kernel's fresh /tmp must show again; never the staging folder.
+        self.keep = sorted(p for p in sandbox.readable_paths() if Path(p).is_relative_to("/tmp"))
+        if any(self.folder.resolve().is_relative_to(p) for p in self.keep):
+            raise OSError(f"the staging folder {self.folder} lies inside a folder the kernel reads")
+        extra = ["--ro-bind", str(Path(__file__).with_name("zygote.py")), ZYGOTE_INSIDE, "--dir", STASH_INSIDE,
+                 "--dir", OLD_TMP_INSIDE]
         if fonts is not None:
             extra += ["--ro-bind", str(fonts), FONTS_INSIDE]
         if os.geteuid() == 0:
@@ -289,7 +297,7 @@ class WarmParent:
 
         request = {"warm_root": str(self.folder), "stash": STASH_INSIDE, "fonts_dir": FONTS_INSIDE, "fonts": self.fonts,
                    "tmp_size": sandbox.TMP_SIZE, "socket_dir": str(stage / "sockets"), "sources": {},
-                   "connection_file": connection_file, "env": env}
+                   "connection_file": connection_file, "env": env, "keep": self.keep, "old_tmp": OLD_TMP_INSIDE}
         request["sources"]["sockets"] = rel(str(stage / "sockets"))
         if probe_dir and probe_inputs:
             request.update(probe_dir=sandbox.PROBE_DIR_INSIDE, probe_inputs_dir=sandbox.PROBE_INPUTS_INSIDE)

@@ -215,14 +215,24 @@ def _a(request: dict, report_w: int, go_r: int) -> None:
 
 
 def _layout(request: dict) -> None:
-    """The kernel's file system, as a cold sandbox has it (``grader/sandbox.py``): a fresh /tmp, and this
-    notebook's folders (``sources``, relative to the staging folder) bound where a cold kernel has them.
+    """The kernel's file system, as a cold sandbox has it (``grader/sandbox.py``): a fresh /tmp (with the
+    read-only folders the sandbox shows under /tmp, ``keep``, bound again from the old one, which is then
+    unmounted), and this notebook's folders (``sources``, relative to the staging folder) bound where a cold
+    kernel has them.
     The staging folder itself is then out of reach: hidden under a tmpfs (or the fresh /tmp), and its
     one bind (the stash) undone."""
     stash, sources, warm_root = request["stash"], request["sources"], request["warm_root"]
+    keep, old_tmp = request.get("keep", []), request.get("old_tmp", "")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _bind(warm_root, stash, read_only=False)  # before /tmp hides it
+    if keep:  # the course's own files live under /tmp (a CI checkout, say): keep them in sight, as a cold sandbox does
+        _bind("/tmp", old_tmp, read_only=False)
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={request['tmp_size']},mode=0755")
+    for path in keep:  # parents first; each bound with what is mounted below it (the student edition's masks)
+        os.makedirs(path, exist_ok=True)
+        _bind(old_tmp + path[len("/tmp"):], path, read_only=True)
+    if keep:
+        _check(_libc.umount2(old_tmp.encode(), MNT_DETACH), "umount the old /tmp")
     if os.path.isdir(warm_root):  # the staging folder, where it is not under /tmp
         _mount("tmpfs", warm_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for folder in ("/tmp/work", "/tmp/home/.matplotlib"):
