@@ -1702,7 +1702,8 @@ def test_an_honest_backward_hand_off_passes_and_its_watcher_record_is_judged_out
     assert watched and all(len(r["result"]["items"]) == 2 for r in watched)
     verdict = _verdict_of(tmp_path, NB10, FB_TEST, records, sources)
     assert verdict.ename is None and "causal tiles wholly in the future are skipped" in verdict.text, verdict.evalue
-    last = len(records) - 1  # the hidden call's T = 40 case: (2, 40, 4), block_q=8, block_k=16
+    # The hidden call's T = 40 case, (2, 40, 4), block_q=8, block_k=16: the last record the watcher saw.
+    last = next(i for i, r in enumerate(records) if r is watched[-1])
     every = _copy(records)
     every[last]["result"]["items"][1]["value"] = 2 * 2 * 40 * 40
     verdict = _verdict_of(tmp_path, NB10, FB_TEST, every, sources)
