@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from grader import cgroups
+from grader import cgroups, sandbox
 
 #: Where the warm parent sees this module's partner (bound read-only: the sandbox shows no ``grader``).
 ZYGOTE_INSIDE = "/run/grader/zygote.py"
@@ -50,8 +50,6 @@ _lock = threading.Lock()
 def check() -> tuple[bool, str]:
     """Whether a warm parent can run here (a quick try: a sandboxed process makes the namespaces a
     forked kernel needs), and if not, why."""
-    from grader import sandbox
-
     if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
         return False, f"warm kernels need Linux with pidfd_open (this is {sys.platform})"
     exe = sandbox.bwrap_path()
@@ -204,8 +202,6 @@ class WarmParent:
     """One grading process's warm parent: ``bwrap ... python zygote.py FD`` under the kernel's limits."""
 
     def __init__(self, memory: int, meta: bool = True):
-        from grader import sandbox
-
         self.folder = Path(tempfile.mkdtemp(prefix="grader-warm-"))
         os.chmod(self.folder, 0o700)
         self._count = itertools.count()
@@ -290,8 +286,6 @@ class WarmParent:
         """A forked kernel for one notebook: ``connection_file`` in ``stage/sockets``; with ``probe_dir``
         and ``probe_inputs`` (moved under the staging folder, :func:`adopt_hand_off`) its hand-off, with
         ``reference`` its cut-down reference. It runs in a cgroup of its own, as a cold kernel does."""
-        from grader import sandbox
-
         def rel(path: str) -> str:
             return str(Path(path).resolve().relative_to(self.folder.resolve()))
 
