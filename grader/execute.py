@@ -37,7 +37,7 @@ KERNEL_DIED = "KernelDied"
 NOTEBOOK_TIMEOUT = "NotebookTimeLimit"
 CELL_TIMEOUT = "CellTimeoutError"
 #: Bytes a kernel may write into the grader's folders it can reach, all files together
-#: (``Settings.disk_limit``). A judged test hands out at most ``judge.MAX_BYTES`` (16 MB); honest
+#: (``Settings.disk_limit``). A judged test hands out at most ``wire.MAX_BYTES`` (16 MB); honest
 #: notebooks hand out well under 1 MB.
 DISK_LIMIT = SETTINGS.disk_limit
 #: How a cell's error says the kernel was stopped for writing too much (``autograde.limit_events`` reads it).

@@ -42,8 +42,8 @@ written is told so first, as the kernel did): a library softmax reached by a nam
 or swapped in for the student's function, runs ``aten._softmax`` all the same.
 
 The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
-:data:`MAX_BYTES`, a file that is not in the hand-off's format (JSON and raw tensor bytes,
-``probe.write_hand_off``; :func:`read_hand_off` says what it refuses), a record of the wrong shape
+``wire.MAX_BYTES``, a file that is not in the hand-off's format (JSON and raw tensor bytes,
+``course_utils.checks.wire``, which says what it refuses), a record of the wrong shape
 or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off
 :data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's seed or copy that is malformed,
 a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than
@@ -163,15 +163,9 @@ KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
 # and its kernel has the student edition.
 JUDGED = JUDGED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
 KEYED = KEYED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
-#: Largest hand-off file of one test cell, bytes.
-MAX_BYTES = 16 * 1024**2
-#: Most outputs handed out by one test cell, and most elements of one returned tensor.
-MAX_RECORDS, MAX_ELEMENTS = 2000, 4 * 1024**2
-#: Most tensors in one hand-off file.
-MAX_TENSORS = 100_000
-#: Tensor types a returned value may have.
-DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-          "int8", "int16", "int32", "int64", "uint8", "bool")
+from course_utils.checks.wire import (DTYPES, MAX_BYTES, MAX_ELEMENTS, MAX_RECORDS, MAX_TENSORS,  # noqa: E402,F401
+                                      read_hand_off)
+
 #: ``ename`` of a test whose hand-off could not be used.
 HANDOFF_ERROR = "HandOffError"
 #: Marks the line the grader adds at the top of each judged test cell.
@@ -287,104 +281,13 @@ def load_handed_out(folder: str | Path, test_id: str) -> tuple[list[dict], dict[
     """``(records, sources, ops)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
     ``ops``: exercise -> the ATen operations its code ran in the kernel (``probe.ops_ran``; none handed out
     for an exercise: none of ``rules.WATCHED_OPS`` ran)."""
-    from course_utils.checks import probe
+    from course_utils.checks import wire
 
-    path = probe.hand_off_path(folder, test_id)
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise BadHandOff("no result came back from the kernel for this test") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise BadHandOff("the result is not a plain file (a link or a special file)")
-    if info.st_size > MAX_BYTES:
-        raise BadHandOff(f"the result is {info.st_size:,} bytes, over the limit of {MAX_BYTES:,}")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise BadHandOff(f"the result is over the limit of {MAX_BYTES:,} bytes")
-    try:
-        loaded = read_hand_off(data)
-    except _Unreadable as exc:
-        raise BadHandOff(f"the result could not be read as plain data ({exc})") from None
+        loaded = wire.read_file(folder, test_id)
+    except wire.BadFile as exc:
+        raise BadHandOff(str(exc)) from None
     return _check_file(loaded, test_id)
-
-
-class _Unreadable(ValueError):
-    """A hand-off file that is not one (:func:`read_hand_off`); the message says why."""
-
-
-def read_hand_off(data: bytes) -> Any:
-    """What ``probe.write_hand_off`` wrote into ``data``, read as untrusted data with ``json`` and
-    ``torch.frombuffer`` alone (no pickle): each tensor a new plain CPU tensor of a dtype of :data:`DTYPES`.
-    Anything malformed (a truncated file, another header, a JSON length past the end, bad JSON, a key twice
-    in one object, nesting deeper than the decoder goes, a tensor of another dtype, a negative size, bytes
-    outside the file or not as many as its shape takes, more bytes or tensors than the file holds, a bool that
-    is not 0 or 1) raises :class:`_Unreadable` saying what. What it gives is plain data, not yet a hand-off:
-    :func:`_check_file` reads it as one (its checks go only as deep as the hand-off's layout does)."""
-    import json
-    import math
-
-    import torch
-
-    from course_utils.checks import probe
-
-    magic = probe.HAND_OFF_MAGIC
-    head = len(magic) + 8
-    if not (data.startswith(magic) or magic.startswith(data)):
-        raise _Unreadable("it does not start with the hand-off's header: not a file written by probe.write_hand_off")
-    if len(data) < head:
-        raise _Unreadable("it is truncated within its header")
-    length = int.from_bytes(data[head - 8:head], "little")
-    if length > len(data) - head:
-        raise _Unreadable(f"its JSON of {length:,} bytes runs past the end of the file")
-    view = memoryview(data)
-    blob = view[head + length:]
-
-    used = [0, 0]  # tensors, bytes
-
-    def tensor(spec: Any) -> torch.Tensor:
-        if not (isinstance(spec, list) and len(spec) == 4):
-            raise _Unreadable("a tensor is not [dtype, shape, offset, nbytes]")
-        dtype, shape, offset, nbytes = spec
-        if dtype not in DTYPES:
-            raise _Unreadable(f"a tensor of an unsupported dtype {str(dtype)[:40]!r}")
-        if not (isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int and 0 <= n <= 2**31 for n in shape)):
-            raise _Unreadable("a tensor's shape is not a short list of sizes")
-        if not (type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes
-                and offset + nbytes <= len(blob)):
-            raise _Unreadable("a tensor's bytes are outside the file")
-        kind = getattr(torch, dtype)
-        numel = math.prod(shape)
-        if nbytes != numel * kind.itemsize:
-            raise _Unreadable(f"a {dtype} tensor of shape {shape} takes {numel * kind.itemsize:,} bytes, "
-                              f"not {nbytes:,}")
-        used[0], used[1] = used[0] + 1, used[1] + nbytes
-        if used[0] > MAX_TENSORS or used[1] > len(blob):
-            raise _Unreadable(f"more than {MAX_TENSORS:,} tensors, or more tensor bytes than the file holds")
-        if not nbytes:
-            return torch.empty(shape, dtype=kind)
-        raw = bytearray(blob[offset:offset + nbytes])  # its own memory, writable
-        if kind is torch.bool and raw.translate(None, b"\x00\x01"):
-            raise _Unreadable("a bool tensor holds bytes other than 0 and 1")
-        return torch.frombuffer(raw, dtype=kind).reshape(shape)
-
-    def mapping(items: list) -> Any:  # each JSON object, innermost first: a tensor, or a dict
-        found = dict(items)
-        if len(found) != len(items):
-            raise _Unreadable("a key appears twice in one JSON object")
-        if probe.TENSOR_KEY in found:
-            if len(found) != 1:
-                raise _Unreadable(f"a tensor's {probe.TENSOR_KEY!r} beside other keys")
-            return tensor(found[probe.TENSOR_KEY])
-        return found
-
-    try:
-        return json.loads(str(view[head:head + length], "utf-8"), object_pairs_hook=mapping)
-    except RecursionError:  # the decoder's own guard: what it read is dropped
-        raise _Unreadable("its JSON nests too deep") from None
-    except ValueError as exc:  # bad JSON, bad UTF-8, a number too long to read, and each _Unreadable above
-        raise _Unreadable(str(exc)[:200]) from None
 
 
 def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str], dict[str, list[str]]]:
@@ -415,7 +318,9 @@ def _check_file(loaded: Any, test_id: str) -> tuple[list[dict], dict[str, str], 
 
 
 def _is_name(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 100 and value.isidentifier()
+    from course_utils.checks import wire
+
+    return wire.is_name(value)
 
 
 def _record_problem(record: Any) -> str | None:
@@ -835,58 +740,27 @@ def _same_value(a: dict, b: dict) -> bool:
 
 
 def _value_problem(value: Any, depth: int, modules: bool = False) -> str | None:
-    """What is wrong with a handed-out value (``probe.encode``), if anything; ``modules``: a module
-    (as its parameters) may be among them, as among a call's inputs."""
-    import torch
+    """What is wrong with a handed-out value (``wire.value_problem``), if anything; ``modules``: a module
+    (as its parameters, or its layout) may be among them, as among a call's inputs."""
+    from course_utils.checks import probe, wire
 
-    from course_utils.checks import probe
+    def module(value: dict) -> str | None:
+        kind, keys = value["kind"], set(value)
+        if kind == "module":
+            return _parameters_problem(value.get("parameters")) if keys == {"kind", "parameters"} \
+                else "a module value with other fields"
+        if kind == "layout":  # a module argument as its make-up (LAYOUT_INPUTS)
+            why = probe.layout_problem(value.get("layout")) if keys == {"kind", "layout"} else "it has other fields"
+            return f"a module layout that is malformed: {why}" if why else None
+        return wire.NOT_MINE
 
-    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
-        return "a value without a kind"
-    kind, keys = value["kind"], set(value)
-    if kind == "module" and modules:
-        return _parameters_problem(value.get("parameters")) if keys == {"kind", "parameters"} \
-            else "a module value with other fields"
-    if kind == "layout" and modules:  # a module argument as its make-up (LAYOUT_INPUTS)
-        why = probe.layout_problem(value.get("layout")) if keys == {"kind", "layout"} else "it has other fields"
-        return f"a module layout that is malformed: {why}" if why else None
-    if kind == "tensor":
-        t = value.get("value")
-        if keys != {"kind", "value"} or type(t) is not torch.Tensor:
-            return "a tensor value that is not a plain torch.Tensor"
-        if t.layout != torch.strided or str(t.dtype).removeprefix("torch.") not in DTYPES or t.device.type != "cpu":
-            return f"a tensor of an unsupported type ({t.dtype}, {t.layout})"
-        if t.numel() > MAX_ELEMENTS:
-            return f"a tensor of {t.numel():,} elements, over the limit of {MAX_ELEMENTS:,}"
-        return None
-    if kind == "meta":
-        if keys != {"kind", "dtype", "shape"}:
-            return "a meta tensor with other fields"
-        why = _shape_problem(value["shape"], value["dtype"])
-        return f"a meta tensor with {why}" if why else None
-    if kind == "number":
-        types = {"bool": bool, "int": int, "float": float}
-        if keys != {"kind", "type", "value"} or types.get(value["type"]) is not type(value["value"]):
-            return "a number whose type is not bool, int or float"
-        return None
-    if kind == "none":
-        return None if keys == {"kind"} else "None with other fields"
-    if kind == "text":
-        return None if keys == {"kind", "value"} and isinstance(value["value"], str) \
-            and len(value["value"]) <= probe.MAX_MESSAGE else "a text value that is not a short string"
-    if kind in ("list", "tuple"):
-        items = value.get("items")
-        if keys != {"kind", "items"} or not isinstance(items, list) or len(items) > probe.MAX_ITEMS \
-                or depth >= probe.MAX_DEPTH:
-            return "a list or tuple that is too long, too deep or malformed"
-        for item in items:
-            why = _value_problem(item, depth + 1, modules)
-            if why:
-                return why
-        return None
-    if kind == "other":
-        return None if keys == {"kind", "type"} and _is_name(value["type"]) else "another object without a type name"
-    return f"an unknown kind of value {kind!r}"
+    return wire.value_problem(value, depth, module if modules else None)
+
+
+def _decode(value: dict) -> Any:
+    from course_utils.checks import wire
+
+    return wire.decode(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -903,26 +777,6 @@ class HandOffFailure(_replay_miss()):  # type: ignore[misc]
     (``course_utils.checks.probe.ReplayMiss``), so that the check engine (which turns a student's
     ``Exception`` into a verdict) lets it through to the judge; only a diagnose's own call that the
     replay cannot answer is stopped there (``core.explain``: no hint then)."""
-
-
-def _decode(value: dict) -> Any:
-    kind = value["kind"]
-    if kind == "tensor":
-        return value["value"].contiguous().clone()
-    if kind == "number":
-        return value["value"]
-    if kind == "meta":
-        import torch
-
-        return torch.empty(value["shape"], dtype=getattr(torch, value["dtype"]), device="meta")
-    if kind == "none":
-        return None
-    if kind == "text":
-        return value["value"]
-    if kind in ("list", "tuple"):
-        items = [_decode(v) for v in value["items"]]
-        return items if kind == "list" else tuple(items)
-    return type(value["type"], (), {"__repr__": lambda self: f"<{type(self).__name__} object>"})()
 
 
 def _exception(error: dict) -> Exception:

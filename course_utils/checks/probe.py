@@ -78,23 +78,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from course_utils.checks import wire
+from course_utils.checks.wire import (DIR_VARIABLE, FORMAT, HAND_OFF_MAGIC, INPUTS_VARIABLE, MAX_DEPTH,  # noqa: F401
+                                      MAX_INT_BITS, MAX_ITEMS, MAX_MESSAGE, MAX_OPS, MAX_SOURCE, TENSOR_KEY,
+                                      error_of, hand_off_path, write_hand_off)
 from course_utils.device import manual_seed
 
-#: The folder the kernel writes its outputs to (set by the grader in the sandboxed kernel only).
-DIR_VARIABLE = "COURSE_PROBE_DIR"
-#: The grader's file of judged exercises and their hidden cases (read-only in the kernel).
-INPUTS_VARIABLE = "COURSE_PROBE_INPUTS"
-#: Version of the hand-off format; the grader refuses any other.
-FORMAT = 3
-#: Longest exception message kept, in characters.
-MAX_MESSAGE = 2000
-#: Longest source of a checked function kept, in characters.
-MAX_SOURCE = 100_000
-#: How deep a returned list or tuple is followed, and how long it may be.
-MAX_DEPTH, MAX_ITEMS = 4, 64
-#: Longest whole number handed out as a number, in bits (a longer one goes out as another object: the JSON
-#: text of the hand-off, :func:`write_hand_off`, would pass the 4,300 digits Python reads back).
-MAX_INT_BITS = 4096
 #: Most parameters handed out for one module.
 MAX_PARAMETERS = 256
 #: The kinds an attribute of a module is handed out as (see :func:`kind_of`).
@@ -267,33 +256,17 @@ def inputs_of(args: Sequence[Any], kwargs: dict, layouts: bool = False) -> dict:
 # What came back, as plain data
 # --------------------------------------------------------------------------------------------
 def encode(value: Any, depth: int = 0, modules: bool = False, layouts: bool = False) -> dict:
-    """A returned value as plain data: ``{"kind": "tensor" | "number" | "none" | "text" | "list" |
-    "tuple" | "other", ...}``; with ``modules`` (a call's inputs), an ``nn.Module`` as ``{"kind":
-    "module", "parameters": ...}`` (:func:`parameters_of`), or with ``layouts`` as ``{"kind": "layout",
-    "layout": ...}`` (:func:`module_layout`)."""
-    if modules and isinstance(value, torch.nn.Module):
+    """A returned value as plain data (:func:`wire.encode`); with ``modules`` (a call's inputs), an
+    ``nn.Module`` as ``{"kind": "module", "parameters": ...}`` (:func:`parameters_of`), or with ``layouts``
+    as ``{"kind": "layout", "layout": ...}`` (:func:`module_layout`)."""
+    def module(v: Any) -> dict | None:
+        if not isinstance(v, torch.nn.Module):
+            return None
         if layouts:
-            return {"kind": "layout", "layout": module_layout(value)}
-        return {"kind": "module", "parameters": parameters_of(value)}
-    if isinstance(value, torch.Tensor) and value.device.type == "meta":  # shapes without data (a stand-in for a GPU)
-        return {"kind": "meta", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
-    if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu")
-        if t.layout != torch.strided:
-            return {"kind": "other", "type": type(value).__name__}
-        return {"kind": "tensor", "value": t.as_subclass(torch.Tensor).clone()}
-    if isinstance(value, int) and int.bit_length(value) > MAX_INT_BITS:  # too long for a hand-off's JSON
-        return {"kind": "other", "type": type(value).__name__}
-    if isinstance(value, (bool, int, float)):
-        return {"kind": "number", "type": type(value).__name__, "value": value}
-    if value is None:
-        return {"kind": "none"}
-    if isinstance(value, str) and len(value) <= MAX_MESSAGE:
-        return {"kind": "text", "value": value}
-    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH and len(value) <= MAX_ITEMS:
-        return {"kind": "list" if isinstance(value, list) else "tuple",  # a subclass (torch.Size) as its base
-                "items": [encode(v, depth + 1, modules, layouts) for v in value]}
-    return {"kind": "other", "type": type(value).__name__}
+            return {"kind": "layout", "layout": module_layout(v)}
+        return {"kind": "module", "parameters": parameters_of(v)}
+
+    return wire.encode(value, depth, module if modules else None)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor | None:
@@ -384,12 +357,7 @@ def module_states(module: Any, attributes: Sequence[str]) -> dict[str, dict]:
     return {name: attribute_state(_attribute(module, name)) for name in attributes}
 
 
-def _error(exc: BaseException) -> dict:
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a student's exception whose __str__ fails
-        message = ""
-    return {"type": type(exc).__name__, "message": message[:MAX_MESSAGE]}
+_error = wire.error_data
 
 
 def _start(exercise: str, student: Any) -> list[dict] | None:
@@ -779,8 +747,6 @@ def add_replayed_calls(calls: dict[str, int]) -> None:
 # --------------------------------------------------------------------------------------------
 # The ATen operations the student's code ran (the rules, checked on what ran: ``rules.op_violations``)
 # --------------------------------------------------------------------------------------------
-#: Most operations handed out for one exercise of one test (``rules.WATCHED_OPS`` has fewer).
-MAX_OPS = 64
 
 
 class OpRecorder(TorchDispatchMode):
@@ -890,101 +856,12 @@ def run_or_replay(student: Any, case: Any, run: Callable[[Any, Any], Any]) -> An
     return run(student, case)
 
 
-def error_of(kind: str, message: str) -> Exception:
-    """An exception whose type is named ``kind`` (a subclass of the builtin of that name where there is one)
-    and whose text is ``message``: an error handed out as plain data, raised again (the grader's replay, and
-    a check that judges a trace of plain data)."""
-    import builtins
-
-    base = getattr(builtins, kind, None)
-    if not (isinstance(base, type) and issubclass(base, Exception)):
-        base = Exception
-    try:
-        return type(kind, (base,), {"__str__": lambda self: message, "__module__": "builtins"})(message)
-    except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
-        return type(kind, (Exception,), {"__str__": lambda self: message})(message)
-
-
 def _save(test_id: str) -> None:
     """Write test ``test_id``'s records (:func:`write_hand_off`: a new file moved into place, so a reader
     never sees half)."""
     write_hand_off({"format": FORMAT, "test": test_id, "records": _records[test_id],
                     "sources": _sources.get(test_id, {}), "ops": ops_ran(test_id)},
                    hand_off_path(os.environ[DIR_VARIABLE], test_id))
-
-
-# --------------------------------------------------------------------------------------------
-# The hand-off file: JSON for the structure, raw bytes for the tensors (never a pickle)
-# --------------------------------------------------------------------------------------------
-#: The first bytes of every hand-off file (:func:`write_hand_off`).
-HAND_OFF_MAGIC = b"COURSE-HANDOFF\n"
-#: The name of a test cell's hand-off file: ``<test id>`` and this.
-HAND_OFF_SUFFIX = ".handoff"
-#: The one key of the JSON object that stands for a tensor in a hand-off file.
-TENSOR_KEY = "__tensor__"
-
-
-def hand_off_path(folder: str | os.PathLike, test_id: str) -> Path:
-    """Where test ``test_id``'s hand-off file is, in ``folder``."""
-    return Path(folder) / f"{test_id}{HAND_OFF_SUFFIX}"
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    """A tensor's elements in row-major order, as raw bytes (``b""`` where they cannot be read: a
-    dtype the grader refuses anyway)."""
-    try:
-        t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
-        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    except (RuntimeError, TypeError, NotImplementedError):  # a quantized tensor, say: not on the grader's list
-        return b""
-
-
-def write_hand_off(data: dict, path: str | os.PathLike) -> None:
-    """Write ``data`` (dicts with string keys, lists, strings, numbers, ``None``, ``True``/``False`` and
-    tensors; nothing else) as a hand-off file at ``path``, the grader's side being ``judge.read_hand_off``.
-
-    The file is :data:`HAND_OFF_MAGIC`, the length ``N`` of the JSON text as 8 bytes little-endian, ``N``
-    bytes of UTF-8 JSON (``NaN`` and ``Infinity`` for floats that are), then the tensors' bytes, one after
-    the other. In the JSON each tensor is ``{"__tensor__": [dtype, shape, offset, nbytes]}``: its dtype's
-    name (``"float32"``), its shape, and where its bytes are in what follows the JSON (row-major,
-    this machine's byte order: little-endian on every machine the course runs on). No pickle: the grader
-    reads it with ``json`` and ``torch.frombuffer`` alone. Written to a partial file moved into place,
-    so a reader never sees half of it. A tuple, or anything else that JSON would not give back as it
-    was, is a ``TypeError``.
-    """
-    import json
-
-    blobs: list[bytes] = []
-    size = 0
-
-    def plain(value: Any) -> Any:
-        nonlocal size
-        if isinstance(value, torch.Tensor):
-            raw = _tensor_bytes(value)
-            found = {TENSOR_KEY: [_dtype_name(value.dtype), list(value.shape), size, len(raw)]}
-            blobs.append(raw)
-            size += len(raw)
-            return found
-        if isinstance(value, dict):
-            if not all(isinstance(k, str) for k in value) or set(value) == {TENSOR_KEY}:
-                raise TypeError("a hand-off's mappings have string keys, and none is a lone "
-                                f"{TENSOR_KEY!r}: {sorted(map(repr, value))[:5]}")
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        if value is None or isinstance(value, (str, int, float)):  # bool is an int
-            return value
-        raise TypeError(f"a hand-off holds plain data and tensors only, not {type(value).__name__}")
-
-    text = json.dumps(plain(data), ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as f:
-        f.write(HAND_OFF_MAGIC + len(text).to_bytes(8, "little"))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
-    os.replace(partial, path)
 
 
 # --------------------------------------------------------------------------------------------
