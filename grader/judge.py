@@ -174,6 +174,14 @@ PROBE_MARK = "# (added by the grader: this test's outputs are handed out and jud
 _made: list[str] = []  # folders made by prepare() in this process, removed at exit if still there
 
 
+@functools.lru_cache(maxsize=1)
+def spec_of_each() -> dict[str, Any]:
+    """exercise -> its ``course_utils.checks.spec.Spec``, for each exercise declared by one."""
+    from course_utils import checks
+
+    return dict(checks.SPECS)
+
+
 def judged_exercises(notebook: str | None) -> list[str]:
     """The exercises of ``notebook`` that are judged outside the kernel, in the notebook's order."""
     from grader import course
@@ -228,9 +236,12 @@ def prepare(notebook: str | None, reference: str = "") -> HandOff | None:
     _made.extend([outputs, inputs_dir])
     os.chmod(outputs, 0o700)
     inputs = Path(inputs_dir) / "inputs.pt"
-    with expected.using(expected.LIVE):
-        hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises}
-    torch.save({"format": probe.FORMAT, "exercises": hidden}, inputs)
+    specs = spec_of_each()
+    with expected.using(expected.LIVE):  # the plans and hidden cases: inputs, never an expected output
+        plans = {e: {"visible": probe.encode_plan(specs[e].steps(False)),
+                     "hidden": probe.encode_plan(specs[e].steps(True))} for e in exercises if e in specs}
+        hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises if e not in specs}
+    torch.save({"format": probe.FORMAT, "exercises": hidden, "plans": plans}, inputs)
     return HandOff(notebook or "", outputs, str(inputs), exercises,
                    bool(reference) or student_edition_kernel(notebook), reference)
 
@@ -331,6 +342,8 @@ def _record_problem(record: Any) -> str | None:
     if record.get("callable") is False:
         return None if set(record) == {"exercise", "callable", "type"} and _is_name(record["type"]) \
             else "a non-callable record with other fields"
+    if "plan" in record:
+        return _plan_record_problem(record)
     if "build" in record:
         return _module_record_problem(record)
     keys = set(record) - {"exercise", "inputs", "changed_inputs", "after", "attempt"}
@@ -349,6 +362,35 @@ def _record_problem(record: Any) -> str | None:
         if why:
             return why
     return _outcome_problem(record)
+
+
+def _plan_record_problem(record: dict) -> str | None:
+    """What is wrong with the outcomes of a spec's plan (``spec.Spec.check`` in the kernel), if anything."""
+    from course_utils.checks import probe, spec, wire
+
+    if not set(record) - {"attempt"} == {"exercise", "plan", "outcomes"} or record["plan"] not in ("visible", "hidden"):
+        return "the outcomes of a plan without the plan's name, or with other fields"
+    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
+        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
+    outcomes = record["outcomes"]
+    if not (isinstance(outcomes, list) and len(outcomes) <= MAX_RECORDS):
+        return f"the outcomes are not a list of at most {MAX_RECORDS}"
+    keys = set()
+    for item in outcomes:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and len(item[0]) <= spec.MAX_KEY
+                and item[0] not in keys and isinstance(item[1], dict)):
+            return "an outcome that is not [a key of its own, the outcome]"
+        keys.add(item[0])
+        outcome = item[1]
+        if set(outcome) - {"changed"} not in ({"result"}, {"error"}):
+            return f"expected a result or an error, got fields {sorted(map(str, outcome))}"
+        changed = outcome.get("changed", [])
+        if not (isinstance(changed, list) and len(changed) <= 64 and all(type(i) is int and 0 <= i < 64 for i in changed)):
+            return "changed is not a list of argument positions"
+        why = wire.error_problem(outcome["error"]) if "error" in outcome else wire.value_problem(outcome["result"])
+        if why:
+            return why
+    return None
 
 
 def _outcome_problem(record: dict) -> str | None:
@@ -1429,6 +1471,44 @@ class SessionReplay(ModuleReplay):
         return None
 
 
+class HandedOut(_replayed()):  # type: ignore[misc]
+    """Stands for a student's code whose check is a spec (``course_utils.checks.spec``): the check asks it
+    for the outcomes of its plan (:meth:`outcomes`), in the order the test cell makes its check calls, and
+    runs its judge on them. The outcomes must be exactly the plan's keys, the one the grader sent in: an
+    unknown key, a missing one, or outcomes of another plan are a :class:`HandOffFailure`. It is never
+    called: a judge that called the student's code would be reading what no plan asked for."""
+
+    __course_source__: str | None = None
+
+    def __init__(self, exercise: str, records: list[dict]):
+        self.exercise = exercise
+        self.records = records
+        self.used = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise HandOffFailure(f"the check of {self.exercise} called the student's code outside its plan")
+
+    def outcomes(self, plan: list, hidden: bool) -> Any:
+        from course_utils.checks import spec
+
+        which = "hidden" if hidden else "visible"
+        if self.used >= len(self.records):
+            raise HandOffFailure(f"no outcomes came back for the {which} check of {self.exercise} (the kernel "
+                                 f"stopped before it, or the hand-off was changed)")
+        record = self.records[self.used]
+        self.used += 1
+        if record.get("plan") != which:
+            raise HandOffFailure(f"outcomes of another plan than the {which} check's of {self.exercise} came back "
+                                 f"(the hand-off was changed)")
+        data = dict(record["outcomes"])
+        asked = {step.key for step in plan}
+        if set(data) != asked:
+            odd = sorted(set(data) ^ asked)[:3]
+            raise HandOffFailure(f"the outcomes of {self.exercise} are not those of the calls the grader asked "
+                                 f"for ({', '.join(map(repr, odd))}): the hand-off was changed")
+        return spec.Outcomes(self.exercise, data, missing=HandOffFailure)
+
+
 @dataclass
 class Verdict:
     """A judged test: its printed lines, and its error (``None`` when it passed)."""
@@ -1453,6 +1533,8 @@ def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
     mine = [r for r in records if r["exercise"] == exercise]
     if mine and mine[0].get("callable") is False:
         return type(mine[0]["type"], (), {})()
+    if exercise in spec_of_each():
+        return type(f"HandedOut_{exercise}", (HandedOut,), {"__course_source__": source})(exercise, mine)
     base = SessionReplay if exercise in SESSIONS else KeyedModuleReplay if exercise in KEYED else \
         ModuleReplay if any("build" in r for r in mine) else Replay
     return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
@@ -1494,7 +1576,7 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
     extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
-             if isinstance(r, Replay) and not isinstance(r, (KeyedModuleReplay, SessionReplay))
+             if isinstance(r, (Replay, HandedOut)) and not isinstance(r, (KeyedModuleReplay, SessionReplay))
              and r.used < len(r.records)]
     extra += [f"{r.exercise}: {why}" for r in replays.values() if isinstance(r, SessionReplay) and (why := r.left_over())]
     unknown = sorted({r["exercise"] for r in records} - set(replays))

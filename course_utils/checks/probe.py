@@ -120,7 +120,20 @@ def _grader_inputs() -> dict[str, Any]:
 
 def judged(exercise: str) -> bool:
     """Whether the grader judges ``exercise`` itself (so the kernel only hands outputs out)."""
-    return enabled() and exercise in _grader_inputs().get("exercises", {})
+    return enabled() and (exercise in _grader_inputs().get("exercises", {})
+                          or exercise in _grader_inputs().get("plans", {}))
+
+
+def plan(exercise: str, hidden: bool) -> list[tuple[str, Any, str]]:
+    """The plan the grader sent in for ``exercise``'s check (visible, or with ``hidden`` the hidden one too):
+    ``(key, case, run)`` of each step (``spec.Step``), its case rebuilt from plain data (:func:`encode_plan`)."""
+    steps = _grader_inputs()["plans"][exercise]["hidden" if hidden else "visible"]
+    return [(str(s["key"]), _decode_cases([s["case"]])[0], str(s["run"])) for s in steps]
+
+
+def encode_plan(steps: Sequence[Any]) -> list[dict]:
+    """A spec's plan as plain data for the inputs file (the grader's side of :func:`plan`)."""
+    return [{"key": s.key, "run": s.run, "case": encode_cases([s.case])[0]} for s in steps]
 
 
 def active(exercise: str) -> bool:
@@ -181,7 +194,7 @@ def _decode_cases(cases: Any) -> Any:
 
     def case(c: dict) -> Case:
         build = tuple(c["module_build"]) if "module_build" in c else None
-        found = Case(c["name"], _rebuilt_args(c), dict(c["kwargs"]), build=build)
+        found = Case(c["name"], _rebuilt_args(c), dict(c["kwargs"]), build=build, mode=str(c.get("mode", "eval")))
         if "chunks" in c:  # a sequence read in pieces with a cache (notebook 08's DecodeCase): plain data here
             found.chunks, found.dtype = [int(n) for n in c["chunks"]], getattr(torch, str(c["dtype"]))
         return found
@@ -201,6 +214,8 @@ def encode_cases(cases: Any) -> Any:
         found = {"name": c.name, "kwargs": dict(c.kwargs), **_args_with_layouts(c.args)}
         if c.build is not None:
             found["module_build"] = list(c.build)
+        if getattr(c, "mode", "eval") != "eval":
+            found["mode"] = c.mode
         if hasattr(c, "chunks"):  # read in pieces with a cache: the pieces' sizes and the dtype travel too
             found["chunks"], found["dtype"] = list(c.chunks), str(c.dtype).removeprefix("torch.")
         return found
