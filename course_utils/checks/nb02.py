@@ -17,8 +17,9 @@ from typing import Callable
 import torch
 
 from course_utils import rules
-from course_utils.checks.core import Case, check, compare_function, hidden_cases, rand
-from course_utils.checks.modules import alone, helper_checks
+from course_utils.checks.core import Case, rand
+from course_utils.checks.modules import helper_checks
+from course_utils.checks.spec import declare, function_spec
 from course_utils.data import book_inputs
 
 __all__ = ["check_softmax_naive", "check_softmax_stable", "check_context_vectors"]
@@ -114,23 +115,18 @@ def _softmax_cases(stable: bool) -> list[Case]:
     return cases
 
 
-@check
-def check_softmax_naive(softmax_naive: Callable, hidden: bool = False) -> None:
-    """Compare ``softmax_naive(x, dim)`` with the expected outputs on moderate inputs (no overflow cases)."""
-    cases = _softmax_cases(stable=False) + (hidden_cases("softmax_naive") if hidden else [])
-    compare_function("softmax_naive", softmax_naive, cases, diagnose=_softmax_diagnose)
+check_softmax_naive = declare(
+    function_spec("softmax_naive", lambda: _softmax_cases(stable=False), diagnose=_softmax_diagnose),
+    """Compare ``softmax_naive(x, dim)`` with the expected outputs on moderate inputs (no overflow cases).""")
 
-
-@check
-def check_softmax_stable(softmax_stable: Callable, hidden: bool = False) -> None:
+check_softmax_stable = declare(
+    function_spec("softmax_stable", lambda: _softmax_cases(stable=True), diagnose=_softmax_diagnose,
+                  helpers=lambda: helper_checks(globals(), "softmax_stable")),
     """Compare ``softmax_stable(x, dim)`` with the expected outputs, including scores in the 1000s and ``-inf``.
 
     A slice made only of ``-inf`` has no defined softmax and is never tested. Runs with our
     ``softmax_naive`` (:func:`modules.alone`).
-    """
-    cases = _softmax_cases(stable=True) + (hidden_cases("softmax_stable") if hidden else [])
-    alone("softmax_stable", softmax_stable, helper_checks(globals(), "softmax_stable"),
-          lambda: compare_function("softmax_stable", softmax_stable, cases, diagnose=_softmax_diagnose))
+    """)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,15 +182,15 @@ def _context_diagnose(context_vectors: Callable):
     return diagnose
 
 
-@check
-def check_context_vectors(context_vectors: Callable, hidden: bool = False) -> None:
-    """Compare ``context_vectors(inputs)`` on the book's sentence and batched ``(..., T, d)`` inputs. Runs
-    with our ``softmax_naive`` and ``softmax_stable`` (:func:`modules.alone`)."""
-    cases = [
+def _context_cases() -> list[Case]:
+    return [
         Case("book sentence (6, 3)", (book_inputs(),)),
         Case("batch of 2, T=5, d=4", (rand(2, 5, 4, seed=31),)),
     ]
-    cases += hidden_cases("context_vectors") if hidden else []
-    alone("context_vectors", context_vectors, helper_checks(globals(), "context_vectors"),
-          lambda: compare_function("context_vectors", context_vectors, cases,
-                                   diagnose=_context_diagnose(context_vectors)))
+
+
+check_context_vectors = declare(
+    function_spec("context_vectors", _context_cases, diagnose_for=_context_diagnose,
+                  helpers=lambda: helper_checks(globals(), "context_vectors")),
+    """Compare ``context_vectors(inputs)`` on the book's sentence and batched ``(..., T, d)`` inputs. Runs
+    with our ``softmax_naive`` and ``softmax_stable`` (:func:`modules.alone`).""")

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from course_utils.checks import core, wire
+from course_utils.checks import core, modules, wire
 from course_utils.checks import probe as _probe
 from course_utils.checks.core import Case
 
@@ -46,6 +46,18 @@ Judge = Callable[["list[Step]", "Outcomes"], str]
 CALL = "call"
 #: Longest key of a step, in characters.
 MAX_KEY = 300
+
+
+class Forged(_probe.ReplayMiss):
+    """An outcome that no honest run of the plan gives: a runner's plain data of the wrong shape or type.
+    Only a kernel that was tampered with hands one out (the student controls it), so the grader scores the
+    test 0 and says why (``HandOffError``). A ``BaseException``, as ``probe.ReplayMiss`` is: the check
+    engine, which turns a student's ``Exception`` into a verdict, lets it through."""
+
+
+def refuse(exercise: str, what: str) -> None:
+    """Raise :class:`Forged`: ``what`` came back from ``exercise``'s runner in a form no run gives."""
+    raise Forged(f"what came back from {exercise}'s {what} is not what the plan's run gives: the hand-off was changed")
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,9 @@ class Outcomes(Mapping):
         self._data = dict(data)
         self._missing = missing
         self.read: set[str] = set()
+        #: The student's code (or the grader's stand-in for it, which carries its source): for the
+        #: diagnoses that read the code, never to be called.
+        self.student: Any = None
 
     def _outcome(self, key: str) -> dict:
         self.read.add(key)
@@ -141,15 +156,16 @@ def execute(exercise: str, plan: Sequence[Step], student: Any, runners: Mapping[
 class Spec:
     """An exercise's whole check, declared once (see the module docstring).
 
-    ``cases(hidden)`` gives the plan's cases when the plan is only :data:`CALL` steps (a function
-    exercise: :func:`function_spec`); ``plan(hidden)`` gives the steps otherwise. ``helpers``: the other
-    exercises of its notebook the student's code may call (``modules.check_alone`` swaps them)."""
+    ``plan(hidden)`` gives the steps (:func:`calls` makes them for a function exercise: :func:`function_spec`).
+    ``helpers()``: the other exercises of the notebook the student's code may call, each name -> its check
+    (``modules.helper_checks``); the check then runs with the reference's versions of them
+    (``modules.alone``), so that a wrong helper costs only the helper's points."""
 
     exercise: str
     plan: Callable[[bool], list[Step]]
     judge: Judge
     runners: dict[str, Runner] = field(default_factory=dict)
-    helpers: tuple[str, ...] = ()
+    helpers: Callable[[], dict[str, Callable]] | None = None
 
     def steps(self, hidden: bool) -> list[Step]:
         """The plan, checked: unique keys of at most :data:`MAX_KEY` characters, runners the spec has."""
@@ -165,22 +181,38 @@ class Spec:
     def check(self, student: Any, hidden: bool = False) -> None:
         """The self-check, the kernel's part under the grader, or the grader's judgement: see the module
         docstring."""
+        if self.helpers is not None:
+            modules.alone(self.exercise, student, self.helpers(), lambda: self.judged(student, hidden),
+                          lambda: self.hand_out(student, hidden))
+        elif _probe.active(self.exercise):
+            self.hand_out(student, hidden)
+        else:
+            self.judged(student, hidden)
+
+    def hand_out(self, student: Any, hidden: bool) -> None:
+        """In the kernel, under the grader: run the plan the grader sent in, hand the outcomes out."""
         exercise = self.exercise
-        if _probe.active(exercise):  # in the kernel, under the grader: run its plan, hand the outcomes out
-            store = _probe._start(exercise, student)
-            if store is not None:
-                store.append(_probe._mark({"exercise": exercise, "plan": "hidden" if hidden else "visible",
-                                           "outcomes": [[k, v] for k, v in execute(
-                                               exercise, [Step(*s) for s in _probe.plan(exercise, hidden)], student, self.runners).items()]}))
-                _probe._handed(_probe._current[0])
+        store = _probe._start(exercise, student)
+        if store is None:  # nothing callable: that is handed out instead
             return
+        plan = [Step(*step) for step in _probe.plan(exercise, hidden)]
+        outcomes = execute(exercise, plan, student, self.runners)
+        store.append(_probe._mark({"exercise": exercise, "plan": "hidden" if hidden else "visible",
+                                   "outcomes": [[key, outcome] for key, outcome in outcomes.items()]}))
+        _probe._handed(_probe._current[0])
+
+    def judged(self, student: Any, hidden: bool) -> None:
+        """The verdict, printed (✅) or raised (❌): on the outcomes of running the plan here, or, in the
+        grader (``student`` is its ``probe.Replayed`` stand-in), on those the kernel handed out."""
+        exercise = self.exercise
         core.require_callable(exercise, student)
         core.check_rules(exercise, student)
         plan = self.steps(hidden)
-        if isinstance(student, _probe.Replayed):  # the grader, outside: what the kernel handed out
+        if isinstance(student, _probe.Replayed):
             outcomes = student.outcomes(plan, hidden)
         else:
             outcomes = Outcomes(exercise, execute(exercise, plan, student, self.runners))
+        outcomes.student = student
         core.passed(exercise, self.judge(plan, outcomes))
 
 
@@ -248,9 +280,13 @@ def expected_output(exercise: str, case: Case, reference: str | None = None) -> 
 
 
 def compare_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *, reference: str | None = None,
-                     atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None) -> str:
+                     atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
+                     diagnose_for: Callable[[Any], core.Diagnose] | None = None) -> str:
     """The judge of a function exercise: each :data:`CALL` step's outcome against the reference's output
-    on its case, in the plan's order; the ✅ line's text when all agree."""
+    on its case, in the plan's order; the ✅ line's text when all agree. ``diagnose_for(student)``: a
+    diagnose that reads the student's code (``outcomes.student``), instead of ``diagnose``."""
+    if diagnose_for is not None:
+        diagnose = diagnose_for(outcomes.student)
     steps = [s for s in plan if s.run == CALL]
     for step in steps:
         want = expected_output(exercise, step.case, reference)
@@ -260,10 +296,12 @@ def compare_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *,
 
 
 def function_spec(exercise: str, visible: Callable[[], list[Case]], *, reference: str | None = None,
-                  atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None) -> Spec:
+                  atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
+                  diagnose_for: Callable[[Any], core.Diagnose] | None = None,
+                  helpers: Callable[[], dict[str, Callable]] | None = None) -> Spec:
     """The spec of a function exercise: each case called once (visible, then hidden), each outcome
     compared with the reference's (:func:`compare_outcomes`)."""
     cases = with_hidden(exercise, visible)
     return Spec(exercise, lambda hidden: calls(cases(hidden)),
                 functools.partial(compare_outcomes, exercise, reference=reference, atol=atol, rtol=rtol,
-                                  diagnose=diagnose))
+                                  diagnose=diagnose, diagnose_for=diagnose_for), helpers=helpers)
