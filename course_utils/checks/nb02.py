@@ -190,7 +190,7 @@ def _context_cases() -> list[Case]:
 
 
 check_context_vectors = declare(
-    function_spec("context_vectors", _context_cases, diagnose_for=_context_diagnose,
+    function_spec("context_vectors", _context_cases, diagnose_for=lambda o: _context_diagnose(o.student),
                   helpers=lambda: helper_checks(globals(), "context_vectors")),
     """Compare ``context_vectors(inputs)`` on the book's sentence and batched ``(..., T, d)`` inputs. Runs
     with our ``softmax_naive`` and ``softmax_stable`` (:func:`modules.alone`).""")

@@ -7,10 +7,9 @@ softmax, softmax over the wrong dimension, parameters created in the wrong order
 untransposed ``nn.Linear`` weight ...) is named by it; otherwise the checks read the symptoms:
 parameter shapes against the expected ones, and code that breaks on a batch.
 
-Under the grader every exercise here is judged outside the kernel (``grader/judge.py``): the kernel
-only hands out what the student's code gave (``compare_function``, ``compare_module`` with the
-projections' kinds that the diagnoses read, and for the copy, what it left in the modules' named
-attributes), and the grader runs these checks on a replay of it.
+Each check is a spec (:mod:`course_utils.checks.spec`): a function's calls, a module's constructions
+(with the projections' kinds that the diagnoses read) and forward passes, and for the copy what it left
+in the modules (:func:`_copy_run`), judged by the same code in the kernel and, under the grader, outside.
 """
 
 from __future__ import annotations
@@ -24,28 +23,21 @@ import torch.nn as nn
 
 from course_utils import rules
 from course_utils.checks import expected as _expected
-from course_utils.checks import probe as _probe
+from course_utils.checks import spec
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
-    check,
-    check_rules,
-    compare_function,
-    compare_module,
     construct,
     expect,
     explain,
     fail,
-    hidden_cases,
     mistake_outputs,
     parameter_shapes,
-    passed,
     rand,
-    require_callable,
     tensor_difference,
 )
-from course_utils.checks.modules import alone, helper_checks
+from course_utils.checks.modules import helper_checks
 from course_utils.checks.nb02 import batch_hint
 from course_utils.data import book_inputs
 
@@ -111,55 +103,52 @@ def _qkv(Tq: int, Tk: int, dk: int, dv: int, *batch: int, seed: int, scale: floa
             rand(*batch, Tk, dv, seed=seed + 2))
 
 
-@check
-def check_scaled_dot_product_attention(scaled_dot_product_attention: Callable, hidden: bool = False) -> None:
-    """Compare ``scaled_dot_product_attention(queries, keys, values)`` with the expected outputs."""
-    cases = [
+def _sdpa_cases() -> list[Case]:
+    return [
         Case("self-attention, T=6, d_k=d_v=2", _qkv(6, 6, 2, 2, seed=51, scale=2.0)),
         Case("T=5, d_k=4, d_v=3", _qkv(5, 5, 4, 3, seed=54, scale=2.0)),
     ]
 
-    def diagnose(case: Case, got: object, want: object) -> str | None:
-        return _breaks_on_batch(scaled_dot_product_attention, case, got, want)
 
-    compare_function("scaled_dot_product_attention", scaled_dot_product_attention,
-                     cases + (hidden_cases("scaled_dot_product_attention") if hidden else []), diagnose=diagnose)
+check_scaled_dot_product_attention = spec.declare(
+    spec.function_spec("scaled_dot_product_attention", _sdpa_cases,
+                       diagnose_for=lambda o: lambda case, got, want: _breaks_on_batch(o.student, case, got, want)),
+    """Compare ``scaled_dot_product_attention(queries, keys, values)`` with the expected outputs.""")
 
 
 # --------------------------------------------------------------------------------------------
 # SelfAttention_v1 and SelfAttention_v2
 # --------------------------------------------------------------------------------------------
-def _module_diagnose(exercise: str, student_cls: Callable, kind: type, kind_hint: str, transposed_hint: str):
-    """A diagnose for a self-attention class: the kind of its projections (``kind``: ``nn.Parameter``
-    or ``nn.Linear``, else ``kind_hint``), its parameter shapes against the expected ones (all
-    reversed: ``transposed_hint``), and forward passes that break."""
-    untransposed_weight = _multiplies_by_weight(student_cls)
+def _module_diagnose(exercise: str, kind: str, kind_hint: str, transposed_hint: str):
+    """A diagnose for a self-attention class, given its outcomes: the kind of its projections (``kind``:
+    ``"Parameter"`` or ``"Linear"``, else ``kind_hint``), its parameter shapes against the expected ones
+    (all reversed: ``transposed_hint``), and forward passes that break."""
+    def for_outcomes(outcomes: spec.Outcomes):
+        student_cls = outcomes.student
+        untransposed_weight = _multiplies_by_weight(student_cls)
 
-    def diagnose(case: Case, got: object, want: object) -> str | None:
-        built = _student(case.build)
-        projections = [getattr(built, name, None) for name in _NAMES]
-        if all(p is not None for p in projections) and not all(isinstance(p, kind) for p in projections):
-            return kind_hint
-        if isinstance(got, CheckFailed):  # building the module failed (its forward's errors come unwrapped)
-            return _shapes_hint(case.build, built) if "expected parameters of shapes" in str(got) else None
-        if isinstance(got, BaseException) and untransposed_weight:
-            return ("nn.Linear stores its weight as (d_out, d_in): call the layer, self.W_query(x), which "
-                    "computes x @ weight.T (+ bias), instead of multiplying by the weight yourself.")
-        return _breaks_on_batch(student_cls, case, got, want)
+        def diagnose(case: Case, got: object, want: object) -> str | None:
+            built = spec.built_of(outcomes, case.build)
+            kinds = built.get("kinds", {}) if built else {}
+            found = [kinds.get(name, "None") for name in _NAMES]
+            if all(k != "None" for k in found) and not all(k == kind for k in found):
+                return kind_hint
+            if isinstance(got, CheckFailed):  # building the module failed (its forward's errors come unwrapped)
+                return _shapes_hint(case.build, built) if "expected parameters of shapes" in str(got) else None
+            if isinstance(got, BaseException) and untransposed_weight:
+                return ("nn.Linear stores its weight as (d_out, d_in): call the layer, self.W_query(x), which "
+                        "computes x @ weight.T (+ bias), instead of multiplying by the weight yourself.")
+            return _breaks_on_batch(student_cls, case, got, want)
 
-    def _student(build: tuple) -> nn.Module | None:
-        try:
-            return construct(student_cls, build)
-        except Exception:  # noqa: BLE001 - no hint then
-            return None
+        return diagnose
 
-    def _shapes_hint(build: tuple, built: nn.Module | None) -> str | None:
-        if not isinstance(built, nn.Module):
+    def _shapes_hint(build: tuple, built: dict | None) -> str | None:
+        if not (built and built.get("module")):
             return None
         want = [tuple(s) for s in expect(
             exercise, f"parameter shapes {build}",
             lambda: parameter_shapes(construct(_expected.reference(exercise), build)))]
-        got = parameter_shapes(built)
+        got = [tuple(s) for s in built["shapes"]]
         if len(want) > len(got) and any(len(s) == 1 for s in want) and not any(len(s) == 1 for s in got):
             return "with qkv_bias=True each nn.Linear needs a bias: pass bias=qkv_bias to nn.Linear instead of a fixed value."
         if len(got) > len(want) and any(len(s) == 1 for s in got) and not any(len(s) == 1 for s in want):
@@ -169,7 +158,7 @@ def _module_diagnose(exercise: str, student_cls: Callable, kind: type, kind_hint
             return transposed_hint
         return None
 
-    return diagnose
+    return for_outcomes
 
 
 def _v1_configs() -> list[tuple[tuple, list[Case]]]:
@@ -179,36 +168,35 @@ def _v1_configs() -> list[tuple[tuple, list[Case]]]:
     ]
 
 
-@check
-def check_SelfAttention_v1(SelfAttention_v1: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v1(d_in, d_out)`` with the course's seed and compare its outputs with the expected ones.
-    Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`)."""
-    diagnose = _module_diagnose(
-        "SelfAttention_v1", SelfAttention_v1, nn.Parameter,
+check_SelfAttention_v1 = spec.declare(spec.module_spec(
+    "SelfAttention_v1", _v1_configs, attributes=_NAMES,
+    diagnose_for=_module_diagnose(
+        "SelfAttention_v1", "Parameter",
         "SelfAttention_v1 keeps each projection as a matrix, nn.Parameter(torch.rand(d_in, d_out)), and computes "
         "x @ W; nn.Linear layers are SelfAttention_v2's way.",
-        "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out).")
-    configs = _v1_configs() + (hidden_cases("SelfAttention_v1") if hidden else [])
-    alone("SelfAttention_v1", SelfAttention_v1, helper_checks(globals(), "SelfAttention_v1"),
-          lambda: compare_module("SelfAttention_v1", SelfAttention_v1, configs, diagnose=diagnose, attributes=_NAMES))
+        "each matrix must be (d_in, d_out), so that x @ W maps (..., T, d_in) to (..., T, d_out)."),
+    helpers=lambda: helper_checks(globals(), "SelfAttention_v1")),
+    """Build ``SelfAttention_v1(d_in, d_out)`` with the course's seed and compare its outputs with the expected ones.
+    Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`).""")
 
 
-@check
-def check_SelfAttention_v2(SelfAttention_v2: Callable, hidden: bool = False) -> None:
-    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` with the course's seed and compare its outputs with the expected
-    ones. Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`)."""
-    configs = [
+def _v2_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((3, 2), [Case("book sentence (6, 3)", (book_inputs(),))]),
         ((4, 3), [Case("T=5, d_in=4", (rand(5, 4, seed=81),))]),
     ]
-    diagnose = _module_diagnose(
-        "SelfAttention_v2", SelfAttention_v2, nn.Linear,
+
+
+check_SelfAttention_v2 = spec.declare(spec.module_spec(
+    "SelfAttention_v2", _v2_configs, attributes=_NAMES,
+    diagnose_for=_module_diagnose(
+        "SelfAttention_v2", "Linear",
         "SelfAttention_v2 builds each projection as a layer, nn.Linear(d_in, d_out, bias=qkv_bias), and calls it: "
         "self.W_query(x).",
-        "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as (d_out, d_in).")
-    configs += hidden_cases("SelfAttention_v2") if hidden else []
-    alone("SelfAttention_v2", SelfAttention_v2, helper_checks(globals(), "SelfAttention_v2"),
-          lambda: compare_module("SelfAttention_v2", SelfAttention_v2, configs, diagnose=diagnose, attributes=_NAMES))
+        "nn.Linear takes the input size first: nn.Linear(d_in, d_out). Its weight is then stored as (d_out, d_in)."),
+    helpers=lambda: helper_checks(globals(), "SelfAttention_v2")),
+    """Build ``SelfAttention_v2(d_in, d_out, qkv_bias)`` with the course's seed and compare its outputs with the expected
+    ones. Runs with our ``scaled_dot_product_attention`` (:func:`modules.alone`).""")
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,8 +265,44 @@ def _copy_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-def _copy_case(copy_fn: Callable, case: Case) -> None:
-    exercise = "copy_v2_weights_to_v1"
+def _copy_run(copy_fn: Callable, case: Case) -> dict:
+    """The kernel's part of one copy: fill a v2 and a v1 module with the case's weights, call the copy, and
+    return what it left, as plain data: ``{"v2": [whether each projection of sa_v2 is as it was], "v1": [each
+    of sa_v1's W_query, W_key, W_value as {"kind", "type", "value"} (``value``: its numbers, if a tensor)]}``."""
+    v2_weights, v1_weights = case.args
+    sa_v2, sa_v1 = _LinearProjections(v2_weights), _MatrixProjections(v1_weights)
+    copy_fn(sa_v2, sa_v1)
+    v2 = []
+    for index, name in enumerate(_NAMES):
+        layer = getattr(sa_v2, name, None)
+        v2.append(isinstance(layer, nn.Linear) and torch.equal(layer.weight.detach(), v2_weights[index]))
+    v1 = []
+    for name in _NAMES:
+        now = getattr(sa_v1, name, None)
+        v1.append({"kind": probe_kind(now), "type": type(now).__name__,
+                   "value": now.detach().clone() if isinstance(now, torch.Tensor) else None})
+    return {"v2": v2, "v1": v1}
+
+
+def probe_kind(value: object) -> str:
+    """``"Parameter"``, ``"Tensor"`` or ``"other"``: what a projection of sa_v1 is after the copy."""
+    return "Parameter" if isinstance(value, nn.Parameter) else "Tensor" if isinstance(value, torch.Tensor) else "other"
+
+
+def _copy_state(exercise: str, found: object) -> tuple[list, list]:
+    """The copy's outcome (:func:`_copy_run`), checked: it is the grader's to trust only in this form."""
+    ok = isinstance(found, dict) and set(found) == {"v2", "v1"} and isinstance(found["v2"], list) \
+        and len(found["v2"]) == 3 and all(isinstance(b, bool) for b in found["v2"]) \
+        and isinstance(found["v1"], list) and len(found["v1"]) == 3 and all(
+            isinstance(s, dict) and set(s) == {"kind", "type", "value"} and s["kind"] in ("Parameter", "Tensor", "other")
+            and isinstance(s["type"], str) and (s["value"] is None) == (s["kind"] == "other")
+            and (s["value"] is None or isinstance(s["value"], torch.Tensor)) for s in found["v1"])
+    if not ok:
+        spec.refuse(exercise, "copy into the modules")
+    return found["v2"], found["v1"]
+
+
+def _judge_copy(exercise: str, case: Case, found: object) -> None:
     v2_weights, v1_weights = case.args
     d_out, d_in = v2_weights.shape[1:]
     want = expect(exercise, case.key(),
@@ -293,32 +317,28 @@ def _copy_case(copy_fn: Callable, case: Case) -> None:
             hint = explain(exercise, case, got, want, _copy_diagnose)
             raise CheckFailed(f"{error} Hint: {hint}" if hint else str(error)) from None
 
-    sa_v2, sa_v1 = _LinearProjections(v2_weights), _MatrixProjections(v1_weights)
-    try:
-        copy_fn(sa_v2, sa_v1)
-    except NotImplementedError:
+    if isinstance(found, NotImplementedError):
         fail(exercise, NOT_IMPLEMENTED)
-    except CheckFailed:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
-        text = f"your code raised {type(exc).__name__}: {exc}"
-        failure(text if text.endswith((".", "?", "!")) else text + ".", exc)
+    if isinstance(found, BaseException):
+        text = f"your code raised {type(found).__name__}: {found}"
+        failure(text if text.endswith((".", "?", "!")) else text + ".", found)
+    v2_same, v1_states = _copy_state(exercise, found)
     for index, name in enumerate(_NAMES):
-        layer = getattr(sa_v2, name, None)
-        if not isinstance(layer, nn.Linear) or not torch.equal(layer.weight.detach(), v2_weights[index]):
+        if not v2_same[index]:
             fail(exercise, f"your function changed sa_v2.{name}. Copy FROM sa_v2 (the nn.Linear version) INTO "
                            f"sa_v1; sa_v2 must stay as it was.", case)
     for index, name in enumerate(_NAMES):
-        now = getattr(sa_v1, name, None)
-        if not isinstance(now, nn.Parameter):
-            fail(exercise, f"sa_v1.{name} is no longer an nn.Parameter (got {type(now).__name__}): keep it a "
+        now = v1_states[index]
+        if now["kind"] != "Parameter":
+            fail(exercise, f"sa_v1.{name} is no longer an nn.Parameter (got {now['type']}): keep it a "
                            f"parameter so that it is still trained, e.g. copy into it under torch.no_grad().", case)
-        if tuple(now.shape) == (d_out, d_in) and d_in != d_out:
-            fail(exercise, f"sa_v1.{name} now has shape {tuple(now.shape)} = (d_out, d_in); v1 needs (d_in, d_out) "
+        shape = tuple(now["value"].shape)
+        if shape == (d_out, d_in) and d_in != d_out:
+            fail(exercise, f"sa_v1.{name} now has shape {shape} = (d_out, d_in); v1 needs (d_in, d_out) "
                            f"= {(d_in, d_out)}. Hint: {_TRANSPOSE_HINT}", case)
-        if tuple(now.shape) != (d_in, d_out):
-            fail(exercise, f"sa_v1.{name} has shape {tuple(now.shape)}, expected (d_in, d_out) = {(d_in, d_out)}.", case)
-    got = torch.stack([getattr(sa_v1, name).detach() for name in _NAMES])
+        if shape != (d_in, d_out):
+            fail(exercise, f"sa_v1.{name} has shape {shape}, expected (d_in, d_out) = {(d_in, d_out)}.", case)
+    got = torch.stack([s["value"] for s in v1_states])
     for index, name in enumerate(_NAMES):
         problem = tensor_difference(want[index], got[index])
         if problem is None:
@@ -330,27 +350,29 @@ def _copy_case(copy_fn: Callable, case: Case) -> None:
         failure(f"sa_v1.{name} does not hold what the copy must put there: {problem}.", got)
 
 
-@check
-def check_copy_v2_weights_to_v1(copy_v2_weights_to_v1: Callable, hidden: bool = False) -> None:
+def _copy_cases() -> list[Case]:
+    return [
+        copy_case(3, 2, "book sizes d_in=3, d_out=2", seed=91),
+        copy_case(4, 6, "d_in=4, d_out=6", seed=93),
+    ]
+
+
+def _copy_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "copy_v2_weights_to_v1"
+    for step in plan:
+        _judge_copy(exercise, step.case, outcomes[step.key])
+    return (f"{len(plan)} copies make sa_v1 compute what sa_v2 computes "
+            f"({'; '.join(s.case.name for s in plan)})")
+
+
+_copy_cases_all = spec.with_hidden("copy_v2_weights_to_v1", _copy_cases)
+
+check_copy_v2_weights_to_v1 = spec.declare(spec.Spec(
+    "copy_v2_weights_to_v1",
+    lambda hidden: [spec.Step(case.key(), case, "copy") for case in _copy_cases_all(hidden)],
+    _copy_judge, runners={"copy": _copy_run}),
     """Fill a v2 and a v1 module with different numbers, call the copy, then compare v1's parameters
     with the expected ones.
 
     Also checks that ``sa_v2`` is untouched and that ``sa_v1`` keeps three ``(d_in, d_out)`` parameters.
-    """
-    exercise = "copy_v2_weights_to_v1"
-    visible = [
-        copy_case(3, 2, "book sizes d_in=3, d_out=2", seed=91),
-        copy_case(4, 6, "d_in=4, d_out=6", seed=93),
-    ]
-    if _probe.active(exercise):  # under the grader: hand out what the copy leaves in the modules
-        _probe.record(exercise, copy_v2_weights_to_v1, visible + (hidden_cases(exercise) if hidden else []),
-                      attributes=_NAMES,
-                      prepare=lambda case: (_LinearProjections(case.args[0]), _MatrixProjections(case.args[1])))
-        return
-    require_callable(exercise, copy_v2_weights_to_v1)
-    check_rules(exercise, copy_v2_weights_to_v1)
-    cases = visible + (hidden_cases(exercise) if hidden else [])
-    for case in cases:
-        _copy_case(copy_v2_weights_to_v1, case)
-    passed(exercise, f"{len(cases)} copies make sa_v1 compute what sa_v2 computes "
-                     f"({'; '.join(c.name for c in cases)})")
+    """)

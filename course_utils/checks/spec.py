@@ -281,12 +281,12 @@ def expected_output(exercise: str, case: Case, reference: str | None = None) -> 
 
 def compare_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *, reference: str | None = None,
                      atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
-                     diagnose_for: Callable[[Any], core.Diagnose] | None = None) -> str:
+                     diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None) -> str:
     """The judge of a function exercise: each :data:`CALL` step's outcome against the reference's output
-    on its case, in the plan's order; the ✅ line's text when all agree. ``diagnose_for(student)``: a
-    diagnose that reads the student's code (``outcomes.student``), instead of ``diagnose``."""
+    on its case, in the plan's order; the ✅ line's text when all agree. ``diagnose_for(outcomes)``: a
+    diagnose that reads the student's code (``outcomes.student``) or other outcomes, instead of ``diagnose``."""
     if diagnose_for is not None:
-        diagnose = diagnose_for(outcomes.student)
+        diagnose = diagnose_for(outcomes)
     steps = [s for s in plan if s.run == CALL]
     for step in steps:
         want = expected_output(exercise, step.case, reference)
@@ -297,7 +297,7 @@ def compare_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *,
 
 def function_spec(exercise: str, visible: Callable[[], list[Case]], *, reference: str | None = None,
                   atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
-                  diagnose_for: Callable[[Any], core.Diagnose] | None = None,
+                  diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None,
                   helpers: Callable[[], dict[str, Callable]] | None = None) -> Spec:
     """The spec of a function exercise: each case called once (visible, then hidden), each outcome
     compared with the reference's (:func:`compare_outcomes`)."""
@@ -305,3 +305,281 @@ def function_spec(exercise: str, visible: Callable[[], list[Case]], *, reference
     return Spec(exercise, lambda hidden: calls(cases(hidden)),
                 functools.partial(compare_outcomes, exercise, reference=reference, atol=atol, rtol=rtol,
                                   diagnose=diagnose, diagnose_for=diagnose_for), helpers=helpers)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules: each construction described, each forward pass run on a module built for it
+# --------------------------------------------------------------------------------------------
+#: The runners of a module exercise: ``"build"`` describes a construction (:func:`describe_build`),
+#: ``"forward"`` builds the module and runs one forward pass (``core.module_output``).
+BUILD, FORWARD = "build", "forward"
+
+
+def describe_build(cls: Any, case: Case, attributes: Sequence[str] = ()) -> dict:
+    """``cls(*case.build)`` under the course's seed (``core.construct``), as plain data: ``{"name": the
+    class's name, "module": whether it is an ``nn.Module``, "type": its type's name, "shapes": its
+    parameters' shapes in creation order, "kinds": {attribute: its kind (``probe.kind_of``)} for each of
+    ``attributes``}``, or ``{"name", "error": [type name, message]}`` when the constructor raised."""
+    name = getattr(cls, "__name__", None)
+    name = name if isinstance(name, str) else "it"
+    try:
+        module = core.construct(cls, case.build)
+    except Exception as exc:  # noqa: BLE001 - what the constructor raised is an outcome
+        error = wire.error_data(exc)
+        return {"name": name, "error": [error["type"], error["message"]]}
+    if not isinstance(module, torch.nn.Module):
+        return {"name": name, "module": False, "type": type(module).__name__}
+    return {"name": name, "module": True, "type": type(module).__name__,
+            "shapes": [list(p.shape) for p in module.parameters()],
+            "kinds": {a: _probe.kind_of(_probe._attribute(module, a)) for a in attributes}}
+
+
+def run_forward(cls: Any, case: Case) -> Any:
+    """The output of one forward pass of ``cls(*case.build)``, built and run under the course's seeds."""
+    return core.module_output(core.construct(cls, case.build), case)
+
+
+def build_key(build: tuple) -> str:
+    """The key of a construction's step."""
+    return f"build {build}"
+
+
+def module_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], train: bool = False) -> list[Step]:
+    """A module exercise's plan: for each ``(constructor arguments, cases)``, the construction described
+    (once for each distinct set of arguments), then a forward pass per case, in ``eval`` mode and, with ``train``, in ``train`` mode too."""
+    found: list[Step] = []
+    for build, cases in configs:
+        if build_key(build) not in {s.key for s in found}:  # a construction is the same each time: described once
+            found.append(Step(build_key(build), Case(cases[0].name if cases else "construction", build=build), BUILD))
+        for mode in ("eval", "train") if train else ("eval",):
+            for case in cases:
+                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
+                found.append(Step(f"forward {mcase.key()}", mcase, FORWARD))
+    return found
+
+
+def judge_build(exercise: str, built: Any, case: Case, *, reference: str | None = None,
+                diagnose: core.Diagnose | None = None) -> None:
+    """Fail unless the construction ``built`` (:func:`describe_build`'s outcome for ``case.build``) is an
+    ``nn.Module`` whose parameters have the reference's shapes in the reference's order (equal seeds then
+    give equal weights): ``core.build_student``'s words, with a hint where one is found."""
+    if isinstance(built, BaseException) or not (isinstance(built, dict) and isinstance(built.get("name"), str)):
+        refuse(exercise, "description of a construction")
+    build = case.build
+    want = core.expected_parameter_shapes(exercise, build, reference=reference)
+    try:
+        if "error" in built:
+            kind, message = built["error"]
+            if kind == "NotImplementedError":
+                core.fail(exercise, core.NOT_IMPLEMENTED)
+            core.fail(exercise, f"constructing {built['name']}{build} raised {kind}: {message}")
+        if not built.get("module"):
+            core.fail(exercise, f"{built['name']} must be an nn.Module subclass")
+        got = [tuple(s) for s in built["shapes"]]
+        if got != want:
+            core.fail(exercise, f"constructor arguments {build}: expected parameters of shapes {want} "
+                                f"(in this order), got {got}. Create the layers in the order the exercise gives, "
+                                f"with the same sizes.")
+    except core.CheckFailed as error:
+        raise core._hinted(error, core.explain(exercise, case, error, None, diagnose)) from None
+
+
+def judge_forward(exercise: str, got: Any, want: Any, case: Case, *, atol: float = 1e-5, rtol: float = 1e-4,
+                  diagnose: core.Diagnose | None = None) -> None:
+    """Fail if one forward pass's outcome ``got`` is not ``want`` (``core._compare_forward``'s words)."""
+    label = Case(f"{case.name}, {case.mode}() mode, built with {case.build}", case.args, case.kwargs)
+    if isinstance(got, BaseException):
+        raise core._hinted(raised(exercise, got, label), core.explain(exercise, case, got, want, diagnose)) from None
+    problem = core._difference(want, got, atol, rtol)
+    if problem:
+        hint = core.explain(exercise, case, got, want, diagnose)
+        if hint is None and case.mode == "train":
+            hint = "dropout must act on the attention weights, after softmax, and only in training mode."
+        try:
+            core.fail(exercise, f"{core._sentence(problem)} Input shape {core.describe_shape(case.args[0])}.", label)
+        except core.CheckFailed as error:
+            raise core._hinted(error, hint) from None
+
+
+def compare_module_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *, reference: str | None = None,
+                            atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
+                            diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None) -> str:
+    """The judge of a module exercise (:func:`module_plan`): each construction against the reference's
+    parameter shapes, then each forward pass against the reference module's output (``train`` passes only
+    where outputs drawn at random are comparable here: ``core.modes_to_compare``)."""
+    if diagnose_for is not None:
+        diagnose = diagnose_for(outcomes)
+    modes = core.modes_to_compare(exercise, any(s.case.mode == "train" for s in plan))
+    count = 0
+    for step in plan:
+        if step.run == BUILD:
+            judge_build(exercise, outcomes[step.key], step.case, reference=reference, diagnose=diagnose)
+        elif step.run == FORWARD and step.case.mode in modes:
+            want = core.reference_output(exercise, step.case, reference)
+            from course_utils.checks import expected
+
+            if expected.is_recording():
+                core.mistake_outputs(exercise, step.case)
+            judge_forward(exercise, outcomes[step.key], want, step.case, atol=atol, rtol=rtol, diagnose=diagnose)
+            count += 1
+    return f"{count} module outputs agree with the reference"
+
+
+def module_spec(exercise: str, visible: Callable[[], list[tuple[tuple, list[Case]]]], *, train: bool = False,
+                attributes: Sequence[str] = (), reference: str | None = None, atol: float = 1e-5, rtol: float = 1e-4,
+                diagnose: core.Diagnose | None = None,
+                diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None,
+                helpers: Callable[[], dict[str, Callable]] | None = None) -> Spec:
+    """The spec of a module exercise (``core.compare_module``'s check): each ``(constructor arguments,
+    cases)`` of ``visible()`` (and the hidden ones), built under the course's seed and described, then run
+    on each case (:func:`module_plan`, :func:`compare_module_outcomes`). ``attributes``: the attributes
+    whose kinds the diagnoses read (:func:`describe_build`)."""
+    configs = with_hidden(exercise, visible)
+    return Spec(exercise, lambda hidden: module_plan(configs(hidden), train),
+                functools.partial(compare_module_outcomes, exercise, reference=reference, atol=atol, rtol=rtol,
+                                  diagnose=diagnose, diagnose_for=diagnose_for),
+                runners={BUILD: functools.partial(describe_build, attributes=tuple(attributes)), FORWARD: run_forward},
+                helpers=helpers)
+
+
+def built_of(outcomes: Outcomes, build: tuple) -> dict | None:
+    """What the construction with ``build`` gave (:func:`describe_build`), or ``None`` where it raised."""
+    found = outcomes[build_key(build)]
+    return found if isinstance(found, dict) and "error" not in found else None
+
+
+# --------------------------------------------------------------------------------------------
+# A module probed: one construction, then forward passes in order, each with its mode, seed, copy
+# --------------------------------------------------------------------------------------------
+#: The runner of a probed module (:func:`probe_plan`, :func:`run_module`, read back by :class:`ModuleView`).
+MODULE = "module"
+#: How a probed forward pass's module was converted first: ``None`` (as built), ``"float64"`` or ``"meta"``
+#: (``copy.deepcopy(module).to(...)``, made once, at its first pass).
+COPIES = (None, "float64", "meta")
+
+
+def probe_step(build: tuple, passes: Sequence[tuple], name: str = "construction", key: str | None = None) -> Step:
+    """The step of one probed construction: ``cls(*build)`` under the course's seed, then each of ``passes``,
+    ``(mode, seed, copy, x, kwargs)``, in order on the same module (``seed``: set right before the pass,
+    ``None`` for 7; ``copy``: one of :data:`COPIES`; ``kwargs``: a dict of plain numbers, or ``None``)."""
+    for mode, seed, copy_, x, kwargs in passes:
+        if mode not in ("eval", "train") or copy_ not in COPIES or not isinstance(x, torch.Tensor):
+            raise ValueError(f"a probed pass is (mode, seed, copy, x, kwargs): {mode, seed, copy_, type(x).__name__}")
+    return Step(key or f"module {build}", Case(name, (tuple(tuple(p) for p in passes),), build=build), MODULE)
+
+
+def run_module(cls: Any, case: Case, *, attributes: Sequence[str] = (), count: Sequence[str] = (),
+               prepare: Callable[[Any], Any] | None = None, within: Callable[[tuple], Any] | None = None,
+               tied: bool = False, values: Sequence[str] = ()) -> dict:
+    """The kernel's part of a probed construction (:func:`probe_step`), as plain data:
+    ``{"built": describe_build(...) with "structure" (``probe.structure_of``), "tied" (with ``tied``),
+    "values" (``probe.snapshot`` of ``values``, after ``prepare``), "meta_left" (what ``.to("meta")`` left
+    behind) or "copy_error", "prepare_error"; "passes": [{"value": output} or {"error": [type, message]},
+    with "calls": {name: count} of ``count``'s torch functions (``probe.CallCounter``)]}``. ``prepare(module)``
+    runs before the passes; ``within(pass)`` is a context each pass runs in."""
+    import contextlib
+    import copy as _copy
+
+    from course_utils.device import manual_seed
+
+    built = describe_build(cls, case, attributes)
+    found: dict[str, Any] = {"built": built, "passes": []}
+    if "error" in built or not built["module"]:
+        return found
+    module = core.construct(cls, case.build)
+    built["structure"] = _probe.structure_of(module)
+    if tied:
+        built["tied"] = _probe.tied_parameters(module)
+    if prepare is not None:
+        try:
+            prepare(module)
+        except Exception as exc:  # noqa: BLE001 - the check refuses such a module before any pass
+            built["prepare_error"] = [type(exc).__name__, wire.error_data(exc)["message"]]
+            return found
+    if values:  # name (dots as "__") -> the attribute's value, or None where the module has none
+        built["values"] = {path.replace(".", "__"): None if "missing" in state else wire.decode(state["value"])
+                           for path, state in _probe.snapshot(module, values).items()}
+    copies: dict[str, Any] = {}
+    for p in case.args[0]:
+        mode, seed, copy_, x, kwargs = p
+        target = module
+        if copy_ is not None:
+            if copy_ not in copies:
+                try:
+                    copies[copy_] = _copy.deepcopy(module).to(torch.float64 if copy_ == "float64" else copy_)
+                    if copy_ == "meta":
+                        built["meta_left"] = _probe.left_behind(copies[copy_])
+                except Exception as exc:  # noqa: BLE001
+                    error = wire.error_data(exc)
+                    built["copy_error"] = [error["type"], error["message"]]
+                    break
+            target = copies[copy_]
+        counters = [_probe.CallCounter(name) for name in count]
+        one: dict[str, Any] = {}
+        try:
+            getattr(target, mode)()
+            manual_seed(7 if seed is None else seed)
+            with contextlib.ExitStack() as stack:
+                for counter in counters:
+                    stack.enter_context(counter)
+                if within is not None:
+                    stack.enter_context(within(p))
+                one["value"] = target(x.clone(), **(kwargs or {}))
+        except Exception as exc:  # noqa: BLE001 - a pass's error is an outcome
+            error = wire.error_data(exc)
+            one["error"] = [error["type"], error["message"]]
+        if counters:
+            one["calls"] = {c.name: min(c.count, _probe.MAX_CALLS) for c in counters}
+        found["passes"].append(one)
+    return found
+
+
+class ModuleView:
+    """A probed construction as the judge reads it (:func:`run_module`'s outcome for a :func:`probe_step`):
+    :attr:`built` (the construction's description) and :meth:`forward`, each pass looked up by what it was
+    (mode, seed, copy, input, keyword arguments) among the step's passes. A pass the step does not make is
+    a ``KeyError`` (the judge reads outside its plan); an outcome of the wrong form is :class:`Forged`."""
+
+    def __init__(self, exercise: str, step: Step, outcome: Any):
+        passes = step.case.args[0]
+        ok = isinstance(outcome, dict) and set(outcome) == {"built", "passes"} and isinstance(outcome["built"], dict) \
+            and isinstance(outcome["passes"], list) and len(outcome["passes"]) <= len(passes) and all(
+                isinstance(p, dict) and set(p) - {"calls"} in ({"value"}, {"error"}) for p in outcome["passes"])
+        if not ok:
+            refuse(exercise, "probed construction")
+        self.exercise, self.step, self.built = exercise, step, outcome["built"]
+        self._passes, self._outcomes = passes, outcome["passes"]
+
+    def index(self, mode: str, seed: int | None, x: torch.Tensor, copy: str | None = None,
+              kwargs: dict | None = None) -> int:
+        """Where the pass ``(mode, seed, copy, x, kwargs)`` is in the step (``KeyError`` if it makes none)."""
+        for i, (m, s, c, px, kw) in enumerate(self._passes):
+            if (m, s, c, kw or {}) == (mode, seed, copy, kwargs or {}) and px.dtype == x.dtype and \
+                    px.shape == x.shape and px.device.type == x.device.type and \
+                    (x.device.type == "meta" or torch.equal(px, x)):
+                return i
+        raise KeyError(f"{self.exercise}'s step {self.step.key!r} makes no {mode}() pass with seed {seed}, copy "
+                       f"{copy} on an input of shape {tuple(x.shape)}")
+
+    def ran(self, i: int) -> bool:
+        """Whether pass ``i`` ran (a copy that failed stops the passes after it)."""
+        return i < len(self._outcomes)
+
+    def forward(self, mode: str, seed: int | None, x: torch.Tensor, copy: str | None = None,
+                kwargs: dict | None = None) -> Any:
+        """The output of that pass, or the exception it raised (not raised)."""
+        i = self.index(mode, seed, x, copy, kwargs)
+        if not self.ran(i):
+            refuse(self.exercise, "passes (fewer than the plan's without a copy that failed)") \
+                if "copy_error" not in self.built else None
+            return None
+        one = self._outcomes[i]
+        if "error" in one:
+            return wire.error_of(*one["error"])
+        return one["value"]
+
+    def calls(self, mode: str, seed: int | None, x: torch.Tensor, copy: str | None = None,
+              kwargs: dict | None = None) -> dict:
+        """The counted torch functions' calls of that pass (``run_module``'s ``count``)."""
+        i = self.index(mode, seed, x, copy, kwargs)
+        return dict(self._outcomes[i].get("calls", {})) if self.ran(i) else {}

@@ -31,7 +31,7 @@ MAX_MESSAGE = 2000
 #: Longest source of a checked function kept, in characters.
 MAX_SOURCE = 100_000
 #: How deep a returned list or tuple is followed, and how long it may be.
-MAX_DEPTH, MAX_ITEMS = 4, 64
+MAX_DEPTH, MAX_ITEMS = 6, 256
 #: Longest whole number handed out as a number, in bits (a longer one goes out as another object: the JSON
 #: text of the hand-off would pass the 4,300 digits Python reads back).
 MAX_INT_BITS = 4096
@@ -240,7 +240,7 @@ NOT_MINE = "not mine"
 
 def encode(value: Any, depth: int = 0, special: Callable[[Any], dict | None] | None = None) -> dict:
     """A value the student's code gave, as plain data: ``{"kind": "tensor" | "meta" | "number" | "none" |
-    "text" | "list" | "tuple" | "other", ...}`` (:func:`decode` turns it back, :func:`value_problem`
+    "text" | "list" | "tuple" | "dict" (a plain ``dict`` with identifier keys) | "other", ...}`` (:func:`decode` turns it back, :func:`value_problem`
     refuses anything else). ``special(value)``: the plain data of a value the caller encodes its own way
     (a module among a call's inputs), or ``None``."""
     if special is not None:
@@ -265,6 +265,8 @@ def encode(value: Any, depth: int = 0, special: Callable[[Any], dict | None] | N
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH and len(value) <= MAX_ITEMS:
         return {"kind": "list" if isinstance(value, list) else "tuple",  # a subclass (torch.Size) as its base
                 "items": [encode(v, depth + 1, special) for v in value]}
+    if type(value) is dict and depth < MAX_DEPTH and len(value) <= MAX_ITEMS and all(is_name(k) for k in value):
+        return {"kind": "dict", "items": [[k, encode(v, depth + 1, special)] for k, v in value.items()]}
     return {"kind": "other", "type": type(value).__name__}
 
 
@@ -308,6 +310,17 @@ def value_problem(value: Any, depth: int = 0, special: Callable[[dict], str | No
     if kind == "text":
         return None if keys == {"kind", "value"} and isinstance(value["value"], str) \
             and len(value["value"]) <= MAX_MESSAGE else "a text value that is not a short string"
+    if kind == "dict":
+        items = value.get("items")
+        if keys != {"kind", "items"} or not isinstance(items, list) or len(items) > MAX_ITEMS or depth >= MAX_DEPTH \
+                or not all(isinstance(i, list) and len(i) == 2 and is_name(i[0]) for i in items) \
+                or len({i[0] for i in items}) != len(items):
+            return "a mapping that is too long, too deep, malformed or with a key twice"
+        for _, item in items:
+            why = value_problem(item, depth + 1, special)
+            if why:
+                return why
+        return None
     if kind in ("list", "tuple"):
         items = value.get("items")
         if keys != {"kind", "items"} or not isinstance(items, list) or len(items) > MAX_ITEMS \
@@ -340,6 +353,8 @@ def decode(value: dict) -> Any:
         return None
     if kind == "text":
         return value["value"]
+    if kind == "dict":
+        return {k: decode(v) for k, v in value["items"]}
     if kind in ("list", "tuple"):
         items = [decode(v) for v in value["items"]]
         return items if kind == "list" else tuple(items)
