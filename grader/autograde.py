@@ -154,15 +154,15 @@ def autograde_config(settings: Settings | None = None) -> Config:
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     execute_index = next(i for i, step in enumerate(steps) if step.__name__ == "Execute")
     from grader.execute import RobustExecute
-    from grader.judge import JudgeOutside, MarkTests
+    from grader.judge import JudgeOutside, MarkTests, PrepareHandOff
 
-    # JudgeOutside writes the verdicts of the exercises judged outside the kernel (grader/judge.py)
-    # into their test cells, after execution and before nbgrader's SaveAutoGrades reads them.
-    judged = [MarkTests] if settings.judge_outside else []
+    # The exercises judged outside the kernel (grader/judge.py): MarkTests starts each test cell with its
+    # hand-off line, PrepareHandOff makes the hand-off (its folders, each spec's plan), and JudgeOutside
+    # writes the verdicts into the test cells, after execution and before nbgrader's SaveAutoGrades reads them.
+    judged = [MarkTests, PrepareHandOff] if settings.judge_outside else []
     steps[execute_index:execute_index + 1] = [RestoreImports, *judged, RobustExecute, StderrIsNotFailure,
                                               *([JudgeOutside] if settings.judge_outside else [])]
     config.Autograde.autograde_preprocessors = steps
-    config.RobustExecute.hand_off = settings.judge_outside
     config.OverwriteCells.add_missing_cells = False  # intake already restored missing tests
     config.RobustExecute.kernel_manager_class = "grader.kernels.SandboxedKernelManager"
     config.RobustExecute.timeout = settings.cell_timeout
@@ -227,28 +227,6 @@ def _strip_allowed_imports(source: str, allowed: set[str]) -> str:
     return ast.unparse(tree)
 
 
-def _def_source(source: str, name: str) -> tuple[str, str]:
-    """(the last top-level definition of ``name`` in ``source``, the rest of the cell)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source, ""
-    lines = source.splitlines()
-    target = None
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            target = node
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            target = node
-    if target is None:
-        return source, ""
-    start = min([target.lineno] + [d.lineno for d in getattr(target, "decorator_list", [])]) - 1
-    end = target.end_lineno or target.lineno
-    own = "\n".join(lines[start:end])
-    rest = "\n".join(lines[:start] + lines[end:])
-    return own, rest
-
-
 def _unanswered(code: str) -> bool:
     """Whether every function in ``code`` still only raises ``NotImplementedError`` (the stub)."""
     try:
@@ -294,14 +272,14 @@ def check_rules(nb: nbformat.NotebookNode, src: intake.SourceNotebook) -> tuple[
         if nbcells.is_test(cell):
             continue  # the course's own test cell
         if nbcells.is_answer(cell) and gid in src.answers:
-            own, rest = _def_source(cell.source, gid)
+            own, rest = intake.definition_of(cell.source, gid)
             found = [] if _unanswered(own) else [str(v) for v in rules.find_violations(own, gid)]
             found += [str(v) for v in rules.find_violations(_strip_allowed_imports(rest, allowed))] \
                 if rest.strip() else []
             # Other exercises defined in the same cell get their own rules.
             for other in intake.defined_names(rest):
                 if other in src.answers and other != gid:
-                    found += [str(v) for v in rules.find_violations(_def_source(rest, other)[0], other)]
+                    found += [str(v) for v in rules.find_violations(intake.definition_of(rest, other)[0], other)]
             found += [str(v) for v in rules.policy_violations(cell.source)]
             if found:
                 why = rules.RULES.get(gid, rules.Rule()).why

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Enum, Integer
+from traitlets import Enum, Integer
 
 from grader.config import SETTINGS
 
@@ -106,8 +105,6 @@ class RobustExecute(Execute):
                            help="how the kernel is stopped after the last cell").tag(config=True)
     notebook_timeout = Integer(600, help="seconds for the whole notebook (0: no limit)").tag(config=True)
     max_restarts = Integer(5, help="kernel restarts allowed per notebook").tag(config=True)
-    hand_off = Bool(False, help="prepare the hand-off of grader/judge.py for the notebooks it judges "
-                                "(set together with its JudgeOutside step)").tag(config=True)
     disk_limit = Integer(DISK_LIMIT, help="bytes the kernel may write into the grader's folders it can reach "
                                           "(its socket folder, the hand-off folder); 0: no limit").tag(config=True)
 
@@ -115,21 +112,15 @@ class RobustExecute(Execute):
         self._deadline = time.monotonic() + self.notebook_timeout if self.notebook_timeout else None
         self._lost: set[int] = set()  # cells whose execution killed or hung the kernel
         self._restarts = 0
-        self._handoff = None
-        if self.hand_off and resources is not None:
-            from grader import judge
+        # The hand-off of grader/judge.py, made by its PrepareHandOff step before this one: its folder is
+        # bound into the kernel's sandbox (grader/sandbox.py) and watched by the disk guard below.
+        self._handoff = (resources or {}).get("course_handoff")
+        if self._handoff is not None:
+            from grader import warm
 
-            self._handoff = judge.prepare(resources.get("nbgrader", {}).get("notebook"),
-                                          reference=resources.get("course_first_try_reference", ""))
-            if self._handoff is not None:
-                from grader import warm
-
-                parent = warm.current()
-                if parent is not None:  # where the notebook's forked kernels can have it bound
-                    warm.adopt_hand_off(self._handoff, parent)
-                resources["course_handoff"] = self._handoff
-                # The notebook as it goes in, for a kernel of check_alone's first tries (JudgeOutside).
-                resources["course_unexecuted"] = copy.deepcopy(nb)
+            parent = warm.current()
+            if parent is not None:  # where the notebook's forked kernels can have it bound
+                warm.adopt_hand_off(self._handoff, parent)
         if not self.disk_limit:
             return super().preprocess(nb, resources, km=km)
         with FolderGuard(self._kernel_folders, self.disk_limit, self._stop_writer) as self._guard:

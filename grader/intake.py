@@ -449,6 +449,29 @@ def repair(nb: nbformat.NotebookNode, src: SourceNotebook) -> tuple[nbformat.Not
     return nb, notes
 
 
+def definition_of(source: str, name: str) -> tuple[str, str]:
+    """``(the last top-level definition of name in source, the rest of the cell)``: an answer cell's function
+    or class as the student wrote it (the whole source, and nothing else, when it defines no ``name``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source, ""
+    lines = source.splitlines()
+    target = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            target = node
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            target = node
+    if target is None:
+        return source, ""
+    start = min([target.lineno] + [d.lineno for d in getattr(target, "decorator_list", [])]) - 1
+    end = target.end_lineno or target.lineno
+    own = "\n".join(lines[start:end])
+    rest = "\n".join(lines[:start] + lines[end:])
+    return own, rest
+
+
 def answer_cells(nb: nbformat.NotebookNode) -> dict[str, int]:
     """grade_id -> index of the answer cells of a repaired notebook."""
     return {cells.grade_id(cell): i for i, cell in enumerate(nb.cells) if cells.is_answer(cell)}

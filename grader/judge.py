@@ -79,7 +79,6 @@ import functools
 import io
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -266,6 +265,21 @@ class MarkTests(NbGraderPreprocessor):
                         cells.exercise_of_test(cells.grade_id(cell), exercises):
                     cell.source = (f"{PROBE_MARK}\nfrom course_utils.checks import probe as _course_probe; "
                                    f"_course_probe.begin({cells.grade_id(cell)!r})\n{cell.source}")
+        return nb, resources
+
+
+class PrepareHandOff(NbGraderPreprocessor):
+    """Make the notebook's hand-off (:func:`prepare`) before it runs: ``resources["course_handoff"]``, which
+    the execution step binds into the kernel's sandbox, and ``resources["course_unexecuted"]``, the notebook
+    as it goes in (for a kernel of ``check_alone``'s first tries, :meth:`JudgeOutside.first_tries`).
+    ``resources["course_first_try_reference"]``: the cut-down reference such a kernel sees."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        handoff = prepare(resources.get("nbgrader", {}).get("notebook"),
+                          reference=resources.get("course_first_try_reference", ""))
+        if handoff is not None:
+            resources["course_handoff"] = handoff
+            resources["course_unexecuted"] = copy.deepcopy(nb)
         return nb, resources
 
 
@@ -1620,14 +1634,13 @@ def _handoff_message(exercise: str, why: str) -> str:
 def answer_sources(nb: NotebookNode, exercises: list[str]) -> dict[str, str]:
     """exercise -> its definition in the submission's answer cell (the last one of that name)."""
     from grader import intake
-    from grader.autograde import _def_source
 
     found = {}
     for gid, index in intake.answer_cells(nb).items():
         if gid in exercises:
-            found[gid] = _def_source(nb.cells[index].source, gid)[0]
+            found[gid] = intake.definition_of(nb.cells[index].source, gid)[0]
             for name in (n for n, owner in COMPANIONS.items() if owner == gid):  # in the same answer cell
-                found[name] = _def_source(nb.cells[index].source, name)[0]
+                found[name] = intake.definition_of(nb.cells[index].source, name)[0]
     return found
 
 
@@ -1750,7 +1763,9 @@ class JudgeOutside(NbGraderPreprocessor):
             again = {k: v for k, v in resources.items() if k not in ("course_handoff", "course_unexecuted")}
             try:
                 again["course_first_try_reference"] = str(reference_subset.write_subset(helpers, Path(folder)))
-                RobustExecute(parent=self.parent, config=self.config).preprocess(copy.deepcopy(unexecuted), again)
+                nb_again, again = PrepareHandOff(parent=self.parent, config=self.config).preprocess(
+                    copy.deepcopy(unexecuted), again)
+                RobustExecute(parent=self.parent, config=self.config).preprocess(nb_again, again)
                 handoff: HandOff | None = again.get("course_handoff")
                 for cell, test_id in mine:
                     try:

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from course_utils import reference
-from grader import judge, reference_subset
+from grader import intake, judge, reference_subset
 from tests.support import harness
 from tests.grader_answers.test_judge import _GQA_TEST, _OWN_REPEAT, NB08, _handed_out
 
@@ -64,7 +64,7 @@ def _student_edition_verdicts(monkeypatch, exercise: str, answer: str) -> dict[s
     monkeypatch.setitem(sys.modules, "course_utils.reference", None)
     handoff, cells = _handed_out(NB08, exercise, answer, monkeypatch)
     monkeypatch.setitem(sys.modules, "course_utils.reference", reference)
-    sources = {exercise: autograde._def_source(answer, exercise)[0]}
+    sources = {exercise: intake.definition_of(answer, exercise)[0]}
     try:
         return {(gid, first): (v.ename, v.evalue.splitlines()[0] if v.evalue else "")
                 for gid in harness.test_ids_for(exercise, cells, NB08) for first in (False, True)
@@ -157,7 +157,7 @@ def _verdicts_of(monkeypatch, notebook: str, exercise: str, source: str, first_t
     with expected.using(expected.RECORDED) if not first_tries else contextlib.nullcontext():  # as that edition
         handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
     monkeypatch.setitem(sys.modules, "course_utils.reference", reference)
-    sources = {exercise: autograde._def_source(source, exercise)[0]}
+    sources = {exercise: intake.definition_of(source, exercise)[0]}
     try:
         return {gid: (v.ename, v.evalue) for gid in harness.test_ids_for(exercise, cells, notebook)
                 for v in [judge.judge_handed_out(handoff.outputs, notebook, gid, sources, first_tries=first_tries)]}
@@ -219,15 +219,15 @@ def _graded(monkeypatch, tmp_path, answers: dict[str, str], notebook: str = NB08
             keep: set[str] | None = None) -> tuple[dict[str, list], list[str]]:
     """Notebook 08's repeat_kv and GroupedQueryAttention (their answer and test cells, after the set-up, the
     imports and the answers of 04 and 05 that the notebook shows), or all of ``notebook`` (``keep=None``), with
-    ``answers`` in their answer cells, through MarkTests, RobustExecute and JudgeOutside as the grader composes
-    them (its kernel has the student edition): (test id -> its outputs, the tests that failed in that kernel and
+    ``answers`` in their answer cells, through MarkTests, PrepareHandOff, RobustExecute and JudgeOutside as the grader
+    composes them (its kernel has the student edition): (test id -> its outputs, the tests that failed in that kernel and
     were tried again in a kernel of first tries)."""
     import nbformat
 
     from grader import sandbox
     from grader.autograde import autograde_config
     from grader.execute import RobustExecute
-    from grader.judge import JudgeOutside, MarkTests
+    from grader.judge import JudgeOutside, MarkTests, PrepareHandOff
 
     ok, why = sandbox.check_bwrap()
     if not ok:
@@ -251,7 +251,7 @@ def _graded(monkeypatch, tmp_path, answers: dict[str, str], notebook: str = NB08
             cell.source = answers[harness.grade_id(cell)]
     config = autograde_config()
     resources = {"nbgrader": {"notebook": notebook}, "metadata": {"path": str(tmp_path)}}
-    for step in (MarkTests, RobustExecute, JudgeOutside):
+    for step in (MarkTests, PrepareHandOff, RobustExecute, JudgeOutside):
         nb, resources = step(config=config).preprocess(nb, resources)
     return {harness.grade_id(c): c.get("outputs", []) for c in nb.cells if harness.grade_id(c)}, tried_again
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course_utils.checks import probe
-from grader import autograde, course, judge
+from grader import autograde, course, intake, judge
 from tests.fixtures.answers import load
 from tests.support import harness
 
@@ -196,7 +196,7 @@ def test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypa
     want = _inside(notebook, exercise, source)
     handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
     try:
-        sources = {exercise: autograde._def_source(source, exercise)[0]}
+        sources = {exercise: intake.definition_of(source, exercise)[0]}
         for gid, (ename, message) in want.items():
             verdict = judge.judge_handed_out(handoff.outputs, notebook, gid, sources)
             assert (verdict.ename, verdict.evalue) == (ename, message), gid

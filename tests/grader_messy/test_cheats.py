@@ -97,6 +97,16 @@ def test_the_cheat_worked_while_the_kernel_decided(name, checks_restored, capsys
     harness.run_tests_with_answer(cheat.notebook, cheat.exercise, cheat.source)  # no failure: full marks
 
 
+@pytest.mark.parametrize("name", cheats.FOUND_NOTHING_INSIDE)
+def test_a_spec_runs_the_code_before_any_expected_value_exists(name, checks_restored, capsys):
+    """A frames cheat against an exercise declared by a spec finds no expected value even in the instructor's
+    kernel: the spec runs the student's code on its whole plan first, and only then does its judge compute
+    what to expect."""
+    cheat = cheats.CHEATS[name]
+    with pytest.raises(AssertionError):
+        harness.run_tests_with_answer(cheat.notebook, cheat.exercise, cheat.source)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     subs = tmp_path_factory.mktemp("submissions")
