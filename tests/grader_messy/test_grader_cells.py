@@ -55,13 +55,27 @@ def test_every_test_cell_belongs_to_exactly_the_exercise_it_tests(notebook):
                 assert test_id not in harness.test_ids_for(other, src.tests, notebook)
 
 
-def test_exercises_agree_with_reference_checks_and_sources():
-    """course.EXERCISES, the answer cells of each built notebook, course_utils.reference and the
-    checks name the same exercises."""
+def _contract() -> dict[str, list[str]]:
+    """notebook -> the exercises docs/design.md's contract table names (its third column, in backquotes)."""
+    import re
+
+    found = {}
+    for line in (course.repo_root() / "docs" / "design.md").read_text(encoding="utf-8").splitlines():
+        row = re.match(r"\| `(\d\d_\w+)\.ipynb` \|.*\|(.*)\|\s*$", line)
+        if row:
+            found[row.group(1)] = re.findall(r"`(\w+)`", row.group(2))
+    return found
+
+
+def test_exercises_agree_with_contract_reference_checks_and_sources():
+    """course.EXERCISES (read from the sources), the contract in docs/design.md, the answer cells of each built
+    notebook, course_utils.reference and the checks name the same exercises."""
     import course_utils.checks as checks
     import course_utils.reference as reference
 
+    contract = _contract()
     for notebook in course.available_notebooks():
+        assert contract.get(notebook) == list(course.EXERCISES[notebook]), f"docs/design.md's row of {notebook}"
         assert list(intake.load_source(notebook).answers) == list(course.EXERCISES[notebook]), notebook
         for exercise in course.EXERCISES[notebook]:
             assert hasattr(reference, exercise), f"course_utils.reference has no {exercise}"
