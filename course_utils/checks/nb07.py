@@ -8,13 +8,12 @@ masking them (the check counts the score entries computed). Known mistakes (the 
 forgotten, the diagonal block not masked, a log-sum-exp without the maximum) are named by their
 outputs; every expected value comes from :func:`expect`, so the student edition holds no answer.
 
-Under the grader every check here only hands out what the student's code did, and the verdict is
-computed outside the kernel (``grader/judge.py``), so notebook 07's grading kernel has the student
-edition: ``online_softmax`` and ``flash_attention_forward`` hand out their outputs on every case
-(``probe.record``) and what the tensor watcher saw of each run, as plain data
-(``probe.record_runs``: the whole row reduced, or the first ``(T, T)`` tensor made and the score
-entries computed), from which the messages are built outside; ``flash_attention_triton`` hands out
-``(out, lse)`` of each launch. Outside, a malformed observation scores 0 with its reason.
+Each check is a spec (:mod:`course_utils.checks.spec`): its plan lists every run of the student's code,
+keyed (each case called; each watched run of the tensor watcher, :class:`TensorWatcher`, whose runner hands
+out plain data: the whole row reduced, or the first ``(T, T)`` tensor made and the score entries computed;
+each launch of the Triton kernel, ``[(out, lse), where it ran]``), and its judge builds every message from
+those outcomes, in the kernel or, under the grader, outside it. A runner's outcome of the wrong form is
+refused there (``spec.refuse``: the grader's ``HandOffError``).
 """
 
 from __future__ import annotations
@@ -25,30 +24,25 @@ from typing import Any, Callable
 import torch
 
 from course_utils import flash
+from course_utils.checks import core, wire
 from course_utils.checks import expected as _expected
-from course_utils.checks import probe as _probe
 from course_utils.checks.core import (
     Case,
     CheckFailed,
     _clone,
     _hinted,
     _sentence,
-    call_student,
-    check,
-    check_rules,
-    compare_function,
     expect,
     fail,
-    hidden_cases,
     mistake_outputs,
-    passed,
     rand,
-    require_callable,
     shape_error_hint,
     tensor_difference,
     transformation_hint,
 )
 from course_utils.checks.nb02 import softmax_hint
+from course_utils.checks.spec import CALL, Outcomes, Spec, Step, declare, expected_output, judge_case, raised, refuse, \
+    with_hidden
 from course_utils.checks.tensors import Made, TensorWatcher
 from course_utils.data import book_inputs
 
@@ -122,8 +116,8 @@ _STREAMING_BLOCK = 4
 
 
 def _streaming_run(student: Callable, case: Case) -> list | None:
-    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: :func:`_whole_row` of what it did.
-    Raises what the student's code raised. Under the grader, what the kernel hands out."""
+    """The runner of the streaming step: ``student`` on ``case`` under a :class:`TensorWatcher`,
+    :func:`_whole_row` of what it did. Raises what the student's code raised."""
     watcher = TensorWatcher()
     with torch.no_grad(), watcher:
         student(*_clone(case.args), **case.kwargs)
@@ -131,19 +125,26 @@ def _streaming_run(student: Callable, case: Case) -> list | None:
 
 
 def _short_text(value: Any) -> bool:
-    return isinstance(value, str) and len(value) <= _probe.MAX_MESSAGE
+    return isinstance(value, str) and len(value) <= wire.MAX_MESSAGE
 
 
-def _streaming_of(exercise: str, student: Callable, case: Case) -> list | None:
-    """:func:`_streaming_run` (the student's errors as the check's failure), or in the grader's replay
-    what the kernel handed out, refused (``probe.ReplayMiss``) unless it is ``None`` or
-    ``[op, columns, where]`` with a whole row longer than a block."""
-    whole = call_student(exercise, lambda *_, **__: _probe.run_or_replay(student, case, _streaming_run), case)
+def outcome_of(exercise: str, outcomes: Outcomes, step: Step) -> Any:
+    """The outcome of ``step``, a runner's: its value, or the failure of the student's code it raised
+    (``spec.raised``: the words a call that raised gets)."""
+    found = outcomes[step.key]
+    if isinstance(found, BaseException):
+        raise raised(exercise, found, step.case)
+    return found
+
+
+def _streaming_of(exercise: str, outcomes: Outcomes, step: Step) -> list | None:
+    """The streaming step's outcome (:func:`_streaming_run`), refused (``spec.refuse``) unless it is ``None``
+    or ``[op, columns, where]`` with a whole row longer than a block."""
+    whole = outcome_of(exercise, outcomes, step)
     if whole is not None and not (isinstance(whole, (list, tuple)) and len(whole) == 3 and _short_text(whole[0])
-                                  and type(whole[1]) is int and case.args[1] < whole[1] < 2**31
+                                  and type(whole[1]) is int and step.case.args[1] < whole[1] < 2**31
                                   and _short_text(whole[2])):
-        raise _probe.ReplayMiss("what the tensor watcher saw of online_softmax is not None or [operation, columns, "
-                                "line] of a whole row: the hand-off was changed")
+        refuse(exercise, "tensor watcher (None or [operation, columns, line] of a whole row)")
     return whole
 
 
@@ -160,22 +161,34 @@ def _online_cases() -> list[Case]:
     ]
 
 
-@check
-def check_online_softmax(online_softmax: Callable, hidden: bool = False) -> None:
-    """Check ``online_softmax(x, block_size)``: the softmax over the last dimension, block by block."""
+def _streaming_case() -> Case:
+    return Case("streaming: (3, 12), block_size=4", (rand(3, 12, seed=72, low=-3, high=3), _STREAMING_BLOCK))
+
+
+def _online_plan(hidden: bool) -> list[Step]:
+    """Every case called, then the streaming run watched."""
+    cases = with_hidden("online_softmax", _online_cases)(hidden)
+    return [Step(c.key(), c) for c in cases] + [Step(f"watched: {_streaming_case().key()}", _streaming_case(),
+                                                     "streaming")]
+
+
+def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "online_softmax"
-    cases = _online_cases() + (hidden_cases(exercise) if hidden else [])
-    streaming = Case("streaming: (3, 12), block_size=4", (rand(3, 12, seed=72, low=-3, high=3), _STREAMING_BLOCK))
-    if _probe.active(exercise):  # under the grader: hand out the outputs and what the watcher saw; judged outside
-        _probe.record(exercise, online_softmax, cases)
-        _probe.record_runs(exercise, online_softmax, [streaming], _streaming_run)
-        return
-    compare_function(exercise, online_softmax, cases, diagnose=_online_diagnose, quiet=True)
-    problem = _streaming_text(_streaming_of(exercise, online_softmax, streaming), _STREAMING_BLOCK)
-    if problem:
-        fail(exercise, problem, streaming)
-    passed(exercise, f"{len(cases)} cases agree with the softmax, and rows are reduced one block at a time "
-                     f"({'; '.join(c.name for c in cases)})")
+    calls = [s for s in plan if s.run == CALL]
+    for step in calls:
+        judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
+                   step.case, diagnose=_online_diagnose)
+    for step in (s for s in plan if s.run == "streaming"):
+        problem = _streaming_text(_streaming_of(exercise, outcomes, step), step.case.args[1])
+        if problem:
+            fail(exercise, problem, step.case)
+    return (f"{len(calls)} cases agree with the softmax, and rows are reduced one block at a time "
+            f"({'; '.join(s.case.name for s in calls)})")
+
+
+check_online_softmax = declare(Spec("online_softmax", _online_plan, _online_judge, {"streaming": _streaming_run}),
+                               """Check ``online_softmax(x, block_size)``: the softmax over the last dimension,
+block by block, each row reduced one block at a time (watched on a (3, 12) input).""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -360,9 +373,9 @@ _STRUCTURE = ("tiles: (2, 40, 4), block_q=8, block_k=16, causal", (2, 40, 4), 8,
 
 
 def _structure_run(student: Callable, case: Case) -> list:
-    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: ``[first_full, score_entries]``
-    (:func:`_first_full`, and the score entries computed), plain data. Raises what the student's code
-    raised. Under the grader, what the kernel hands out."""
+    """The runner of a watched step: ``student`` on ``case`` under a :class:`TensorWatcher`,
+    ``[first_full, score_entries]`` (:func:`_first_full`, and the score entries computed), plain data.
+    Raises what the student's code raised."""
     q, k, v = case.args[:3]
     watcher = TensorWatcher()
     with torch.no_grad(), watcher:
@@ -370,32 +383,35 @@ def _structure_run(student: Callable, case: Case) -> list:
     return [_first_full(watcher, q.shape[-2]), int(watcher.score_entries(q.shape[-1], v.shape[-1]))]
 
 
-def watched_structure(exercise: str, fn: Callable, case: Case, run: Callable[[Callable, Case], list] | None = None,
+def _shape_ok(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and len(shape) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in shape)
+
+
+def _full_ok(big: Any) -> bool:
+    """Whether ``big`` has the form of :func:`_first_full`'s outcome: ``None`` or ``[shape, is a mask, line]``."""
+    return big is None or (isinstance(big, (list, tuple)) and len(big) == 3 and _shape_ok(big[0])
+                           and type(big[1]) is bool and _short_text(big[2]))
+
+
+def watched_structure(exercise: str, outcomes: Outcomes, step: Step,
                       counted: str = "the score entries computed") -> tuple[list | None, int]:
-    """``run(fn, case)`` (default :func:`_structure_run`; the student's errors as the check's failure), or in
-    the grader's replay what the kernel handed out, refused (``probe.ReplayMiss``) unless it is
-    ``[the first (T, T) tensor as [shape, is a mask, line] or None, a count]``; ``counted`` names the count.
-    Notebook 10's backward checks use it with their own ``run``."""
-    run = run or _structure_run
-    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(fn, case, run), case)
-    ok = isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
-    big = found[0] if ok else None
-    if ok and big is not None:
-        ok = (isinstance(big, (list, tuple)) and len(big) == 3 and isinstance(big[0], (list, tuple))
-              and len(big[0]) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in big[0])
-              and type(big[1]) is bool and _short_text(big[2]))
-    if not ok:
-        raise _probe.ReplayMiss(f"what the tensor watcher saw of {exercise} is not [the first (T, T) tensor or None, "
-                                f"{counted}]: the hand-off was changed")
-    return big, found[1]
+    """A watched step's outcome (:func:`_structure_run`, or notebook 10's own runner), refused
+    (``spec.refuse``) unless it is ``[the first (T, T) tensor as [shape, is a mask, line] or None, a count]``;
+    ``counted`` names the count."""
+    found = outcome_of(exercise, outcomes, step)
+    if not (isinstance(found, (list, tuple)) and len(found) == 2 and type(found[1]) is int and 0 <= found[1] < 2**62
+            and _full_ok(found[0])):
+        refuse(exercise, f"tensor watcher ([the first (T, T) tensor or None, {counted}])")
+    return found[0], found[1]
 
 
-def check_flash_structure(exercise: str, fn: Callable, case: Case) -> None:
-    """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor; causal tiles skipped."""
+def _judge_structure(exercise: str, outcomes: Outcomes, step: Step) -> None:
+    """A watched step of the forward: no ``(T, T)`` tensor; causal tiles skipped."""
+    case = step.case
     q, k, v, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    big, computed = watched_structure(exercise, fn, case)
+    big, computed = watched_structure(exercise, outcomes, step)
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
         problem = _full_matrix_text(big, T)
         if problem:
@@ -407,36 +423,40 @@ def check_flash_structure(exercise: str, fn: Callable, case: Case) -> None:
             fail(exercise, problem, case)
 
 
-@check
-def check_flash_attention_forward(flash_attention_forward: Callable, hidden: bool = False) -> None:
-    """Check ``flash_attention_forward(q, k, v, block_q, block_k, causal)``: ``(out, lse)`` equal to
-    attention's, with no ``(T, T)`` tensor made and the causal tiles in the future skipped."""
-    exercise = "flash_attention_forward"
-    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+#: The key of a watched step: the case's, after this.
+WATCHED = "watched: "
+
+
+def _flash_plan(hidden: bool) -> list[Step]:
+    """Each case called, then watched; then the T = 40 case watched."""
+    cases = with_hidden("flash_attention_forward", _flash_cases)(hidden)
     name, shape, block_q, block_k = _STRUCTURE
     structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
-    if _probe.active(exercise):  # under the grader: hand out outputs and what the watcher saw; judged outside
-        for case in cases:  # in the order the check asks for them
-            _probe.record(exercise, flash_attention_forward, [case])
-            _probe.record_runs(exercise, flash_attention_forward, [case], _structure_run)
-        _probe.record_runs(exercise, flash_attention_forward, [structure], _structure_run)
-        return
-    require_callable(exercise, flash_attention_forward)
-    check_rules(exercise, flash_attention_forward)
+    steps = [s for c in cases for s in (Step(c.key(), c), Step(WATCHED + c.key(), c, "structure"))]
+    return steps + [Step(WATCHED + structure.key(), structure, "structure")]
+
+
+def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
+    exercise = "flash_attention_forward"
     ref = _expected.reference
-    for case in cases:
+    calls = [s for s in plan if s.run == CALL]
+    for step in plan:
+        case = step.case
+        if step.run == "structure":
+            _judge_structure(exercise, outcomes, step)
+            continue
         want = expect(exercise, case.key(), lambda: ref(exercise)(*_clone(case.args), **case.kwargs))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got = call_student(exercise, flash_attention_forward, Case(case.name, _clone(case.args), dict(case.kwargs)))
-        except CheckFailed as error:
-            raise error from None
-        _compare_pair(exercise, case, got, want, 1e-5, 1e-4)
-        check_flash_structure(exercise, flash_attention_forward, case)
-    check_flash_structure(exercise, flash_attention_forward, structure)
-    passed(exercise, f"{len(cases)} cases agree with attention (out and lse), no (T, T) tensor is made, and "
-                     f"causal tiles wholly in the future are skipped ({'; '.join(c.name for c in cases)})")
+        _compare_pair(exercise, case, outcome_of(exercise, outcomes, step), want, 1e-5, 1e-4)
+    return (f"{len(calls)} cases agree with attention (out and lse), no (T, T) tensor is made, and causal tiles "
+            f"wholly in the future are skipped ({'; '.join(s.case.name for s in calls)})")
+
+
+check_flash_attention_forward = declare(
+    Spec("flash_attention_forward", _flash_plan, _flash_judge, {"structure": _structure_run}),
+    """Check ``flash_attention_forward(q, k, v, block_q, block_k, causal)``: ``(out, lse)`` equal to
+    attention's, with no ``(T, T)`` tensor made and the causal tiles in the future skipped.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -471,74 +491,84 @@ def _triton_expected(exercise: str, case: Case) -> tuple[torch.Tensor, torch.Ten
         *_clone(case.args), kw["block_m"], kw["block_n"], causal=kw["causal"]))
 
 
-@check
-def triton_kernel_ready(exercise: str, kernel: object, hidden: bool) -> bool:
-    """Whether a Triton exercise's ``kernel`` can be checked here; its rules are applied on the way.
+class KernelSpec(Spec):
+    """The spec of a Triton kernel exercise (notebooks 07 and 10): where Triton cannot run, the self-check
+    is skipped with the reason (one line), while the grader fails the test: it always has Triton. Its judge
+    reads the rules from the kernel's Python function first (:func:`kernel_rules`)."""
 
-    Without Triton the self-check is skipped with the reason (one line), while the grader fails the
-    test: it always has Triton. Used by notebooks 07 and 10.
-    """
-    runs, how = flash.triton_status()
-    if not runs:
-        if hidden:
-            fail(exercise, f"the grader needs Triton to grade this kernel: {how}.")
-        print(f"⏭ {exercise}: skipped: {how}.")
-        return False
-    require_callable(exercise, kernel)
-    check_rules(exercise, getattr(kernel, "fn", kernel))
-    return True
+    def judged(self, student: Any, hidden: bool) -> None:
+        exercise = self.exercise
+        runs, how = flash.triton_status()
+        if not runs:
+            if hidden:
+                fail(exercise, f"the grader needs Triton to grade this kernel: {how}.")
+            print(f"⏭ {exercise}: skipped: {how}.")
+            return
+        super().judged(student, hidden)
 
 
-def check_flash_attention_triton(kernel: Any, hidden: bool = False) -> None:
-    """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
+def kernel_rules(exercise: str, outcomes: Outcomes) -> None:
+    """The rules of ``exercise`` on the kernel's Python function (``kernel.fn``: ``@triton.jit`` wraps it, and
+    the rules read source), first in a kernel's judge, as for any other exercise before its cases."""
+    core.check_rules(exercise, getattr(outcomes.student, "fn", outcomes.student))
 
-    On a CPU it runs in Triton's interpreter (exact float32, tolerance 1e-5); on a GPU it is
-    compiled, and float32 products use TF32 tensor cores, so the tolerance is 5e-3. Where Triton is
-    not installed the self-check is skipped with the reason; the grader always has Triton.
-    """
+
+def launch_outcome(exercise: str, outcomes: Outcomes, step: Step, hint: Callable[[BaseException], str | None]
+                   ) -> tuple[Any, bool]:
+    """``(outputs, on_gpu)`` of a launch step (a runner's ``[outputs, "gpu" | "cpu"]``), refused
+    (``spec.refuse``) in any other form; a launch that raised fails with ``hint(error)`` after the words.
+    Used by notebooks 07 and 10."""
+    found = outcomes[step.key]
+    if isinstance(found, BaseException):
+        failed = raised(exercise, found, step.case)
+        raise _hinted(failed, hint(found) if failed.student_error is not None else None) from None
+    if not (isinstance(found, (list, tuple)) and len(found) == 2 and found[1] in ("gpu", "cpu")):
+        refuse(exercise, 'launch ([its outputs, where it ran: "gpu" or "cpu"])')
+    return found[0], found[1] == "gpu"
+
+
+def launched_on(devices: set) -> str:
+    """Where a kernel's launches ran, for the ✅ line."""
+    return "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
+
+
+def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_triton"
-    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out (out, lse) of every launch; judged outside
-        _probe.record_runs(exercise, kernel, cases, _triton_run)
-        return
-    if not triton_kernel_ready(exercise, kernel, hidden):
-        return
+    kernel_rules(exercise, outcomes)
     devices = set()
-    for case in cases:
+    for step in plan:
+        case = step.case
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
-        except CheckFailed as error:
-            cause = error.student_error
-            raise _hinted(error, _kernel_error_hint(cause) if cause is not None else None) from None
+        got, on_gpu = launch_outcome(exercise, outcomes, step, _kernel_error_hint)
         devices.add(on_gpu)
         atol = rtol = 5e-3 if on_gpu else 1e-5
         _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
-    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
-    passed(exercise, f"{len(cases)} launches agree with attention (out and lse), {where} "
-                     f"({'; '.join(c.name for c in cases)})")
+    return (f"{len(plan)} launches agree with attention (out and lse), {launched_on(devices)} "
+            f"({'; '.join(s.case.name for s in plan)})")
 
 
 def _triton_run(kernel: Any, case: Case) -> list:
-    """``[(out, lse), device]`` of ``kernel`` launched on ``case`` with :func:`course_utils.flash.launch`
-    (on the GPU where there is one: ``device`` is ``"gpu"``, else ``"cpu"``, Triton's interpreter),
-    the outputs on the CPU. Raises what the launch raised. Under the grader, what the kernel hands out:
-    the sandboxed kernel may see no GPU where the grader's process does, and the tolerance and the
-    message follow where the kernel ran."""
+    """The runner of a launch: ``[(out, lse), device]`` of ``kernel`` launched on ``case`` with
+    :func:`course_utils.flash.launch` (on the GPU where there is one: ``device`` is ``"gpu"``, else
+    ``"cpu"``, Triton's interpreter), the outputs on the CPU. Raises what the launch raised. The sandboxed
+    kernel may see no GPU where the grader's process does: the tolerance and the message follow where the
+    kernel ran."""
     on_gpu = torch.cuda.is_available()
     args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
     out, lse = flash.launch(kernel, *args, **case.kwargs)
     return [(out.cpu(), lse.cpu()), "gpu" if on_gpu else "cpu"]
 
 
-def launch_of(exercise: str, kernel: Any, case: Case, run: Callable[[Any, Case], list]) -> tuple[Any, bool]:
-    """``(outputs, on_gpu)`` of ``run(kernel, case)`` (the student's errors as the check's failure), or in
-    the grader's replay what the kernel handed out for that launch, refused (``probe.ReplayMiss``)
-    unless it is ``[outputs, "gpu" | "cpu"]``. Used by notebooks 07 and 10."""
-    found = call_student(exercise, lambda *_, **__: _probe.run_or_replay(kernel, case, run), case)
-    if not (isinstance(found, (list, tuple)) and len(found) == 2 and found[1] in ("gpu", "cpu")):
-        raise _probe.ReplayMiss(f"what came back from a launch of {exercise} is not [its outputs, where it ran "
-                                f"(\"gpu\" or \"cpu\")]: the hand-off was changed")
-    return found[0], found[1] == "gpu"
+check_flash_attention_triton = declare(
+    KernelSpec("flash_attention_triton",
+               lambda hidden: [Step(c.key(), c, "launch")
+                               for c in with_hidden("flash_attention_triton", _triton_cases)(hidden)],
+               _triton_judge, {"launch": _triton_run}),
+    """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
+
+    On a CPU it runs in Triton's interpreter (exact float32, tolerance 1e-5); on a GPU it is
+    compiled, and float32 products use TF32 tensor cores, so the tolerance is 5e-3. Where Triton is
+    not installed the self-check is skipped with the reason; the grader always has Triton.
+    """)

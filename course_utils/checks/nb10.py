@@ -15,15 +15,14 @@
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
 
-Under the grader every check here only hands out what the student's code did, and the verdict is
-computed outside the kernel (``grader/judge.py``), so notebook 10's grading kernel has the student
-edition: the gradients of every case (``probe.record``); for the tiled backward, what the tensor
-watcher saw of each watched run (the first ``(T, T)`` tensor, the entries of S and dP computed);
-for ``FlashAttention``, whether it is a ``torch.autograd.Function``, ``(o, dq, dk, dv)`` of each
-run, what its forward keeps (the saved tensors' shapes and which of q, k, v, o, lse each is, the
-tensors kept on ctx, the first ``(T, T)`` tensor) and what ``gradcheck`` said; for the Triton
-kernel, ``(dk, dv)`` of each launch (``probe.record_runs``). Outside, a malformed observation
-scores 0 with its reason.
+Each check is a spec (:mod:`course_utils.checks.spec`): its plan lists every run of the student's code,
+keyed: the gradients of every case; for the tiled backward, each watched run (the first ``(T, T)`` tensor,
+the entries of S and dP computed); for ``FlashAttention``, whether it is a ``torch.autograd.Function``,
+``(o, dq, dk, dv)`` of each run, what its forward keeps (the saved tensors' shapes and which of q, k, v, o,
+lse each is, the tensors kept on ctx, the first ``(T, T)`` tensor) and what ``gradcheck`` said; for the
+Triton kernel, ``(dk, dv)`` of each launch. Its judge builds every message from those outcomes, in the
+kernel or, under the grader, outside it; a runner's outcome of the wrong form is refused there
+(``spec.refuse``: the grader's ``HandOffError``).
 """
 
 from __future__ import annotations
@@ -35,34 +34,35 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
-from course_utils.checks import probe as _probe
+from course_utils.checks import wire
 from course_utils.checks.core import (
     Case,
     CheckFailed,
     _clone,
     _hinted,
-    call_student,
-    check,
-    check_rules,
     expect,
     fail,
-    hidden_cases,
     mistake_outputs,
-    passed,
     rand,
-    require_callable,
     tensor_difference,
 )
+from course_utils.checks.modules import helper_checks
 from course_utils.checks.nb07 import (
+    WATCHED,
+    KernelSpec,
+    kernel_rules,
     _first_full,
     _full_matrix_text,
+    _full_ok,
+    _shape_ok,
     _short_text,
     computed_tiles,
-    launch_of,
-    triton_kernel_ready,
+    launch_outcome,
+    launched_on,
+    outcome_of,
     watched_structure,
 )
-from course_utils.checks.modules import alone, helper_checks
+from course_utils.checks.spec import CALL, Outcomes, Spec, Step, declare, raised, refuse, with_hidden
 from course_utils.checks.tensors import TensorWatcher
 
 __all__ = ["check_attention_backward_reference", "check_flash_attention_backward", "check_FlashAttention",
@@ -172,22 +172,20 @@ def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
     return expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs.get("causal", True))[1:])
 
 
-@check
-def check_attention_backward_reference(attention_backward_reference: Callable, hidden: bool = False) -> None:
-    """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd."""
+def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "attention_backward_reference"
-    cases = _reference_cases() + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand the gradients out; judged outside
-        _probe.record(exercise, attention_backward_reference, cases)
-        return
-    require_callable(exercise, attention_backward_reference)
-    check_rules(exercise, attention_backward_reference)
-    for case in cases:
-        want = _expected_grads(exercise, case)
-        _record_mistakes(exercise, case)
-        got = call_student(exercise, attention_backward_reference, Case(case.name, _clone(case.args), dict(case.kwargs)))
-        _compare(exercise, case, got, want, atol=1e-8, rtol=1e-6)
-    passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)})")
+    for step in plan:
+        want = _expected_grads(exercise, step.case)
+        _record_mistakes(exercise, step.case)
+        _compare(exercise, step.case, outcome_of(exercise, outcomes, step), want, atol=1e-8, rtol=1e-6)
+    return f"{len(plan)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in plan)})"
+
+
+check_attention_backward_reference = declare(
+    Spec("attention_backward_reference",
+         lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)],
+         _reference_judge),
+    """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -244,9 +242,9 @@ def _tiles_text(computed: int, T: int, block_q: int, block_k: int, heads: int) -
 
 
 def _structure_run(student: Callable, case: Case) -> list:
-    """Run ``student`` on ``case`` under a :class:`TensorWatcher`: ``[first_full, entries]`` (the first
-    ``(T, T)`` tensor made, nb07's ``_first_full``, and :func:`_tile_entries`), plain data. Raises what
-    the student's code raised. Under the grader, what the kernel hands out."""
+    """The runner of a watched step: ``student`` on ``case`` under a :class:`TensorWatcher`, ``[first_full,
+    entries]`` (the first ``(T, T)`` tensor made, nb07's ``_first_full``, and :func:`_tile_entries`), plain
+    data. Raises what the student's code raised."""
     q = case.args[0]
     watcher = TensorWatcher()
     with torch.no_grad(), watcher:
@@ -254,12 +252,13 @@ def _structure_run(student: Callable, case: Case) -> list:
     return [_first_full(watcher, q.shape[-2]), _tile_entries(watcher, q.shape[-1])]
 
 
-def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
-    """Run ``fn`` on ``case`` under a :class:`TensorWatcher`: no ``(T, T)`` tensor, future tiles skipped."""
+def _judge_backward_structure(exercise: str, outcomes: Outcomes, step: Step) -> None:
+    """A watched step of the backward: no ``(T, T)`` tensor, future tiles skipped."""
+    case = step.case
     q, k, v, o, lse, do, block_q, block_k = case.args
     causal = case.kwargs.get("causal", True)
     T = q.shape[-2]
-    big, computed = watched_structure(exercise, fn, case, _structure_run, "the entries of S and dP computed")
+    big, computed = watched_structure(exercise, outcomes, step, "the entries of S and dP computed")
     if T > max(block_q, block_k, q.shape[-1], v.shape[-1]):
         problem = _full_matrix_text(big, T)
         if problem:
@@ -272,46 +271,54 @@ def check_backward_structure(exercise: str, fn: Callable, case: Case) -> None:
             fail(exercise, problem, case)
 
 
-@check
-def check_flash_attention_backward(flash_attention_backward: Callable, hidden: bool = False) -> None:
-    """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
-    autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped; and in
-    bfloat16 (``lse`` in float32, as notebook 07's forward returns it) within bfloat16's tolerance."""
-    exercise = "flash_attention_backward"
-    cases = _flash_cases() + (hidden_cases(exercise) if hidden else [])
+#: The key of the bfloat16 step of ``flash_attention_backward``: its case's, after this.
+HALF = "bfloat16: "
+
+
+def _backward_plan(hidden: bool) -> list[Step]:
+    """Each case called (and watched, for the hidden and the non-causal ones: the causal structure is watched
+    on T = 40); then the T = 40 case watched; then the bfloat16 case called."""
+    steps = []
+    for case in with_hidden("flash_attention_backward", _flash_cases)(hidden):
+        steps.append(Step(case.key(), case))
+        if hidden or not case.kwargs.get("causal", True):
+            steps.append(Step(WATCHED + case.key(), case, "structure"))
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
     half = _half_backward_case()
-    if _probe.active(exercise):  # under the grader: hand out gradients and what the watcher saw; judged outside
-        for case in cases:  # in the order the check asks for them
-            _probe.record(exercise, flash_attention_backward, [case])
-            if hidden or not case.kwargs.get("causal", True):
-                _probe.record_runs(exercise, flash_attention_backward, [case], _structure_run)
-        _probe.record_runs(exercise, flash_attention_backward, [structure], _structure_run)
-        _probe.record(exercise, flash_attention_backward, [half])
-        return
-    require_callable(exercise, flash_attention_backward)
-    check_rules(exercise, flash_attention_backward)
-    for case in cases:
-        want = _expected_grads(exercise, case)
-        _record_mistakes(exercise, case)
-        got = call_student(exercise, flash_attention_backward, Case(case.name, _clone(case.args), dict(case.kwargs)))
-        tol = 1e-8 if case.args[0].dtype == torch.float64 else 1e-5
-        _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
-        if hidden or not case.kwargs.get("causal", True):  # the causal structure is watched on T = 40 below
-            check_backward_structure(exercise, flash_attention_backward, case)
-    check_backward_structure(exercise, flash_attention_backward, structure)
-    q, k, v, _, _, do = (t.to(torch.float64) for t in half.args[:6])
-    want = attention_with_grads(q, k, v, do, half.kwargs["causal"])[1:]  # PyTorch's, in float64, run here
-    try:
-        got = call_student(exercise, flash_attention_backward, Case(half.name, _clone(half.args), dict(half.kwargs)))
-    except CheckFailed as error:
-        cause = error.student_error if error.student_error is not None else error
-        raise _hinted(error, _half_diagnose(cause)) from None
-    _compare(exercise, half, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
-    passed(exercise, f"{len(cases)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly "
-                     f"in the future are skipped ({'; '.join(c.name for c in cases)}); in bfloat16 the gradients "
-                     f"are within {HALF_ATOL:g} of float64 attention")
+    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)]
+
+
+def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
+    exercise = "flash_attention_backward"
+    calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
+    for step in plan:
+        case = step.case
+        if step.run == "structure":
+            _judge_backward_structure(exercise, outcomes, step)
+        elif step.key.startswith(HALF):
+            q, k, v, _, _, do = (t.to(torch.float64) for t in case.args[:6])
+            want = attention_with_grads(q, k, v, do, case.kwargs["causal"])[1:]  # PyTorch's, in float64, run here
+            got = outcomes[step.key]
+            if isinstance(got, BaseException):
+                failed = raised(exercise, got, case)
+                raise _hinted(failed, _half_diagnose(got if failed.student_error is not None else failed)) from None
+            _compare(exercise, case, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
+        else:
+            want = _expected_grads(exercise, case)
+            _record_mistakes(exercise, case)
+            tol = 1e-8 if case.args[0].dtype == torch.float64 else 1e-5
+            _compare(exercise, case, outcome_of(exercise, outcomes, step), want, atol=tol, rtol=1e-4)
+    return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
+            f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "
+            f"{HALF_ATOL:g} of float64 attention")
+
+
+check_flash_attention_backward = declare(
+    Spec("flash_attention_backward", _backward_plan, _backward_judge, {"structure": _structure_run}),
+    """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
+    autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped; and in
+    bfloat16 (``lse`` in float32, as notebook 07's forward returns it) within bfloat16's tolerance.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -369,7 +376,7 @@ def _kept_facts(cls: Any, case: Any = None) -> list:
     (``[shape, name]`` per saved tensor, ``name`` the one of q, k, v, o, lse it is, or ``None``);
     ``kept`` (``[attribute, shape]`` per tensor kept as an attribute of ctx); ``first_full`` (the first
     ``(T, T)`` tensor made while running forward and backward, nb07's ``_first_full``). Raises what the
-    student's code raised. Under the grader, what the kernel hands out (``probe.record_runs``)."""
+    student's code raised. The runner of the step ``kept``."""
     T, D, block_q, block_k = _KEPT_T, 4, 8, 8
     q, k, v, do = _inputs(1, 2, T, D, seed=1053)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
@@ -381,7 +388,7 @@ def _kept_facts(cls: Any, case: Any = None) -> list:
     try:
         saved = list(ctx.saved_tensors)
     except Exception as exc:  # noqa: BLE001 - described by the message
-        return [[type(exc).__name__, str(exc)[:_probe.MAX_MESSAGE]], [], [], None]
+        return [[type(exc).__name__, str(exc)[:wire.MAX_MESSAGE]], [], [], None]
     kept = [[str(name), [int(d) for d in value.shape]] for name, value in vars(ctx).items()
             if isinstance(value, torch.Tensor)]
     lse_shape = q.shape[:-1]
@@ -396,14 +403,12 @@ def _kept_facts(cls: Any, case: Any = None) -> list:
     return [None, [[[int(d) for d in t.shape], n] for t, n in zip(saved, found)], kept, _first_full(watcher, T)]
 
 
-def _shape_ok(shape: Any) -> bool:
-    return isinstance(shape, (list, tuple)) and len(shape) <= 8 and all(type(d) is int and 0 <= d < 2**31 for d in shape)
-
-
-def _kept_of(cls: Any) -> list:
-    """:func:`_kept_facts`, or in the grader's replay what the kernel handed out, refused
-    (``probe.ReplayMiss``) unless it has that form."""
-    facts = _probe.run_or_replay(cls, Case("what forward keeps", ("kept",)), _kept_facts)
+def _kept_of(exercise: str, outcomes: Outcomes, step: Step) -> list | BaseException:
+    """The outcome of the step ``kept`` (:func:`_kept_facts`, or the error it raised), refused
+    (``spec.refuse``) unless it has that form."""
+    facts = outcomes[step.key]
+    if isinstance(facts, BaseException):
+        return facts
     ok = isinstance(facts, (list, tuple)) and len(facts) == 4
     if ok:
         error, saved, kept, big = facts
@@ -415,12 +420,10 @@ def _kept_of(cls: Any) -> list:
               and isinstance(kept, (list, tuple)) and len(kept) <= 64
               and all(isinstance(e, (list, tuple)) and len(e) == 2 and _short_text(e[0]) and e[0].isidentifier()
                       and _shape_ok(e[1]) for e in kept)
-              and (big is None or (isinstance(big, (list, tuple)) and len(big) == 3 and _shape_ok(big[0])
-                                   and type(big[1]) is bool and _short_text(big[2]))))
+              and _full_ok(big))
     if not ok:
-        raise _probe.ReplayMiss("what FlashAttention's forward keeps is not [an error or None, the saved tensors' "
-                                "shapes and names, the tensors kept on ctx, the first (T, T) tensor or None]: the "
-                                "hand-off was changed")
+        refuse(exercise, "forward's record of what it keeps ([an error or None, the saved tensors' shapes and names, "
+                         "the tensors kept on ctx, the first (T, T) tensor or None])")
     return facts
 
 
@@ -498,16 +501,15 @@ def _half_diagnose(error: BaseException) -> str | None:
     return None
 
 
-def _check_half(exercise: str, cls: Any, case: Case, names: tuple[str, ...]) -> None:
-    """``cls`` on a bfloat16 case: runs, returns ``o`` in bfloat16, and ``(o, dq, dk, dv)`` agree with float64
-    attention on the same inputs within bfloat16's tolerance."""
+def _judge_half(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> None:
+    """``FlashAttention`` on a bfloat16 case, from what the run gave (``got``: ``(o, dq, dk, dv)`` or the error it
+    raised): it runs, returns ``o`` in bfloat16, and ``(o, dq, dk, dv)`` agree with float64 attention on the same
+    inputs within bfloat16's tolerance."""
     q, k, v, do = (t.to(torch.float64) for t in case.args[:4])
     want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's attention in float64, run here
-    try:
-        got = call_student(exercise, lambda *_: _probe.run_or_replay(cls, case, _function_run), case)
-    except CheckFailed as error:
-        cause = error.student_error if error.student_error is not None else error
-        raise _hinted(error, _half_diagnose(cause)) from None
+    if isinstance(got, BaseException):
+        failed = raised(exercise, got, case)
+        raise _hinted(failed, _half_diagnose(got if failed.student_error is not None else failed)) from None
     if isinstance(got, (tuple, list)) and got and isinstance(got[0], torch.Tensor) and got[0].dtype != torch.bfloat16:
         fail(exercise, f"for bfloat16 inputs the output o has dtype {got[0].dtype}: return it in the inputs' dtype, "
                        f"as notebook 07's flash_attention_forward does", case)
@@ -515,9 +517,8 @@ def _check_half(exercise: str, cls: Any, case: Case, names: tuple[str, ...]) -> 
 
 
 def _gradcheck_run(cls: Any, case: Case) -> list | None:
-    """``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when it passes, ``["disagrees", first
-    line of its error]`` when it does not; raises what else it raised. Under the grader, what the
-    kernel hands out."""
+    """The runner of the step ``gradcheck``: ``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when
+    it passes, ``["disagrees", first line of its error]`` when it does not; raises what else it raised."""
     q, k, v, _, causal, block_q, block_k = case.args
     inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     try:
@@ -525,34 +526,31 @@ def _gradcheck_run(cls: Any, case: Case) -> list | None:
             torch.autograd.gradcheck(lambda a, b, c: cls.apply(a, b, c, causal, block_q, block_k), inputs,
                                      eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
     except torch.autograd.gradcheck.GradcheckError as error:
-        return ["disagrees", str(error).strip().splitlines()[0][:_probe.MAX_MESSAGE] if str(error).strip() else ""]
+        return ["disagrees", str(error).strip().splitlines()[0][:wire.MAX_MESSAGE] if str(error).strip() else ""]
     return None
 
 
-def _gradcheck(exercise: str, cls: Any, case: Case) -> None:
-    try:
-        outcome = _probe.run_or_replay(cls, case, _gradcheck_run)
-    except CheckFailed:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a verdict
-        fail(exercise, f"torch.autograd.gradcheck raised {type(exc).__name__}: {exc}", case)
+def _judge_gradcheck(exercise: str, outcomes: Outcomes, step: Step) -> None:
+    outcome = outcomes[step.key]
+    if isinstance(outcome, BaseException):
+        fail(exercise, f"torch.autograd.gradcheck raised {type(outcome).__name__}: {outcome}", step.case)
     if outcome is None:
         return
     if not (isinstance(outcome, (list, tuple)) and len(outcome) == 2 and outcome[0] == "disagrees"
             and _short_text(outcome[1])):
-        raise _probe.ReplayMiss("what gradcheck said of FlashAttention is not None or [\"disagrees\", its first line]: "
-                                "the hand-off was changed")
+        refuse(exercise, 'gradcheck (None or ["disagrees", its first line])')
     fail(exercise, f"torch.autograd.gradcheck disagrees: the gradients your backward returns are not the "
-                   f"numerical derivatives of your forward ({outcome[1]}).", case)
+                   f"numerical derivatives of your forward ({outcome[1]}).", step.case)
 
 
 def _function_run(cls: Any, case: Case) -> tuple[torch.Tensor, ...]:
-    """:func:`run_function` on ``case``'s arguments ``(q, k, v, do, causal, block_q, block_k)``."""
+    """The runner of a run of ``FlashAttention``: :func:`run_function` on ``case``'s arguments ``(q, k, v, do,
+    causal, block_q, block_k)``."""
     return run_function(cls, *_clone(case.args))
 
 
 def _function_kind(cls: Any, case: Case) -> bool:
-    """Whether ``cls`` is a class that subclasses ``torch.autograd.Function``."""
+    """The runner of the step ``kind``: whether ``cls`` is a class that subclasses ``torch.autograd.Function``."""
     return isinstance(cls, type) and issubclass(cls, torch.autograd.Function)
 
 
@@ -560,76 +558,74 @@ def _function_kind(cls: Any, case: Case) -> bool:
 _KIND = Case("what FlashAttention is", ("kind",))
 #: The gradcheck case.
 _GRADCHECK = ("gradcheck: float64 (1, 5, 3), block_q=2, block_k=3, causal", 1065)
+#: The keys of the steps that are not a run on a case: what the class is, what forward keeps, gradcheck.
+KIND, KEPT, GRADCHECK = "kind", "kept", "gradcheck"
+#: The keys of the runs against SDPA and in bfloat16: the case's, after these.
+SDPA = "sdpa: "
 
 
-@check
-def check_FlashAttention(FlashAttention: Any, hidden: bool = False) -> None:
+def _function_plan(hidden: bool) -> list[Step]:
+    """What the class is; each case run (forward and backward); what forward keeps; gradcheck; the runs
+    against SDPA at T = 256; the bfloat16 run."""
+    cases = with_hidden("FlashAttention", _function_cases)(hidden)
+    gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
+    return ([Step(KIND, _KIND, "kind")] + [Step(c.key(), c, "function") for c in cases]
+            + [Step(KEPT, Case("what forward keeps", ("kept",)), "kept"), Step(GRADCHECK, gradcheck, "gradcheck")]
+            + [Step(SDPA + c.key(), c, "function") for c in _sdpa_cases()]
+            + [Step(HALF + c.key(), c, "function") for c in _half_cases()])
+
+
+def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
+    exercise = "FlashAttention"
+    names = ("o", *GRADS)
+    kind = outcomes[KIND]
+    if type(kind) is not bool:
+        refuse(exercise, "kind (True or False: whether it is a torch.autograd.Function)")
+    if not kind:
+        fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
+                       "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
+    cases = [s for s in plan if s.run == "function" and not s.key.startswith((SDPA, HALF))]
+    for step in cases:
+        case = step.case
+        q, k, v, do = case.args[:4]
+        want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.args[4]))
+        _record_mistakes(exercise, case)
+        got = outcomes[step.key]
+        if isinstance(got, BaseException):
+            failed = raised(exercise, got, case)
+            raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed)) from None
+        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
+    facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))
+    if isinstance(facts, BaseException):
+        problem = f"your code raised {type(facts).__name__}: {facts}"
+    else:
+        problem = _kept_text(facts)
+    if problem:
+        fail(exercise, problem, Case("what forward keeps: (1, 2, 24, 4), block_q=block_k=8, causal"))
+    _judge_gradcheck(exercise, outcomes, next(s for s in plan if s.key == GRADCHECK))
+    for step in (s for s in plan if s.key.startswith(SDPA)):
+        q, k, v, do = step.case.args[:4]
+        want = attention_with_grads(q, k, v, do, step.case.args[4])  # PyTorch's kernel, run here
+        _compare(exercise, step.case, outcome_of(exercise, outcomes, step), want, names, atol=1e-4, rtol=1e-3,
+                 name_mistakes=False)
+    for step in (s for s in plan if s.key.startswith(HALF)):
+        _judge_half(exercise, step.case, outcomes[step.key], names)
+    return (f"{len(cases)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in cases)}); "
+            f"forward keeps exactly q, k, v, o and lse; gradcheck passes; the gradients equal SDPA's "
+            f"at T = 256 in float32, causal and not; and in bfloat16 the output and gradients are within "
+            f"{HALF_ATOL:g} of float64 attention")
+
+
+check_FlashAttention = declare(
+    Spec("FlashAttention", _function_plan, _function_judge,
+         {"kind": _function_kind, "function": _function_run, "kept": _kept_facts, "gradcheck": _gradcheck_run},
+         helpers=lambda: helper_checks(globals(), "FlashAttention")),
     """Check ``FlashAttention``, a ``torch.autograd.Function``: ``apply(q, k, v, causal, block_q, block_k)``.
 
     Output and gradients against autograd's in float64; what its forward keeps for the backward;
     ``gradcheck``; gradients against SDPA's in float32 at ``T = 256``, causal and not; and a bfloat16 case.
     Runs with our ``attention_backward_reference`` and ``flash_attention_backward`` (:func:`modules.alone`).
-    """
-    exercise = "FlashAttention"
-    cases = _function_cases() + (hidden_cases(exercise) if hidden else [])
-    gradcheck = Case(_GRADCHECK[0], (*_inputs(1, 5, 3, seed=_GRADCHECK[1]), True, 2, 3))
-    sdpa = _sdpa_cases()
-    half = _half_cases()
-
-    def hand_out() -> None:  # under the grader: hand out what each run gave and what was seen; judged outside
-        _probe.record_runs(exercise, FlashAttention, [_KIND], _function_kind)
-        if _function_kind(FlashAttention, _KIND):
-            _probe.record_runs(exercise, FlashAttention, cases, _function_run)
-            _probe.record_runs(exercise, FlashAttention, [Case("what forward keeps", ("kept",))], _kept_facts)
-            _probe.record_runs(exercise, FlashAttention, [gradcheck], _gradcheck_run)
-            _probe.record_runs(exercise, FlashAttention, sdpa, _function_run)
-            _probe.record_runs(exercise, FlashAttention, half, _function_run)
-
-    alone(exercise, FlashAttention, helper_checks(globals(), exercise),
-          lambda: _check_function(exercise, FlashAttention, cases, gradcheck, sdpa, half), hand_out)
-
-
-def _check_function(exercise: str, FlashAttention: Any, cases: list, gradcheck: Case, sdpa: list,
-                    half: list) -> None:
-    """:func:`check_FlashAttention`'s checks, on the class or on the grader's replay of it."""
-    names = ("o", *GRADS)
-    require_callable(exercise, FlashAttention)
-    kind = _probe.run_or_replay(FlashAttention, _KIND, _function_kind)
-    if type(kind) is not bool:
-        raise _probe.ReplayMiss("whether FlashAttention is a torch.autograd.Function is not True or False: the "
-                                "hand-off was changed")
-    if not kind:
-        fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
-                       "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
-    check_rules(exercise, FlashAttention)
-    for case in cases:
-        q, k, v, do = case.args[:4]
-        want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.args[4]))
-        _record_mistakes(exercise, case)
-        try:
-            got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
-        except CheckFailed as error:
-            cause = error.student_error if error.student_error is not None else error
-            raise _hinted(error, _function_diagnose(cause)) from None
-        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
-    try:
-        problem = _kept_text(_kept_of(FlashAttention))
-    except Exception as exc:  # noqa: BLE001 - the student's code raised
-        problem = f"your code raised {type(exc).__name__}: {exc}"
-    if problem:
-        fail(exercise, problem, Case("what forward keeps: (1, 2, 24, 4), block_q=block_k=8, causal"))
-    _gradcheck(exercise, FlashAttention, gradcheck)
-    for case in sdpa:
-        q, k, v, do = case.args[:4]
-        want = attention_with_grads(q, k, v, do, case.args[4])  # PyTorch's kernel, run here
-        got = call_student(exercise, lambda *_: _probe.run_or_replay(FlashAttention, case, _function_run), case)
-        _compare(exercise, case, got, want, names, atol=1e-4, rtol=1e-3, name_mistakes=False)
-    for case in half:
-        _check_half(exercise, FlashAttention, case, names)
-    passed(exercise, f"{len(cases)} cases agree with autograd in float64 ({'; '.join(c.name for c in cases)}); "
-                     f"forward keeps exactly q, k, v, o and lse; gradcheck passes; the gradients equal SDPA's "
-                     f"at T = 256 in float32, causal and not; and in bfloat16 the output and gradients are within "
-                     f"{HALF_ATOL:g} of float64 attention")
+    """)
 
 
 # ------------------------------------------------------------------------------------------
@@ -651,44 +647,44 @@ def _triton_cases() -> list[Case]:
     ]
 
 
-@check
-def check_flash_attention_backward_triton(kernel: Any, hidden: bool = False) -> None:
-    """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
-    :func:`course_utils.backward.launch_backward`, against autograd's gradients.
-
-    On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
-    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
-    self-check is skipped with the reason; the grader always has Triton.
-    """
+def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward_triton"
-    cases = _triton_cases() + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out (dk, dv) of every launch; judged outside
-        _probe.record_runs(exercise, kernel, cases, _triton_run)
-        return
-    if not triton_kernel_ready(exercise, kernel, hidden):
-        return
+    kernel_rules(exercise, outcomes)
     devices = set()
-    for case in cases:
+    for step in plan:
+        case = step.case
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
-        got, on_gpu = launch_of(exercise, kernel, case, _triton_run)
+        got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: None)
         devices.add(on_gpu)
         atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
-    where = "compiled for the GPU" if devices == {True} else "in Triton's interpreter on the CPU"
-    passed(exercise, f"{len(cases)} launches agree with autograd (dk and dv), {where} "
-                     f"({'; '.join(c.name for c in cases)})")
+    return (f"{len(plan)} launches agree with autograd (dk and dv), {launched_on(devices)} "
+            f"({'; '.join(s.case.name for s in plan)})")
 
 
 def _triton_run(kernel: Any, case: Case) -> list:
-    """``[(dk, dv), device]`` of ``kernel`` launched on ``case`` with
-    :func:`course_utils.backward.launch_backward` (on the GPU where there is one: ``"gpu"``, else
-    ``"cpu"``), the gradients on the CPU. Raises what the launch raised. Under the grader, what the
-    kernel hands out (nb07's ``launch_of``)."""
+    """The runner of a launch: ``[(dk, dv), device]`` of ``kernel`` launched on ``case`` with
+    :func:`course_utils.backward.launch_backward` (on the GPU where there is one: ``"gpu"``, else ``"cpu"``),
+    the gradients on the CPU. Raises what the launch raised."""
     from course_utils.backward import launch_backward
 
     on_gpu = torch.cuda.is_available()
     args = tuple(a.cuda() if on_gpu else a for a in _clone(case.args))
     dk, dv = launch_backward(kernel, *args, **case.kwargs)
     return [(dk.cpu(), dv.cpu()), "gpu" if on_gpu else "cpu"]
+
+
+check_flash_attention_backward_triton = declare(
+    KernelSpec("flash_attention_backward_triton",
+               lambda hidden: [Step(c.key(), c, "launch")
+                               for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)],
+               _kernel_judge, {"launch": _triton_run}),
+    """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
+    :func:`course_utils.backward.launch_backward`, against autograd's gradients.
+
+    On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
+    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
+    self-check is skipped with the reason; the grader always has Triton.
+    """)

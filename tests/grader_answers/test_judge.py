@@ -1439,12 +1439,47 @@ def honest_triton():
     yield from _honest(NB07, "flash_attention_triton", _NB07._kernel(_NB07._LOOP), TRITON_TEST)
 
 
+def _outcomes(record: dict) -> dict[str, dict]:
+    """A spec's record (``spec.Spec.hand_out``): key -> outcome, as handed out."""
+    return dict((key, outcome) for key, outcome in record["outcomes"])
+
+
+def _forged(records: list[dict], key: str, value: dict | None = None, error: dict | None = None) -> list[dict]:
+    """``records`` with the outcome of step ``key`` set to the result ``value`` (plain data, as ``wire.encode``
+    writes it) or the error ``error``, in every plan handed out (visible and hidden, each try): a forger
+    controls them all."""
+    forged = _copy(records)
+    for record in forged:
+        for item in record["outcomes"]:
+            if item[0] == key:
+                item[1] = {"result": value} if error is None else {"error": error}
+    return forged
+
+
+def _renamed(records: list[dict], key: str, new: str) -> list[dict]:
+    """``records`` with the step ``key`` handed out under another key, in every plan."""
+    forged = _copy(records)
+    for record in forged:
+        for item in record["outcomes"]:
+            if item[0] == key:
+                item[0] = new
+    return forged
+
+
+def _watched(records: list[dict]) -> list[str]:
+    """The keys of the watched steps, in the order of the plans (``nb07.WATCHED``)."""
+    return [key for r in records for key in _outcomes(r) if key.startswith("watched: ")]
+
+
 def test_an_honest_online_softmax_hand_off_passes(tmp_path, honest_online):
-    """Outputs on every case, then what the watcher saw of the streaming run: no whole row reduced (for the
+    """The outputs of every case, then what the watcher saw of the streaming run: no whole row reduced (for the
     visible check call, then for the hidden one)."""
     records, sources = honest_online
-    kinds = [r["result"]["kind"] for r in records]
-    assert kinds[-1] == "none" and kinds.count("none") == 2 and set(kinds) == {"tensor", "none"}, kinds
+    assert [r["plan"] for r in records] == ["visible", "hidden"]
+    for record in records:
+        outcomes = record["outcomes"]
+        assert outcomes[-1][0].startswith("watched: ") and outcomes[-1][1] == {"result": {"kind": "none"}}
+        assert {o["result"]["kind"] for _, o in outcomes[:-1]} == {"tensor"}
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, records, sources)
     assert verdict.ename is None and "reduced one block at a time" in verdict.text, verdict.evalue
 
@@ -1457,47 +1492,44 @@ def test_an_honest_online_softmax_hand_off_passes(tmp_path, honest_online):
                                {"kind": "text", "value": ""}]},
     {"kind": "list", "items": [{"kind": "text", "value": "amax"}]},
 ], ids=["a text", "a row of one block", "a float count of columns", "too short"])
-def test_a_malformed_streaming_record_scores_zero(tmp_path, honest_online, seen):
+def test_a_malformed_streaming_outcome_scores_zero(tmp_path, honest_online, seen):
     records, sources = honest_online
-    forged = _copy(records)
-    forged[-1]["result"] = seen
+    forged = _forged(records, _watched(records)[0], seen)
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, forged, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of online_softmax" in verdict.evalue, \
+    assert verdict.ename == judge.HANDOFF_ERROR and "online_softmax's tensor watcher" in verdict.evalue, \
         verdict.evalue
 
 
 def test_a_whole_row_reduced_is_judged_outside(tmp_path, honest_online):
-    """The message is built outside from the data the kernel handed out; a record of other inputs is refused."""
+    """The message is built outside from the data the kernel handed out; an outcome under a key the plan does
+    not make, or a plan's outcomes missing, are refused."""
     records, sources = honest_online
-    whole = _copy(records)
-    whole[-1]["result"] = probe.encode(["amax", 12, "line 3: `m = x.amax(dim=-1, keepdim=True)`"])
+    key = _watched(records)[0]
+    whole = _forged(records, key, probe.encode(["amax", 12, "line 3: `m = x.amax(dim=-1, keepdim=True)`"]))
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, whole, sources)
     assert verdict.ename == "CheckFailed" and "reduced a whole row of 12 columns at once at line 3" in verdict.evalue \
         and "the blocks have only 4" in verdict.evalue, verdict.evalue
-    other = _copy(records)
-    other[-1]["inputs"] = probe.inputs_of((torch.zeros(3, 12), 4), {})
-    verdict = _verdict_of(tmp_path, NB07, OS_TEST, other, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, OS_TEST, _renamed(records, key, "watched: another run"), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-
-
-def _structures(records: list[dict]) -> list[dict]:
-    """The records of what the watcher saw (after each case's output, and one of its own per check call)."""
-    return [r for r in records if r["result"]["kind"] == "list"]
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
 
 
 def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
-    """Per case its (out, lse), then what the watcher saw: the first (T, T) tensor made, if any, and the score
-    entries computed (plus one more of its own per check call)."""
+    """Per case its (out, lse), then what the watcher saw of it: the first (T, T) tensor made, if any, and the
+    score entries computed; then one more watched run of its own, per check call."""
     records, sources = honest_flash
-    outputs = [r for r in records if r["result"]["kind"] == "tuple"]
-    assert len(_structures(records)) == len(outputs) + 2 == len(records) - len(outputs)
     counts = []
-    for r in _structures(records):
-        big, count = r["result"]["items"]
-        assert big["kind"] in ("none", "list") and count["type"] == "int"  # a (T, T) tensor only where T is small
-        counts.append(count["value"])
+    for record in records:
+        outcomes = _outcomes(record)
+        calls = [k for k in outcomes if not k.startswith("watched: ")]
+        assert len(outcomes) == 2 * len(calls) + 1 and all(f"watched: {k}" in outcomes for k in calls)
+        assert all(outcomes[k]["result"]["kind"] == "tuple" for k in calls)
+        for key in (k for k in outcomes if k.startswith("watched: ")):
+            big, count = outcomes[key]["result"]["items"]
+            assert big["kind"] in ("none", "list") and count["type"] == "int"  # a (T, T) tensor only where T is small
+            counts.append(count["value"])
     assert max(counts) > 0, counts
     verdict = _verdict_of(tmp_path, NB07, FA_TEST, records, sources)
     assert verdict.ename is None and "causal tiles wholly in the future are skipped" in verdict.text, verdict.evalue
@@ -1511,65 +1543,69 @@ def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
     {"kind": "list", "items": [probe.encode([[37, 37], "mask", ""]), {"kind": "number", "type": "int", "value": 0}]},
     {"kind": "none"},
 ], ids=["a negative count", "a bool count", "no count", "a shape of floats", "a mask flag that is text", "None"])
-def test_a_malformed_structure_record_scores_zero(tmp_path, honest_flash, seen):
+def test_a_malformed_structure_outcome_scores_zero(tmp_path, honest_flash, seen):
     records, sources = honest_flash
-    forged = _copy(records)
-    forged[1]["result"] = seen
+    forged = _forged(records, _watched(records)[0], seen)
     verdict = _verdict_of(tmp_path, NB07, FA_TEST, forged, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of flash_attention_forward" in verdict.evalue, \
+    assert verdict.ename == judge.HANDOFF_ERROR and "flash_attention_forward's tensor watcher" in verdict.evalue, \
         verdict.evalue
 
 
 def test_what_the_watcher_saw_is_judged_outside(tmp_path, honest_flash):
     """A (T, T) tensor and a count of every tile, handed out, get their messages outside; a forged output
-    loses its points; a swapped pair of records is refused."""
+    loses its points; outcomes under keys the plan does not make, or missing, are refused."""
     records, sources = honest_flash
-    big = _copy(records)
-    big[3]["result"]["items"][0] = probe.encode([[37, 37], True, "line 9: `mask = torch.ones(T, T)`"])
-    verdict = _verdict_of(tmp_path, NB07, FA_TEST, big, sources)
+    key = "watched: (1, 2, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks"
+    honest = _outcomes(records[0])[key]["result"]
+    big = _copy(honest)
+    big["items"][0] = probe.encode([[37, 37], True, "line 9: `mask = torch.ones(T, T)`"])
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, _forged(records, key, big), sources)
     assert verdict.ename == "CheckFailed" and "made a tensor of shape (37, 37) at line 9" in verdict.evalue \
         and "a mask" in verdict.evalue, verdict.evalue
-    every = _copy(records)
-    every[3]["result"]["items"][1]["value"] = 2 * 37 * 37
-    verdict = _verdict_of(tmp_path, NB07, FA_TEST, every, sources)
+    every = _copy(honest)
+    every["items"][1]["value"] = 2 * 37 * 37
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, _forged(records, key, every), sources)
     assert verdict.ename == "CheckFailed" and "no key block was skipped" in verdict.evalue, verdict.evalue
-    wrong = _copy(records)
-    wrong[2]["result"]["items"][0]["value"] = wrong[2]["result"]["items"][0]["value"] * 2
-    verdict = _verdict_of(tmp_path, NB07, FA_TEST, wrong, sources)
+    call = key.removeprefix("watched: ")
+    wrong = _copy(_outcomes(records[0])[call]["result"])
+    wrong["items"][0]["value"] = wrong["items"][0]["value"] * 2
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, _forged(records, call, wrong), sources)
     assert verdict.ename == "CheckFailed" and "out:" in verdict.evalue, verdict.evalue
-    swapped = _copy(records)
-    swapped[0], swapped[2] = swapped[2], swapped[0]
-    verdict = _verdict_of(tmp_path, NB07, FA_TEST, swapped, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, FA_TEST, _renamed(records, call, "(1, 2, 37, 8), another case"), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
     verdict = _verdict_of(tmp_path, NB07, FA_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
+
+
+def _launches(records: list[dict]) -> list[tuple[str, dict]]:
+    """``(key, outcome)`` of every launch handed out, in order."""
+    return [(key, outcome) for r in records for key, outcome in r["outcomes"]]
 
 
 def test_an_honest_triton_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_triton):
-    """Each launch's (out, lse) comes back and is compared outside with the reference; a forged or missing
-    launch loses the points, with the reason."""
+    """Each launch's (out, lse) comes back and is compared outside with the reference; a forged launch loses
+    the points, with the reason; outcomes missing, or more than the test asked for, score 0."""
     records, sources = honest_triton
-    assert all(r["result"]["kind"] == "list" and r["result"]["items"][0]["kind"] == "tuple"
-               and r["result"]["items"][1] == {"kind": "text", "value": "cpu"} for r in records)
+    assert all(o["result"]["kind"] == "list" and o["result"]["items"][0]["kind"] == "tuple"
+               and o["result"]["items"][1] == {"kind": "text", "value": "cpu"} for _, o in _launches(records))
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, records, sources)
     assert verdict.ename is None and "launches agree with attention" in verdict.text, verdict.evalue
     assert "in Triton's interpreter on the CPU" in verdict.text, verdict.text
-    zeros = _copy(records)
-    lse = zeros[0]["result"]["items"][0]["items"][1]
+    (first, honest), (second, _) = _launches(records)[:2]
+    zeros = _copy(honest["result"])
+    lse = zeros["items"][0]["items"][1]
     lse["value"] = torch.zeros_like(lse["value"])
-    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, zeros, sources)
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, _forged(records, first, zeros), sources)
     assert verdict.ename == "CheckFailed" and "lse:" in verdict.evalue, verdict.evalue
-    raised = _copy(records)
-    raised[1].pop("result")
-    raised[1]["error"] = {"type": "ValueError", "message": "incompatible reduction dimensions"}
+    raised = _forged(records, second, error={"type": "ValueError", "message": "incompatible reduction dimensions"})
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, raised, sources)
     assert verdict.ename == "CheckFailed" and "tl.dot needs the inner sizes to agree" in verdict.evalue, verdict.evalue
-    swapped = _copy(records)
-    swapped[0], swapped[1] = swapped[1], swapped[0]
-    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, swapped, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, _renamed(records, first, "another launch"), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
     more = _copy(records) + _copy(records)[:1]
     verdict = _verdict_of(tmp_path, NB07, TRITON_TEST, more, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
@@ -1582,22 +1618,27 @@ def test_where_a_launch_ran_is_read_from_the_hand_off(tmp_path, request, noteboo
     """The sandboxed kernel may see no GPU where the grader's process does: the tolerance and the message
     follow where each launch ran, as handed out; anything but "gpu" or "cpu" there scores 0."""
     records, sources = request.getfixturevalue(fixture)
-    gpu = _copy(records)
-    for r in gpu:
-        r["result"]["items"][1]["value"] = "gpu"
+
+    def where(found: list[dict], value: str, only: str | None = None) -> list[dict]:
+        for key, outcome in _launches(found):
+            if only is None or key == only:
+                outcome["result"]["items"][1]["value"] = value
+        return found
+
+    gpu = where(_copy(records), "gpu")
     verdict = _verdict_of(tmp_path, notebook, test, gpu, sources)
     assert verdict.ename is None and "compiled for the GPU" in verdict.text, verdict.evalue
     looser = _copy(gpu)
-    first = looser[0]["result"]["items"][0]["items"][0]
-    first["value"] = first["value"] + 1e-3  # within the GPU's tolerance (5e-3), not the interpreter's (1e-5)
+    first_key = _launches(looser)[0][0]
+    for key, outcome in _launches(looser):
+        if key == first_key:
+            first = outcome["result"]["items"][0]["items"][0]
+            first["value"] = first["value"] + 1e-3  # within the GPU's tolerance (5e-3), not the interpreter's (1e-5)
     verdict = _verdict_of(tmp_path, notebook, test, looser, sources)
     assert verdict.ename is None, verdict.evalue
-    for r in looser:
-        r["result"]["items"][1]["value"] = "cpu"
-    verdict = _verdict_of(tmp_path, notebook, test, looser, sources)
+    verdict = _verdict_of(tmp_path, notebook, test, where(looser, "cpu"), sources)
     assert verdict.ename == "CheckFailed", verdict.text
-    odd = _copy(records)
-    odd[0]["result"]["items"][1]["value"] = "tpu"
+    odd = where(_copy(records), "tpu", first_key)
     verdict = _verdict_of(tmp_path, notebook, test, odd, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "where it ran" in verdict.evalue, verdict.evalue
 
@@ -1616,78 +1657,56 @@ def honest_function():
     yield from _honest(NB10, "FlashAttention", _NB10._FN, FN_TEST)
 
 
-def _asked(record: dict) -> str | None:
-    """The text argument of a record's inputs ("kind", "kept"), if it has one."""
-    items = record["inputs"]["args"]["items"]
-    return items[0]["value"] if len(items) == 1 and items[0]["kind"] == "text" else None
-
-
 def test_an_honest_function_hand_off_passes(tmp_path, honest_function):
-    """What the class is, each run's (o, dq, dk, dv), what forward keeps and gradcheck's word come back as data."""
+    """What the class is, each run's (o, dq, dk, dv), what forward keeps and gradcheck's word come back as data,
+    in each try of modules.alone."""
     records, sources = honest_function
-    kinds = [r for r in records if _asked(r) == "kind"]
-    assert all(len([r for r in run if _asked(r) == "kind"]) == 2 for run in _tries(records))
-    assert all(r["result"] == {"kind": "number", "type": "bool", "value": True} for r in kinds)
-    kept = next(r for r in records if _asked(r) == "kept")["result"]["items"]
-    assert kept[0] == {"kind": "none"} and [e["items"][1]["value"] for e in kept[1]["items"]] == ["q", "k", "v", "o",
-                                                                                                   "lse"]
+    assert len(_tries(records)) == 2 and all(len(run) == 2 for run in _tries(records))  # visible and hidden calls
+    for record in records:
+        outcomes = _outcomes(record)
+        assert outcomes["kind"] == {"result": {"kind": "number", "type": "bool", "value": True}}
+        kept = outcomes["kept"]["result"]["items"]
+        assert kept[0] == {"kind": "none"} and [e["items"][1]["value"] for e in kept[1]["items"]] == [
+            "q", "k", "v", "o", "lse"]
+        assert outcomes["gradcheck"] == {"result": {"kind": "none"}}
     verdict = _verdict_of(tmp_path, NB10, FN_TEST, records, sources)
     assert verdict.ename is None and "gradcheck passes" in verdict.text, verdict.evalue
 
 
-def _forge_function(records: list[dict], asked: str, value: dict) -> list[dict]:
-    forged = _copy(records)
-    for run in _tries(forged):
-        next(r for r in run if _asked(r) == asked)["result"] = value
-    return forged
-
-
-def _gradcheck_record(records: list[dict]) -> dict:
-    return next(r for r in records if "result" in r and r["result"]["kind"] in ("none", "list")
-                and _asked(r) is None and len(r["inputs"]["args"]["items"]) == 7)
-
-
-@pytest.mark.parametrize("asked, value, words", [
-    ("kind", {"kind": "number", "type": "int", "value": 1}, "is not True or False"),
-    ("kept", probe.encode([None, [[[1, 2, 24, 4], "P"]], [], None]), "what FlashAttention's forward keeps"),
-    ("kept", probe.encode([None, [], [["not a name", [24]]], None]), "what FlashAttention's forward keeps"),
-    ("kept", probe.encode([["Oops", "no"], [], []]), "what FlashAttention's forward keeps"),
-    ("gradcheck", probe.encode(["agrees", ""]), "what gradcheck said"),
+@pytest.mark.parametrize("key, value, words", [
+    ("kind", {"kind": "number", "type": "int", "value": 1}, "FlashAttention's kind"),
+    ("kept", probe.encode([None, [[[1, 2, 24, 4], "P"]], [], None]), "record of what it keeps"),
+    ("kept", probe.encode([None, [], [["not a name", [24]]], None]), "record of what it keeps"),
+    ("kept", probe.encode([["Oops", "no"], [], []]), "record of what it keeps"),
+    ("gradcheck", probe.encode(["agrees", ""]), "FlashAttention's gradcheck"),
 ], ids=["a count for a kind", "a saved tensor of another name", "an attribute that is not a name", "too short",
         "gradcheck's word off the list"])
-def test_a_malformed_function_record_scores_zero(tmp_path, honest_function, asked, value, words):
+def test_a_malformed_function_outcome_scores_zero(tmp_path, honest_function, key, value, words):
     records, sources = honest_function
-    if asked == "gradcheck":
-        forged = _copy(records)
-        _gradcheck_record(forged)["result"] = value
-    else:
-        forged = _forge_function(records, asked, value)
-    verdict = _verdict_of(tmp_path, NB10, FN_TEST, forged, sources)
+    verdict = _verdict_of(tmp_path, NB10, FN_TEST, _forged(records, key, value), sources)
     assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
 
 
 def test_what_the_function_is_and_keeps_is_judged_outside(tmp_path, honest_function):
     """The messages are built outside from the data handed out: not a Function, P saved, a tensor on ctx,
-    gradcheck disagreeing; a missing run scores 0 with the reason."""
+    gradcheck disagreeing; a missing plan's outcomes score 0 with the reason."""
     records, sources = honest_function
     said = {
-        "not a Function": (_forge_function(records, "kind", probe.encode(False)), "subclasses torch.autograd.Function"),
-        "P saved": (_forge_function(records, "kept", probe.encode([None, [[[1, 2, 24, 24], None]], [], None])),
+        "not a Function": (_forged(records, "kind", probe.encode(False)), "subclasses torch.autograd.Function"),
+        "P saved": (_forged(records, "kept", probe.encode([None, [[[1, 2, 24, 24], None]], [], None])),
                     "ctx.save_for_backward keeps a tensor of shape (1, 2, 24, 24)"),
-        "lse on ctx": (_forge_function(records, "kept", probe.encode([None, [], [["lse", [1, 2, 24]]], None])),
+        "lse on ctx": (_forged(records, "kept", probe.encode([None, [], [["lse", [1, 2, 24]]], None])),
                        "tensors are kept as attributes of ctx (ctx.lse)"),
-        "lse missing": (_forge_function(records, "kept", probe.encode(
-            [None, [[[1, 2, 24, 4], n] for n in "qkvo"], [], None])), "missing lse"),
+        "lse missing": (_forged(records, "kept", probe.encode([None, [[[1, 2, 24, 4], n] for n in "qkvo"], [], None])),
+                        "missing lse"),
+        "gradcheck": (_forged(records, "gradcheck", probe.encode(["disagrees", "Jacobian mismatch for output 0"])),
+                      "gradcheck disagrees"),
     }
-    disagrees = _copy(records)
-    for run in _tries(disagrees):
-        _gradcheck_record(run)["result"] = probe.encode(["disagrees", "Jacobian mismatch for output 0"])
-    said["gradcheck"] = (disagrees, "gradcheck disagrees")
     for label, (forged, words) in said.items():
         verdict = _verdict_of(tmp_path, NB10, FN_TEST, forged, sources)
         assert verdict.ename == "CheckFailed" and words in verdict.evalue, (label, verdict.evalue)
-    verdict = _verdict_of(tmp_path, NB10, FN_TEST, _copy(records)[:3], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB10, FN_TEST, _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
 
 
 @pytest.fixture(scope="module")
@@ -1696,26 +1715,28 @@ def honest_backward():
     yield from _honest(NB10, "flash_attention_backward", _NB10._FB, FB_TEST)
 
 
-def test_an_honest_backward_hand_off_passes_and_its_watcher_record_is_judged_outside(tmp_path, honest_backward):
+def test_an_honest_backward_hand_off_passes_and_its_watcher_outcome_is_judged_outside(tmp_path, honest_backward):
     records, sources = honest_backward
-    watched = [r for r in records if r["result"]["kind"] == "list"]
-    assert watched and all(len(r["result"]["items"]) == 2 for r in watched)
+    watched = _watched(records)
+    assert watched and all(len(_outcomes(r)[k]["result"]["items"]) == 2 for r in records for k in _outcomes(r)
+                           if k in watched)
     verdict = _verdict_of(tmp_path, NB10, FB_TEST, records, sources)
     assert verdict.ename is None and "causal tiles wholly in the future are skipped" in verdict.text, verdict.evalue
-    # The hidden call's T = 40 case, (2, 40, 4), block_q=8, block_k=16: the last record the watcher saw.
-    last = next(i for i, r in enumerate(records) if r is watched[-1])
-    every = _copy(records)
-    every[last]["result"]["items"][1]["value"] = 2 * 2 * 40 * 40
-    verdict = _verdict_of(tmp_path, NB10, FB_TEST, every, sources)
+    # The T = 40 case, (2, 40, 4), block_q=8, block_k=16, watched in each check call.
+    key = "watched: tiles: (2, 40, 4), block_q=8, block_k=16, causal"
+    honest = _outcomes(records[0])[key]["result"]
+    every = _copy(honest)
+    every["items"][1]["value"] = 2 * 2 * 40 * 40
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, _forged(records, key, every), sources)
     assert verdict.ename == "CheckFailed" and "no tile was skipped" in verdict.evalue, verdict.evalue
-    big = _copy(records)
-    big[last]["result"]["items"][0] = probe.encode([[2, 40, 40], False, ""])
-    verdict = _verdict_of(tmp_path, NB10, FB_TEST, big, sources)
+    big = _copy(honest)
+    big["items"][0] = probe.encode([[2, 40, 40], False, ""])
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, _forged(records, key, big), sources)
     assert verdict.ename == "CheckFailed" and "FlashAttention's backward never" in verdict.evalue, verdict.evalue
-    malformed = _copy(records)
-    malformed[last]["result"]["items"][1] = {"kind": "number", "type": "float", "value": 3.0}
-    verdict = _verdict_of(tmp_path, NB10, FB_TEST, malformed, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "tensor watcher saw of flash_attention_backward" in verdict.evalue, \
+    malformed = _copy(honest)
+    malformed["items"][1] = {"kind": "number", "type": "float", "value": 3.0}
+    verdict = _verdict_of(tmp_path, NB10, FB_TEST, _forged(records, key, malformed), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "flash_attention_backward's tensor watcher" in verdict.evalue, \
         verdict.evalue
 
 
@@ -1727,16 +1748,18 @@ def honest_backward_triton():
 
 def test_an_honest_backward_kernel_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_backward_triton):
     records, sources = honest_backward_triton
-    assert all(r["result"]["kind"] == "list" and r["result"]["items"][0]["kind"] == "tuple" for r in records)
+    assert all(o["result"]["kind"] == "list" and o["result"]["items"][0]["kind"] == "tuple"
+               for _, o in _launches(records))
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, records, sources)
     assert verdict.ename is None and "launches agree with autograd" in verdict.text, verdict.evalue
-    zeros = _copy(records)
-    dv = zeros[0]["result"]["items"][0]["items"][1]
+    first, honest = _launches(records)[0]
+    zeros = _copy(honest["result"])
+    dv = zeros["items"][0]["items"][1]
     dv["value"] = torch.zeros_like(dv["value"])
-    verdict = _verdict_of(tmp_path, NB10, BT_TEST, zeros, sources)
+    verdict = _verdict_of(tmp_path, NB10, BT_TEST, _forged(records, first, zeros), sources)
     assert verdict.ename == "CheckFailed" and "dv:" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB10, BT_TEST, _copy(records)[:1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------

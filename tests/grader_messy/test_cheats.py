@@ -250,7 +250,7 @@ def test_notebook_07_is_judged_outside_with_the_student_edition(graded):
     said = {
         "online_softmax: the reference's, imported by a computed name": "not part of the student edition",
         "flash_attention_forward: return the expected (out, lse), read from the checker's frames": "out: ",
-        "flash_attention_triton: replace the check through sys.modules": "no output came back",
+        "flash_attention_triton: replace the check through sys.modules": "no outcomes came back",
     }
     _assert_said(graded, said)
 
@@ -264,7 +264,7 @@ def test_notebook_10_is_judged_outside_with_the_student_edition(graded):
     said = {
         "attention_backward_reference: the reference's, imported by a computed name": "not part of the student edition",
         "flash_attention_backward: return the expected (dq, dk, dv), read from the checker's frames": "dq: ",
-        "FlashAttention: replace the check through sys.modules": "no output came back",
+        "FlashAttention: replace the check through sys.modules": "no outcomes came back",
         "flash_attention_backward_triton: the reference's (dk, dv) from a launcher put in place":
             "not part of the student edition",
     }
