@@ -107,12 +107,22 @@ check_MultiHeadAttentionCombinedQKV = spec.declare(spec.Spec(
 _SDPA = "scaled_dot_product_attention"
 
 
+def _counted(exercise: str, plan: list[spec.Step], outcomes: spec.Outcomes) -> None:
+    """Refuse (``spec.refuse``) unless every pass that ran came back with its count of SDPA calls, a whole
+    number within ``probe.MAX_CALLS``: ``spec.run_module`` counts them in every pass."""
+    for step in plan:
+        found = outcomes[step.key]
+        for one in found.get("passes", []) if isinstance(found, dict) and isinstance(found.get("passes"), list) else []:
+            calls = one.get("calls") if isinstance(one, dict) else None
+            if not (isinstance(calls, dict) and set(calls) == {_SDPA} and type(calls[_SDPA]) is int
+                    and 0 <= calls[_SDPA] <= _probe.MAX_CALLS):
+                spec.refuse(exercise, "count of calls")
+
+
 def _check_one_sdpa_call(exercise: str, view: spec.ModuleView, x: torch.Tensor) -> None:
     """The ``eval()`` pass on ``x`` (under no seed of the check's) called the fused kernel once."""
     probed.output(exercise, view, "eval", None, x, f"T={x.shape[1]}")
-    count = view.calls("eval", None, x).get(_SDPA, 0)
-    if type(count) is not int or not 0 <= count <= _probe.MAX_CALLS:
-        spec.refuse(exercise, "count of calls")
+    count = view.calls("eval", None, x)[_SDPA]
     if count != 1:
         fail(exercise, f"forward called F.scaled_dot_product_attention {count} times; it should call it once, "
                        f"on queries, keys and values of shape (b, num_heads, T, head_dim)")
@@ -150,6 +160,7 @@ def _sdpa_plan(hidden: bool) -> list[spec.Step]:
 def _sdpa_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MHAPyTorchSDPA"
     views = probed.views(exercise, plan, outcomes)
+    _counted(exercise, plan, outcomes)
     extra = _sdpa_hidden(probed.is_hidden(plan, _sdpa_plan(False)))
     configs, dropout = _configs() + extra["configs"], [_dropout_config()] + extra["dropout"]
     main_build, x_causal, x_calls = _sdpa_inputs()
