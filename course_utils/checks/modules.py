@@ -1,10 +1,17 @@
-"""Checks every causal attention module must pass (notebooks 04, 05 and 06).
+"""Checks every causal attention module must pass, and the notebooks' exercises checked alone.
+
+The checks here that take a live module (``check_finite``, ``check_causal_module``, ``check_dropout_modes``,
+``check_moves_with_module``, ``finite_then_values``, ``module_checks``, ``not_causal``) are those notebooks 08
+and 09 still run; notebooks 04, 05 and 06 are specs whose judges read the same checks off a probed
+construction (:mod:`course_utils.checks.probed`, ``spec.ModuleView``). The plans of the passes
+(:class:`ProbePlan`, :func:`causal_probes`), the inputs (:func:`_class_inputs`) and the words
+(:func:`shape_problem`, :data:`DROPOUT_FIX`) are shared by both.
 
 A module exercise is more than its outputs: its output must be finite, its mask a registered
 buffer cut to the input's length, dropout active only in ``train()``, no position may see the
 future, a too-long input must raise, and everything must move with ``.to(dtype)`` and
-``.to(device)``. Each check names the mistake it finds; :func:`check_module_class` runs them all in
-an order where a symptom is never blamed on the wrong cause (NaN is looked at first).
+``.to(device)``. Each check names the mistake it finds, in an order where a symptom is never
+blamed on the wrong cause (NaN is looked at first).
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ from course_utils.checks.core import (
     fail,
     module_output,
     parameter_shapes,
-    passed,
     rand,
     require_callable,
     tensor_difference,
@@ -42,13 +48,9 @@ from course_utils.device import manual_seed
 
 __all__ = [
     "check_finite",
-    "check_mask_buffer",
     "check_moves_with_module",
-    "check_truncated",
-    "check_too_long_raises",
     "check_dropout_modes",
     "check_causal_module",
-    "check_module_class",
     "run_module",
     "shape_problem",
     "check_shapes",
@@ -64,7 +66,6 @@ __all__ = [
     "shared_parameters",
     "ProbePlan",
     "causal_probes",
-    "module_class_plan",
 ]
 
 
@@ -100,26 +101,6 @@ def check_finite(exercise: str, module: torch.nn.Module, x: torch.Tensor, where:
     fail(exercise, f"{where}: the output holds {what} (first at batch {b}, position {t}; positions {rows[:8]}).{cause}")
 
 
-def check_mask_buffer(exercise: str, module: torch.nn.Module, context_length: int, where: str) -> None:
-    """The ``(context_length, context_length)`` mask must be a registered, persistent buffer."""
-    shape = (context_length, context_length)
-    for name, value in vars(module).items():
-        if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
-            fail(exercise, f"{where}: mask is a plain attribute, not a buffer: `self.{name} = ...` is not saved in "
-                           f"state_dict and stays behind when the module moves with .to(device). Use "
-                           f"self.register_buffer('{name}', ...)")
-    buffers = [name for name, b in module.named_buffers() if tuple(b.shape) == shape]
-    if not buffers:
-        found = [f"{n} {tuple(b.shape)}" for n, b in module.named_buffers()]
-        fail(exercise, f"{where}: no buffer of shape {shape} found (buffers: {found or 'none'}). Build the mask for "
-                       f"context_length in __init__ and register it with self.register_buffer('mask', ...)")
-    keys = module.state_dict().keys()
-    missing = [n for n in buffers if n not in keys]
-    if len(missing) == len(buffers):
-        fail(exercise, f"{where}: the mask buffer '{missing[0]}' is not in state_dict (persistent=False?). "
-                       f"Register it as an ordinary buffer so that a saved model keeps it")
-
-
 def check_moves_with_module(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor,
                             where: str) -> None:
     """``.to(torch.float64)`` and ``.to('meta')`` must carry everything the forward pass needs."""
@@ -146,38 +127,6 @@ def check_moves_with_module(exercise: str, student: torch.nn.Module, build: tupl
         fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
                        f"{type(exc).__name__}: {exc}. Every tensor forward uses must move with the module "
                        f"(a buffer), or be created on x.device")
-
-
-def _forward_raises(student: torch.nn.Module, x: torch.Tensor, exercise: str) -> Exception | None:
-    """The exception ``student(x)`` raises in ``eval()`` mode, or ``None``."""
-    student.eval()
-    try:
-        manual_seed(7)
-        student(x.clone())
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        return exc
-    return None
-
-
-def check_truncated(exercise: str, student: torch.nn.Module, x_short: torch.Tensor, context_length: int,
-                    where: str) -> None:
-    """An input shorter than ``context_length`` must work (the mask is cut to ``[:T, :T]``)."""
-    exc = _forward_raises(student, x_short, exercise)
-    if exc is not None:
-        fail(exercise, f"{where}: mask not truncated to num_tokens? With T={x_short.shape[1]} tokens and "
-                       f"context_length={context_length} your forward raised {type(exc).__name__}: {exc}. "
-                       f"Slice the buffer to mask[:num_tokens, :num_tokens]")
-
-
-def check_too_long_raises(exercise: str, student: torch.nn.Module, d_in: int, context_length: int, where: str) -> None:
-    """An input with ``context_length + 1`` tokens must raise: the mask does not cover it."""
-    x = _class_inputs((d_in, None, context_length))[2]
-    if _forward_raises(student, x, exercise) is None:
-        fail(exercise, f"{where}: an input of T = context_length + 1 = {context_length + 1} tokens returned "
-                       f"an output instead of raising an error. The mask covers only context_length "
-                       f"positions; is it rebuilt for every input instead of being a buffer?")
 
 
 #: What to do about dropout in the wrong mode, for a module that uses ``nn.Dropout`` (the default)
@@ -240,7 +189,7 @@ def _later_tokens_changed(x: torch.Tensor) -> torch.Tensor:
 
 
 def _class_inputs(first: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x_full, x_short, x_too_long)``: the inputs :func:`check_module_class` gives the module built
+    """``(x_full, x_short, x_too_long)``: the inputs ``probed.module_class`` gives the module built
     with ``first`` (``d_in, d_out, context_length, ...``)."""
     d_in, context_length = first[0], first[2]
     return (rand(2, context_length, d_in, seed=71), rand(2, max(1, context_length - 2), d_in, seed=72),
@@ -283,80 +232,6 @@ class ProbePlan:
 
     def items(self) -> list[tuple[tuple, list[_probe.Probe]]]:
         return list(self.plan.items())
-
-
-def module_class_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], first_extra: Sequence[_probe.Probe] = (),
-                      causal: Sequence[Case] = (), plan: ProbePlan | None = None,
-                      diagnosed_causal: bool = False) -> list[tuple[tuple, list[_probe.Probe]]]:
-    """Every forward pass :func:`check_module_class` (then its hidden ``causal`` cases, built with
-    ``case.build``) makes, per construction, in the order it makes them, for the kernel to hand out
-    under the grader (``probe.record_module_probes``). ``first_extra``: the exercise's own passes of
-    the first construction, made before; ``plan``: the passes of the checks made before, added to;
-    ``diagnosed_causal``: the comparison's diagnosis is :func:`not_causal`."""
-    first = configs[0][0]
-    x_full, x_short, x_long = _class_inputs(first)
-    plan = plan or ProbePlan()
-    add = plan.add
-    add(first, *first_extra, _probe.Probe("eval", 7, x_short), _probe.Probe("eval", 7, x_full),
-        *[_probe.Probe(mode, seed, x_full) for mode in ("eval", "train") for seed in (1, 2)],
-        *causal_probes(x_full), _probe.Probe("eval", 7, x_long))
-    for build, cases in configs:
-        add(build, *[_probe.Probe("eval", 7, case.args[0]) for case in cases])
-    plan.compared(configs, train=True, diagnosed_causal=diagnosed_causal)
-    add(first, _probe.Probe("eval", 7, x_short.to(torch.float64), "float64"),
-        _probe.Probe("eval", 7, x_short.to("meta"), "meta"))
-    for case in causal:
-        add(case.build, _probe.Probe("eval", 7, case.args[0]))
-    plan.causal(causal)
-    return plan.items()
-
-
-def attention_class_plan(builds: Sequence[tuple], values: tuple[tuple, Sequence[Case]],
-                         configs: Sequence[tuple[tuple, Sequence[Case]]],
-                         causal: Sequence[Case] = ()) -> list[tuple[tuple, list[_probe.Probe]]]:
-    """Every construction and forward pass of the usual check of a causal attention class, in order:
-    :func:`module_checks` on ``builds``, :func:`finite_then_values` on ``values`` (diagnosed by
-    :func:`not_causal`), then :func:`check_module_class` on ``configs`` and the hidden ``causal`` cases
-    (:func:`module_class_plan`). Notebook 05's ``MultiHeadAttention`` and 06's
-    ``MultiHeadAttentionCombinedQKV`` are checked so."""
-    plan = ProbePlan()
-    for build in builds:
-        plan.add(build)
-    plan.add(values[0], *[_probe.Probe("eval", 7, case.args[0]) for case in values[1]])
-    plan.compared([values], diagnosed_causal=True)
-    return module_class_plan(configs, causal=causal, plan=plan, diagnosed_causal=True)
-
-
-def check_module_class(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
-                       diagnose=None) -> None:
-    """Everything a causal attention class must satisfy, then the value comparison.
-
-    ``configs`` is a list of ``(constructor_args, cases)`` as for :func:`core.compare_module`; the
-    first config must have ``dropout > 0`` (the book's argument order: ``d_in, d_out,
-    context_length, dropout, ...``). Every config's module is checked for a finite output, a mask
-    buffer and causality before values are compared.
-    """
-    check_rules(exercise, cls)
-    first = configs[0][0]
-    d_in, context_length = first[0], first[2]
-    where = f"built with {first}"
-    student = build_student(exercise, cls, first)
-    x_full, x_short, _ = _class_inputs(first)
-    check_mask_buffer(exercise, student, context_length, where)
-    check_truncated(exercise, student, x_short, context_length, where)
-    check_finite(exercise, student, x_full, where)
-    check_dropout_modes(exercise, student, x_full, where)
-    check_causal_module(exercise, student, x_full)
-    check_too_long_raises(exercise, student, d_in, context_length, where)
-    for build, cases in configs[1:]:
-        other = build_student(exercise, cls, build)
-        check_mask_buffer(exercise, other, build[2], f"built with {build}")
-        for case in cases:
-            check_finite(exercise, other, case.args[0], f"built with {build}, {case.name}")
-    compare_module(exercise, cls, configs, train=True, quiet=True, diagnose=diagnose)
-    check_moves_with_module(exercise, student, first, x_short, where)
-    passed(exercise, f"outputs agree in eval() and train() mode for {len(configs)} constructions; the mask is a buffer, "
-                     f"cut to the input's length, and no position sees the future")
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,11 +7,11 @@ length, dropout in the wrong place or still active in ``eval()`` mode. Every dia
 symptoms off the student's output and the expected one; the module checks shared with notebooks 05
 and 06 live in :mod:`course_utils.checks.modules`.
 
-Under the grader every exercise here is judged outside the kernel (``grader/judge.py``): the kernel
-only hands out what the student's code gave (``compare_function``; the dtype pass and the device
-probe's call; and for ``CausalAttention`` every forward pass its checks make, planned by
-``modules.module_class_plan``, with the module's buffers and plain tensors), and the grader runs
-these checks on a replay of it.
+Each check is a spec (:mod:`course_utils.checks.spec`): the calls of ``causal_mask`` (whose outputs its
+dtype pass reads too), those of ``causal_attention_weights`` and its call on the meta device, and for
+``CausalAttention`` one probed construction per set of constructor arguments, with every forward pass its
+checks make (:mod:`course_utils.checks.probed`), judged by the same code in the kernel and, under the
+grader, outside.
 """
 
 from __future__ import annotations
@@ -22,29 +22,22 @@ from typing import Callable
 import torch
 
 from course_utils.checks import expected as _expected
-from course_utils.checks import modules
-from course_utils.checks import probe as _probe
-from course_utils.checks.probe import Probe
+from course_utils.checks import probed, spec
 from course_utils.checks.core import (
     Case,
     CheckFailed,
-    build_student,
-    call_student,
-    check,
-    check_rules,
-    compare_function,
     describe_shape,
     expect,
     explain,
     fail,
     hidden_cases,
-    module_output,
-    passed,
+    name_factor,
     rand,
     reference_output,
     tensor_difference,
 )
-from course_utils.checks.core import name_factor
+from course_utils.checks.modules import helper_checks
+from course_utils.checks.probe import Probe
 from course_utils.data import book_batch, book_inputs
 from course_utils.device import manual_seed
 
@@ -110,25 +103,30 @@ def _mask_entries(masked: torch.Tensor, future: torch.Tensor) -> str | None:
     return None
 
 
-@check
-def check_causal_mask(causal_mask: Callable, hidden: bool = False) -> None:
-    """Check ``causal_mask(num_tokens)``: bool ``(T, T)``, True exactly where ``j > i``."""
+def _mask_cases() -> list[Case]:
+    return [Case(f"num_tokens={T}", (T,)) for T in (6, 1, 4)]
+
+
+def _mask_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    """The values first (a 0/1 mask reads as booleans there), then the dtype: masked_fill needs it too."""
     exercise = "causal_mask"
-    cases = [Case(f"num_tokens={T}", (T,)) for T in (6, 1, 4)]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, causal_mask, cases, diagnose=_mask_diagnosis, quiet=True)
-    if _probe.active(exercise):  # under the grader: the dtype pass below runs outside, on these outputs
-        _probe.record(exercise, causal_mask, cases)
-        return
-    # The comparison reads a 0/1 mask as booleans; masked_fill needs the dtype too.
-    for case in cases:
+    spec.compare_outcomes(exercise, plan, outcomes, diagnose=_mask_diagnosis)
+    for step in plan:
+        case = step.case
         want = expect(exercise, case.key(), lambda: _expected.reference(exercise)(*case.args))
-        got = call_student(exercise, causal_mask, case)
+        got = outcomes[step.key]
         if got.dtype != want.dtype:
             message = _mask_dtype(got, want)
             fail(exercise, message[0].lower() + message[1:], case)
-    passed(exercise, f"{len(cases)} sizes give a boolean mask, True exactly above the diagonal "
-                     f"({'; '.join(c.name for c in cases)})")
+    return (f"{len(plan)} sizes give a boolean mask, True exactly above the diagonal "
+            f"({'; '.join(s.case.name for s in plan)})")
+
+
+_mask_cases_all = spec.with_hidden("causal_mask", _mask_cases)
+
+check_causal_mask = spec.declare(
+    spec.Spec("causal_mask", lambda hidden: spec.calls(_mask_cases_all(hidden)), _mask_judge),
+    """Check ``causal_mask(num_tokens)``: bool ``(T, T)``, True exactly where ``j > i``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -304,47 +302,56 @@ def _sums_diagnosis(g: torch.Tensor, w: torch.Tensor, sums: torch.Tensor, d_k: i
     return f"{worst}: each row of weights must sum to 1 (a softmax over the last dimension, the keys)."
 
 
-@check
-def check_causal_attention_weights(causal_attention_weights: Callable, hidden: bool = False) -> None:
-    """Check ``causal_attention_weights(queries, keys)`` -> ``(..., T, T)`` scaled, masked, softmaxed. Runs with
-    our ``causal_mask`` (:func:`modules.alone`)."""
-    exercise = "causal_attention_weights"
+def _weights_cases() -> list[Case]:
     q, k = _book_queries_keys()
-    cases = [
+    return [
         Case("book: SelfAttention_v2 with seed 789, (6, 2)", (q, k)),
         Case("T=5, d_k=4, random", (rand(5, 4, seed=41, low=-2, high=2), rand(5, 4, seed=42, low=-2, high=2))),
     ]
-    cases += hidden_cases(exercise) if hidden else []
-
-    def run() -> None:
-        compare_function(exercise, causal_attention_weights, cases, diagnose=_weights_diagnosis)
-        check_follows_device(exercise, causal_attention_weights)
-
-    modules.alone(exercise, causal_attention_weights, modules.helper_checks(globals(), exercise), run)
 
 
-def check_follows_device(exercise: str, fn: Callable) -> None:
-    """Fail unless ``fn(queries, keys)`` works on whatever device its inputs are on.
+#: The step of the call on the meta device: ``(T, d_k)`` inputs there (this tests devices only; batch
+#: dimensions are the other cases' job).
+_ON_META = spec.Step("inputs on the meta device", Case("inputs on the meta device", (5, 4)), "meta")
+
+
+def _on_meta(fn: Callable, case: Case) -> object:
+    """``fn(queries, keys)`` on empty ``(T, d_k)`` inputs on the meta device: what it returned."""
+    T, d_k = case.args
+    return fn(torch.empty(T, d_k, device="meta"), torch.empty(T, d_k, device="meta"))
+
+
+def follows_device(exercise: str, got: object) -> None:
+    """Fail unless the call on the meta device (``got``: its output, or what it raised) worked there.
 
     PyTorch's ``meta`` device stands in for a GPU: tensors there have shapes but no data, and
     mixing them with a CPU tensor raises, just as mixing CUDA and CPU tensors does.
     """
-    # (T, d_k) inputs: this tests devices only; batch dimensions are the other cases' job.
-    q, k = torch.empty(5, 4, device="meta"), torch.empty(5, 4, device="meta")
-    if _probe.active(exercise):  # under the grader: hand out what the meta inputs gave; judged outside
-        _probe.record(exercise, fn, [Case("inputs on the meta device", (q, k))])
-        return
-    try:
-        out = fn(q, k)
-    except NotImplementedError:
+    if isinstance(got, NotImplementedError):
         return  # an operation with no meta kernel says nothing about devices
-    except Exception as exc:  # noqa: BLE001
+    if isinstance(got, BaseException):
         fail(exercise, f"inputs on another device (here 'meta', standing in for a GPU) raised "
-                       f"{type(exc).__name__}: {exc}. Build the mask on the scores' device: "
+                       f"{type(got).__name__}: {got}. Build the mask on the scores' device: "
                        f"torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1), or move a mask you already have "
                        f"with .to(scores.device)")
-    if isinstance(out, torch.Tensor) and out.device.type != "meta":
-        fail(exercise, f"inputs on device 'meta' gave an output on {out.device}: keep every tensor on the inputs' device")
+    if isinstance(got, torch.Tensor) and got.device.type != "meta":
+        fail(exercise, f"inputs on device 'meta' gave an output on {got.device}: keep every tensor on the inputs' device")
+
+
+def _weights_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "causal_attention_weights"
+    text = spec.compare_outcomes(exercise, plan, outcomes, diagnose=_weights_diagnosis)
+    follows_device(exercise, outcomes[_ON_META.key])
+    return text
+
+
+_weights_cases_all = spec.with_hidden("causal_attention_weights", _weights_cases)
+
+check_causal_attention_weights = spec.declare(spec.Spec(
+    "causal_attention_weights", lambda hidden: spec.calls(_weights_cases_all(hidden)) + [_ON_META], _weights_judge,
+    runners={"meta": _on_meta}, helpers=lambda: helper_checks(globals(), "causal_attention_weights")),
+    """Check ``causal_attention_weights(queries, keys)`` -> ``(..., T, T)`` scaled, masked, softmaxed, also on
+    inputs on another device. Runs with our ``causal_mask`` (:func:`modules.alone`).""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -359,7 +366,7 @@ def _module_diagnosis(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-def _known_mistake_first(exercise: str, cls: Callable, config: tuple) -> None:
+def _known_mistake_first(exercise: str, view: spec.ModuleView, config: tuple) -> None:
     """Fail now if an ``eval()`` output of the first construction shows a known mistake.
 
     The structural checks that come next (buffer, causality, dropout) see only a symptom: a
@@ -367,19 +374,17 @@ def _known_mistake_first(exercise: str, cls: Callable, config: tuple) -> None:
     a leak of the future. The outputs name the mistake itself; any other difference is left to
     those checks and to the value comparison.
     """
-    check_rules(exercise, cls)
     build, cases = config
     try:
-        student = build_student(exercise, cls, build)
+        probed.built(exercise, view, build)
     except CheckFailed:
         return  # the full check says why
     for case in cases:
         mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
         want = reference_output(exercise, mcase)
-        try:
-            got = module_output(student, mcase)
-        except Exception:  # noqa: BLE001 - the full check explains errors
-            return
+        got = view.forward("eval", 7, case.args[0])
+        if isinstance(got, BaseException):
+            return  # the full check explains errors
         problem = tensor_difference(want, got)
         if problem is None:
             continue
@@ -388,7 +393,7 @@ def _known_mistake_first(exercise: str, cls: Callable, config: tuple) -> None:
             ending = "" if problem.endswith((".", "?", "!")) else "."
             fail(exercise, f"{problem}{ending} Input shape {describe_shape(case.args[0])}. Hint: {hint}",
                  Case(f"{case.name}, eval() mode, built with {build}"))
-    _check_rows_sum_to_one(exercise, student, build)
+    _check_rows_sum_to_one(exercise, view, build)
 
 
 def _identical_tokens(build: tuple) -> torch.Tensor:
@@ -397,18 +402,14 @@ def _identical_tokens(build: tuple) -> torch.Tensor:
     return rand(1, 1, d_in, seed=71).expand(1, T, d_in).clone()
 
 
-def _check_rows_sum_to_one(exercise: str, student: torch.nn.Module, build: tuple) -> None:
+def _check_rows_sum_to_one(exercise: str, view: spec.ModuleView, build: tuple) -> None:
     """With ``T`` copies of one token every value vector is the same, so every position must output
     that vector whatever its weights, provided each row of weights sums to 1."""
-    x = _identical_tokens(build)
     T = build[2]
-    try:
-        out = module_output(student, Case("identical tokens", (x,)))
-    except Exception:  # noqa: BLE001 - the full check explains errors
-        return
+    out = view.forward("eval", 7, _identical_tokens(build))
     if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.shape[:2] != (1, T) or \
             not bool(torch.isfinite(out).all()):
-        return
+        return  # an error, or an output the full check explains
     out = out.detach()[0].to(torch.float64)
     last = out[-1]
     if float(last.norm()) < 1e-6:
@@ -429,32 +430,44 @@ def _check_rows_sum_to_one(exercise: str, student: torch.nn.Module, build: tuple
                    f"divide it by its sum).")
 
 
-@check
-def check_CausalAttention(CausalAttention: Callable, hidden: bool = False) -> None:
-    """Check ``CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)``. Runs with our
-    ``causal_mask`` and ``causal_attention_weights`` (:func:`modules.alone`)."""
-    exercise = "CausalAttention"
+def _ca_configs() -> list[tuple[tuple, list[Case]]]:
     batch = book_batch()
-    configs = [
+    return [
         ((3, 2, 6, 0.5), [Case("book batch (2, 6, 3)", (batch,)), Case("T=4 < context_length", (rand(2, 4, 3, seed=61),))]),
         ((3, 2, 6, 0.0), [Case("book batch (2, 6, 3)", (batch,))]),
     ]
-    more = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
 
-    def hand_out() -> None:  # under the grader: hand out every forward pass the checks below make
-        build, cases = configs[0]  # _known_mistake_first's passes first
-        first = [Probe("eval", 7, case.args[0]) for case in cases] + [Probe("eval", 7, _identical_tokens(build))]
-        _probe.record_module_probes(exercise, CausalAttention, modules.module_class_plan(
-            configs + more["configs"], first, more["causal"]))
 
-    def run() -> None:
-        _known_mistake_first(exercise, CausalAttention, configs[0])
-        modules.check_module_class(exercise, CausalAttention, configs + more["configs"], diagnose=_module_diagnosis)
-        for case in more["causal"]:
-            where = f"built with {case.build}"
-            student = build_student(exercise, CausalAttention, case.build)
-            modules.check_mask_buffer(exercise, student, case.build[2], where)
-            modules.check_finite(exercise, student, case.args[0], where)
-            modules.check_causal_module(exercise, student, case.args[0])
+def _ca_hidden(hidden: bool) -> dict:
+    """The hidden groups: ``configs`` (more constructions compared) and ``causal`` (cases built with their
+    own arguments, checked for a mask buffer, a finite output and causality)."""
+    return hidden_cases("CausalAttention") if hidden else {"configs": [], "causal": []}
 
-    modules.alone(exercise, CausalAttention, modules.helper_checks(globals(), exercise), run, hand_out)
+
+def _ca_plan(hidden: bool) -> list[spec.Step]:
+    configs, more = _ca_configs(), _ca_hidden(hidden)
+    build, cases = configs[0]  # _known_mistake_first's passes first
+    first = [Probe("eval", 7, case.args[0]) for case in cases] + [Probe("eval", 7, _identical_tokens(build))]
+    return probed.steps(probed.module_class_plan(configs + more["configs"], first, more["causal"]))
+
+
+def _ca_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "CausalAttention"
+    views = probed.views(exercise, plan, outcomes)
+    configs, more = _ca_configs(), _ca_hidden(probed.is_hidden(plan, _ca_plan(False)))
+    _known_mistake_first(exercise, views[configs[0][0]], configs[0])
+    text = probed.module_class(exercise, views, configs + more["configs"], diagnose=_module_diagnosis)
+    for case in more["causal"]:
+        where = f"built with {case.build}"
+        probed.built(exercise, views[case.build], case.build)
+        probed.mask_buffer(exercise, views[case.build], case.build[2], where)
+        probed.finite(exercise, views[case.build], case.args[0], where)
+        probed.causal_module(exercise, views[case.build], case.args[0])
+    return text
+
+
+check_CausalAttention = spec.declare(spec.Spec(
+    "CausalAttention", _ca_plan, _ca_judge, runners={spec.MODULE: spec.run_module},
+    helpers=lambda: helper_checks(globals(), "CausalAttention")),
+    """Check ``CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)``. Runs with our
+    ``causal_mask`` and ``causal_attention_weights`` (:func:`modules.alone`).""")

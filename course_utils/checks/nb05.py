@@ -7,50 +7,23 @@ layers created in another order), heads joined on the wrong dimension or added, 
 repeated, ``view`` on a non-contiguous tensor, a module that sees the future, NaN in the output;
 and the known mistakes by their exact outputs.
 
-Under the grader, every exercise here is judged outside the kernel (``grader/judge.py``), so the
-grading kernel has the student edition: ``split_heads`` and ``merge_heads`` hand out their outputs
-(``compare_function``), ``count_parameters`` its counts, each beside the layout of the module it
-counted (``probe.module_layout``: the hidden modules reach the kernel as layouts and are rebuilt
-there, ``probe.build_layout``), and the two module classes every construction and forward pass
-their checks make (``modules.ProbePlan``, ``probe.record_module_probes``); the grader runs these
-checks on a replay of them.
+Each check is a spec (:mod:`course_utils.checks.spec`): the calls of ``split_heads``, ``merge_heads`` and
+``count_parameters`` (whose modules cross into the grading kernel as layouts, ``probe.module_layout``, and
+are rebuilt there, ``probe.build_layout``), and for the two module classes one probed construction per set
+of constructor arguments, with every forward pass their checks make (:mod:`course_utils.checks.probed`),
+judged by the same code in the kernel and, under the grader, outside.
 """
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from course_utils.checks import expected as _expected
-from course_utils.checks.core import (
-    Case,
-    build_student,
-    check,
-    compare_function,
-    compare_module,
-    expect,
-    hidden_cases,
-    passed,
-    rand,
-    tensor_difference,
-)
-from course_utils.checks import probe as _probe
-from course_utils.checks.modules import (
-    ProbePlan,
-    alone,
-    attention_class_plan,
-    causal_probes,
-    check_causal_module,
-    check_finite,
-    check_module_class,
-    check_truncated,
-    finite_then_values,
-    helper_checks,
-    module_checks,
-    not_causal,
-)
+from course_utils.checks import probed, spec
+from course_utils.checks.core import Case, expect, hidden_cases, rand, tensor_difference
+from course_utils.checks.modules import ProbePlan, causal_probes, helper_checks
 from course_utils.checks.probe import Probe
 from course_utils.data import book_batch
 
@@ -128,39 +101,56 @@ def _wrapper_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_MultiHeadAttentionWrapper(MultiHeadAttentionWrapper: Callable, hidden: bool = False) -> None:
-    """Check ``MultiHeadAttentionWrapper(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``."""
-    exercise = "MultiHeadAttentionWrapper"
-    cls = MultiHeadAttentionWrapper
+def _wrapper_configs(more: dict) -> list[tuple[tuple, list[Case]]]:
     batch = book_batch()
-    extra = _hidden_modules(exercise, hidden)
-    configs = [
+    return [
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (batch,))]),
         ((3, 1, 6, 0.0, 2), [Case("exercise 3.2: d_out=1, two heads", (batch,))]),
         ((3, 2, 6, 0.5, 2), [Case("dropout 0.5, T=4", (rand(2, 4, 3, seed=82),))]),
-    ] + extra["configs"]
-    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        first, x_short = configs[0][0], rand(2, 4, 3, seed=81)
-        plan = ProbePlan()
-        for build in [_WRAPPER_SHAPES] + [build for build, _ in configs]:
-            plan.add(build)
-        plan.add(first, Probe("eval", 7, batch), Probe("eval", 7, x_short), *causal_probes(batch))
-        plan.causal(extra["causal"])
-        plan.compared(configs, train=True)
-        _probe.record_module_probes(exercise, cls, plan.items())
-        return
-    module_checks(exercise, cls, [_WRAPPER_SHAPES] + [build for build, _ in configs], _wrapper_shapes)
+    ] + more["configs"]
+
+
+def _wrapper_short() -> torch.Tensor:
+    """A shorter input than the first construction's context_length (6)."""
+    return rand(2, 4, 3, seed=81)
+
+
+def _wrapper_plan(hidden: bool) -> list[spec.Step]:
+    more = _hidden_modules("MultiHeadAttentionWrapper", hidden)
+    configs = _wrapper_configs(more)
+    plan = ProbePlan()
+    for build in [_WRAPPER_SHAPES] + [build for build, _ in configs]:
+        plan.add(build)
+    plan.add(configs[0][0], Probe("eval", 7, book_batch()), Probe("eval", 7, _wrapper_short()),
+             *causal_probes(book_batch()))
+    plan.causal(more["causal"])
+    plan.compared(configs, train=True)
+    return probed.steps(plan.items())
+
+
+def _wrapper_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "MultiHeadAttentionWrapper"
+    views = probed.views(exercise, plan, outcomes)
+    more = _hidden_modules(exercise, probed.is_hidden(plan, _wrapper_plan(False)))
+    configs = _wrapper_configs(more)
+    probed.module_checks(exercise, views, [_WRAPPER_SHAPES] + [build for build, _ in configs], _wrapper_shapes)
     first = configs[0][0]
-    student = build_student(exercise, cls, first)
-    check_finite(exercise, student, batch, f"built with {first}")
-    check_truncated(exercise, student, rand(2, 4, 3, seed=81), 6, f"built with {first}")
-    check_causal_module(exercise, student, batch)
-    for case in extra["causal"]:
-        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
-    compare_module(exercise, cls, configs, train=True, quiet=True, diagnose=_wrapper_diagnose)
-    passed(exercise, f"outputs agree in eval() and train() mode for {len(configs)} constructions, exercise 3.2 "
-                     f"included; heads are distinct and concatenated on the last dim")
+    batch = book_batch()
+    probed.built(exercise, views[first], first)
+    probed.finite(exercise, views[first], batch, f"built with {first}")
+    probed.truncated(exercise, views[first], _wrapper_short(), 6, f"built with {first}")
+    probed.causal_module(exercise, views[first], batch)
+    for case in more["causal"]:
+        probed.built(exercise, views[case.build], case.build)
+        probed.causal_module(exercise, views[case.build], case.args[0])
+    probed.compare(exercise, views, configs, train=True, diagnose=_wrapper_diagnose)
+    return (f"outputs agree in eval() and train() mode for {len(configs)} constructions, exercise 3.2 "
+            f"included; heads are distinct and concatenated on the last dim")
+
+
+check_MultiHeadAttentionWrapper = spec.declare(spec.Spec(
+    "MultiHeadAttentionWrapper", _wrapper_plan, _wrapper_judge, runners={spec.MODULE: spec.run_module}),
+    """Check ``MultiHeadAttentionWrapper(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -178,15 +168,16 @@ def _split_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_split_heads(split_heads: Callable, hidden: bool = False) -> None:
-    """Check ``split_heads(x, num_heads)``: ``(b, T, d)`` -> ``(b, num_heads, T, d // num_heads)``."""
-    cases = [
+def _split_cases() -> list[Case]:
+    return [
         Case("(2, 6, 4), 2 heads", (rand(2, 6, 4, seed=91), 2)),
         Case("(1, 5, 6), 3 heads", (rand(1, 5, 6, seed=92), 3)),
     ]
-    compare_function("split_heads", split_heads, cases + (hidden_cases("split_heads") if hidden else []),
-                     diagnose=_split_diagnose)
+
+
+check_split_heads = spec.declare(
+    spec.function_spec("split_heads", _split_cases, diagnose=_split_diagnose),
+    """Check ``split_heads(x, num_heads)``: ``(b, T, d)`` -> ``(b, num_heads, T, d // num_heads)``.""")
 
 
 def _split_input(name: str, x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -212,19 +203,20 @@ def _merge_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_merge_heads(merge_heads: Callable, hidden: bool = False) -> None:
-    """Check ``merge_heads(x)``: ``(b, H, T, D)`` -> ``(b, T, H * D)``, the inverse of ``split_heads``."""
+def _merge_cases() -> list[Case]:
     x = rand(2, 5, 12, seed=107)
-    cases = [
+    return [
         Case("output of split_heads (2, 2, 6, 3), not contiguous",
              (_split_input("split_heads(x (2, 6, 6), 2)", rand(2, 6, 6, seed=101), 2),)),
         Case("(1, 3, 5, 2)", (rand(1, 3, 5, 2, seed=102),)),
         *[Case(f"merge_heads(split_heads(x, {heads})) must give x (2, 5, 12) back",
                (_split_input(f"split_heads(x (2, 5, 12), {heads})", x, heads),)) for heads in (3, 4)],
     ]
-    compare_function("merge_heads", merge_heads, cases + (hidden_cases("merge_heads") if hidden else []),
-                     diagnose=_merge_diagnose)
+
+
+check_merge_heads = spec.declare(
+    spec.function_spec("merge_heads", _merge_cases, diagnose=_merge_diagnose),
+    """Check ``merge_heads(x)``: ``(b, H, T, D)`` -> ``(b, T, H * D)``, the inverse of ``split_heads``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -239,35 +231,41 @@ def _mha_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
-@check
-def check_MultiHeadAttention(MultiHeadAttention: Callable, hidden: bool = False) -> None:
-    """Check ``MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``. Runs with our
-    ``split_heads`` and ``merge_heads`` (:func:`modules.alone`)."""
-    exercise = "MultiHeadAttention"
-    cls = MultiHeadAttention
-    extra = _hidden_modules(exercise, hidden)
-    # Without dropout, T = context_length: compared first, so that a known mistake is named before
-    # the causality and dropout checks see its symptoms (shorter inputs get their own message).
-    values = ((4, 6, 8, 0.0, 3), [Case("(2, 8, 4), T = context_length, no dropout", (rand(2, 8, 4, seed=111),))])
-    configs = [
+#: Without dropout, T = context_length: compared first, so that a known mistake is named before the
+#: causality and dropout checks see its symptoms (shorter inputs get their own message).
+def _mha_values() -> tuple[tuple, list[Case]]:
+    return (4, 6, 8, 0.0, 3), [Case("(2, 8, 4), T = context_length, no dropout", (rand(2, 8, 4, seed=111),))]
+
+
+def _mha_configs(more: dict) -> list[tuple[tuple, list[Case]]]:
+    return [
         ((4, 6, 8, 0.3, 3), [Case("(2, 8, 4)", (rand(2, 8, 4, seed=112),)),
                              Case("T=5 < context_length", (rand(2, 5, 4, seed=113),))]),
         ((3, 2, 6, 0.0, 2), [Case("book batch (2, 6, 3)", (book_batch(),))]),
-    ] + extra["configs"]
+    ] + more["configs"]
+
+
+def _mha_plan(hidden: bool) -> list[spec.Step]:
+    more = _hidden_modules("MultiHeadAttention", hidden)
+    values, configs = _mha_values(), _mha_configs(more)
     builds = [values[0]] + [build for build, _ in configs]
+    return probed.steps(probed.attention_class_plan(builds, values, configs, more["causal"]))
 
-    def hand_out() -> None:  # under the grader: hand out every construction and forward pass below
-        _probe.record_module_probes(exercise, cls, attention_class_plan(builds, values, configs, extra["causal"]))
 
-    def run() -> None:
-        module_checks(exercise, cls, builds, _mha_shapes)
-        diagnose = not_causal(exercise, cls)
-        finite_then_values(exercise, cls, values, diagnose)
-        check_module_class(exercise, cls, configs, diagnose=diagnose)
-        for case in extra["causal"]:
-            check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+def _mha_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "MultiHeadAttention"
+    more = _hidden_modules(exercise, probed.is_hidden(plan, _mha_plan(False)))
+    values, configs = _mha_values(), _mha_configs(more)
+    return probed.attention_class(exercise, probed.views(exercise, plan, outcomes),
+                                  [values[0]] + [build for build, _ in configs], values, configs, more["causal"],
+                                  _mha_shapes)
 
-    alone(exercise, cls, helper_checks(globals(), exercise), run, hand_out)
+
+check_MultiHeadAttention = spec.declare(spec.Spec(
+    "MultiHeadAttention", _mha_plan, _mha_judge, runners={spec.MODULE: spec.run_module},
+    helpers=lambda: helper_checks(globals(), "MultiHeadAttention")),
+    """Check ``MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``. Runs with our
+    ``split_heads`` and ``merge_heads`` (:func:`modules.alone`).""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -299,19 +297,18 @@ def _count_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_count_parameters(count_parameters: Callable, hidden: bool = False) -> None:
-    """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention with
-    ``qkv_bias=False``: 2,360,064; with GPT-2's own QKV biases, 2,362,368)."""
+def _count_cases() -> list[Case]:
     frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     frozen[0].requires_grad_(False)
-    cases = [
+    return [
         Case("exercise 3.3: GPT-2 small attention (768, 768, 1024, 0.0, 12)", (_attention_parameters(768, 768, 1024),)),
         Case("nn.Linear(3, 2)", (nn.Linear(3, 2),)),
         Case("Sequential with a frozen first layer", (frozen,)),
     ]
-    cases += hidden_cases("count_parameters") if hidden else []
-    if _probe.active("count_parameters"):  # under the grader: hand out each count beside its module's layout
-        _probe.record("count_parameters", count_parameters, cases, layouts=True)
-        return
-    compare_function("count_parameters", count_parameters, cases, atol=0.0, rtol=0.0, diagnose=_count_diagnose)
+
+
+check_count_parameters = spec.declare(
+    spec.function_spec("count_parameters", _count_cases, atol=0.0, rtol=0.0, diagnose=_count_diagnose),
+    """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention with
+    ``qkv_bias=False``: 2,360,064; with GPT-2's own QKV biases, 2,362,368). Under the grader each module
+    crosses into the kernel as its layout (``probe.module_layout``), rebuilt there.""")

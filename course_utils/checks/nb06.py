@@ -9,18 +9,18 @@ simulated device (:class:`FakeDevice`): a GPU whose work finishes only when sync
 calls are slow, and a CPU without CUDA; the device counts calls, synchronisations and clock reads, so
 a missing warm-up or synchronisation is named.
 
-Under the grader every check here only hands out what the student's code did, and the verdict is
-computed outside the kernel (``grader/judge.py``), so notebook 06's grading kernel has the student
-edition: the module checks hand out each construction and every forward pass they make
-(``probe.record_module_probes``), for ``MHAPyTorchSDPA`` with its count of
-``F.scaled_dot_product_attention`` calls (``probe.CallCounter``); the timer check hands out, per
-simulated device, what the timer returned or raised and the device's counts of calls,
-synchronisations and clock reads (``probe.record_runs``).
+Each check is a spec (:mod:`course_utils.checks.spec`): the module classes are one probed construction per
+set of constructor arguments, with every forward pass their checks make (:mod:`course_utils.checks.probed`),
+for ``MHAPyTorchSDPA`` with each pass's count of ``F.scaled_dot_product_attention`` calls
+(``probe.CallCounter``); ``attention_flops`` is called; the timer runs once per simulated device, which
+gives what it returned or raised and its counts of calls, synchronisations and clock reads. The same
+judge reads them in the kernel and, under the grader, outside.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import statistics
@@ -31,37 +31,11 @@ from unittest import mock
 
 import torch
 
-from course_utils.checks.core import (
-    NOT_IMPLEMENTED,
-    Case,
-    CheckFailed,
-    build_student,
-    call_student,
-    check,
-    check_rules,
-    compare_function,
-    compare_module,
-    fail,
-    hidden_cases,
-    passed,
-    rand,
-    reference_function,
-    require_callable,
-)
 from course_utils.checks import probe as _probe
+from course_utils.checks import probed, spec
+from course_utils.checks.core import NOT_IMPLEMENTED, Case, CheckFailed, fail, hidden_cases, rand, reference_function
 from course_utils.checks.expected import expect
-from course_utils.checks.modules import (
-    ProbePlan,
-    attention_class_plan,
-    causal_probes,
-    check_causal_module,
-    check_dropout_modes,
-    check_finite,
-    check_module_class,
-    finite_then_values,
-    module_checks,
-    not_causal,
-)
+from course_utils.checks.modules import ProbePlan, causal_probes
 from course_utils.checks.probe import Probe
 from course_utils.data import book_batch
 
@@ -98,91 +72,124 @@ def _qkv_shapes(got: list, want: list, build: tuple) -> str | None:
 # ------------------------------------------------------------------------------------------
 # MultiHeadAttentionCombinedQKV
 # ------------------------------------------------------------------------------------------
-@check
-def check_MultiHeadAttentionCombinedQKV(MultiHeadAttentionCombinedQKV: Callable, hidden: bool = False) -> None:
-    """Outputs equal the expected ones for the same seed in eval() and train() mode; one ``qkv`` layer;
-    a causal mask buffer cut to the input's length; no position sees the future."""
+def _combined_configs(more: dict) -> list[tuple[tuple, list[Case]]]:
+    return [_dropout_config()] + _configs() + more["configs"]
+
+
+def _combined_hidden(hidden: bool) -> dict:
+    return hidden_cases("MultiHeadAttentionCombinedQKV") if hidden else {"configs": [], "causal": []}
+
+
+def _combined_plan(hidden: bool) -> list[spec.Step]:
+    more = _combined_hidden(hidden)
+    configs = _combined_configs(more)
+    return probed.steps(probed.attention_class_plan([build for build, _ in configs], _values_config(), configs,
+                                                    more["causal"]))
+
+
+def _combined_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionCombinedQKV"
-    cls = MultiHeadAttentionCombinedQKV
-    extra = hidden_cases(exercise) if hidden else {"configs": [], "causal": []}
-    configs = [_dropout_config()] + _configs() + extra["configs"]
-    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        builds = [build for build, _ in configs]
-        _probe.record_module_probes(exercise, cls, attention_class_plan(builds, _values_config(), configs,
-                                                                        extra["causal"]))
-        return
-    module_checks(exercise, cls, [build for build, _ in configs], _qkv_shapes)
-    diagnose = not_causal(exercise, cls)
-    finite_then_values(exercise, cls, _values_config(), diagnose)
-    check_module_class(exercise, cls, configs, diagnose=diagnose)
-    for case in extra["causal"]:
-        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+    more = _combined_hidden(probed.is_hidden(plan, _combined_plan(False)))
+    configs = _combined_configs(more)
+    return probed.attention_class(exercise, probed.views(exercise, plan, outcomes), [build for build, _ in configs],
+                                  _values_config(), configs, more["causal"], _qkv_shapes)
+
+
+check_MultiHeadAttentionCombinedQKV = spec.declare(spec.Spec(
+    "MultiHeadAttentionCombinedQKV", _combined_plan, _combined_judge, runners={spec.MODULE: spec.run_module}),
+    """Outputs equal the expected ones for the same seed in eval() and train() mode; one ``qkv`` layer;
+    a causal mask buffer cut to the input's length; no position sees the future.""")
 
 
 # ------------------------------------------------------------------------------------------
 # MHAPyTorchSDPA
 # ------------------------------------------------------------------------------------------
-class _SDPACalls(_probe.CallCounter):
-    """Counts calls of ``F.scaled_dot_product_attention`` made while active (in the grader's replay:
-    the calls the kernel counted for each replayed forward pass)."""
-
-    def __init__(self) -> None:
-        super().__init__("scaled_dot_product_attention")
+_SDPA = "scaled_dot_product_attention"
 
 
-def _check_one_sdpa_call(exercise: str, module: torch.nn.Module, x: torch.Tensor) -> None:
-    module.eval()
-    spy = _SDPACalls()
-    with spy, torch.no_grad():
-        call_student(exercise, module, Case(f"T={x.shape[1]}", (x,)))
-    if spy.count != 1:
-        fail(exercise, f"forward called F.scaled_dot_product_attention {spy.count} times; it should call it once, "
+def _counted(exercise: str, plan: list[spec.Step], outcomes: spec.Outcomes) -> None:
+    """Refuse (``spec.refuse``) unless every pass that ran came back with its count of SDPA calls, a whole
+    number within ``probe.MAX_CALLS``: ``spec.run_module`` counts them in every pass."""
+    for step in plan:
+        found = outcomes[step.key]
+        for one in found.get("passes", []) if isinstance(found, dict) and isinstance(found.get("passes"), list) else []:
+            calls = one.get("calls") if isinstance(one, dict) else None
+            if not (isinstance(calls, dict) and set(calls) == {_SDPA} and type(calls[_SDPA]) is int
+                    and 0 <= calls[_SDPA] <= _probe.MAX_CALLS):
+                spec.refuse(exercise, "count of calls")
+
+
+def _check_one_sdpa_call(exercise: str, view: spec.ModuleView, x: torch.Tensor) -> None:
+    """The ``eval()`` pass on ``x`` (under no seed of the check's) called the fused kernel once."""
+    probed.output(exercise, view, "eval", None, x, f"T={x.shape[1]}")
+    count = view.calls("eval", None, x)[_SDPA]
+    if count != 1:
+        fail(exercise, f"forward called F.scaled_dot_product_attention {count} times; it should call it once, "
                        f"on queries, keys and values of shape (b, num_heads, T, head_dim)")
 
 
-@check
-def check_MHAPyTorchSDPA(MHAPyTorchSDPA: Callable, hidden: bool = False) -> None:
-    """Outputs equal the expected ones for the same seed (in train() mode too, with dropout), no position
-    sees the future, and the core is one call of ``F.scaled_dot_product_attention``."""
+def _sdpa_hidden(hidden: bool) -> dict:
+    return hidden_cases("MHAPyTorchSDPA") if hidden else {"configs": [], "dropout": [], "causal": []}
+
+
+def _sdpa_inputs() -> tuple[tuple, torch.Tensor, torch.Tensor]:
+    """The construction checked for causality and its count of calls, and the inputs of both."""
+    return _values_config()[0], rand(2, 10, 8, seed=74), rand(2, 10, 8, seed=73)
+
+
+def _sdpa_plan(hidden: bool) -> list[spec.Step]:
+    extra = _sdpa_hidden(hidden)
+    configs, dropout = _configs() + extra["configs"], [_dropout_config()] + extra["dropout"]
+    main_build, x_causal, x_calls = _sdpa_inputs()
+    plan = ProbePlan()
+    for build, _ in configs + dropout:
+        plan.add(build)
+    for build, cases in configs:  # finite_then_values
+        plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases])
+    plan.compared(configs, diagnosed_causal=True)
+    plan.add(main_build, *causal_probes(x_causal))
+    plan.causal(extra["causal"])
+    plan.add(main_build, Probe("eval", None, x_calls))  # _check_one_sdpa_call: its calls are counted
+    for build, cases in dropout:  # finite, dropout_modes
+        plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases],
+                 *[Probe(mode, seed, cases[0].args[0]) for mode in ("eval", "train") for seed in (1, 2)])
+    plan.compared(dropout, train=True, diagnosed_causal=True)
+    return probed.steps(plan.items())
+
+
+def _sdpa_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MHAPyTorchSDPA"
-    cls = MHAPyTorchSDPA
-    extra = hidden_cases(exercise) if hidden else {"configs": [], "dropout": [], "causal": []}
-    configs = _configs() + extra["configs"]
-    dropout = [_dropout_config()] + extra["dropout"]
-    main_build, x_causal, x_calls = _values_config()[0], rand(2, 10, 8, seed=74), rand(2, 10, 8, seed=73)
-    if _probe.active(exercise):  # under the grader: hand out every construction and forward pass below
-        plan = ProbePlan()
-        for build, _ in configs + dropout:
-            plan.add(build)
-        for build, cases in configs:  # finite_then_values
-            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases])
-        plan.compared(configs, diagnosed_causal=True)
-        plan.add(main_build, *causal_probes(x_causal))
-        plan.causal(extra["causal"])
-        plan.add(main_build, Probe("eval", None, x_calls))  # _check_one_sdpa_call: its calls are counted
-        for build, cases in dropout:  # check_finite, check_dropout_modes
-            plan.add(build, *[Probe("eval", 7, case.args[0]) for case in cases],
-                     *[Probe(mode, seed, cases[0].args[0]) for mode in ("eval", "train") for seed in (1, 2)])
-        plan.compared(dropout, train=True, diagnosed_causal=True)
-        _probe.record_module_probes(exercise, cls, plan.items(), count=("scaled_dot_product_attention",))
-        return
-    module_checks(exercise, cls, [build for build, _ in configs + dropout], _qkv_shapes)
-    diagnose = not_causal(exercise, cls)
+    views = probed.views(exercise, plan, outcomes)
+    _counted(exercise, plan, outcomes)
+    extra = _sdpa_hidden(probed.is_hidden(plan, _sdpa_plan(False)))
+    configs, dropout = _configs() + extra["configs"], [_dropout_config()] + extra["dropout"]
+    main_build, x_causal, x_calls = _sdpa_inputs()
+    probed.module_checks(exercise, views, [build for build, _ in configs + dropout], _qkv_shapes)
+    diagnose = probed.not_causal(exercise, views)
     for config in configs:
-        finite_then_values(exercise, cls, config, diagnose)
-    main = build_student(exercise, cls, main_build)
-    check_causal_module(exercise, main, x_causal)
+        probed.finite_then_values(exercise, views, config, diagnose)
+    main = views[main_build]
+    probed.built(exercise, main, main_build)
+    probed.causal_module(exercise, main, x_causal)
     for case in extra["causal"]:
-        check_causal_module(exercise, build_student(exercise, cls, case.build), case.args[0])
+        probed.built(exercise, views[case.build], case.build)
+        probed.causal_module(exercise, views[case.build], case.args[0])
     _check_one_sdpa_call(exercise, main, x_calls)
     for build, cases in dropout:
-        student = build_student(exercise, cls, build)
+        probed.built(exercise, views[build], build)
         for case in cases:
-            check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
-        check_dropout_modes(exercise, student, cases[0].args[0], f"built with {build}", fix="sdpa")
-    compare_module(exercise, cls, dropout, train=True, quiet=True, diagnose=diagnose)
-    passed(exercise, f"outputs agree with the expected ones for {len(configs) + len(dropout)} constructions, dropout only "
-                     f"in train() mode, one SDPA call, no position sees the future")
+            probed.finite(exercise, views[build], case.args[0], f"built with {build}, {case.name}")
+        probed.dropout_modes(exercise, views[build], cases[0].args[0], f"built with {build}", fix="sdpa")
+    probed.compare(exercise, views, dropout, train=True, diagnose=diagnose)
+    return (f"outputs agree with the expected ones for {len(configs) + len(dropout)} constructions, dropout only "
+            f"in train() mode, one SDPA call, no position sees the future")
+
+
+check_MHAPyTorchSDPA = spec.declare(spec.Spec(
+    "MHAPyTorchSDPA", _sdpa_plan, _sdpa_judge,
+    runners={spec.MODULE: functools.partial(spec.run_module, count=(_SDPA,))}),
+    """Outputs equal the expected ones for the same seed (in train() mode too, with dropout), no position
+    sees the future, and the core is one call of ``F.scaled_dot_product_attention``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -229,17 +236,18 @@ def _flops_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_attention_flops(attention_flops: Callable, hidden: bool = False) -> None:
-    """Exact FLOP counts for causal and non-causal attention, with the default ``causal=True``."""
-    cases = [
+def _flops_cases() -> list[Case]:
+    return [
         Case("GPT-2 small: B=8, H=12, T=1024, D=64, causal=True", (8, 12, 1024, 64), {"causal": True}),
         Case("GPT-2 small, causal left to its default", (8, 12, 1024, 64)),
         Case("GPT-2 small, causal=False", (8, 12, 1024, 64), {"causal": False}),
         Case("all ones, causal=False", (1, 1, 1, 1), {"causal": False}),
     ]
-    compare_function("attention_flops", attention_flops, cases + (hidden_cases("attention_flops") if hidden else []),
-                     atol=0.0, rtol=1e-12, diagnose=_flops_diagnose)
+
+
+check_attention_flops = spec.declare(
+    spec.function_spec("attention_flops", _flops_cases, atol=0.0, rtol=1e-12, diagnose=_flops_diagnose),
+    """Exact FLOP counts for causal and non-causal attention, with the default ``causal=True``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -374,14 +382,21 @@ def _timer_outcome(timer: Callable, case: TimerCase) -> tuple[object, int, int, 
     return got, device.calls, device.syncs, device.reads
 
 
-def _timer_outcome_of(timer: Callable, case: TimerCase) -> tuple[object, int, int, int]:
-    """:func:`_timer_outcome`, or in the grader's replay what the kernel handed out for ``case``,
-    refused (``probe.ReplayMiss``) unless its three counts are whole numbers."""
-    outcome = _probe.run_or_replay(timer, case, _timer_outcome)
+def _timer_run(timer: Callable, case: Case) -> tuple[object, int, int, int]:
+    """The kernel's run of ``timer`` on the simulated device of the timer case that travelled as ``case``
+    (:meth:`TimerCase.from_case`): :func:`_timer_outcome`."""
+    return _timer_outcome(timer, TimerCase.from_case(case))
+
+
+def _timer_outcome_of(exercise: str, outcome: object) -> object:
+    """What came back from a simulated device (:func:`_timer_run`): the outcome, or what the timer raised;
+    refused (``spec.refuse``) unless its three counts are whole numbers."""
+    if isinstance(outcome, BaseException):
+        return outcome
     if not (isinstance(outcome, tuple) and len(outcome) == 4
             and all(type(n) is int and 0 <= n < 2**63 for n in outcome[1:])):
-        raise _probe.ReplayMiss("what came back from the simulated device is not the timer's result and three counts "
-                                "(calls, synchronisations, clock reads): the hand-off was changed")
+        spec.refuse(exercise, "simulated device (the timer's result and three counts: calls, synchronisations, "
+                              "clock reads)")
     return outcome
 
 
@@ -424,26 +439,23 @@ def _timer_diagnosis(case: TimerCase, got: float) -> str:
     return "return the median of the repeats' times, in seconds."
 
 
-@check
-def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> None:
-    """The median of the warm calls, in seconds, on a simulated GPU (whose work finishes only when
-    synchronised) and on a CPU without CUDA; ``fn`` called ``warmup + repeats`` times."""
-    exercise = "time_cuda_aware"
+def _timer_plan(hidden: bool) -> list[spec.Step]:
     cases = _timer_cases() + ([c if isinstance(c, TimerCase) else TimerCase.from_case(c)
-                               for c in hidden_cases(exercise)] if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out what each simulated device saw; judged outside
-        _probe.record_runs(exercise, time_cuda_aware, cases, _timer_outcome)
-        return
-    require_callable(exercise, time_cuda_aware)
-    check_rules(exercise, time_cuda_aware)
+                               for c in hidden_cases("time_cuda_aware")] if hidden else [])
+    return [spec.Step(case.name, Case(case.name, case.args), "timer") for case in cases]
+
+
+def _timer_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "time_cuda_aware"
     reference = reference_function(exercise)
-    for case in cases:
+    cases = [TimerCase.from_case(step.case) for step in plan]
+    for step, case in zip(plan, cases):
         want = expect(exercise, case.name, lambda: run_timer(reference, case)[0])
-        try:
-            got, calls, syncs, reads = _timer_outcome_of(time_cuda_aware, case)
-        except NotImplementedError:
+        outcome = _timer_outcome_of(exercise, outcomes[step.key])
+        if isinstance(outcome, NotImplementedError):
             fail(exercise, NOT_IMPLEMENTED)
-        except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
+        if isinstance(outcome, BaseException):
+            exc = outcome
             if not case.gpu and "CUDA" in str(exc):
                 hint = ("torch.cuda.synchronize() raised on a machine without a GPU: synchronise only when "
                         "torch.cuda.is_available().")
@@ -456,7 +468,8 @@ def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> No
                 fail(exercise, f"your code raised {type(exc).__name__}: {exc}. Hint: {hint}", Case(case.name))
             except CheckFailed as error:
                 error.student_error = exc
-                raise error from exc
+                raise error from None
+        got, calls, syncs, reads = outcome
         expected_calls = case.warmup + case.repeats
         if calls != expected_calls:
             why = (" The warm-up calls are missing: call fn() warmup times before timing, and throw those times away."
@@ -481,4 +494,10 @@ def check_time_cuda_aware(time_cuda_aware: Callable, hidden: bool = False) -> No
                  Case(case.name))
         fail(exercise, f"expected {want:.6g} s, got {got:.6g} s. Hint: {_timer_diagnosis(case, got)}",
              Case(case.name))
-    passed(exercise, f"{len(cases)} simulated devices timed right ({'; '.join(c.name for c in cases)})")
+    return f"{len(cases)} simulated devices timed right ({'; '.join(c.name for c in cases)})"
+
+
+check_time_cuda_aware = spec.declare(spec.Spec("time_cuda_aware", _timer_plan, _timer_judge,
+                                               runners={"timer": _timer_run}),
+    """The median of the warm calls, in seconds, on a simulated GPU (whose work finishes only when
+    synchronised) and on a CPU without CUDA; ``fn`` called ``warmup + repeats`` times.""")

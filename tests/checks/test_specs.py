@@ -72,8 +72,11 @@ def test_the_judge_reads_only_what_the_plan_makes(notebook, exercise, source, ca
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, torch.Tensor):  # a meta tensor (a probed pass on a meta copy) has no values to compare
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
+            a.device.type == b.device.type and (a.device.type == "meta" or torch.equal(a, b))
+    if isinstance(a, torch.nn.Module):  # a module crosses as its layout (count_parameters' cases)
+        return isinstance(b, torch.nn.Module) and probe.module_layout(a) == probe.module_layout(b)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):

@@ -677,18 +677,20 @@ def _count_verdict(tmp_path, records, sources) -> judge.Verdict:
 
 def test_hidden_modules_reach_the_kernel_as_layouts(monkeypatch):
     """count_parameters' hidden modules (the reference's classes among them) go into the inputs file as
-    plain layouts, and the kernel rebuilds modules of the same make-up from them."""
+    plain layouts, in the plan the grader sends in, and the kernel rebuilds modules of the same make-up."""
     from course_utils.checks import expected
 
     handoff = judge.prepare(NB05)
     try:
         data = torch.load(handoff.inputs, weights_only=True)  # plain data: no module, no class
-        encoded = data["exercises"]["count_parameters"]
+        assert "count_parameters" not in data["exercises"]  # its hidden cases travel in its plan only
+        encoded = [s["case"] for s in data["plans"]["count_parameters"]["hidden"]]
         assert all(c["args"] == [None] and [i for i, _ in c["module_args"]] == [0] for c in encoded)
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
-        got, want = probe.hidden_cases("count_parameters"), expected.instructor().hidden("count_parameters")
+        got = [case for _, case, _ in probe.plan("count_parameters", True)][3:]  # after the 3 visible cases
+        want = expected.instructor().hidden("count_parameters")
         assert [c.name for c in got] == [c.name for c in want]
         for mine, theirs in zip(got, want):
             assert probe.module_layout(mine.args[0]) == probe.module_layout(theirs.args[0])
@@ -698,12 +700,32 @@ def test_hidden_modules_reach_the_kernel_as_layouts(monkeypatch):
         monkeypatch.setattr(probe, "_inputs", None)
 
 
+def _outcomes(record: dict) -> dict:
+    """A spec's record (``{"exercise", "plan", "outcomes"}``): key -> outcome, as handed out."""
+    return dict(record["outcomes"])
+
+
+def _value(record: dict, key: str):
+    """What the step ``key`` of a spec's record gave, decoded."""
+    from course_utils.checks import wire
+
+    return wire.decode(_outcomes(record)[key]["result"])
+
+
+def _set_value(record: dict, key: str, value) -> None:
+    """Forge what the step ``key`` of a spec's record gave."""
+    from course_utils.checks import wire
+
+    for item in record["outcomes"]:
+        if item[0] == key:
+            item[1] = {"result": wire.encode(value)}
+
+
 def test_an_honest_count_hand_off_passes(tmp_path, honest_count):
     records, sources = honest_count
-    assert len(records) == 11  # the visible check's 3 cases, then the hidden check's 3 and 5 hidden
-    assert all(r["inputs"]["args"]["items"][0]["kind"] == "layout" for r in records)
-    assert [r["result"] for r in records[6:8]] == [{"kind": "number", "type": "int", "value": 96},
-                                                   {"kind": "number", "type": "int", "value": 25}]
+    assert [(r["plan"], len(r["outcomes"])) for r in records] == [("visible", 3), ("hidden", 8)]
+    hidden = [outcome["result"] for _, outcome in records[1]["outcomes"]]
+    assert hidden[3:5] == [{"kind": "number", "type": "int", "value": 96}, {"kind": "number", "type": "int", "value": 25}]
     verdict = _count_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "✅ count_parameters: 8 cases agree" in verdict.text, verdict.evalue
 
@@ -722,25 +744,21 @@ def test_a_wrong_count_judged_outside_loses_its_points_with_its_message(label, m
     assert verdict.ename == "CheckFailed" and answer.hint in verdict.evalue, verdict.evalue
 
 
-def _layout_of(module) -> dict:
-    return probe.inputs_of((module,), {}, layouts=True)
-
-
-def _flip_frozen(record: dict) -> None:
-    """The frozen layer of the visible Sequential handed out as trainable: a count of another module."""
-    first = record["inputs"]["args"]["items"][0]["layout"]["children"][0][1]["parameters"]
-    for item in first:
-        item[3] = True
+def _rename(record: dict, index: int, key: str) -> None:
+    record["outcomes"][index][0] = key
 
 
 @pytest.mark.parametrize("forge, words", [
-    (lambda rs: rs[6].__setitem__("inputs", _layout_of(torch.nn.Linear(3, 2))), "not computed from the inputs"),
-    (lambda rs: _flip_frozen(rs[2]), "not computed from the inputs"),
-    (lambda rs: rs[1].__setitem__("inputs", probe.inputs_of((torch.nn.Linear(3, 2),), {})),
-     "not computed from the inputs"),  # the module's values instead of its layout
-    (lambda rs: rs.pop(), "no output came back for input 11"),
+    (lambda rs: _rename(rs[1], 3, "a module of my own"), "not those of the calls the grader asked for"),
+    (lambda rs: rs[1]["outcomes"].pop(), "not those of the calls the grader asked for"),
+    (lambda rs: rs[0]["outcomes"].append(["nn.Linear(3, 2) again", rs[0]["outcomes"][1][1]]),
+     "not those of the calls the grader asked for"),
+    (lambda rs: rs.pop(), "no outcomes came back for the hidden check"),
+    (lambda rs: rs.reverse(), "outcomes of another plan"),
 ])
 def test_a_count_of_another_module_or_a_missing_one_scores_zero(tmp_path, honest_count, forge, words):
+    """The outcomes are looked up by the keys of the plan the grader sent in: one of another key, one
+    missing, one too many or a record of the other plan is a hand-off that was changed."""
     records, sources = honest_count
     forged = _copy(records)
     forge(forged)
@@ -751,15 +769,14 @@ def test_a_count_of_another_module_or_a_missing_one_scores_zero(tmp_path, honest
 def test_a_mistyped_count_record_scores_zero_with_a_reason(tmp_path, honest_count):
     records, sources = honest_count
     text = _copy(records)
-    text[0]["result"] = {"kind": "text", "value": "2,360,064"}
+    _set_value(text[0], text[0]["outcomes"][0][0], "2,360,064")
     verdict = _count_verdict(tmp_path, text, sources)
     assert verdict.ename == "CheckFailed" and "expected a number, got str" in verdict.evalue, verdict.evalue
     for forge, words in [
-        (lambda r: r["inputs"]["args"]["items"][0]["layout"]["parameters"].append(["w", [1], "float32", "yes", None]),
-         "a module layout that is malformed"),
-        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("layout", {"cls": "CausalAttention"}),
-         "a module layout that is malformed"),
-        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("extra", 1), "other fields"),
+        (lambda r: r["outcomes"][0][1].__setitem__("extra", 1), "expected a result or an error"),
+        (lambda r: r["outcomes"][0][1].__setitem__("changed", "0"), "changed is not a list"),
+        (lambda r: r["outcomes"].__setitem__(0, r["outcomes"][0][:1]), "not [a key of its own, the outcome]"),
+        (lambda r: r.__setitem__("plan", "mine"), "without the plan's name"),
     ]:
         forged = _copy(records)
         forge(forged[0])
@@ -784,118 +801,131 @@ def _ca_verdict(tmp_path, records, sources) -> judge.Verdict:
     return _verdict_of(tmp_path, NB04, CA_TEST, records, sources)
 
 
-def _first_build(records: list[dict]) -> dict:
-    return next(r for r in records if "mode" not in r)
+#: The step of the first construction of CausalAttention's check (dropout 0.5): the one every check reads.
+_CA_FIRST = "module (3, 2, 6, 0.5)"
+
+
+def _probed_plan(exercise: str, record: dict) -> list:
+    """The plan the grader sent in for ``record`` (visible or hidden): its steps list each pass in order."""
+    from course_utils import checks
+    from course_utils.checks import expected
+
+    with expected.using(expected.LIVE):
+        return checks.SPECS[exercise].steps(record["plan"] == "hidden")
+
+
+def _forge_module(records: list[dict], key: str, change) -> None:
+    """``change(outcome)`` on what the probed step ``key`` gave, in every record (every try: either passing
+    passes, ``modules.alone``), written back as the kernel would write it."""
+    for record in records:
+        if key in _outcomes(record):
+            found = _value(record, key)
+            change(found)
+            _set_value(record, key, found)
+
+
+def _pass_index(exercise: str, record: dict, key: str, mode: str, seed, copy=None) -> list[int]:
+    """Where the passes ``(mode, seed, copy)`` are among the passes of the probed step ``key``."""
+    step = next(s for s in _probed_plan(exercise, record) if s.key == key)
+    return [i for i, (m, sd, c, _, _) in enumerate(step.case.args[0]) if (m, sd, c) == (mode, seed, copy)]
 
 
 def test_an_honest_probed_module_hand_off_passes(tmp_path, honest_ca):
     records, sources = honest_ca
-    first = _first_build(records)
-    assert first["module"]["structure"]["buffers"] == [["mask", [6, 6], "bool", True]]
-    assert first["module"]["structure"]["plain"] == [] and first["module"]["structure"]["meta_left"] == []
-    forwards = [r for r in records if "mode" in r]
-    assert {r["copy"] for r in forwards} == {None, "float64", "meta"}
-    assert {r["seed"] for r in forwards} >= {None, 1, 2, 7}
-    meta = next(r for r in forwards if r["copy"] == "meta")
-    assert meta["inputs"]["args"]["items"][0]["kind"] == "meta" and meta["result"]["kind"] == "meta"
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1), ("hidden", 2)]
+    first = _value(records[0], _CA_FIRST)
+    assert first["built"]["structure"] == {"buffers": [["mask", [6, 6], "bool", True]], "plain": []}
+    assert first["built"]["meta_left"] == []
+    passes = next(s for s in _probed_plan("CausalAttention", records[0]) if s.key == _CA_FIRST).case.args[0]
+    assert {c for _, _, c, _, _ in passes} == {None, "float64", "meta"} and {s for _, s, _, _, _ in passes} >= {None, 1, 2, 7}
+    assert len(first["passes"]) == len(passes)
+    meta = first["passes"][[c for _, _, c, _, _ in passes].index("meta")]
+    assert meta["value"].device.type == "meta"
     verdict = _ca_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "no position sees the future" in verdict.text, verdict.evalue
-    # The causality diagnosis's own passes are handed out too, and left unread when nothing fails.
-    assert verdict.ename is None
 
 
-@pytest.mark.parametrize("forge, words", [
-    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [6, 6], "bool", "yes"]]),
-     "[name, shape, dtype, in state_dict]"),
-    (lambda c: c["module"]["structure"].__setitem__("buffers", [["_mask", [6, 6], "bool", True]]),
-     "malformed or repeated name"),
-    (lambda c: c["module"]["structure"].__setitem__("buffers", [["W_query.weight", [6, 6], "bool", True]]),
-     "malformed or repeated name"),
-    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [2**20, 2**20], "bool", True]]),
-     "over the limit"),
-    (lambda c: c["module"]["structure"].__setitem__("buffers", [["mask", [6, 6], "object", True]]),
-     "unsupported dtype"),
-    (lambda c: c["module"]["structure"].__setitem__("plain", [["_parameters", [6, 6], "bool"]]),
-     "under a name of its own"),
-    (lambda c: c["module"]["structure"].__setitem__("plain", [["training", [6, 6], "bool"]]),
-     "under a name of its own"),
-    (lambda c: c["module"]["structure"].__setitem__("meta_left", [["elsewhere", "cpu"]]),
-     "what .to('meta') left behind"),
-    (lambda c: c["module"]["structure"].__setitem__("verdict", "pass"), "make-up without"),
-    (lambda c: c["module"]["structure"].__setitem__("copy_error", {"type": "not a name", "message": ""}),
-     "a copy's error"),
-])
-def test_a_forged_make_up_is_refused(tmp_path, honest_ca, forge, words):
+@pytest.mark.parametrize("forge", [
+    lambda o: o["built"]["structure"].__setitem__("buffers", [["mask", [6, 6], "bool", "yes"]]),
+    lambda o: o["built"]["structure"].__setitem__("buffers", [["mask", "6 by 6", "bool", True]]),
+    lambda o: o["built"]["structure"].__setitem__("plain", [[3, [6, 6], "bool"]]),
+    lambda o: o["built"]["structure"].__setitem__("verdict", "pass"),
+    lambda o: o["built"].__setitem__("meta_left", [["mask", 0]]),
+    lambda o: o["built"].__setitem__("copy_error", {"type": "RuntimeError", "message": ""}),
+    lambda o: o["built"].__setitem__("shapes", [[2, -3]]),
+    lambda o: o["built"].pop("name"),
+    lambda o: o.__setitem__("verdict", "pass"),
+    lambda o: o["passes"][0].__setitem__("verdict", "pass"),
+    lambda o: o["passes"].append({"value": 1}),
+    lambda o: o["passes"].__setitem__(0, {"value": 1, "error": ["ValueError", "x"]}),
+], ids=["a flag that is not True or False", "a shape that is not sizes", "a name that is not text", "more fields",
+        "what .to('meta') left", "a copy's error", "a negative size", "no class name", "a verdict of its own",
+        "a pass with more fields", "a pass the plan does not make", "a pass with a value and an error"])
+def test_a_forged_probed_construction_scores_zero(tmp_path, honest_ca, forge):
+    """What a probed construction gave is read only in the form ``spec.run_module`` gives it: a make-up or
+    passes of another form are a hand-off that was changed (``spec.refuse``), worth 0 with the reason."""
     records, sources = honest_ca
-    records = _copy(records)
-    forge(_first_build(records))
-    with pytest.raises(judge.BadHandOff) as info:
-        _ca_verdict(tmp_path, records, sources)
-    assert words in str(info.value), str(info.value)
-
-
-@pytest.mark.parametrize("forge, words", [
-    (lambda f: f.__setitem__("seed", 1.5), "seed is not a whole number"),
-    (lambda f: f.__setitem__("seed", -1), "seed is not a whole number"),
-    (lambda f: f.__setitem__("copy", "cuda"), "a copy other than"),
-    (lambda f: f.__setitem__("result", {"kind": "meta", "dtype": "float32", "shape": "big"}), "a meta tensor with"),
-    (lambda f: f.__setitem__("result", {"kind": "meta", "dtype": "float32", "shape": [1], "data": 1}),
-     "a meta tensor with other fields"),
-])
-def test_a_forged_probe_record_is_refused(tmp_path, honest_ca, forge, words):
-    records, sources = honest_ca
-    records = _copy(records)
-    forge(next(r for r in records if "mode" in r))
-    with pytest.raises(judge.BadHandOff) as info:
-        _ca_verdict(tmp_path, records, sources)
-    assert words in str(info.value), str(info.value)
+    forged = _copy(records)
+    _forge_module(forged, _CA_FIRST, forge)
+    verdict = _ca_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "probed construction" in verdict.evalue, verdict.evalue
 
 
 def test_a_missing_probe_scores_zero_and_a_forged_one_earns_nothing(tmp_path, honest_ca):
     records, sources = honest_ca
-    # A forward pass the check makes that did not come back (the meta copy's): 0, saying which.
-    verdict = _ca_verdict(tmp_path, [r for r in _copy(records) if r.get("copy") != "meta"], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a forward pass" in verdict.evalue
-    assert "a meta copy" in verdict.evalue, verdict.evalue
+    # A forward pass the check makes that did not come back (the meta copy's, the last): 0, saying why.
+    short = _copy(records)
+    _forge_module(short, _CA_FIRST, lambda o: o["passes"].pop())
+    verdict = _ca_verdict(tmp_path, short, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "fewer than the plan's" in verdict.evalue, verdict.evalue
     # Dropout's passes under seeds 1 and 2 forged equal: the train() check fails, as it would live.
     forged = _copy(records)
-    for run in _tries(forged):
-        train = [r for r in run if r.get("mode") == "train" and r["seed"] in (1, 2)]
-        train[1]["result"] = _copy([train[0]["result"]])[0]
+    for record in forged:
+        one, two = (_pass_index("CausalAttention", record, _CA_FIRST, "train", seed)[0] for seed in (1, 2))
+        _forge_module([record], _CA_FIRST, lambda o: o["passes"].__setitem__(two, o["passes"][one]))
     verdict = _ca_verdict(tmp_path, forged, sources)
-    assert verdict.ename == "CheckFailed" and "no dropout in train() mode" in verdict.evalue
+    assert verdict.ename == "CheckFailed" and "no dropout in train() mode" in verdict.evalue, verdict.evalue
     # A construction the check asks for that did not come back.
-    hidden = probe.inputs_of((5, 4, 10, 0.3, True), {})
-    gone = [r for r in _copy(records) if not judge.same_inputs(r["build"], hidden)]
+    gone = _copy(records)
+    for record in gone:
+        record["outcomes"] = [item for item in record["outcomes"] if item[0] != "module (5, 4, 10, 0.3, True)"]
     verdict = _ca_verdict(tmp_path, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no construction of CausalAttention" in verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue
 
 
-def test_what_the_meta_copy_left_is_replayed(tmp_path, honest_ca):
-    """The kernel says the mask stayed on the CPU after .to('meta'): the check outside sees it there."""
+def test_what_the_meta_copy_left_is_read(tmp_path, honest_ca):
+    """The kernel says the mask stayed on the CPU after .to('meta'): the check outside says so."""
     records, sources = honest_ca
     forged = _copy(records)
-    for run in _tries(forged):
-        _first_build(run)["module"]["structure"]["meta_left"] = [["mask", "cpu"]]
+    _forge_module(forged, _CA_FIRST, lambda o: o["built"].__setitem__("meta_left", [["mask", "cpu"]]))
     verdict = _ca_verdict(tmp_path, forged, sources)
     assert verdict.ename == "CheckFailed" and "stayed behind: ['mask (cpu)']" in verdict.evalue, verdict.evalue
 
 
-def test_hidden_groups_of_cases_reach_the_kernel_as_data(monkeypatch):
+def test_hidden_groups_of_cases_reach_the_kernel_in_the_plan(monkeypatch):
     """CausalAttention's hidden cases are named groups (configs, and causal cases with their own
-    construction): they come back out of the inputs file in the kernel as they were."""
+    construction): they travel only as the hidden plan's steps, one per construction, each with its passes,
+    and come back out of the inputs file in the kernel as they went."""
     from course_utils.checks import expected
 
+    want = _probed_plan("CausalAttention", {"plan": "hidden"})
+    hidden = expected.instructor().hidden("CausalAttention")
     handoff = judge.prepare(NB04)
     try:
+        data = torch.load(handoff.inputs, weights_only=True)
+        assert "CausalAttention" not in data["exercises"]
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
-        got, want = probe.hidden_cases("CausalAttention"), expected.instructor().hidden("CausalAttention")
-        assert set(got) == set(want) == {"configs", "causal"}
-        assert [b for b, _ in got["configs"]] == [b for b, _ in want["configs"]]
-        assert [(c.name, c.build) for c in got["causal"]] == [(c.name, c.build) for c in want["causal"]]
-        assert all(torch.equal(a.args[0], b.args[0]) for a, b in zip(got["causal"], want["causal"]))
+        got = probe.plan("CausalAttention", True)
+        builds = {b for b, _ in hidden["configs"]} | {c.build for c in hidden["causal"]}
+        assert builds <= {case.build for _, case, _ in got}
+        assert [(k, case.build, r) for k, case, r in got] == [(s.key, s.case.build, s.run) for s in want]
+        for (_, case, _), step in zip(got, want):
+            mine, theirs = case.args[0], step.case.args[0]
+            assert [p[:3] for p in mine] == [p[:3] for p in theirs]
+            assert all(a[3].shape == b[3].shape and (a[3].device.type == "meta" or torch.equal(a[3], b[3]))
+                       for a, b in zip(mine, theirs))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -932,10 +962,21 @@ def _sdpa_verdict(tmp_path, records, sources) -> judge.Verdict:
     return _verdict_of(tmp_path, NB06, SDPA_TEST, records, sources)
 
 
+def _module_keys(record: dict) -> list[str]:
+    return [key for key, _ in record["outcomes"] if key.startswith("module ")]
+
+
+def _forge_every_pass(records: list[dict], change) -> None:
+    """``change(pass)`` on every pass of every probed construction of every record."""
+    for record in records:
+        for key in _module_keys(record):
+            _forge_module([record], key, lambda o: [change(one) for one in o["passes"]])
+
+
 def test_an_honest_sdpa_hand_off_counts_one_call_per_pass(tmp_path, honest_sdpa):
     records, sources = honest_sdpa
-    forwards = [r for r in records if "mode" in r]
-    assert forwards and all(r["calls"] == {"scaled_dot_product_attention": 1} for r in forwards)
+    passes = [one for r in records for key in _module_keys(r) for one in _value(r, key)["passes"]]
+    assert passes and all(one["calls"] == {"scaled_dot_product_attention": 1} for one in passes)
     verdict = _sdpa_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "one SDPA call" in verdict.text, verdict.evalue
 
@@ -945,31 +986,26 @@ def test_an_honest_sdpa_hand_off_counts_one_call_per_pass(tmp_path, honest_sdpa)
     {"scaled_dot_product_attention": True}, {"scaled_dot_product_attention": "1"},
     {"scaled_dot_product_attention": probe.MAX_CALLS + 1}, {"softmax": 1}, [1], 1,
 ])
-def test_a_malformed_count_of_calls_is_refused(tmp_path, honest_sdpa, calls):
+def test_a_malformed_count_of_calls_scores_zero(tmp_path, honest_sdpa, calls):
     records, sources = honest_sdpa
     records = _copy(records)
-    for r in records:
-        if "mode" in r:
-            r["calls"] = calls
-    with pytest.raises(judge.BadHandOff) as info:
-        _sdpa_verdict(tmp_path, records, sources)
-    assert "count of calls" in str(info.value), str(info.value)
+    _forge_every_pass(records, lambda one: one.__setitem__("calls", calls))
+    verdict = _sdpa_verdict(tmp_path, records, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "count of calls" in verdict.evalue, verdict.evalue
 
 
 def test_the_count_of_calls_is_read_from_the_hand_off(tmp_path, honest_sdpa):
-    """A count of 2 fails as the kernel's own would; a count left out is none, and earns nothing."""
+    """A count of 2 fails as the kernel's own would; a count left out is a hand-off that was changed
+    (``spec.run_module`` counts the calls of every pass), and earns nothing."""
     records, sources = honest_sdpa
     twice = _copy(records)
-    for r in twice:
-        if "mode" in r:
-            r["calls"] = {"scaled_dot_product_attention": 2}
+    _forge_every_pass(twice, lambda one: one.__setitem__("calls", {"scaled_dot_product_attention": 2}))
     verdict = _sdpa_verdict(tmp_path, twice, sources)
     assert verdict.ename == "CheckFailed" and "2 times" in verdict.evalue, verdict.evalue
     gone = _copy(records)
-    for r in gone:
-        r.pop("calls", None)
+    _forge_every_pass(gone, lambda one: one.pop("calls"))
     verdict = _sdpa_verdict(tmp_path, gone, sources)
-    assert verdict.ename == "CheckFailed" and "0 times" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "count of calls" in verdict.evalue, verdict.evalue
 
 
 @pytest.fixture(scope="module")
@@ -982,15 +1018,19 @@ def test_a_combined_qkv_hand_off_is_judged_outside(tmp_path, honest_combined):
     records, sources = honest_combined
     verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, records, sources)
     assert verdict.ename is None and "no position sees the future" in verdict.text, verdict.evalue
-    # A forward pass the check makes that did not come back: 0, saying which.
-    missing = [r for r in _copy(records) if r.get("copy") != "float64"]
+    # The float64 copy's pass, which the check makes, did not come back: 0, saying why.
+    first = "module (4, 6, 8, 0.5, 2)"
+    missing = _copy(records)
+    for record in missing:
+        cut = _pass_index("MultiHeadAttentionCombinedQKV", record, first, "eval", 7, "float64")[0]
+        _forge_module([record], first, lambda o: o["passes"].__delitem__(slice(cut, None)))
     verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, missing, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "a float64 copy" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "fewer than the plan's" in verdict.evalue, verdict.evalue
     # The mask buffer handed out as gone: the buffer check fails, as it would on such a module.
     forged = _copy(records)
-    for r in forged:
-        if "module" in r:
-            r["module"]["structure"]["buffers"] = []
+    for record in forged:
+        for key in _module_keys(record):
+            _forge_module([record], key, lambda o: o["built"]["structure"].__setitem__("buffers", []))
     verdict = _verdict_of(tmp_path, NB06, COMBINED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "no buffer of shape" in verdict.evalue, verdict.evalue
 
@@ -1020,48 +1060,58 @@ def _timer_verdict(tmp_path, records, sources) -> judge.Verdict:
     return _verdict_of(tmp_path, NB06, TIMER_TEST, records, sources)
 
 
+def _first_timer(record: dict) -> str:
+    return record["outcomes"][0][0]
+
+
 def test_an_honest_timer_hand_off_passes(tmp_path, honest_timer):
     records, sources = honest_timer
-    first = records[0]["result"]["items"]
-    assert [i["kind"] for i in first] == ["number"] * 4 and [i["value"] for i in first[1:]] == [8, 10, 10]
+    assert [(r["plan"], len(r["outcomes"])) for r in records] == [("visible", 3), ("hidden", 7)]
+    first = _value(records[0], _first_timer(records[0]))
+    assert isinstance(first, tuple) and isinstance(first[0], float) and first[1:] == (8, 10, 10)
     verdict = _timer_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "simulated devices timed right" in verdict.text, verdict.evalue
 
 
-@pytest.mark.parametrize("item, value", [(1, {"kind": "number", "type": "float", "value": 8.0}),
-                                         (2, {"kind": "number", "type": "int", "value": -1}),
-                                         (3, {"kind": "text", "value": "10"}),
-                                         (3, None)])
+@pytest.mark.parametrize("item, value", [(1, 8.0), (2, -1), (3, "10"), (3, None), (1, True)])
 def test_a_malformed_timer_outcome_scores_zero(tmp_path, honest_timer, item, value):
     records, sources = honest_timer
     forged = _copy(records)
-    items = forged[0]["result"]["items"]
+    key = _first_timer(forged[0])
+    found = list(_value(forged[0], key))
     if value is None:
-        items.pop(item)
+        found.pop(item)
     else:
-        items[item] = value
+        found[item] = value
+    _set_value(forged[0], key, tuple(found))
     verdict = _timer_verdict(tmp_path, forged, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "simulated device" in verdict.evalue, verdict.evalue
 
 
 def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
-    """Counts and results are read from the hand-off and judged as the kernel's own would be; an outcome
-    of another simulated device is refused."""
+    """Counts and results are read from the hand-off and judged as the kernel's own would be; one device's
+    outcome handed out as another's earns nothing, and a check whose outcomes did not come back scores 0."""
     records, sources = honest_timer
-    fewer = _copy(records)
-    fewer[0]["result"]["items"][1]["value"] = 5  # fn called 5 times: no warm-up
-    verdict = _timer_verdict(tmp_path, fewer, sources)
+    key = _first_timer(records[0])
+
+    def forged(change) -> list[dict]:
+        found = _copy(records)
+        value = list(_value(found[0], key))
+        change(value)
+        _set_value(found[0], key, tuple(value))
+        return found
+
+    verdict = _timer_verdict(tmp_path, forged(lambda v: v.__setitem__(1, 5)), sources)  # fn called 5 times
     assert verdict.ename == "CheckFailed" and "warm-up calls are missing" in verdict.evalue, verdict.evalue
-    slow = _copy(records)
-    slow[0]["result"]["items"][0]["value"] *= 2
-    verdict = _timer_verdict(tmp_path, slow, sources)
+    verdict = _timer_verdict(tmp_path, forged(lambda v: v.__setitem__(0, v[0] * 2)), sources)
     assert verdict.ename == "CheckFailed" and "expected 0.011 s" in verdict.evalue, verdict.evalue
     swapped = _copy(records)
-    swapped[0], swapped[1] = swapped[1], swapped[0]
+    (one, a), (two, b) = swapped[0]["outcomes"][:2]
+    swapped[0]["outcomes"][:2] = [[one, b], [two, a]]
     verdict = _timer_verdict(tmp_path, swapped, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
-    verdict = _timer_verdict(tmp_path, _copy(records)[:2], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == "CheckFailed" and "simulated GPU, warmup=3" in verdict.evalue, verdict.evalue
+    verdict = _timer_verdict(tmp_path, _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------
