@@ -372,7 +372,7 @@ def run_timer(timer: Callable, case: TimerCase) -> tuple[object, FakeDevice]:
 def _timer_outcome(timer: Callable, case: TimerCase) -> tuple[object, int, int, int]:
     """``(what the timer returned, fn calls, synchronisations, clock reads)`` of ``timer`` on the
     simulated device of ``case``; raises what the timer raised. What the check judges, and under the
-    grader what the kernel hands out (``probe.record_runs``): the verdict is computed outside."""
+    grader what the kernel hands out (the runner :func:`_timer_run`): the verdict is computed outside."""
     with contextlib.redirect_stdout(io.StringIO()):
         got, device = run_timer(timer, case)
     if isinstance(got, float) and type(got) is not float:  # numpy's float64 is a float to the check

@@ -45,8 +45,8 @@ from course_utils.checks.modules import (
 )
 from course_utils.checks.probe import Probe
 
-#: A probed construction of each constructor arguments (:func:`views`).
-Views = dict
+#: Constructor arguments -> what the probed step of that construction gave (:func:`views`).
+Views = dict[tuple, spec.ModuleView]
 
 # ------------------------------------------------------------------------------------------
 # The plan: one probed step per construction

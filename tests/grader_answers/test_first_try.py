@@ -154,6 +154,14 @@ def _verdicts_of(monkeypatch, notebook: str, exercise: str, source: str, first_t
     harness._executed(notebook)  # the notebook's own cells first (cached), with the whole reference
     if not first_tries:
         monkeypatch.setitem(sys.modules, "course_utils.reference", None)  # the import raises ImportError
+        prepare = judge.prepare
+
+        def with_reference(*args, **kwargs):  # the grader's process, which builds the plans, has the reference
+            with pytest.MonkeyPatch.context() as grader:
+                grader.setitem(sys.modules, "course_utils.reference", reference)
+                return prepare(*args, **kwargs)
+
+        monkeypatch.setattr(judge, "prepare", with_reference)
     with expected.using(expected.RECORDED) if not first_tries else contextlib.nullcontext():  # as that edition
         handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
     monkeypatch.setitem(sys.modules, "course_utils.reference", reference)

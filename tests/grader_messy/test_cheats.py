@@ -236,7 +236,7 @@ def test_notebook_06_is_judged_outside_with_the_student_edition(graded):
     said = {
         "MultiHeadAttentionCombinedQKV: build the reference's module, imported by a computed name":
             "not part of the student edition",
-        "MHAPyTorchSDPA: replace the check through sys.modules": "no construction of MHAPyTorchSDPA",
+        "MHAPyTorchSDPA: replace the check through sys.modules": "no outcomes came back for the visible check of MHAPyTorchSDPA",
         "time_cuda_aware: return the expected median, read from the checker's frames": "never read time.perf_counter()",
     }
     _assert_said(graded, said)
