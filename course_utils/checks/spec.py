@@ -93,6 +93,9 @@ class Outcomes(Mapping):
         #: The student's code (or the grader's stand-in for it, which carries its source): for the
         #: diagnoses that read the code, never to be called.
         self.student: Any = None
+        #: key -> the traceback of the error a step raised, where the step ran in this process (a self-check):
+        #: the failure then shows the student's own lines (``core.CheckFailed._render_traceback_``).
+        self.tracebacks: dict[str, Any] = {}
 
     def _outcome(self, key: str) -> dict:
         self.read.add(key)
@@ -103,7 +106,9 @@ class Outcomes(Mapping):
     def __getitem__(self, key: str) -> Any:
         outcome = self._outcome(key)
         if "error" in outcome:
-            return wire.error_of(outcome["error"]["type"], outcome["error"]["message"])
+            error = wire.error_of(outcome["error"]["type"], outcome["error"]["message"])
+            where = self.tracebacks.get(key)  # in a self-check: where the student's code raised it
+            return error.with_traceback(where) if where is not None else error
         return wire.decode(outcome["result"])
 
     def changed(self, key: str) -> list[int]:
@@ -122,7 +127,8 @@ def _same(before: torch.Tensor, after: Any) -> bool:
         and (before.device.type == "meta" or torch.equal(before, after.to(before.device)))
 
 
-def run_step(exercise: str, step: Step, student: Any, runners: Mapping[str, Runner]) -> dict:
+def run_step(exercise: str, step: Step, student: Any, runners: Mapping[str, Runner],
+             tracebacks: dict | None = None) -> dict:
     """Run one step on the student's code and return its outcome as plain data: ``{"result": value}`` or
     ``{"error": {"type", "message"}}``, and ``"changed"``: the positions of the tensor arguments a
     :data:`CALL` changed in place. The only place a spec's calls run."""
@@ -139,6 +145,8 @@ def run_step(exercise: str, step: Step, student: Any, runners: Mapping[str, Runn
         outcome["result"] = wire.encode(returned)
     except Exception as exc:  # noqa: BLE001 - an error in student code is an outcome
         outcome["error"] = wire.error_data(exc)
+        if tracebacks is not None:
+            tracebacks[step.key] = exc.__traceback__
     if step.run == CALL:
         changed = [i for i, (old, new) in enumerate(zip(case.args, args))
                    if isinstance(old, torch.Tensor) and not _same(old, new)]
@@ -147,9 +155,11 @@ def run_step(exercise: str, step: Step, student: Any, runners: Mapping[str, Runn
     return outcome
 
 
-def execute(exercise: str, plan: Sequence[Step], student: Any, runners: Mapping[str, Runner]) -> dict[str, dict]:
-    """Every step of ``plan`` run in order (:func:`run_step`): key -> outcome, as plain data."""
-    return {step.key: run_step(exercise, step, student, runners) for step in plan}
+def execute(exercise: str, plan: Sequence[Step], student: Any, runners: Mapping[str, Runner],
+            tracebacks: dict | None = None) -> dict[str, dict]:
+    """Every step of ``plan`` run in order (:func:`run_step`): key -> outcome, as plain data; ``tracebacks``
+    (a self-check's) receives where each error was raised."""
+    return {step.key: run_step(exercise, step, student, runners, tracebacks) for step in plan}
 
 
 @dataclass
@@ -211,7 +221,9 @@ class Spec:
         if isinstance(student, _probe.Replayed):
             outcomes = student.outcomes(plan, hidden)
         else:
-            outcomes = Outcomes(exercise, execute(exercise, plan, student, self.runners))
+            tracebacks: dict[str, Any] = {}
+            outcomes = Outcomes(exercise, execute(exercise, plan, student, self.runners, tracebacks))
+            outcomes.tracebacks = tracebacks
         outcomes.student = student
         core.passed(exercise, self.judge(plan, outcomes))
 
