@@ -129,7 +129,7 @@ ONLINE_MISTAKES = [
 # --------------------------------------------------------------------------------------------
 def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
            mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end",
-           p_shift="new"):
+           p_shift="new", alpha="right"):
     """The tiled forward with one thing changed (all defaults: the right answer).
 
     ``mask``: ``"global"`` (right), ``"local"`` (tile-local positions), ``">="`` (the diagonal masked
@@ -137,6 +137,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
     loop ends, ``"q_end"`` (right) or ``"q_start"`` (the diagonal tiles skipped).
     """
     T, D, Tk = q.shape[-2], q.shape[-1], k.shape[-2]
+    alpha_kind = alpha  # "right", or "inverse": exp(m_new - m)
     factor = (1 / math.sqrt(D) if scale else 1.0) if factor is None else factor
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lses = q.new_empty(q.shape[:-1])
@@ -156,7 +157,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
                     rows, cols = rows - q_start, cols - k_start
                 s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - m_new)
+            alpha = torch.exp(m - m_new) if alpha_kind == "right" else torch.exp(m_new - m)
             p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
             l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
             acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k_start:k_end, :]
@@ -253,6 +254,10 @@ FLASH_MISTAKES.append(Mistake(
     "p is computed against the old maximum: p = exp(s - m) before m is updated. On the first key block m is "
     "still -inf, so s - m = inf and everything turns NaN. Compute m_new first, then p = exp(s - m_new[..., None]).",
     _when_it_shows(lambda *a: _flash(*a, p_shift="old"))))
+FLASH_MISTAKES.append(Mistake(
+    "alpha is the inverse, exp(m_new - m): it must shrink what was summed when the maximum grows, alpha = "
+    "exp(m - m_new). On the first key block m is still -inf, so the inverse is inf, and 0 * inf turns acc and l "
+    "into NaN.", _when_it_shows(lambda *a: _flash(*a, alpha="inverse"))))
 
 #: Mistakes only a kernel makes: the loads of the last, shorter key block are masked, its scores are not.
 KERNEL_MISTAKES = [
