@@ -137,6 +137,43 @@ def _hint(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> str | 
     return None
 
 
+def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """Which gradients agree and which do not, and where that points (issue 36): dv = P^T dO needs only P, dq and
+    dk share dS = P * (dP - delta). ``None`` unless ``got`` has every gradient's shape, or the output o differs."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)
+            and all(isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and g.shape == w.shape
+                    for w, g in zip(want, got))):
+        return None
+    agree = {n: tensor_difference(w, g, atol, rtol) is None for n, w, g in zip(names, want, got)}
+    if not agree.get("o", True):
+        return None
+    grads = [n for n in names if n != "o"]
+    ok, off = [n for n in grads if agree[n]], [n for n in grads if not agree[n]]
+    if not off or not ok and len(off) == 1:
+        return None
+
+    def listed(found: list[str]) -> str:
+        return " and ".join(found) if len(found) < 3 else f"{found[0]}, {found[1]} and {found[2]}"
+
+    said = f"{listed(ok)} {'agree' if len(ok) > 1 else 'agrees'}; {listed(off)} {'do' if len(off) > 1 else 'does'} not"
+    if not ok:
+        return (f"{listed(off)} all differ: P itself is off (dv = P^T dO needs nothing else, and a wrong P also gives a "
+                f"wrong dS and wrong row sums): look at the scores' scale, the mask and P = exp(S - lse).")
+    if "dv" in ok and "dv" in names:
+        where = {"dq": "dQ = dS K / sqrt(D)", "dk": "dK = dS^T Q / sqrt(D)"}
+        if len(off) > 1:
+            return (f"{said}: dv = P^T dO needs only P, so P is right; look at what {listed(off)} share, dS = P * (dP - "
+                    f"delta) and delta = rowsum(dO * O), or a scale they share.")
+        if "dq" in names and "dk" in names:
+            return (f"{said}: dv and the other gradient show that P and dS are right; look at {where[off[0]]} itself: "
+                    f"its scale, its transpose, and whether the share of every block is added.")
+        return (f"{said}: dv = P^T dO needs only P, so P is right; look at dS = P * (dP - delta), delta = "
+                f"rowsum(dO * O) and {where[off[0]]}.")
+    if off == ["dv"]:
+        return f"{said}: P and dS are right; look at dV = P^T dO: the transpose, and whether every block's share is added."
+    return f"{said}."
+
+
 def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, ...] = GRADS,
              atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True) -> None:
     problem = _triple_difference(want, got, names, atol, rtol)
@@ -145,7 +182,8 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
         try:
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
-            raise _hinted(error, _hint(exercise, case, got, names) if name_mistakes else None) from None
+            hint = _hint(exercise, case, got, names) if name_mistakes else None
+            raise _hinted(error, hint or _agreement_hint(want, got, names, atol, rtol)) from None
 
 
 def _record_mistakes(exercise: str, case: Case) -> None:
@@ -271,6 +309,15 @@ def _judge_backward_structure(exercise: str, outcomes: Outcomes, step: Step) -> 
             fail(exercise, problem, case)
 
 
+def _backward_diagnose(error: BaseException) -> str | None:
+    """The hint for a tiled backward that raised ``error``: a row statistic sliced without its last dimension."""
+    if "must match the size of tensor" in str(error):
+        return ("a row statistic (delta or lse) sliced without its last dimension: delta[..., q_start:q_end] is "
+                "(..., Bq), which does not broadcast against a (..., Bq, Bk) tile. Index it delta[..., q_start:q_end, "
+                "None], as lse[..., q_start:q_end, None] (or keep the dimension with keepdim=True when you sum).")
+    return None
+
+
 #: The key of the bfloat16 step of ``flash_attention_backward``: its case's, after this.
 HALF = "bfloat16: "
 
@@ -308,7 +355,11 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             want = _expected_grads(exercise, case)
             _record_mistakes(exercise, case)
             tol = 1e-8 if case.args[0].dtype == torch.float64 else 1e-5
-            _compare(exercise, case, outcome_of(exercise, outcomes, step), want, atol=tol, rtol=1e-4)
+            got = outcomes[step.key]
+            if isinstance(got, BaseException):
+                failed = raised(exercise, got, case)
+                raise _hinted(failed, _backward_diagnose(got) if failed.student_error is not None else None) from None
+            _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
             f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "
             f"{HALF_ATOL:g} of float64 attention")
@@ -350,11 +401,39 @@ def _function_cases() -> list[Case]:
     ]
 
 
-def _function_diagnose(error: BaseException) -> str | None:
+def _forward_parameters(cls: Any) -> list[str] | None:
+    """The names of the parameters of ``cls``'s ``forward``, read from its source (``None`` if unread)."""
+    import ast
+    import textwrap
+
+    from course_utils import rules
+
+    source = rules.source_of(cls)
+    try:
+        tree = ast.parse(textwrap.dedent(source or ""))
+    except SyntaxError:
+        return None
+    found = next((node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"), None)
+    return None if found is None else [a.arg for a in found.args.args]
+
+
+def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
+    """The hint for a run of ``FlashAttention`` that raised ``error``; ``cls``, the student's class (or the grader's
+    stand-in, which carries its source), is read for forward's parameters, never called."""
     text = str(error)
+    if "causal flag in a block size's place" in text and cls is not None:
+        names = _forward_parameters(cls)
+        if names and len(names) >= 7 and names[4] != "causal" and "causal" in names[5:]:
+            return (f"your forward takes (ctx, {', '.join(names[1:])}), but apply passes its arguments to forward in "
+                    f"the order it is given them, FlashAttention.apply(q, k, v, causal, block_q, block_k): write "
+                    f"forward(ctx, q, k, v, causal, block_q, block_k), and call flash_attention_forward(q, k, v, "
+                    f"block_q, block_k, causal) inside it.")
     if "incorrect number of gradients" in text:
         return ("backward must return one gradient per argument of forward, in order: dq, dk, dv, and None for "
                 "causal, block_q and block_k.")
+    if "different than None at position" in text:
+        return ("causal, block_q and block_k are not tensors: backward returns None for each of them (a number such as "
+                "0 or False is refused), after dq, dk and dv: return dq, dk, dv, None, None, None.")
     if "save_for_backward can only save" in text or "saved_tensors" in text:
         return "ctx.save_for_backward(q, k, v, o, lse) in forward; q, k, v, o, lse = ctx.saved_tensors in backward."
     return None
@@ -593,7 +672,8 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
         got = outcomes[step.key]
         if isinstance(got, BaseException):
             failed = raised(exercise, got, case)
-            raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed)) from None
+            raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed,
+                                                     outcomes.student)) from None
         _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
     facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))
     if isinstance(facts, BaseException):

@@ -77,12 +77,15 @@ HIDDEN = {
 # --------------------------------------------------------------------------------------------
 # Known mistakes: online_softmax (functions of x, block_size)
 # --------------------------------------------------------------------------------------------
-def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: str = "right") -> torch.Tensor:
-    """An online softmax with one thing changed: how ``l`` is rescaled, or how the output is made."""
+def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: str = "right",
+            full_blocks: bool = False) -> torch.Tensor:
+    """An online softmax with one thing changed: how ``l`` is rescaled, or how the output is made;
+    ``full_blocks``: the last block, shorter than ``block_size``, left out."""
     m = torch.full(x.shape[:-1] + (1,), _INF, dtype=x.dtype)
     l = torch.zeros_like(m)
     blocks = []
-    for start in range(0, x.shape[-1], block_size):
+    n = x.shape[-1] - block_size + 1 if full_blocks else x.shape[-1]
+    for start in range(0, n, block_size):
         block = x[..., start:start + block_size]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -115,6 +118,9 @@ ONLINE_MISTAKES = [
             lambda x, b: _online(x, b, final="running")),
     Mistake("no maximum is subtracted: exp of large scores overflows to inf (NaN after the division). Keep a running "
             "maximum m and compute exp(x - m).", lambda x, b: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)),
+    Mistake("the last block, shorter than block_size when block_size does not divide the row, is left out of m and "
+            "l: loop with range(0, n, block_size), and x[..., start:start + block_size] stops at the row's end by "
+            "itself.", lambda x, b: None if x.shape[-1] % b == 0 else _online(x, b, full_blocks=True)),
 ]
 
 
@@ -123,7 +129,7 @@ ONLINE_MISTAKES = [
 # --------------------------------------------------------------------------------------------
 def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
            mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end",
-           p_shift="new"):
+           p_shift="new", alpha="right"):
     """The tiled forward with one thing changed (all defaults: the right answer).
 
     ``mask``: ``"global"`` (right), ``"local"`` (tile-local positions), ``">="`` (the diagonal masked
@@ -131,6 +137,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
     loop ends, ``"q_end"`` (right) or ``"q_start"`` (the diagonal tiles skipped).
     """
     T, D, Tk = q.shape[-2], q.shape[-1], k.shape[-2]
+    alpha_kind = alpha  # "right", or "inverse": exp(m_new - m)
     factor = (1 / math.sqrt(D) if scale else 1.0) if factor is None else factor
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lses = q.new_empty(q.shape[:-1])
@@ -150,7 +157,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
                     rows, cols = rows - q_start, cols - k_start
                 s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - m_new)
+            alpha = torch.exp(m - m_new) if alpha_kind == "right" else torch.exp(m_new - m)
             p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
             l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
             acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k_start:k_end, :]
@@ -165,7 +172,7 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
 def _keys_past_t_kept(q, k, v, block_q, block_k, causal=True):
     """A kernel that loads the last, shorter key block with ``other=0.0`` but never sets its scores past
     ``T`` to -inf: each padded key scores 0 and adds exp(0 - m) to l (with a zero value row)."""
-    T, Tk = q.shape[-2], k.shape[-2]
+    Tk = k.shape[-2]
     padded = -(-Tk // block_k) * block_k
     if causal or padded == Tk:
         return _flash(q, k, v, block_q, block_k, causal)
@@ -237,15 +244,87 @@ FLASH_MISTAKES = [
 ]
 
 FLASH_MISTAKES.append(Mistake(
+    "the last, shorter key block is left out: when the block size does not divide T, the keys from T // block_k * "
+    "block_k to T - 1 still need a block of their own (in a kernel, masked with cols < T): without causal the key "
+    "loop runs to T, and the slice k[..., start:start + block_k] stops at T by itself.",
+    _when_it_shows(lambda q, k, v, bq, bk, causal=True: None if causal or k.shape[-2] // bk * bk in (0, k.shape[-2])
+                   else _flash(q, k[..., :k.shape[-2] // bk * bk, :], v[..., :k.shape[-2] // bk * bk, :], bq, bk,
+                               False))))
+FLASH_MISTAKES.append(Mistake(
     "p is computed against the old maximum: p = exp(s - m) before m is updated. On the first key block m is "
     "still -inf, so s - m = inf and everything turns NaN. Compute m_new first, then p = exp(s - m_new[..., None]).",
     _when_it_shows(lambda *a: _flash(*a, p_shift="old"))))
+FLASH_MISTAKES.append(Mistake(
+    "alpha is the inverse, exp(m_new - m): it must shrink what was summed when the maximum grows, alpha = "
+    "exp(m - m_new). On the first key block m is still -inf, so the inverse is inf, and 0 * inf turns acc and l "
+    "into NaN.", _when_it_shows(lambda *a: _flash(*a, alpha="inverse"))))
 
 #: Mistakes only a kernel makes: the loads of the last, shorter key block are masked, its scores are not.
 KERNEL_MISTAKES = [
     Mistake("the keys past T in the last, shorter key block are not masked in the scores: tl.load(..., other=0.0) "
             "gives them a score of 0, not -inf, so they still add exp(0 - m) to l. Keep only cols < T in tl.where "
             "(the loads' mask alone is not enough).", _when_it_shows(_keys_past_t_kept)),
+]
+
+
+def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_mask=False, update_m=True,
+                 drop_tail=False):
+    """What the notebook's kernel computes, in its order, with one thing changed (all defaults: the right
+    answer): per query block, the key blocks below ``lo`` unmasked, then those from ``lo`` to ``hi`` masked
+    (``cols < T``, and ``cols <= rows`` when causal), the keys padded with zeros to a whole block as the
+    masked loads give them. ``fill``: what the masked scores become; ``reversed_mask``: ``cols >= rows``;
+    ``update_m``: ``m_i = m_new`` after each block; ``drop_tail``: without causal, the last, shorter key
+    block left out (``hi = lo``)."""
+    T, D = q.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(D)
+    pad = -(-T // block_n) * block_n - T
+    kp = torch.cat([k, k.new_zeros(k.shape[:-2] + (pad, k.shape[-1]))], dim=-2)
+    vp = torch.cat([v, v.new_zeros(v.shape[:-2] + (pad, v.shape[-1]))], dim=-2)
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    lses = q.new_empty(q.shape[:-1])
+    for qs in range(0, T, block_m):
+        qe = min(qs + block_m, T)
+        rows = torch.arange(qs, qe)[:, None]
+        qb = q[..., qs:qe, :]
+        m = torch.full(qb.shape[:-1], _INF, dtype=q.dtype)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        if causal:
+            lo, hi = qs // block_n * block_n, qe
+        else:
+            lo = T // block_n * block_n
+            hi = lo if drop_tail else T
+        tiles = [(ks, False) for ks in range(0, lo, block_n)] + [(ks, True) for ks in range(lo, hi, block_n)]
+        for ks, masked in tiles:
+            s = (qb @ kp[..., ks:ks + block_n, :].transpose(-2, -1)) * scale
+            if masked:
+                cols = torch.arange(ks, ks + block_n)[None, :]
+                keep = cols < T
+                if causal:
+                    keep = keep & ((cols >= rows) if reversed_mask else (cols <= rows))
+                s = torch.where(keep, s, torch.full_like(s, fill))
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = l * alpha + p.sum(dim=-1)
+            acc = acc * alpha[..., None] + p @ vp[..., ks:ks + block_n, :]
+            if update_m:
+                m = m_new
+        out[..., qs:qe, :] = acc / l[..., None]
+        lses[..., qs:qe] = m + torch.log(l)
+    return out, lses
+
+
+KERNEL_MISTAKES += [
+    Mistake("the masked scores are set to 0, not -inf: tl.where(keep, s, 0.0) still gives each hidden key (a future "
+            "one, or one past T) a weight exp(0 - m). Fill them with float(\"-inf\"), so that exp gives exactly 0.",
+            _when_it_shows(lambda *a: _kernel_like(*a, fill=0.0))),
+    Mistake("the causal mask is reversed: cols >= rows keeps the keys after each query and hides those before it in "
+            "the tiles that cross the diagonal. Keep cols <= rows (a query sees itself and the past).",
+            _when_it_shows(lambda *a: _kernel_like(*a, reversed_mask=True))),
+    Mistake("m_i is never updated: after each key block m_i = m_new, or alpha = exp(m_i - m_new) stays exp(-inf) = 0, "
+            "every block wipes out what acc and l held, and lse = m_i + log(l_i) is -inf.",
+            _when_it_shows(lambda *a: _kernel_like(*a, update_m=False))),
 ]
 
 

@@ -76,19 +76,25 @@ HIDDEN = {
 # Known mistakes: attention_backward_reference (functions of q, k, v, do, causal)
 # --------------------------------------------------------------------------------------------
 def _full(q, k, v, do, causal=True, *, subtract_delta=True, dq_scale=1, dk_scale=1, transpose_p=True,
-          mask=True, delta="do o"):
-    """The untiled backward with one thing changed (all defaults: the right answer)."""
+          mask=True, delta="do o", keepdim=True, scale_d=False, diagonal=False, parentheses=True):
+    """The untiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in
+    place of 1/sqrt(D) everywhere; ``diagonal``: the mask hides the diagonal too."""
     T, D = q.shape[-2], q.shape[-1]
-    scale = 1 / math.sqrt(D)
+    scale = 1 / D if scale_d else 1 / math.sqrt(D)
     s = q @ k.transpose(-2, -1) * scale
     if causal and mask:
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), _INF)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0 if diagonal else 1), _INF)
     p = torch.softmax(s, dim=-1)
     o = p @ v
     dv = (p.transpose(-2, -1) if transpose_p else p) @ do
     dp = do @ v.transpose(-2, -1)
-    rows = {"do o": (do * o), "do": do, "p": p}[delta].sum(dim=-1, keepdim=True)
-    ds = p * (dp - rows) if subtract_delta else p * dp
+    rows = {"do o": (do * o), "do": do, "p": p, "do v": do * v}[delta].sum(dim=-1, keepdim=keepdim)
+    if not keepdim:
+        rows = rows[..., None, :]  # (..., T) broadcast against (..., T, T): along the keys
+    if not subtract_delta:
+        ds = p * dp
+    else:
+        ds = p * (dp - rows) if parentheses else p * dp - rows
     return ds @ k * scale ** dq_scale, ds.transpose(-2, -1) @ q * scale ** dk_scale, dv
 
 
@@ -100,6 +106,21 @@ DK_SCALE_TWICE = ("dK is scaled twice: dK = dS^T Q / sqrt(D), one factor 1/sqrt(
 DQ_SCALE_MISSING = "dQ misses the scale: S = Q K^T / sqrt(D), so dQ = dS K / sqrt(D)."
 DV_NOT_TRANSPOSED = ("dV = P dO instead of P^T dO: value j collects from every query i that attended to it, a sum over "
                      "the rows of P, so transpose P.")
+DQ_SCALE_TWICE = "dQ is scaled twice: dQ = dS K / sqrt(D), one factor 1/sqrt(D), the one of S = Q K^T / sqrt(D)."
+DS_UNSCALED = ("dQ and dK both miss the scale: S = Q K^T / sqrt(D), so the gradient of the scores carries 1/sqrt(D) "
+               "into both, dQ = dS K / sqrt(D) and dK = dS^T Q / sqrt(D).")
+DELTA_FROM_V = ("delta is the row sum of dO * V: it is rowsum(dO * O), dO times the output O (one number per query), "
+                "not times the values V.")
+DELTA_NO_KEEPDIM = ("delta lost its last dimension (a sum without keepdim=True, or delta[..., rows] without None): dP - "
+                    "delta then subtracts delta along the keys (the columns) instead of one number per query row. Keep "
+                    "it (..., T, 1): sum(dim=-1, keepdim=True), or delta[..., None].")
+SCALE_BY_D = ("the scores are scaled by 1/D: S = Q K^T / sqrt(D), and dQ and dK carry the same 1/sqrt(D) (D ** -0.5, "
+              "not 1 / D).")
+DIAGONAL_MASKED = ("the mask also hides the diagonal (>= instead of >, or triu(0) instead of triu(1)): a query sees its "
+                   "own key, so mask only where the key position > the query position.")
+NO_PARENTHESES = ("dS = P * dP - delta subtracts delta after the product: * binds before -, so write the parentheses, "
+                  "dS = P * (dP - delta).")
+CAUSAL_IGNORED = "the causal argument is ignored: with causal=False every query sees every key."
 REFERENCE_MISTAKES = [
     Mistake(NO_DELTA, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, subtract_delta=False)),
     Mistake(DK_SCALE_MISSING, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dk_scale=0)),
@@ -109,11 +130,18 @@ REFERENCE_MISTAKES = [
     Mistake("the causal mask is missing: with causal=True the weights P of the forward are masked, so the backward's "
             "must be too (-inf above the diagonal before the softmax).",
             lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, mask=False) if causal else None),
-    Mistake("the causal argument is ignored: with causal=False every query sees every key.",
-            lambda q, k, v, do, causal=True: None if causal else _full(q, k, v, do, True)),
+    Mistake(CAUSAL_IGNORED, lambda q, k, v, do, causal=True: None if causal else _full(q, k, v, do, True)),
     Mistake("delta is the row sum of dO alone: delta = rowsum(dO * O), the product with the output, one number per "
             "query.",
             lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, delta="do")),
+    Mistake(DELTA_FROM_V, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, delta="do v")),
+    Mistake(DELTA_NO_KEEPDIM, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, keepdim=False)),
+    Mistake(SCALE_BY_D, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, scale_d=True)),
+    Mistake(DIAGONAL_MASKED, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, diagonal=True) if causal
+            else None),
+    Mistake(NO_PARENTHESES, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, parentheses=False)),
+    Mistake(DS_UNSCALED, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dq_scale=0, dk_scale=0)),
+    Mistake(DQ_SCALE_TWICE, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dq_scale=2)),
 ]
 
 
@@ -121,11 +149,14 @@ REFERENCE_MISTAKES = [
 # Known mistakes: flash_attention_backward (functions of q, k, v, o, lse, do, block_q, block_k, causal)
 # --------------------------------------------------------------------------------------------
 def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta=True, dk_scale=1, use_lse=True,
-           mask=True, dk_transposed=True, dv_transposed=True, dq_accumulate=True, delta="do o"):
-    """The tiled backward with one thing changed (all defaults: the right answer)."""
+           mask=True, dk_transposed=True, dv_transposed=True, dq_accumulate=True, delta="do o", dq_scale=1,
+           keepdim=True, scale_d=False, exp2=False, diagonal=False, parentheses=True, dq_transposed=False,
+           dk_accumulate=True):
+    """The tiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in place of
+    1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too."""
     T, D = q.shape[-2], q.shape[-1]
-    scale = 1 / math.sqrt(D)
-    full_delta = (do * o).sum(dim=-1)
+    scale = 1 / D if scale_d else 1 / math.sqrt(D)
+    full_delta = ((do * v) if delta == "do v" else (do * o)).sum(dim=-1)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for ks in range(0, T, block_k):
         ke = min(ks + block_k, T)
@@ -135,18 +166,29 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
             qe = min(qs + block_q, T)
             qb, dob = q[..., qs:qe, :], do[..., qs:qe, :]
             s = qb @ kb.transpose(-2, -1) * scale
-            if causal and mask and ke - 1 > qs:
-                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
-            p = torch.exp(s - lse[..., qs:qe, None]) if use_lse else torch.exp(s)
+            shift = 1 if diagonal else 0  # the diagonal hidden too: key position >= query position
+            if causal and mask and ke - 1 > qs - shift:
+                future = torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None] - shift
+                s = s.masked_fill(future, _INF)
+            shifted = s - lse[..., qs:qe, None] if use_lse else s
+            p = torch.exp2(shifted) if exp2 else torch.exp(shifted)
             dvb = dvb + (p.transpose(-2, -1) if dv_transposed else p) @ dob
             dp = dob @ vb.transpose(-2, -1)
-            rows = full_delta[..., qs:qe, None] if delta == "do o" else (p * dp).sum(dim=-1, keepdim=True)
-            ds = p * (dp - rows) if subtract_delta else p * dp
-            if dq_accumulate:
-                dq[..., qs:qe, :] += ds @ kb * scale
+            if delta == "tile":
+                rows = (p * dp).sum(dim=-1, keepdim=True)
             else:
-                dq[..., qs:qe, :] = ds @ kb * scale
-            dkb = dkb + (ds.transpose(-2, -1) if dk_transposed else ds) @ qb * scale ** dk_scale
+                rows = full_delta[..., qs:qe, None] if keepdim else full_delta[..., None, qs:qe]
+            if not subtract_delta:
+                ds = p * dp
+            else:
+                ds = p * (dp - rows) if parentheses else p * dp - rows
+            share = (ds.transpose(-2, -1) if dq_transposed else ds) @ kb * scale ** dq_scale
+            if dq_accumulate:
+                dq[..., qs:qe, :] += share
+            else:
+                dq[..., qs:qe, :] = share
+            dk_share = (ds.transpose(-2, -1) if dk_transposed else ds) @ qb * scale ** dk_scale
+            dkb = dkb + dk_share if dk_accumulate else dk_share
         dk[..., ks:ke, :], dv[..., ks:ke, :] = dkb, dvb
     return dq, dk, dv
 
@@ -154,7 +196,10 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
 def _when_it_shows(changed):
     """``changed`` where it differs from the right answer on this input, else ``None`` (no hint)."""
     def wrong(*args, **kwargs):
-        got, right = changed(*args, **kwargs), _tiled(*args, **kwargs)
+        got = changed(*args, **kwargs)
+        if got is None:
+            return None
+        right = _tiled(*args, **kwargs)
         same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4, equal_nan=True) for a, b in zip(got, right))
         return None if same else got
     return wrong
@@ -171,6 +216,17 @@ DK_WRONG_AXIS = ("dK is dS @ Q, accumulated over the wrong axis: dK_j sums over 
 DELTA_FROM_TILE = ("delta is taken from one tile, rowsum(P_tile * dP_tile): it needs the whole row, and one key "
                    "block sees part of it. Compute delta = rowsum(dO * O) once, before the loops: the same number, "
                    "from the output.")
+def _causal_ignored(q, k, v, o, lse, do, block_q, block_k, causal=True):
+    """A backward always causal: what it gives where causal is False."""
+    return None if causal else _tiled(q, k, v, o, lse, do, block_q, block_k, True)
+
+
+LSE_EXP2 = ("P is rebuilt with exp2, but lse is a natural log (07's forward returns m + log(l)): P = exp(S - lse). "
+            "exp2 works only with S and lse both in base 2 (each times log2(e)).")
+DQ_WRONG_AXIS = ("dQ is dS^T @ K, accumulated over the wrong axis: dQ_i sums over the keys j (the columns of dS), "
+                 "so dQ_blk += dS @ K_blk * scale.")
+DK_LAST_BLOCK = ("dK holds only the last query block's share: a key receives a share of dK from every query block, so "
+                 "add to it (dK_blk += dS^T @ Q_blk * scale), do not overwrite it.")
 FLASH_MISTAKES = [
     Mistake(NO_DELTA, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, subtract_delta=False))),
     Mistake(DK_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=0))),
@@ -181,16 +237,29 @@ FLASH_MISTAKES = [
     Mistake(DV_NOT_TRANSPOSED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dv_transposed=False))),
     Mistake(DQ_LAST_BLOCK, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_accumulate=False))),
     Mistake(DELTA_FROM_TILE, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, delta="tile"))),
+    Mistake(DELTA_FROM_V, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, delta="do v"))),
+    Mistake(DELTA_NO_KEEPDIM, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, keepdim=False))),
+    Mistake(SCALE_BY_D, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, scale_d=True))),
+    Mistake(LSE_EXP2, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, exp2=True))),
+    Mistake(DIAGONAL_MASKED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, diagonal=True))),
+    Mistake(NO_PARENTHESES, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, parentheses=False))),
+    Mistake(DS_UNSCALED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_scale=0, dk_scale=0))),
+    Mistake(DQ_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_scale=0))),
+    Mistake(DQ_SCALE_TWICE, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_scale=2))),
+    Mistake(DQ_WRONG_AXIS, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_transposed=True))),
+    Mistake(DK_LAST_BLOCK, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_accumulate=False))),
+    Mistake(CAUSAL_IGNORED, _when_it_shows(_causal_ignored)),
 ]
 
 
 # --------------------------------------------------------------------------------------------
 # Known mistakes: FlashAttention (functions of q, k, v, do, causal, block_q, block_k -> o, dq, dk, dv)
 # --------------------------------------------------------------------------------------------
-def _function(q, k, v, do, causal, block_q, block_k, *, order=(0, 1, 2), backward_causal=None):
-    """The autograd.Function's results with one thing changed in its backward."""
+def _function(q, k, v, do, causal, block_q, block_k, *, order=(0, 1, 2), backward_causal=None, swapped=False):
+    """The autograd.Function's results with one thing changed in its backward (``swapped``: o and do)."""
     o, lse = forward_statistics(q, k, v, causal)
-    grads = _tiled(q, k, v, o, lse, do, block_q, block_k, causal if backward_causal is None else backward_causal)
+    given = (do, lse, o) if swapped else (o, lse, do)
+    grads = _tiled(q, k, v, *given, block_q, block_k, causal if backward_causal is None else backward_causal)
     if any(grads[i].shape != grads[j].shape for i, j in enumerate(order)):
         return None
     return (o, *(grads[i] for i in order))
@@ -217,6 +286,9 @@ FUNCTION_MISTAKES = [
             "flash_attention_backward.", _function_shows(lambda *a: _function(*a, backward_causal=True))),
     Mistake("the backward is never causal: keep forward's causal on ctx (ctx.causal = causal) and pass it to "
             "flash_attention_backward.", _function_shows(lambda *a: _function(*a, backward_causal=False))),
+    Mistake("o and do are swapped in the call of flash_attention_backward: it takes (q, k, v, o, lse, do, block_q, "
+            "block_k, causal), the forward's output o before lse and the incoming gradient do after it.",
+            _function_shows(lambda *a: _function(*a, swapped=True))),
 ]
 
 
@@ -233,5 +305,7 @@ MISTAKES = {
     "attention_backward_reference": REFERENCE_MISTAKES,
     "flash_attention_backward": FLASH_MISTAKES,
     "FlashAttention": FUNCTION_MISTAKES,
-    "flash_attention_backward_triton": [_for_kernel(m) for m in FLASH_MISTAKES if m.hint != DQ_LAST_BLOCK],
+    "flash_attention_backward_triton": [_for_kernel(m) for m in FLASH_MISTAKES  # dq is not the kernel's
+                                        if m.hint not in (DQ_LAST_BLOCK, DQ_SCALE_MISSING, DQ_SCALE_TWICE, DQ_WRONG_AXIS,
+                                                          DS_UNSCALED)],
 }

@@ -124,6 +124,40 @@ def test_a_backward_with_tiles_in_bfloat16_fails_the_check_with_the_float32_hint
     nb10._judge_half("FlashAttention", case, outcome(R.FlashAttention, case), ("o", *nb10.GRADS))
 
 
+def test_a_wrong_gradient_no_known_mistake_explains_is_named_with_those_that_agree():
+    """Issue 36: "dv agrees; dq and dk do not: look at dS or delta", and the like for each pattern."""
+    q, k, v, do = _inputs(2, 7, 4, seed=23)
+    want = _autograd(q, k, v, do, True)
+    dq, dk, dv = want
+
+    def hint(got, names=nb10.GRADS, expected=want):
+        return nb10._agreement_hint(expected, got, names, 1e-8, 1e-6)
+
+    assert hint((dq * 2, dk * 2, dv)).startswith("dv agrees; dq and dk do not: dv = P^T dO needs only P")
+    assert hint((dq * 2, dk, dv)).startswith("dk and dv agree; dq does not")
+    assert hint((dq, dk * 2, dv)).startswith("dq and dv agree; dk does not")
+    assert hint((dq, dk, dv * 2)).startswith("dq and dk agree; dv does not")
+    assert hint((dq * 2, dk * 2, dv * 2)).startswith("dq, dk and dv all differ: P itself is off")
+    assert hint((dq * 2, dk, dv * 2)) == "dk agrees; dq and dv do not."
+    assert hint((dk * 2, dv), ("dk", "dv"), (dk, dv)).startswith("dv agrees; dk does not")
+    o = torch.zeros_like(dq)
+    assert hint((o + 1, dq * 2, dk, dv), ("o", *nb10.GRADS), (o, dq, dk, dv)) is None, "a wrong forward is not that"
+    assert hint((dq, dk)) is None and hint((dq[:1], dk, dv)) is None
+
+
+def test_forward_s_parameters_in_the_tiled_order_are_named(capsys):
+    """Issue 36: a forward(ctx, q, k, v, block_q, block_k, causal) gets apply's True as block_q; the hint reads the
+    class's source and names forward's order, not the call of flash_attention_forward, which is right."""
+    class Tiled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, block_q=32, block_k=32, causal=True):
+            return R.flash_attention_forward(q, k, v, block_q, block_k, causal)[0]
+
+    error = ValueError("block_q must be a positive int, got True: the causal flag in a block size's place?")
+    assert "forward(ctx, q, k, v, causal, block_q, block_k)" in nb10._function_diagnose(error, Tiled)
+    assert nb10._function_diagnose(error, R.FlashAttention) is None
+
+
 @pytest.mark.parametrize("call", [lambda q: R.flash_attention_forward(q, q, q, True, 4, 4),
                                   lambda q: R.flash_attention_backward(q, q, q, q, q[..., 0], q, True, 4, 4)])
 def test_a_bool_as_a_block_size_is_named_with_the_argument_order(call):
