@@ -28,6 +28,8 @@ edition has, so 08's kernel keeps it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -38,6 +40,7 @@ from course_utils import rules
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
+from course_utils.checks import spec, wire
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
@@ -46,7 +49,6 @@ from course_utils.checks.core import (
     call_student,
     check,
     check_rules,
-    compare_function,
     construct,
     describe_shape,
     expect,
@@ -58,7 +60,6 @@ from course_utils.checks.core import (
     tensor_difference,
 )
 from course_utils.checks.modules import (
-    alone,
     check_causal_module,
     check_dropout_modes,
     check_alone,
@@ -107,13 +108,29 @@ def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
     return None
 
 
-def _bool_mask_check(exercise: str, fn: Callable, cases: Sequence[Case]) -> None:
+#: The prefix of the keys of a plan's calls that must raise (the rest are compared with the reference's).
+MUST_RAISE = "must raise: "
+
+
+def _split(plan: Sequence[spec.Step]) -> tuple[list[spec.Step], list[spec.Step]]:
+    """A function plan's compared calls, and its calls that must raise (:data:`MUST_RAISE`)."""
+    return [s for s in plan if not s.key.startswith(MUST_RAISE)], [s for s in plan if s.key.startswith(MUST_RAISE)]
+
+
+def _returned(got: object) -> bool:
+    """Whether a call that must raise returned instead (a stub's NotImplementedError is reported as such)."""
+    if isinstance(got, NotImplementedError):
+        raise got
+    return not isinstance(got, BaseException)
+
+
+def _bool_masks(exercise: str, steps: Sequence[spec.Step], outcomes: spec.Outcomes) -> None:
     """``masked_fill`` needs a boolean mask: fail on the first case whose dtype is not ``torch.bool``."""
-    for case in cases:
-        got = call_student(exercise, fn, case)
+    for step in steps:
+        got = outcomes[step.key]
         if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
             fail(exercise, f"the mask must have dtype torch.bool, yours is {got.dtype}: masked_fill needs a boolean "
-                           f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", case)
+                           f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", step.case)
 
 
 def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int] | None:
@@ -149,25 +166,33 @@ def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
             f"may see keys 0..{position}: entry [{i}, {j}] must be False.")
 
 
-@check
-def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False) -> None:
-    """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
-    and a clear error when there are more queries than keys."""
+def _decode_cases() -> list[Case]:
+    return [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
+
+
+def _judge_decode(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "decode_causal_mask"
-    cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, decode_causal_mask, cases, diagnose=_decode_mask_diagnosis, quiet=True)
-    too_many = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))]
-    if _probe.active(exercise):  # under the grader: the dtype pass and the errors below run outside, on these
-        _probe.record(exercise, decode_causal_mask, cases + too_many)
-        return
-    _bool_mask_check(exercise, decode_causal_mask, cases)
-    for q, k in (c.args for c in too_many):
-        if _raises(decode_causal_mask, q, k) is None:
+    compared, raising = _split(plan)
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_decode_mask_diagnosis)
+    _bool_masks(exercise, compared, outcomes)
+    for step in raising:
+        q, k = step.case.args
+        if _returned(outcomes[step.key]):
             fail(exercise, f"decode_causal_mask({q}, {k}) returned a mask: more queries than keys cannot be the last "
                            f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
-    passed(exercise, f"{len(cases)} shapes give a boolean mask aligned to the bottom right "
-                     f"({'; '.join(c.name for c in cases)}), and num_queries > num_keys raises")
+    return (f"{len(compared)} shapes give a boolean mask aligned to the bottom right "
+            f"({'; '.join(s.case.name for s in compared)}), and num_queries > num_keys raises")
+
+
+_decode_all = spec.with_hidden("decode_causal_mask", _decode_cases)
+
+check_decode_causal_mask = spec.declare(spec.Spec(
+    "decode_causal_mask",
+    lambda hidden: spec.calls(_decode_all(hidden)) + spec.calls(
+        [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))], MUST_RAISE),
+    _judge_decode),
+    """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
+    and a clear error when there are more queries than keys.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -186,56 +211,64 @@ def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_rope_angles(rope_angles: Callable, hidden: bool = False) -> None:
-    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
-    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``."""
+def _angles_cases() -> list[Case]:
+    return [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
+                                                               {"base": 100.0}),
+            Case("head_dim=16, max_positions=40", (16, 40))]
+
+
+def _judge_angles(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "rope_angles"
-    cases = [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
-                                                                 {"base": 100.0}),
-             Case("head_dim=16, max_positions=40", (16, 40))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, rope_angles, cases, diagnose=_angles_diagnosis, quiet=True)
-    if _probe.active(exercise):  # under the grader: the dtype pass and the odd head_dim below run outside, on these
-        _probe.record(exercise, rope_angles, cases[:1] + [Case("head_dim=5, max_positions=4", (5, 4))])
-        return
-    for case in cases[:1]:
-        got = call_student(exercise, rope_angles, case)
+    compared, raising = _split(plan)
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_angles_diagnosis)
+    for step in compared[:1]:
+        got = outcomes[step.key]
         if got.dtype != torch.float32:
             fail(exercise, f"the angles have dtype {got.dtype}; return float32, as the queries and keys are "
-                           f"(compute in float64 if you like, then .float()).", case)
-    if _raises(rope_angles, 5, 4) is None:
+                           f"(compute in float64 if you like, then .float()).", step.case)
+    if any(_returned(outcomes[step.key]) for step in raising):
         fail(exercise, "rope_angles(5, 4) returned angles: with an odd head_dim one dimension has no partner to "
                        "turn with. Raise a ValueError when head_dim is odd.")
-    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}), and an odd head_dim raises")
+    return f"{len(compared)} cases agree ({'; '.join(s.case.name for s in compared)}), and an odd head_dim raises"
+
+
+_angles_all = spec.with_hidden("rope_angles", _angles_cases)
+
+check_rope_angles = spec.declare(spec.Spec(
+    "rope_angles",
+    lambda hidden: spec.calls(_angles_all(hidden)) + spec.calls([Case("head_dim=5, max_positions=4", (5, 4))],
+                                                               MUST_RAISE),
+    _judge_angles),
+    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
+    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``.""")
 
 
 def _rope_case(name: str, x: torch.Tensor, positions: Sequence[int]) -> Case:
     return Case(name, (x, torch.tensor(list(positions))))
 
 
-@check
-def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
-    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
-    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``."""
-    exercise = "apply_rope"
-    cases = [
+def _rope_cases() -> list[Case]:
+    return [
         _rope_case("(2, 3, 5, 8) at positions 0..4", rand(2, 3, 5, 8, seed=831), range(5)),
         _rope_case("(1, 2, 3, 4) at positions 10, 11, 12: a chunk after 10 cached tokens",
                    rand(1, 2, 3, 4, seed=832), (10, 11, 12)),
         _rope_case("(4, 6) at positions 3, 7, 8, 40", rand(4, 6, seed=833), (3, 7, 8, 40)),
     ]
-    cases += hidden_cases(exercise) if hidden else []
-    require_callable(exercise, apply_rope)
 
-    def compare() -> None:
-        compare_function(exercise, apply_rope, cases, quiet=True)
 
-    alone(exercise, apply_rope, helper_checks(globals(), exercise), compare)  # under the grader: both tries, judged outside
-    if _probe.active(exercise):
-        return
-    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
-                     f"turned by its angle at its position")
+def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    spec.compare_outcomes("apply_rope", plan, outcomes)
+    return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
+            f"turned by its angle at its position")
+
+
+_rope_all = spec.with_hidden("apply_rope", _rope_cases)
+
+check_apply_rope = spec.declare(spec.Spec(
+    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)), _judge_rope,
+    helpers=lambda: helper_checks(globals(), "apply_rope")),
+    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
+    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -714,19 +747,25 @@ def _which_heads(x: torch.Tensor, n_rep: int, got: torch.Tensor) -> str | None:
             f"before any reshape: x[:, :, None].expand(b, G, n_rep, T, D) or repeat_interleave(n_rep, dim=1).")
 
 
-@check
-def check_repeat_kv(repeat_kv: Callable, hidden: bool = False) -> None:
-    """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` = group ``h // n_rep``."""
-    exercise = "repeat_kv"
-    cases = [
+def _repeat_cases() -> list[Case]:
+    return [
         Case("(2, 2, 5, 3), n_rep=3", (rand(2, 2, 5, 3, seed=811), 3)),
         Case("(1, 4, 3, 2), n_rep=2", (rand(1, 4, 3, 2, seed=812), 2)),
         Case("(2, 3, 4, 5), n_rep=1: nothing to repeat", (rand(2, 3, 4, 5, seed=813), 1)),
     ]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, repeat_kv, cases, diagnose=_repeat_diagnosis, quiet=True)
-    passed(exercise, f"{len(cases)} cases agree: each key/value head repeated n_rep times in a row "
-                     f"({'; '.join(c.name for c in cases)})")
+
+
+def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis)
+    return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
+            f"({'; '.join(s.case.name for s in plan)})")
+
+
+_repeat_all = spec.with_hidden("repeat_kv", _repeat_cases)
+
+check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden)), _judge_repeat),
+                               """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` =
+    group ``h // n_rep``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -958,8 +997,23 @@ def _mask_mod_outcome(mask_mod_factory: Callable, case: Case, keep_error: bool =
     return ["mask", got, how]
 
 
+def _mask_mod_run(mask_mod_factory: Callable | None, case: Case) -> list:
+    """The runner of a mask_mod step: :func:`_mask_mod_outcome`, or ``["absent", type name]`` when the check
+    was given no ``sliding_window_mask_mod`` (``None``) or something that cannot be called."""
+    if mask_mod_factory is None or not callable(mask_mod_factory):
+        return ["absent", type(mask_mod_factory).__name__]
+    return _mask_mod_outcome(mask_mod_factory, case)
+
+
+def _mod_of(student: object) -> Callable | None:
+    """The ``sliding_window_mask_mod`` defined beside ``student`` (in its module or notebook), if any: the
+    companion the unbound spec runs (``checks.SPECS``' plan-covers-judge test); a check call names its own."""
+    found = getattr(student, "__globals__", {}).get(MASK_MOD)
+    return found if callable(found) else None
+
+
 def _valid_outcome(outcome: object, T: int) -> bool:
-    """Whether a (replayed, so untrusted) outcome of :func:`_mask_mod_outcome` is one it can give."""
+    """Whether a (handed out, so untrusted) outcome of :func:`_mask_mod_outcome` is one it can give."""
     if not isinstance(outcome, list) or not outcome or not isinstance(outcome[0], str):
         return False
     kind, rest = outcome[0], outcome[1:]
@@ -969,25 +1023,26 @@ def _valid_outcome(outcome: object, T: int) -> bool:
     if kind == "not_callable":
         return len(rest) == 1 and isinstance(rest[0], str)
     if kind in ("factory_error", "mod_error"):
-        return len(rest) in (2, 3) and isinstance(rest[0], str) and isinstance(rest[1], str)
+        return len(rest) == 2 and isinstance(rest[0], str) and isinstance(rest[1], str)
     return False
 
 
-def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[Case]) -> str:
-    """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not."""
+def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spec.Step],
+                    outcomes: spec.Outcomes) -> str:
+    """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not (``steps``: the
+    plan's mask_mod steps; ``mask_mod_factory``: the student's, or the grader's stand-in, read for its source)."""
     require_callable(exercise, mask_mod_factory)
     if "raise NotImplementedError" in (rules.source_of(mask_mod_factory) or ""):
         fail(exercise, "sliding_window_mask agrees with ours, but sliding_window_mask_mod is " + NOT_IMPLEMENTED)
     check_rules(exercise, mask_mod_factory)
     how = ""
-    for case in cases:
+    for step in steps:
+        case = step.case
         T, window = case.args
         hidden_entries = expect(exercise, case.key(), lambda: _expected.reference(exercise)(T, window))
-        outcome = _probe.run_or_replay(mask_mod_factory, case,
-                                       lambda f, c: _mask_mod_outcome(f, c, keep_error=True))
+        outcome = outcomes[step.key]
         if not _valid_outcome(outcome, T):
-            raise _probe.ReplayMiss(f"what came back from sliding_window_mask_mod on case '{case.name}' is not a "
-                                    f"({T}, {T}) mask, a type name or an error")
+            spec.refuse(MASK_MOD, f"mask_mod on case '{case.name}'")
         kind = outcome[0]
         if kind == "factory_error":
             if outcome[1] == "NotImplementedError":
@@ -997,7 +1052,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
             try:
                 fail(exercise, f"your code raised {outcome[1]}: {said}", Case(f"{MASK_MOD}({window})", (window,)))
             except CheckFailed as error:
-                error.student_error = outcome[3] if len(outcome) == 4 else None
+                error.student_error = wire.error_of(outcome[1], outcome[2])
                 raise
         if kind == "not_callable":
             fail(exercise, f"{MASK_MOD}({window}) returned {outcome[1]}; it must return a "
@@ -1012,7 +1067,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
                         "or `if`.")
             error = CheckFailed(f"❌ {exercise} on case '{case.name}': your mask_mod raised {outcome[1]}: "
                                 f"{text.splitlines()[0] if text else ''}.{hint}")
-            error.student_error = outcome[3] if len(outcome) == 4 else None
+            error.student_error = wire.error_of(outcome[1], text)
             raise error from error.student_error
         got, how = outcome[1], outcome[2]
         allowed = ~hidden_entries
@@ -1032,28 +1087,68 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
     return how
 
 
+#: The prefix of the keys of ``sliding_window_mask``'s plan that run the companion's ``mask_mod``.
+MOD_STEP = "mask_mod: "
+_NO_MOD = object()  # the unbound spec's judge: the companion is the one defined beside the student's function
+
+
+def _window_cases() -> list[Case]:
+    return [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
+
+
+_window_all = spec.with_hidden("sliding_window_mask", _window_cases)
+
+
+def _window_plan(hidden: bool) -> list[spec.Step]:
+    """The mask's calls, its call that must raise, and each case's mask made from the companion's ``mask_mod``
+    (always planned: its runner says ``"absent"`` where the test cell gave none)."""
+    cases = _window_all(hidden)
+    return spec.calls(cases) + spec.calls([Case("num_tokens=4, window=0", (4, 0))], MUST_RAISE) + \
+        [spec.Step(f"{MOD_STEP}{case.key()}", case, "mask_mod") for case in cases]
+
+
+def _judge_window(plan: list[spec.Step], outcomes: spec.Outcomes, mod: object = _NO_MOD) -> str:
+    """``mod``: the test cell's ``sliding_window_mask_mod`` (the grader's stand-in for it, outside), ``None``
+    where it gave none."""
+    exercise = "sliding_window_mask"
+    mods = [s for s in plan if s.run == "mask_mod"]
+    compared, raising = _split([s for s in plan if s.run != "mask_mod"])
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_window_diagnosis)
+    _bool_masks(exercise, compared, outcomes)
+    if any(_returned(outcomes[step.key]) for step in raising):
+        fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
+                       "(every row of scores -inf, NaN weights). Raise a ValueError when window < 1.")
+    if mod is _NO_MOD:
+        mod = _mod_of(outcomes.student)
+    absent = [o[1] for o in (outcomes[s.key] for s in mods)
+              if isinstance(o, list) and len(o) == 2 and o[0] == "absent" and isinstance(o[1], str)]
+    if absent:
+        if len(absent) != len(mods) or len(set(absent)) != 1:
+            spec.refuse(MASK_MOD, "mask_mod (absent for some cases only)")
+        if mod is not None:  # the grader's stand-in: what the kernel was given cannot be called
+            mod = type(absent[0], (), {})()
+    how = _check_mask_mod(exercise, mod, mods, outcomes) if mod is not None else ""
+    return (f"{len(compared)} cases give a boolean mask, True outside the causal window "
+            f"({'; '.join(s.case.name for s in compared)})"
+            + (f"; the mask_mod keeps exactly the other entries (made by {how})" if mod is not None else ""))
+
+
+_WINDOW_SPEC = spec.Spec("sliding_window_mask", _window_plan, _judge_window,
+                         runners={"mask_mod": lambda student, case: _mask_mod_run(_mod_of(student), case)})
+
+
 @check
 def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask_mod: Callable | None = None,
                               hidden: bool = False) -> None:
     """Check ``sliding_window_mask(num_tokens, window)`` (bool ``(T, T)``, True = hidden) and, when given,
-    ``sliding_window_mask_mod(window)``, whose ``mask_mod`` must keep exactly the other entries."""
-    exercise = "sliding_window_mask"
-    cases = [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, sliding_window_mask, cases, diagnose=_window_diagnosis, quiet=True)
-    if _probe.active(exercise):  # under the grader: the checks below run outside, on what these hand out
-        _probe.record(exercise, sliding_window_mask, cases + [Case("num_tokens=4, window=0", (4, 0))])
-        _probe.record_runs(MASK_MOD, sliding_window_mask_mod, cases if sliding_window_mask_mod is not None else [],
-                           _mask_mod_outcome)
-        return
-    _bool_mask_check(exercise, sliding_window_mask, cases)
-    if _raises(sliding_window_mask, 4, 0) is None:
-        fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
-                       "(every row of scores -inf, NaN weights). Raise a ValueError when window < 1.")
-    how = ""
-    if sliding_window_mask_mod is not None:
-        how = _check_mask_mod(exercise, sliding_window_mask_mod, cases)
-    passed(exercise, f"{len(cases)} cases give a boolean mask, True outside the causal window "
-                     f"({'; '.join(c.name for c in cases)})"
-           + (f"; the mask_mod keeps exactly the other entries (made by {how})" if sliding_window_mask_mod else ""))
+    ``sliding_window_mask_mod(window)``, whose ``mask_mod`` must keep exactly the other entries.
 
+    One spec (``check_sliding_window_mask.spec``): the companion's masks are steps of the exercise's plan,
+    run by a runner bound here to the companion the test cell gives."""
+    mod = sliding_window_mask_mod
+    bound = dataclasses.replace(_WINDOW_SPEC, judge=functools.partial(_judge_window, mod=mod),
+                                runners={"mask_mod": lambda student, case: _mask_mod_run(mod, case)})
+    bound.check(sliding_window_mask, hidden)
+
+
+check_sliding_window_mask.spec = _WINDOW_SPEC  # type: ignore[attr-defined]

@@ -45,6 +45,7 @@ import torch.nn as nn
 from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks import probe as _probe
+from course_utils.checks import spec as _spec
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -58,7 +59,6 @@ from course_utils.checks.core import (
     call_student,
     check,
     check_rules,
-    compare_function,
     describe_shape,
     expect,
     expected_parameter_shapes,
@@ -106,33 +106,43 @@ def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_sinusoidal_positions(sinusoidal_positions: Callable, hidden: bool = False) -> None:
-    """Check ``sinusoidal_positions(num_positions, d_model)`` -> ``(num_positions, d_model)``."""
-    exercise = "sinusoidal_positions"
-    cases = [
+#: The key of ``sinusoidal_positions``' call with an odd ``d_model``, which must raise.
+_ODD = "must raise: num_positions=4, d_model=5"
+
+
+def _sinusoid_cases() -> list[Case]:
+    return [
         Case("num_positions=6, d_model=4", (6, 4)),
         Case("num_positions=16, d_model=32 (the trained model's size)", (16, 32)),
         Case("one position, d_model=2", (1, 2)),
     ]
-    compare_function(exercise, sinusoidal_positions, cases + (hidden_cases(exercise) if hidden else []),
-                     atol=1e-4, rtol=1e-4, diagnose=_sinusoid_diagnose)
-    if _probe.active(exercise):  # under the grader: the odd d_model below runs outside, on its handed-out outcome
-        _probe.record(exercise, sinusoidal_positions, [Case("num_positions=4, d_model=5", (4, 5))])
-        return
-    try:
-        sinusoidal_positions(4, 5)
-    except ValueError:
-        pass
-    except NotImplementedError:
+
+
+_sinusoid_all = _spec.with_hidden("sinusoidal_positions", _sinusoid_cases)
+
+
+def _judge_sinusoid(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "sinusoidal_positions"
+    compared = [s for s in plan if s.key != _ODD]
+    passed(exercise, _spec.compare_outcomes(exercise, compared, outcomes, atol=1e-4, rtol=1e-4,
+                                           diagnose=_sinusoid_diagnose))
+    got = outcomes[_ODD]
+    if isinstance(got, NotImplementedError):
         fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"sinusoidal_positions(4, 5) raised {type(exc).__name__}: {exc}. An odd d_model cannot hold "
+    if isinstance(got, BaseException) and not isinstance(got, ValueError):
+        fail(exercise, f"sinusoidal_positions(4, 5) raised {type(got).__name__}: {got}. An odd d_model cannot hold "
                        f"sin and cos pairs: raise a ValueError that says so")
-    else:
+    if not isinstance(got, BaseException):
         fail(exercise, "sinusoidal_positions(4, 5) returned a result: sin and cos come in pairs, so an odd d_model "
                        "must raise a ValueError")
-    passed(exercise, "an odd d_model raises a ValueError")
+    return "an odd d_model raises a ValueError"
+
+
+check_sinusoidal_positions = _spec.declare(_spec.Spec(
+    "sinusoidal_positions",
+    lambda hidden: _spec.calls(_sinusoid_all(hidden)) + [_spec.Step(_ODD, Case("num_positions=4, d_model=5", (4, 5)))],
+    _judge_sinusoid),
+    """Check ``sinusoidal_positions(num_positions, d_model)`` -> ``(num_positions, d_model)``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -981,13 +991,11 @@ def _step_run(train_step: Callable, case: Case) -> list:
     return [losses, trace["returned"], trace["grads"], trace["params"]]
 
 
-def _step_trace_of(train_step: Callable, spec: dict) -> dict:
-    """:func:`step_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
-    (``probe.ReplayMiss``) unless it is one loss, one word for what was returned, the gradients the optimizer
+def _step_trace_of(outcome: object, spec: dict) -> dict:
+    """The trace :func:`_step_run` gave for ``spec`` (an outcome, so untrusted under the grader), refused
+    (``spec.Forged``) unless it is one loss, one word for what was returned, the gradients the optimizer
     stepped with (or ``None``) and the parameters after the step, per step, for the stand-in model's parameters."""
-    if not isinstance(train_step, _probe.Replayed):
-        return step_trace(train_step, spec)
-    found = _probe.run_or_replay(train_step, _step_case(spec), _step_run)
+    found = outcome
     with torch.device("meta"):  # the stand-in's parameter names, without drawing from the random generator
         names = [n for n, _ in StandInLM(spec["vocab_size"], spec["d"]).named_parameters()]
     steps = spec["steps"]
@@ -1000,9 +1008,8 @@ def _step_trace_of(train_step: Callable, spec: dict) -> dict:
                                                                          for f in found)
             and all(isinstance(r, str) for r in found[1])
             and all(g is None or tensors(g, True) for g in found[2]) and all(tensors(p, False) for p in found[3])):
-        raise _probe.ReplayMiss("what came back from train_step's steps on the stand-in model is not, per step, the "
-                                "loss, what was returned, the gradients the optimizer stepped with and the "
-                                "parameters after the step: the hand-off was changed")
+        _spec.refuse("train_step", "steps on the stand-in model (per step: the loss, what was returned, the "
+                                   "gradients the optimizer stepped with and the parameters after the step)")
     return {"loss": found[0], "returned": found[1], "grads": found[2], "params": found[3], "names": names}
 
 
@@ -1100,45 +1107,49 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     return None
 
 
-@check
-def check_train_step(train_step: Callable, hidden: bool = False) -> None:
-    """Check ``train_step(model, batch, optimizer)`` on a stand-in model: loss, gradients, parameters."""
-    exercise = "train_step"
-    require_callable(exercise, train_step)
-    check_rules(exercise, train_step)
-    specs = [
+def _step_specs() -> list[dict]:
+    return [
         {"vocab_size": 7, "d": 6, "b": 3, "T": 6, "answer_from": 3, "optimizer": "SGD", "steps": 2, "seed": 9041},
         {"vocab_size": 5, "d": 4, "b": 2, "T": 5, "answer_from": [1, 4], "optimizer": "AdamW", "steps": 2,
          "seed": 9042, "dropout": 0.2},
-    ] + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
-        _probe.record_runs(exercise, train_step, [_step_case(spec) for spec in specs], _step_run)
-        return
-    if any(spec.get("dropout") for spec in specs) and not random_outputs_comparable(exercise):
-        specs = [spec for spec in specs if not spec.get("dropout")]
-    for spec in specs:
+    ]
+
+
+def _step_plan(hidden: bool) -> list[_spec.Step]:
+    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model."""
+    specs = _step_specs() + (list(hidden_cases("train_step")) if hidden else [])
+    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs]
+
+
+def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "train_step"
+    specs = [step.case.kwargs for step in plan]
+    if any(s.get("dropout") for s in specs) and not random_outputs_comparable(exercise):
+        plan = [step for step in plan if not step.case.kwargs.get("dropout")]
+    for step in plan:
+        spec = step.case.kwargs
         case = Case(_step_spec_name(spec), (spec,))
         want = expect(exercise, case.key(), lambda: step_trace(_expected.reference(exercise), spec))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got = _step_trace_of(train_step, spec)
-        except NotImplementedError:
+        found = outcomes[step.key]
+        if isinstance(found, NotImplementedError):
             fail(exercise, NOT_IMPLEMENTED)
-        except Exception as exc:  # noqa: BLE001
+        if isinstance(found, BaseException):
             try:
-                fail(exercise, f"your code raised {type(exc).__name__}: {exc}.", case)
+                fail(exercise, f"your code raised {type(found).__name__}: {found}.", case)
             except CheckFailed as error:
-                error.student_error = exc
-                raise _hinted(error, _step_error_hint(exc)) from exc
-        found = _trace_problem(want, got)
-        if found is None:
+                error.student_error = found
+                raise _hinted(error, _step_error_hint(found)) from found
+        got = _step_trace_of(found, spec)
+        problem = _trace_problem(want, got)
+        if problem is None:
             returned = next((r for r in got["returned"] if r != "float"), "float")
-            problem = _return_problem(returned)
-            if problem:
-                fail(exercise, problem + ".", case)
+            said = _return_problem(returned)
+            if said:
+                fail(exercise, said + ".", case)
             continue
-        problem, k = found
+        problem, k = problem
         hint = None
         for mistake_hint, output in mistake_outputs(exercise, case):
             if _same_trace(output, got):
@@ -1149,8 +1160,13 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
             fail(exercise, problem.rstrip(".") + ".", case)
         except CheckFailed as error:
             raise _hinted(error, hint) from None
-    passed(exercise, f"{len(specs)} runs of two steps agree with the reference: the loss on the answer positions, "
-                     f"the gradients the optimizer stepped with, and the parameters after each step")
+    return (f"{len(plan)} runs of two steps agree with the reference: the loss on the answer positions, "
+            f"the gradients the optimizer stepped with, and the parameters after each step")
+
+
+check_train_step = _spec.declare(_spec.Spec("train_step", _step_plan, _judge_train_step, runners={"steps": _step_run}),
+                                 """Check ``train_step(model, batch, optimizer)`` on a stand-in model: loss,
+    gradients, parameters.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -1279,13 +1295,11 @@ def _generate_run(generate: Callable, case: Case) -> list:
              torch.tensor(run["calls"], dtype=torch.int64).reshape(-1, 3)] for run in trace["runs"]]
 
 
-def _generate_trace_of(generate: Callable, spec: dict) -> dict:
-    """:func:`generate_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
-    (``probe.ReplayMiss``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what
-    it returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
-    if not isinstance(generate, _probe.Replayed):
-        return generate_trace(generate, spec)
-    found = _probe.run_or_replay(generate, _generate_case(spec), _generate_run)
+def _generate_trace_of(outcome: object, spec: dict) -> dict:
+    """The trace :func:`_generate_run` gave for ``spec`` (an outcome, so untrusted under the grader), refused
+    (``spec.Forged``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what it
+    returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
+    found = outcome
 
     def names(value: object, n: int) -> bool:
         return isinstance(value, list) and len(value) == n and all(isinstance(v, str) for v in value)
@@ -1298,8 +1312,8 @@ def _generate_trace_of(generate: Callable, spec: dict) -> dict:
             isinstance(run, list) and len(run) == 3 and (run[0] is None or isinstance(run[0], torch.Tensor)
                                                          or names(run[0], 1))
             and (run[1] is None or names(run[1], 2)) and calls(run[2]) for run in found)):
-        raise _probe.ReplayMiss("what came back from generate on the stand-in model is not, per call, the tokens it "
-                                "returned, what it raised and the model's calls: the hand-off was changed")
+        _spec.refuse("generate", "calls on the stand-in model (per call: the tokens it returned, what it raised "
+                                 "and the model's calls)")
     return {"runs": [{"out": out, "error": error, "calls": [[int(n), bool(c), int(s)] for n, c, s in made.tolist()]}
                      for out, error, made in found]}
 
@@ -1392,10 +1406,7 @@ def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str 
     return None
 
 
-@check
-def check_generate(generate: Callable, hidden: bool = False) -> None:
-    """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k, use_cache)`` on a stand-in model."""
-    exercise = "generate"
+def _generate_specs() -> list[dict]:
     base = {"vocab_size": 7, "d": 6, "top_k": None, "prefill": 0}
     specs = [
         {**base, "name": "greedy with the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
@@ -1425,26 +1436,35 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
         {**base, "name": "top_k=0", "context_length": 8, "b": 1, "runs": [(2, 3)], "temperature": 1.0, "top_k": 0,
          "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
     ]
-    specs = specs + errors + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
-        _probe.record_runs(exercise, generate, [_generate_case(spec) for spec in specs], _generate_run)
-        return
-    require_callable(exercise, generate)
-    check_rules(exercise, generate)
+    return specs + errors
+
+
+def _generate_plan(hidden: bool) -> list[_spec.Step]:
+    """One step per spec of :func:`generate_trace`: every call of ``generate`` on a fresh stand-in model."""
+    specs = _generate_specs() + (list(hidden_cases("generate")) if hidden else [])
+    return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs]
+
+
+def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "generate"
+    specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
     if sampled and not random_outputs_comparable(exercise, "sampling"):
-        specs = [s for s in specs if s not in sampled]
+        plan = [step for step in plan if step.case.kwargs not in sampled]
         compared = "greedy decoding"
-    for spec in specs:
+    for step in plan:
+        spec = step.case.kwargs
         case = Case(spec["name"], (spec,))
         want = expect(exercise, case.key(), lambda: generate_trace(_expected.reference(exercise), spec))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got = _generate_trace_of(generate, spec)
-        except NotImplementedError:
+        found = outcomes[step.key]
+        if isinstance(found, NotImplementedError):
             fail(exercise, NOT_IMPLEMENTED)
+        if isinstance(found, BaseException):  # generate_trace keeps generate's own errors: only its set-up raises
+            raise found
+        got = _generate_trace_of(found, spec)
         where = _spec_text(spec)
         for k, (w, g) in enumerate(zip(want["runs"], got["runs"])):
             call = f"call {k + 1}: " if len(spec["runs"]) > 1 else ""
@@ -1476,6 +1496,12 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
                 fail(exercise, f"{where}: {call}{text}.", case)
             except CheckFailed as error:
                 raise _hinted(error, hint) from None
-    passed(exercise, f"{len(specs)} cases agree with the reference: {compared} "
-                     f"with and without the cache, the model read once per new token, reset_cache between calls, "
-                     f"and a ValueError before any model call for too long an output or a bad argument")
+    return (f"{len(plan)} cases agree with the reference: {compared} "
+            f"with and without the cache, the model read once per new token, reset_cache between calls, "
+            f"and a ValueError before any model call for too long an output or a bad argument")
+
+
+check_generate = _spec.declare(_spec.Spec("generate", _generate_plan, _judge_generate,
+                                          runners={"generate": _generate_run}),
+                               """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k,
+    use_cache)`` on a stand-in model.""")

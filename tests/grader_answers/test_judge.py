@@ -11,11 +11,12 @@ message. Then each way a hand-off can be bad is refused with its reason, and not
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pytest
 import torch
 
-from course_utils.checks import probe
+from course_utils.checks import probe, wire
 from grader import autograde, course, judge
 from tests.fixtures.answers import load
 from tests.support import harness
@@ -1065,11 +1066,48 @@ def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 08: its functions judged outside; sliding_window_mask_mod's outcome as a companion
+# Notebook 08: its functions are specs; sliding_window_mask_mod's masks are steps of sliding_window_mask's plan
 # --------------------------------------------------------------------------------------------
 NB08 = "08_kv_cache_gqa_and_windows"
 _NB08 = load(NB08)
 WINDOW_TEST, DECODE_TEST = "test_sliding_window_mask", "test_decode_causal_mask"
+
+
+def _outcomes_of(records: list[dict], exercise: str, plan: str = "visible") -> list[dict]:
+    """The outcomes (``[key, outcome]`` pairs, by reference) of each of ``exercise``'s records of ``plan`` (one per
+    try of ``modules.alone``): what a spec's check hands out (``spec.Spec.hand_out``)."""
+    return [r["outcomes"] for r in records if r["exercise"] == exercise and r.get("plan") == plan]
+
+
+def _forge_outcome(records: list[dict], exercise: str, keyed: Callable[[str], bool], change: Callable[[dict], None],
+                   plan: str = "visible") -> list[dict]:
+    """A copy of ``records`` with ``change(outcome)`` made to the first outcome whose key ``keyed`` picks, in each
+    try's record of ``plan``."""
+    forged = _copy(records)
+    for outcomes in _outcomes_of(forged, exercise, plan):
+        change(next(o for k, o in outcomes if keyed(k)))
+    return forged
+
+
+def _drop_outcome(records: list[dict], exercise: str, keyed: Callable[[str], bool]) -> list[dict]:
+    """A copy of ``records`` without the outcomes whose keys ``keyed`` picks (every plan, every try)."""
+    forged = _copy(records)
+    for record in forged:
+        if record["exercise"] == exercise:
+            record["outcomes"] = [[k, o] for k, o in record["outcomes"] if not keyed(k)]
+    return forged
+
+
+def _is_mod(key: str) -> bool:
+    from course_utils.checks import nb08
+
+    return key.startswith(nb08.MOD_STEP)
+
+
+def _must_raise(key: str) -> bool:
+    from course_utils.checks import nb08
+
+    return key.startswith(nb08.MUST_RAISE)
 
 
 @pytest.fixture(scope="module")
@@ -1084,77 +1122,120 @@ def honest_decode():
     yield from _honest(NB08, "decode_causal_mask", _NB08._DECODE, DECODE_TEST)
 
 
-def _mod_records(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["exercise"] == "sliding_window_mask_mod"]
+def _window_sources(sources: dict) -> dict:
+    """The answer cell's two functions, as the grader reads them from the submission (``judge.answer_sources``)."""
+    return {**sources, "sliding_window_mask_mod": autograde._def_source(_NB08._WINDOW, "sliding_window_mask_mod")[0]}
 
 
 def test_an_honest_window_hand_off_passes(tmp_path, honest_window):
+    """The companion's masks are outcomes of sliding_window_mask's own plan: nothing goes out under its name."""
     records, sources = honest_window
-    mods = _mod_records(records)
-    assert mods and all([i["kind"] for i in r["result"]["items"]] == ["text", "tensor", "text"] for r in mods)
-    assert "def sliding_window_mask_mod" in sources["sliding_window_mask_mod"]
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, records, sources)
+    assert {r["exercise"] for r in records} == {"sliding_window_mask"}
+    mods = [o for outcomes in _outcomes_of(records, "sliding_window_mask") for k, o in outcomes if _is_mod(k)]
+    assert mods and all([i["kind"] for i in o["result"]["items"]] == ["text", "tensor", "text"] for o in mods)
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, records, _window_sources(sources))
     assert verdict.ename is None and "the mask_mod keeps exactly the other entries" in verdict.text, verdict.evalue
 
 
 @pytest.mark.parametrize("forge", ["a mask of another shape", "an unknown outcome", "a number", "too few items"])
 def test_a_malformed_mask_mod_outcome_scores_zero(tmp_path, honest_window, forge):
     records, sources = honest_window
-    forged = _copy(records)
-    items = _mod_records(forged)[0]["result"]["items"]
-    if forge == "a mask of another shape":
-        items[1]["value"] = torch.zeros(3, 3, dtype=torch.bool)
-    elif forge == "an unknown outcome":
-        items[0]["value"] = "verdict"
-    elif forge == "a number":
-        _mod_records(forged)[0]["result"] = {"kind": "number", "type": "bool", "value": True}
-    else:
-        items.pop()
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, forged, sources)
+
+    def change(outcome: dict) -> None:
+        items = outcome["result"]["items"]
+        if forge == "a mask of another shape":
+            items[1]["value"] = torch.zeros(3, 3, dtype=torch.bool)
+        elif forge == "an unknown outcome":
+            items[0]["value"] = "verdict"
+        elif forge == "a number":
+            outcome["result"] = {"kind": "number", "type": "bool", "value": True}
+        else:
+            items.pop()
+
+    forged = _forge_outcome(records, "sliding_window_mask", _is_mod, change)
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, forged, _window_sources(sources))
     assert verdict.ename == judge.HANDOFF_ERROR and "what came back from sliding_window_mask_mod" in verdict.evalue, \
         verdict.evalue
 
 
 def test_a_mask_mod_outcome_is_judged_outside(tmp_path, honest_window):
-    """A forged mask earns nothing; a missing outcome, or one that says there was no mask_mod, scores 0."""
+    """A forged mask earns nothing; a missing outcome scores 0; one that says the kernel's mask_mod could not be
+    called fails as the check would on what the kernel was given."""
     records, sources = honest_window
-    flipped = _copy(records)
-    first = _mod_records(flipped)[0]["result"]["items"][1]
-    first["value"] = ~first["value"]
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, flipped, sources)
+    sources = _window_sources(sources)
+
+    def flip(outcome: dict) -> None:
+        mask = outcome["result"]["items"][1]
+        mask["value"] = ~mask["value"]
+
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, _forge_outcome(records, "sliding_window_mask", _is_mod, flip),
+                          sources)
     assert verdict.ename == "CheckFailed" and "MAY attend" in verdict.evalue, verdict.evalue
-    gone = [r for r in _copy(records) if r["exercise"] != "sliding_window_mask_mod"]
+    gone = _drop_outcome(records, "sliding_window_mask", _is_mod)
     verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    none = gone + [{"exercise": "sliding_window_mask_mod", "callable": False, "type": "NoneType"}]
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+    none = _copy(records)
+    for record in none:
+        record["outcomes"] = [[k, {"result": wire.encode(["absent", "NoneType"])} if _is_mod(k) else o]
+                              for k, o in record["outcomes"]]
     verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, none, sources)
     assert verdict.ename == "CheckFailed" and "got NoneType" in verdict.evalue, verdict.evalue
+    some = _forge_outcome(records, "sliding_window_mask", _is_mod,
+                          lambda o: o.update(result=wire.encode(["absent", "NoneType"])))
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, some, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "absent for some cases only" in verdict.evalue, verdict.evalue
 
 
 def test_the_calls_that_must_raise_are_judged_outside(tmp_path, honest_decode):
-    """decode_causal_mask's dtype pass and its calls with more queries than keys are handed out too: one
-    left out scores 0, one forged into a mask fails as the kernel's own check would."""
+    """decode_causal_mask's calls with more queries than keys are steps of its plan, and its dtype check reads the
+    compared calls' outcomes: one left out scores 0, one forged into a mask fails as the kernel's own check would."""
     records, sources = honest_decode
-    assert [r.get("error", {}).get("type") for r in records[-2:]] == ["ValueError", "ValueError"]
+    raising = [o for k, o in _outcomes_of(records, "decode_causal_mask")[0] if _must_raise(k)]
+    assert [o.get("error", {}).get("type") for o in raising] == ["ValueError", "ValueError"]
     verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, records, sources)
     assert verdict.ename is None and "num_queries > num_keys raises" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[-2].pop("error")
-    forged[-2]["result"] = {"kind": "tensor", "value": torch.zeros(5, 3, dtype=torch.bool)}
-    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, forged, sources)
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _drop_outcome(records, "decode_causal_mask", _must_raise),
+                          sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def returned(outcome: dict) -> None:
+        outcome.pop("error")
+        outcome["result"] = wire.encode(torch.zeros(5, 3, dtype=torch.bool))
+
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _forge_outcome(records, "decode_causal_mask", _must_raise,
+                                                                       returned), sources)
     assert verdict.ename == "CheckFailed" and "Raise a ValueError" in verdict.evalue, verdict.evalue
-    floats = _copy(records)
-    n = (len(records) - 2) // 2
-    floats[n]["result"]["value"] = floats[n]["result"]["value"].float()  # the dtype pass's first output
+    floats = _forge_outcome(records, "decode_causal_mask", lambda k: not _must_raise(k),
+                            lambda o: o.update(result=wire.encode(wire.decode(o["result"]).float())))
     verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, floats, sources)
     assert verdict.ename == "CheckFailed" and "torch.bool" in verdict.evalue, verdict.evalue
+
+
+def _plans(exercises: tuple[str, ...]) -> dict[str, tuple[list[str], int]]:
+    """exercise -> (the keys of its hidden plan, the number of its visible steps), as the grader builds them (to be
+    read before a kernel's inputs are set: there the hidden cases come only from the plan sent in)."""
+    from course_utils import checks
+
+    return {e: ([s.key for s in checks.SPECS[e].steps(True)], len(checks.SPECS[e].steps(False))) for e in exercises}
+
+
+def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
+    """The hidden cases of a spec's exercise reach the kernel inside the plan the grader sends in (``probe.plan``),
+    after the visible steps, as they went."""
+    sent = probe.plan(exercise, True)
+    keys, visible = plans[exercise]
+    assert [k for k, _, _ in sent] == keys and len(sent) > visible
+    for case in hidden:
+        found = next(c for k, c, _ in sent if c.name == case.name)
+        assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b) for a, b in zip(found.args, case.args))
 
 
 def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
+    plans = _plans(("repeat_kv", "sliding_window_mask"))
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
@@ -1165,10 +1246,9 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
         for exercise in ("repeat_kv", "sliding_window_mask"):
-            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
-            assert [c.name for c in got] == [c.name for c in want] and got
-            assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)
-                       for c, d in zip(got, want) for a, b in zip(c.args, d.args))
+            want = expected.instructor().hidden(exercise)
+            assert want
+            _hidden_in_plan(exercise, want, plans)
         got, want = probe.hidden_cases("GroupedQueryAttention"), expected.instructor().hidden("GroupedQueryAttention")
         assert got["not_dividing"] == want["not_dividing"] and got["not_dividing"]  # builds alone, as tuples
         assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
@@ -1209,17 +1289,17 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
         records, sources = judge.load_hand_off(handoff.outputs, "test_apply_rope")
     finally:
         handoff.remove()
-    n = 3  # the visible cases: their first try, then their second; then the hidden cases' two tries
-    assert all("error" in r for r in records[:n]) and all("result" in r for r in records[n:2 * n])
-    assert [r["attempt"] for r in records[:2 * n]] == [1] * n + [2] * n  # each marked with its try (probe.trying)
+    # one record per try and per check call: the visible plan's two tries, then the hidden plan's
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1), ("hidden", 2)]
+    assert all("error" in o for _, o in records[0]["outcomes"]) and all("result" in o for _, o in records[1]["outcomes"])
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
     assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
     both = _copy(records)
-    both[n:2 * n] = [dict(r, attempt=2) for r in _copy(records[:n])]
+    both[1], both[3] = dict(_copy(records[0]), attempt=2), dict(_copy(records[2]), attempt=2)
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", both, sources)
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
     # The marks bound each try: the second try's records unmarked, or marked as the first's, stand for neither.
     for forged in ([{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)],
                    [dict(r, attempt=1) for r in _copy(records)]):
@@ -1764,35 +1844,38 @@ def honest_step():
 
 
 def test_an_honest_step_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_step):
-    """Each spec's trace comes back as plain data, bound to the spec; a forged loss fails as the kernel's check
-    would, and a trace without its form, of another spec, or missing scores 0."""
+    """Each spec's trace comes back as plain data, under the spec's key; a forged loss, or another spec's trace,
+    fails as the kernel's check would, and a trace without its form, or missing, scores 0."""
     records, sources = honest_step
-    first = records[0]["result"]["items"]
-    assert [i["kind"] for i in first] == ["list"] * 4 and records[0]["inputs"]["kwargs"]["optimizer"]["value"] == "SGD"
+    outcomes = _outcomes_of(records, "train_step")[0]
+    assert [i["kind"] for i in outcomes[0][1]["result"]["items"]] == ["list"] * 4 and outcomes[0][0].startswith("SGD")
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, records, sources)
     assert verdict.ename is None and "runs of two steps agree" in verdict.text, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][1]["value"] += 0.5  # step 2's loss
+    first = lambda key: key == outcomes[0][0]  # noqa: E731
+    forged = _forge_outcome(records, "train_step", first,
+                            lambda o: o["result"]["items"][0]["items"][1].update(value=o["result"]["items"][0]["items"][1]["value"] + 0.5))
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "step 2: the returned loss is" in verdict.evalue, verdict.evalue
     for forge in ("a step left out", "a parameter as a number", "a word as a number"):
-        forged = _copy(records)
-        items = forged[0]["result"]["items"]
-        if forge == "a step left out":
-            for part in items:
-                part["items"].pop()
-        elif forge == "a parameter as a number":
-            items[3]["items"][0]["items"][0] = {"kind": "number", "type": "float", "value": 1.0}
-        else:
-            items[1]["items"][0] = {"kind": "number", "type": "int", "value": 1}
-        verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
+        def change(outcome: dict) -> None:
+            items = outcome["result"]["items"]
+            if forge == "a step left out":
+                for part in items:
+                    part["items"].pop()
+            elif forge == "a parameter as a number":
+                items[3]["items"][0]["items"][0] = {"kind": "number", "type": "float", "value": 1.0}
+            else:
+                items[1]["items"][0] = {"kind": "number", "type": "int", "value": 1}
+        verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _forge_outcome(records, "train_step", first, change), sources)
         assert verdict.ename == judge.HANDOFF_ERROR and "train_step's steps" in verdict.evalue, (forge, verdict.evalue)
     swapped = _copy(records)
-    swapped[0], swapped[1] = swapped[1], swapped[0]
+    for found in _outcomes_of(swapped, "train_step"):
+        found[0][1], found[1][1] = found[1][1], found[0][1]
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, swapped, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == "CheckFailed", verdict.evalue  # another spec's trace earns nothing
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _drop_outcome(records, "train_step", first), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
 
 
 @pytest.fixture(scope="module")
@@ -1834,17 +1917,24 @@ def honest_sinusoid():
 
 
 def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
-    """The call with an odd d_model is handed out after the compared ones: left out it scores 0, forged into a
-    result it fails as the kernel's check would."""
+    """The call with an odd d_model is a step of the plan after the compared ones: left out it scores 0, forged
+    into a result it fails as the kernel's check would."""
+    from course_utils.checks import nb09
+
     records, sources = honest_sinusoid
-    assert records[-1]["error"]["type"] == "ValueError"
+    odd = lambda key: key == nb09._ODD  # noqa: E731
+    assert next(o for k, o in _outcomes_of(records, "sinusoidal_positions")[0] if odd(k))["error"]["type"] == "ValueError"
     verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, records, sources)
     assert verdict.ename is None and "an odd d_model raises a ValueError" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[-1].pop("error")
-    forged[-1]["result"] = {"kind": "tensor", "value": torch.zeros(4, 5)}
+    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, _drop_outcome(records, "sinusoidal_positions", odd), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def returned(outcome: dict) -> None:
+        outcome.pop("error")
+        outcome["result"] = wire.encode(torch.zeros(4, 5))
+
+    forged = _forge_outcome(records, "sinusoidal_positions", odd, returned)
     verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "must raise a ValueError" in verdict.evalue, verdict.evalue
 
@@ -1852,6 +1942,7 @@ def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
 def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
+    plans = _plans(("train_step", "generate"))
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
@@ -1860,8 +1951,11 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
-        assert probe.hidden_cases("train_step") == expected.instructor().hidden("train_step")  # specs, as dicts
-        assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
+        for exercise in ("train_step", "generate"):  # specs, as dicts: the kwargs of the plan's hidden steps
+            want = expected.instructor().hidden(exercise)
+            sent = [c.kwargs for _, c, _ in probe.plan(exercise, True)]
+            assert want and [k for k, _, _ in probe.plan(exercise, True)] == plans[exercise][0], exercise
+            assert sent[plans[exercise][1]:] == want, exercise
         got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
             "LearnedPositionalEmbedding")
         for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):
@@ -1893,31 +1987,37 @@ def honest_generate():
 
 
 def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_generate):
-    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, bound to
-    the spec; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
+    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, under the
+    spec's key; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
     records, sources = honest_generate
-    out, error, calls = records[0]["result"]["items"][0]["items"]
+    key, outcome = _outcomes_of(records, "generate")[0][0]
+    out, error, calls = outcome["result"]["items"][0]["items"]
     assert out["kind"] == "tensor" and error["kind"] == "none" and calls["value"].tolist()[:2] == [[3, 1, 0], [1, 1, 3]]
     verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, records, sources)
     assert verdict.ename is None and "cases agree with the reference" in verdict.text, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][0]["value"][0, -1] += 1
-    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    first = lambda k: k == key  # noqa: E731
+
+    def token(o: dict) -> None:
+        o["result"]["items"][0]["items"][0]["value"][0, -1] += 1
+
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, token), sources)
     assert verdict.ename == "CheckFailed" and "row 0, new token 6" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
-    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+
+    def reads(o: dict) -> None:
+        o["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
+
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, reads), sources)
     assert verdict.ename == "CheckFailed" and "read more than the newest token" in verdict.evalue, verdict.evalue
     for forge in ("a negative count", "a call too many", "an error without its message"):
-        forged = _copy(records)
-        run = forged[0]["result"]["items"][0]["items"]
-        if forge == "a negative count":
-            run[2]["value"][0, 0] = -1
-        elif forge == "a call too many":
-            forged[0]["result"]["items"].append(forged[0]["result"]["items"][0])
-        else:
-            run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
-        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+        def change(o: dict) -> None:
+            run = o["result"]["items"][0]["items"]
+            if forge == "a negative count":
+                run[2]["value"][0, 0] = -1
+            elif forge == "a call too many":
+                o["result"]["items"].append(o["result"]["items"][0])
+            else:
+                run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
+        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, change), sources)
         assert verdict.ename == judge.HANDOFF_ERROR and "what came back from generate" in verdict.evalue, \
             (forge, verdict.evalue)
 
