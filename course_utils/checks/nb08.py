@@ -37,10 +37,9 @@ from typing import Callable, Sequence
 import torch
 
 from course_utils import rules
-from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
-from course_utils.checks import spec, wire
+from course_utils.checks import spec, viewed, wire
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
@@ -54,8 +53,10 @@ from course_utils.checks.core import (
     expect,
     fail,
     hidden_cases,
+    mistake_outputs,
     passed,
     rand,
+    reference_output,
     require_callable,
     tensor_difference,
 )
@@ -696,6 +697,21 @@ def _check_too_long(exercise: str, student: torch.nn.Module, build: tuple) -> No
                                            f"{context_length + 1} tokens", context_length)
 
 
+def _too_long_view(exercise: str, view: spec.ModuleView, build: tuple) -> None:
+    """:func:`_check_too_long` on a probed construction (its pass: eval, no seed, ``rand(1, context_length + 1,
+    d_in, seed=77)``)."""
+    d_in, context_length = build[0], build[2]
+    exc = view.forward("eval", None, rand(1, context_length + 1, d_in, seed=77))
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    if not isinstance(exc, BaseException):
+        fail(exercise, f"built with {build}: an input of T = context_length + 1 = {context_length + 1} tokens "
+                       f"returned an output instead of raising an error. The mask covers only context_length "
+                       f"positions: raise a ValueError that names the limit, context_length={context_length}.")
+    require_limit_error(exercise, exc, f"built with {build}: an input of T = context_length + 1 = "
+                                       f"{context_length + 1} tokens", context_length)
+
+
 # ------------------------------------------------------------------------------------------
 # repeat_kv
 # ------------------------------------------------------------------------------------------
@@ -783,10 +799,9 @@ def _gqa_shapes(got: list, want: list, build: tuple) -> str | None:
 _INVALID_VIEW = re.compile(r"shape '\[([\d, -]+)\]' is invalid for input of size (\d+)")
 
 
-def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
+def _gqa_error_hint(causal: Callable) -> Callable:
     """A ``diagnose`` that names a shape error between query heads and key/value heads, then falls back
-    on :func:`not_causal`."""
-    causal = not_causal(exercise, cls)
+    on ``causal`` (``viewed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException) and case.build is not None:
@@ -819,23 +834,6 @@ def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
     return diagnose
 
 
-def _forward_runs(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
-    """Run each case once in ``eval()`` mode; an error is reported with ``diagnose``'s hint."""
-    build, cases = config
-    student = build_student(exercise, cls, build).eval()
-    for case in cases:
-        try:
-            with torch.no_grad():
-                call_student(exercise, lambda: student(case.args[0].clone()), Case(f"{case.name}, built with {build}"))
-        except CheckFailed as error:
-            hint = diagnose(Case(case.name, case.args, build=build), error.student_error or error, None)
-            if not hint:
-                raise
-            hinted = CheckFailed(f"{error} Hint: {hint}")
-            hinted.student_error = error.student_error
-            raise hinted from None
-
-
 def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
     return [
         ((6, 8, 10, 0.0, 4, 2), [Case("4 query heads, 2 key/value groups, T=10", (rand(2, 10, 6, seed=821),)),
@@ -843,26 +841,6 @@ def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
         ((6, 8, 10, 0.0, 4, 4), [Case("num_kv_groups == num_heads: multi-head attention", (rand(2, 9, 6, seed=823),))]),
         ((6, 12, 8, 0.0, 6, 1), [Case("num_kv_groups == 1: multi-query attention", (rand(1, 8, 6, seed=824),))]),
     ]
-
-
-@check
-def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = False) -> None:
-    """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
-    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
-    ``context_length``. Runs with our ``repeat_kv`` (:func:`_alone`): a wrong ``repeat_kv`` costs only
-    ``repeat_kv``'s points."""
-    exercise = "GroupedQueryAttention"
-    cls = GroupedQueryAttention
-    require_callable(exercise, cls)
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
-        plan = _gqa_plan(exercise, hidden)
-        _alone(exercise, cls, lambda: _probe.record_module_probes(exercise, cls, plan, attempt=1))  # our repeat_kv
-        _probe.record_module_probes(exercise, cls, plan, attempt=2)  # the student's own
-        return
-    if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries
-        replayed_tries(cls, lambda: _check_gqa(exercise, cls, hidden))
-    else:
-        _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
 
 
 _GQA_DROPOUT_BUILD = (4, 8, 6, 0.5, 4, 2)
@@ -899,34 +877,77 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     return plan.items()
 
 
-def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
+def _gqa_steps(hidden: bool) -> list[spec.Step]:
+    """One probed construction per build of :func:`_gqa_plan` (``spec.probe_step``): what the judge reads."""
+    return [spec.probe_step(build, [(p.mode, p.seed, p.copy, p.x, p.kwargs) for p in probes])
+            for build, probes in _gqa_plan("GroupedQueryAttention", hidden)]
+
+
+def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "GroupedQueryAttention"
+    hidden = viewed.hidden_plan(plan, lambda: _gqa_steps(False))
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
+    views = viewed.views_of(exercise, plan, outcomes)
+
+    def view(build: tuple) -> spec.ModuleView:
+        return views[tuple(build)]
+
     dropout_build = _GQA_DROPOUT_BUILD
-    module_checks(exercise, cls, [build for build, _ in configs] + [dropout_build], _gqa_shapes)
-    diagnose = _gqa_error_hint(exercise, cls)
-    for config in configs:
-        _forward_runs(exercise, cls, config, diagnose)
-        finite_then_values(exercise, cls, config, diagnose)
+    for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
+        viewed.check_shapes(exercise, view(build), build, _gqa_shapes)
+    diagnose = _gqa_error_hint(viewed.not_causal(exercise, view))
+    for build, cases in configs:
+        viewed.built(exercise, view(build), build)  # the runs without a seed of their own
+        for case in cases:
+            got = view(build).forward("eval", None, case.args[0])
+            if isinstance(got, BaseException):
+                error = viewed.student_error(exercise, got, Case(f"{case.name}, built with {build}"))
+                hint = diagnose(Case(case.name, case.args, build=build), getattr(error, "student_error", None) or error,
+                                None)
+                if not hint:
+                    raise error
+                hinted = CheckFailed(f"{error} Hint: {hint}")
+                hinted.student_error = getattr(error, "student_error", None)
+                raise hinted from None
+        for case in cases:  # finite, then the values
+            viewed.check_finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
+        for case in cases:
+            mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
+            want = reference_output(exercise, mcase)
+            if _expected.is_recording():
+                mistake_outputs(exercise, mcase)
+            spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
-        manual_seed(123)
-        exc = _raises(cls, *build)
-        if exc is None:
+        found = view(build).built
+        if "error" in found and found["error"][0] == "NotImplementedError":
+            raise wire.error_of(*found["error"])
+        if "error" not in found:
             fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "
                            f"does not divide num_heads={build[4]}: the query heads cannot be shared evenly by the "
                            f"groups. Raise a ValueError in __init__ that says so.")
-    main = build_student(exercise, cls, configs[0][0])
+    first = configs[0][0]
+    viewed.built(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["causal"]
-    check_causal_module(exercise, main, rand(b, t, d, seed=seed))
-    _check_too_long(exercise, main, configs[0][0])
+    viewed.check_causal(exercise, view(first), rand(b, t, d, seed=seed))
+    _too_long_view(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["dropout"]
-    check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(b, t, d, seed=seed),
-                        f"built with {dropout_build}")
+    viewed.built(exercise, view(dropout_build), dropout_build)
+    viewed.check_dropout_modes(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
     b, t, d, seed = _GQA_INPUTS["moves"]
-    check_moves_with_module(exercise, main, configs[0][0], rand(b, t, d, seed=seed), f"built with {configs[0][0]}")
-    passed(exercise, f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
-                     f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
-                     f"input past context_length")
+    viewed.check_moves_with_module(exercise, view(first), first, rand(b, t, d, seed=seed), f"built with {first}")
+    return (f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
+            f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
+            f"input past context_length")
+
+
+check_GroupedQueryAttention = spec.declare(spec.Spec(
+    "GroupedQueryAttention", _gqa_steps, _judge_gqa, runners={spec.MODULE: spec.run_module},
+    helpers=lambda: helper_checks(globals(), "GroupedQueryAttention")),
+    """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
+    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
+    ``context_length``. Runs with our ``repeat_kv`` (:func:`modules.alone`): a wrong ``repeat_kv`` costs only
+    ``repeat_kv``'s points.""")
 
 
 # ------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import re
 from typing import Callable, Sequence
 
@@ -46,6 +47,7 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks import probe as _probe
 from course_utils.checks import spec as _spec
+from course_utils.checks import viewed, wire
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -171,6 +173,28 @@ def expected_output(exercise: str, case: Case) -> object:
         set_test_weights(construct(_expected.reference(exercise), case.build)), case))
 
 
+def compare_views(exercise: str, views: dict, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
+                    diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
+    """For each ``(build, cases)``: the student's module with the test weights (``views[build]``, a probed
+    construction) must give the expected outputs in ``eval()`` mode and, when the build's dropout (its float
+    argument) is positive, in ``train()`` mode under the same seed (7). Returns the number of outputs compared."""
+    count = 0
+    for build, cases in configs:
+        view = views[tuple(build)]
+        viewed.built(exercise, view, build)
+        dropout = next((a for a in build if isinstance(a, float)), 0.0)  # the one float argument, if any
+        for mode in modes_to_compare(exercise, dropout > 0):
+            for case in cases:
+                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
+                want = expected_output(exercise, mcase)
+                if _expected.is_recording():
+                    mistake_outputs(exercise, mcase)
+                got = view.forward(mode, 7, case.args[0], None, dict(case.kwargs) or None)
+                _spec.judge_forward(exercise, got, want, mcase, atol=atol, rtol=rtol, diagnose=diagnose)
+                count += 1
+    return count
+
+
 def student_with_test_weights(exercise: str, cls: Callable, build: tuple) -> nn.Module:
     """Build the student's module (its parameter shapes checked) and load the test weights into it."""
     return set_test_weights(build_student(exercise, cls, build))
@@ -223,6 +247,34 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def moves_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, where: str) -> None:
+    """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
+    after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run (:class:`OneDevice`). Its passes,
+    each under seed 7: ``x`` as built, then a float64 copy and a meta copy."""
+    base = view.forward("eval", 7, x)
+    if isinstance(base, BaseException):
+        raise base
+    x64 = x.to(torch.float64) if x.is_floating_point() else x
+    i = view.index("eval", 7, x64, "float64")
+    if not view.ran(i):
+        raise wire.error_of(*view.built["copy_error"])
+    out = view.forward("eval", 7, x64, "float64")
+    if isinstance(out, BaseException):
+        fail(exercise, f"{where}: after module.to(torch.float64) the forward pass raised {type(out).__name__}: {out}. "
+                       f"Do not fix a dtype inside forward; let everything follow the module")
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or tensor_difference(base, out, atol=1e-4) is not None:
+        fail(exercise, f"{where}: after module.to(torch.float64) the output is not the float32 output in float64 "
+                       f"(dtype {getattr(out, 'dtype', type(out).__name__)}). Let every tensor follow the module")
+    i = view.index("eval", 7, x.to("meta"), "meta")
+    if not view.ran(i):
+        raise wire.error_of(*view.built["copy_error"])
+    got = view.forward("eval", 7, x.to("meta"), "meta")
+    if isinstance(got, BaseException):
+        fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
+                       f"{type(got).__name__}: {got}. Create every tensor forward needs on the input's device "
+                       f"(torch.arange(T, device=x.device)), or make it a buffer")
+
+
 def moves_with_module(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
     """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
     after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run."""
@@ -261,6 +313,52 @@ def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[lis
         problem = "the right parameters, created in another order: create the layers in the order the exercise gives"
     if problem:
         fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
+
+
+def _shape_view(exercise: str, view: "_spec.ModuleView", build: tuple,
+                 name: Callable[[list, list, tuple], "str | None"]) -> None:
+    want = expected_parameter_shapes(exercise, build)
+    got = viewed.shapes(exercise, view)
+    if got is None or got == want:
+        return
+    problem = name(got, want, build)
+    if problem is None and sorted(got) == sorted(want):
+        problem = "the right parameters, created in another order: create the layers in the order the exercise gives"
+    if problem:
+        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
+
+
+def _too_long_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, context_length: int, where: str,
+                     **kwargs) -> None:
+    """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit (its
+    pass: eval, seed 7, ``x`` with ``kwargs``).
+
+    The course's one standard for "too long" (notebooks 08 and 09): a ``ValueError`` whose message
+    holds the number ``context_length``, not the ``IndexError`` that ``nn.Embedding`` raises by itself
+    nor a shape error from deeper inside.
+    """
+    T = x.shape[1]
+    start = kwargs.get("start", 0)
+    if start:
+        what = (f"{T} tokens from start={start} (positions {start}..{start + T - 1}), one past "
+                f"context_length = {context_length}")
+    else:
+        what = f"an input of {T} tokens, one more than context_length = {context_length}"
+    exc = view.forward("eval", 7, x, None, kwargs or None)
+    if isinstance(exc, NotImplementedError):
+        fail(exercise, NOT_IMPLEMENTED)
+    if isinstance(exc, ValueError):
+        if str(context_length) not in str(exc):
+            fail(exercise, f"{where}: {what}, raised ValueError({str(exc)!r}), which does not name the limit: say "
+                           f"that context_length is {context_length}, e.g. "
+                           f"f\"{{T}} tokens, but context_length is {{self.context_length}}\".")
+        return
+    if isinstance(exc, BaseException):
+        fail(exercise, f"{where}: {what}, raised {type(exc).__name__}: {exc}. That error comes from deeper inside "
+                       f"PyTorch, not from your code: check the positions against self.context_length at the start "
+                       f"of forward and raise a ValueError that names the limit.")
+    fail(exercise, f"{where}: {what}, returned an output instead of raising an error: raise a ValueError that "
+                   f"names the limit.")
 
 
 def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str,
@@ -398,37 +496,50 @@ def _learned_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidden: bool = False) -> None:
-    """Check ``LearnedPositionalEmbedding(context_length, d_model)``: ``(b, T, d_model)`` -> ``x + positions``."""
-    exercise = "LearnedPositionalEmbedding"
-    cls = LearnedPositionalEmbedding
-    extra = hidden_cases(exercise) if hidden else []
-    configs = [
+def _learned_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((8, 4), [Case("(3, 5, 4), T < context_length", (rand(3, 5, 4, seed=9012),)),
                   Case("(2, 8, 4), T = context_length", (rand(2, 8, 4, seed=9011),)),
                   Case("(1, 1, 4), one token", (rand(1, 1, 4, seed=9013),)),
                   Case("(2, 3, 4) with start=5: positions 5..7", (rand(2, 3, 4, seed=9017),), {"start": 5})]),
         ((16, 32), [Case("(2, 16, 32), the trained model's size", (rand(2, 16, 32, seed=9014),))]),
-    ] + extra
-    too_long = [(rand(1, 9, 4, seed=9015), {}), (rand(1, 3, 4, seed=9018), {"start": 6})]
-    moved = rand(2, 5, 4, seed=9016)
-    if _probe.active(exercise):  # under the grader: every construction and forward pass below, judged outside
-        _probe.record_module_probes(exercise, cls, _learned_plan(configs, too_long, moved), prepare=set_test_weights,
-                                    within=_one_device)
-        return
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    ]
+
+
+def _learned_inputs() -> tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]:
+    """The inputs too long (with their keyword arguments), and the input of :func:`moves_with_module`."""
+    return [(rand(1, 9, 4, seed=9015), {}), (rand(1, 3, 4, seed=9018), {"start": 6})], rand(2, 5, 4, seed=9016)
+
+
+def _learned_all(hidden: bool) -> list[tuple[tuple, list[Case]]]:
+    return _learned_configs() + (list(hidden_cases("LearnedPositionalEmbedding")) if hidden else [])
+
+
+def _probe_steps(plan: list[tuple[tuple, list[_probe.Probe]]]) -> list[_spec.Step]:
+    """A list of ``(build, probes)`` (``modules.ProbePlan.items``) as one probed construction each."""
+    return [_spec.probe_step(build, [(p.mode, p.seed, p.copy, p.x, p.kwargs) for p in probes]) for build, probes in plan]
+
+
+def _learned_steps(hidden: bool) -> list[_spec.Step]:
+    return _probe_steps(_learned_plan(_learned_all(hidden), *_learned_inputs()))
+
+
+def _judge_learned(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "LearnedPositionalEmbedding"
+    configs = _learned_all(viewed.hidden_plan(plan, lambda: _learned_steps(False)))
+    too_long, moved = _learned_inputs()
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _shape_check(exercise, cls, build, _learned_shapes)
-    count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
-    first = student_with_test_weights(exercise, cls, (8, 4))
+        _shape_view(exercise, views[build], build, _learned_shapes)
+    count = compare_views(exercise, views, configs, diagnose=_learned_diagnose)
+    first = views[(8, 4)]
+    viewed.built(exercise, first, (8, 4))
     for x, kwargs in too_long:
-        _too_long_raises(exercise, first, x, 8, "built with (8, 4)", **kwargs)
-    moves_with_module(exercise, first, moved, "built with (8, 4)")
-    passed(exercise, f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
-                     f"positions past context_length raise a ValueError; the positions follow the module to another "
-                     f"device")
+        _too_long_view(exercise, first, x, 8, "built with (8, 4)", **kwargs)
+    moves_view(exercise, first, moved, "built with (8, 4)")
+    return (f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
+            f"positions past context_length raise a ValueError; the positions follow the module to another "
+            f"device")
 
 
 def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Sequence[tuple[torch.Tensor, dict]],
@@ -446,10 +557,19 @@ def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Seq
     return plan.items()
 
 
-def _one_device(p: _probe.Probe) -> "contextlib.AbstractContextManager":
-    """The context a probed forward pass runs in: :class:`OneDevice` for a meta copy's, as
-    :func:`moves_with_module` runs it."""
-    return OneDevice() if p.copy == "meta" else contextlib.nullcontext()
+def _one_device(p: "tuple | _probe.Probe") -> "contextlib.AbstractContextManager":
+    """The context a probed forward pass (``(mode, seed, copy, x, kwargs)``, or a ``probe.Probe``) runs in:
+    :class:`OneDevice` for a meta copy's, as :func:`moves_with_module` runs it."""
+    copy_ = p[2] if isinstance(p, tuple) else p.copy
+    return OneDevice() if copy_ == "meta" else contextlib.nullcontext()
+
+
+#: The runner of a probed construction of 09: the test weights loaded first, a meta copy's passes on one device.
+_RUN_MODULE = functools.partial(_spec.run_module, prepare=set_test_weights, within=_one_device)
+
+check_LearnedPositionalEmbedding = _spec.declare(_spec.Spec(
+    "LearnedPositionalEmbedding", _learned_steps, _judge_learned, runners={_spec.MODULE: _RUN_MODULE}),
+    """Check ``LearnedPositionalEmbedding(context_length, d_model)``: ``(b, T, d_model)`` -> ``x + positions``.""")
 
 
 # ------------------------------------------------------------------------------------------

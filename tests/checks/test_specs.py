@@ -73,6 +73,8 @@ def test_the_judge_reads_only_what_the_plan_makes(notebook, exercise, source, ca
 
 def _same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
+        if isinstance(b, torch.Tensor) and a.device.type == "meta":  # a probed pass on a meta copy: no values
+            return b.device.type == "meta" and a.dtype == b.dtype and a.shape == b.shape
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))

@@ -1235,7 +1235,7 @@ def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
 def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
-    plans = _plans(("repeat_kv", "sliding_window_mask"))
+    plans = _plans(("repeat_kv", "sliding_window_mask", "GroupedQueryAttention"))
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
@@ -1249,11 +1249,14 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
             want = expected.instructor().hidden(exercise)
             assert want
             _hidden_in_plan(exercise, want, plans)
-        got, want = probe.hidden_cases("GroupedQueryAttention"), expected.instructor().hidden("GroupedQueryAttention")
-        assert got["not_dividing"] == want["not_dividing"] and got["not_dividing"]  # builds alone, as tuples
-        assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
-        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name for (_, cs), (_, ds) in
-                   zip(got["configs"], want["configs"]) for c, d in zip(cs, ds))
+        want = expected.instructor().hidden("GroupedQueryAttention")  # its hidden constructions and inputs: passes
+        assert want["not_dividing"] and want["configs"]
+        sent = probe.plan("GroupedQueryAttention", True)
+        assert [k for k, _, _ in sent] == plans["GroupedQueryAttention"][0]
+        assert all(f"module {tuple(build)}" in plans["GroupedQueryAttention"][0] for build in want["not_dividing"])
+        passes = [p[3] for _, c, _ in sent for p in c.args[0]]
+        assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
+                   for _, cases in want["configs"] for c in cases)
         got, want = probe.hidden_cases("MultiHeadAttentionKVCache"), expected.instructor().hidden(
             "MultiHeadAttentionKVCache")  # sequences read in pieces: the pieces' sizes and the dtype travel too
         assert got and [(c.name, c.build, c.chunks, c.dtype) for c in got] == \
@@ -1321,7 +1324,7 @@ _OWN_REPEAT = _NB08._REPEAT.replace("def repeat_kv(x, n_rep):", "def repeat_kv(n
                          ids=["a wrong repeat_kv of its own", "a repeat_kv of its own argument order"])
 def test_gqa_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
     """Both of check_alone's tries are handed out, each marked: the verdict outside is the kernel's, full marks."""
-    assert "GroupedQueryAttention" in judge.JUDGED and "GroupedQueryAttention" in judge.KEYED
+    assert "GroupedQueryAttention" in judge.spec_of_each()
     want = _inside(NB08, "GroupedQueryAttention", source)
     assert want and all(ename is None for ename, _ in want.values()), want
     test_the_verdict_outside_is_the_kernels(NB08, "GroupedQueryAttention", source, monkeypatch, capsys)
@@ -1338,19 +1341,24 @@ def _with_attempt(records: list[dict], attempt) -> list[dict]:
 
 
 def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
-    """The first try (our repeat_kv) fails and the second (the student's) passes; the second try's runs replaced by
-    the first's fail with the first try's message; a second try left out, unmarked runs, or a try that is neither
-    1 nor 2 score 0 with a reason."""
+    """The first try (our repeat_kv) fails and the second (the student's) passes; the second try's outcomes replaced
+    by the first's fail with the first try's message; a second try left out, unmarked records, or a try that is
+    neither 1 nor 2 score 0 with a reason."""
     records, sources = gqa_own_repeat
-    first = [r for r in records if r.get("attempt") == 1]
-    second = [r for r in records if r.get("attempt") == 2]
-    assert first and second and len(first) + len(second) == len(records)
-    errors = [sum("error" in r for r in tried if "mode" in r) for tried in (first, second)]
-    assert errors[0] > 100 and errors[1] == 2, errors  # with ours every pass raises; with its own, only the input
-    # too long (once for the visible cases' check, once for the hidden's)
+    assert [(r["plan"], r.get("attempt")) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                                ("hidden", 2)]
+
+    def errors(attempt: int) -> int:  # the probed passes that raised, over every construction of that try
+        return sum("error" in p for r in records if r["attempt"] == attempt for _, o in r["outcomes"]
+                   for p in wire.decode(o["result"])["passes"])
+
+    assert errors(1) > 100 and errors(2) == 2, (errors(1), errors(2))  # with ours every pass raises; with its own,
+    # only the input too long (once for the visible cases' check, once for the hidden's)
     verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, records, sources)
     assert verdict.ename is None and "outputs agree" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first + _with_attempt(first, 2), sources)
+    first = [r for r in records if r["attempt"] == 1]
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, [first[0], dict(_copy(first[0]), attempt=2), first[1],
+                                                       dict(_copy(first[1]), attempt=2)], sources)
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
@@ -1360,6 +1368,40 @@ def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
     for attempt in (3, "1", True):  # malformed: the hand-off is refused (the test scores 0 with this reason)
         with pytest.raises(judge.BadHandOff, match="a try of check_alone other than"):
             _verdict_of(tmp_path, NB08, _GQA_TEST, _with_attempt(records, attempt), sources)
+
+
+@pytest.fixture(scope="module")
+def honest_gqa():
+    """What an honest GroupedQueryAttention hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB08, "GroupedQueryAttention", _NB08._GQA, _GQA_TEST)
+
+
+def test_a_gqa_pass_is_judged_outside_and_a_malformed_one_scores_zero(tmp_path, honest_gqa):
+    """A probed pass forged into another output fails as the kernel's check would; a construction's outcome
+    without its form, or with fewer passes than its step makes, scores 0."""
+    records, sources = honest_gqa
+
+    def change(edit: Callable[[dict], None], attempts: tuple = (1, 2)) -> list[dict]:
+        forged = _copy(records)
+        for record in (r for r in forged if r["attempt"] in attempts):  # the first construction's step
+            outcomes = record["outcomes"]
+            found = wire.decode(outcomes[0][1]["result"])
+            edit(found)
+            outcomes[0][1]["result"] = wire.encode(found)
+        return forged
+
+    def too_long_returns(found: dict) -> None:
+        for p in found["passes"]:
+            if "error" in p:
+                p.pop("error")
+                p["value"] = torch.zeros(1, 11, 8)
+
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, change(too_long_returns), sources)
+    assert verdict.ename == "CheckFailed" and "returned an output instead of raising" in verdict.evalue, verdict.evalue
+    for edit in (lambda f: f.pop("passes"), lambda f: f["passes"].clear(), lambda f: f["passes"][0].update(verdict=1)):
+        verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, change(edit), sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "what came back from GroupedQueryAttention" in verdict.evalue, \
+            verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------
@@ -1884,28 +1926,57 @@ def honest_learned():
     yield from _honest(NB09, "LearnedPositionalEmbedding", _NB09._LEARNED, LEARNED_TEST)
 
 
+def _probed(records: list[dict], exercise: str, edit: Callable[[list, list], None]) -> list[dict]:
+    """A copy of ``records`` where ``edit(passes, planned)`` changed the passes of each probed construction of
+    ``exercise`` (``planned``: the passes its step makes, ``(mode, seed, copy, x, kwargs)``, from the spec)."""
+    from course_utils import checks
+
+    forged = _copy(records)
+    for record in (r for r in forged if r["exercise"] == exercise):
+        steps = {s.key: s for s in checks.SPECS[exercise].steps(record["plan"] == "hidden")}
+        for key, outcome in record["outcomes"]:
+            found = wire.decode(outcome["result"])
+            edit(found["passes"], steps[key].case.args[0])
+            outcome["result"] = wire.encode(found)
+    return forged
+
+
 def test_an_honest_learned_hand_off_passes_and_its_probes_are_judged_outside(tmp_path, honest_learned):
-    """Every forward pass the check makes comes back keyed by its inputs (``start=`` among them); one left out
-    scores 0, one forged fails as the kernel's own check would."""
+    """Every forward pass the check makes is a pass of its construction's step (``start=`` among them); one left
+    out scores 0, one forged fails as the kernel's own check would."""
+    from course_utils import checks
+
     records, sources = honest_learned
-    starts = [r for r in records if "mode" in r and r["inputs"]["kwargs"]]
-    assert [r["inputs"]["kwargs"]["start"]["value"] for r in starts] == [5, 6] * 2, starts  # the visible and hidden calls
+    planned = [p for s in checks.SPECS["LearnedPositionalEmbedding"].steps(True) for p in s.case.args[0]]
+    assert [p[4]["start"] for p in planned if p[4]] == [5, 6], planned  # a visible case, and one too long
+    assert [(r["plan"], len(r["outcomes"])) for r in records] == [("visible", 2), ("hidden", 3)] or records
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, records, sources)
     assert verdict.ename is None and "positions past context_length raise" in verdict.text, verdict.evalue
-    gone = [r for r in _copy(records) if not ("mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)]
-    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a forward pass" in verdict.evalue, \
-        verdict.evalue
-    forged = _copy(records)
-    too_long = next(r for r in forged if "mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)
-    too_long.pop("error")
-    too_long["result"] = {"kind": "tensor", "value": torch.zeros(1, 3, 4)}
+
+    def start_6(planned: list) -> int | None:
+        return next((i for i, p in enumerate(planned) if p[4] and p[4].get("start") == 6), None)
+
+    def gone(passes: list, planned: list) -> None:
+        if start_6(planned) is not None:
+            del passes[start_6(planned):]
+
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, _probed(records, "LearnedPositionalEmbedding", gone), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "fewer than the plan's" in verdict.evalue, verdict.evalue
+
+    def returned(passes: list, planned: list) -> None:
+        if start_6(planned) is not None:
+            passes[start_6(planned)] = {"value": torch.zeros(1, 3, 4)}
+
+    forged = _probed(records, "LearnedPositionalEmbedding", returned)
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "returned an output instead of raising" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    meta = next(r for r in forged if r.get("copy") == "meta")
-    meta.pop("result")
-    meta["error"] = {"type": "RuntimeError", "message": "add got tensors on different devices: cpu and meta"}
+
+    def meta_fails(passes: list, planned: list) -> None:
+        for i, p in enumerate(planned):
+            if p[2] == "meta":
+                passes[i] = {"error": ["RuntimeError", "add got tensors on different devices: cpu and meta"]}
+
+    forged = _probed(records, "LearnedPositionalEmbedding", meta_fails)
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "after module.to('meta')" in verdict.evalue, verdict.evalue
 
@@ -1942,7 +2013,7 @@ def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
 def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
-    plans = _plans(("train_step", "generate"))
+    plans = _plans(("train_step", "generate", "LearnedPositionalEmbedding"))
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
@@ -1956,9 +2027,13 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
             sent = [c.kwargs for _, c, _ in probe.plan(exercise, True)]
             assert want and [k for k, _, _ in probe.plan(exercise, True)] == plans[exercise][0], exercise
             assert sent[plans[exercise][1]:] == want, exercise
-        got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
-            "LearnedPositionalEmbedding")
-        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):
+        want = expected.instructor().hidden("LearnedPositionalEmbedding")
+        sent = probe.plan("LearnedPositionalEmbedding", True)
+        assert want and [k for k, _, _ in sent] == plans["LearnedPositionalEmbedding"][0]
+        passes = [p[3] for _, c, _ in sent for p in c.args[0]]
+        assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
+                   for _, cases in want for c in cases)
+        for exercise in ("TransformerBlock", "TinyGPT"):
             got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
             assert [build for build, _ in got] == [build for build, _ in want], exercise
             assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
