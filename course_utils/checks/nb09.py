@@ -35,7 +35,6 @@ for the block and the model, the names under which a parameter appears twice and
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import re
 from typing import Callable, Sequence
@@ -55,12 +54,7 @@ from course_utils.checks.core import (
     construct,
     Case,
     CheckFailed,
-    _compare_forward,
     _hinted,
-    build_student,
-    call_student,
-    check,
-    check_rules,
     describe_shape,
     expect,
     expected_parameter_shapes,
@@ -71,7 +65,6 @@ from course_utils.checks.core import (
     modes_to_compare,
     passed,
     rand,
-    require_callable,
     tensor_difference,
 )
 from course_utils.device import manual_seed
@@ -173,7 +166,7 @@ def expected_output(exercise: str, case: Case) -> object:
         set_test_weights(construct(_expected.reference(exercise), case.build)), case))
 
 
-def compare_views(exercise: str, views: dict, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
+def compare_modules(exercise: str, views: dict, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
                     diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
     """For each ``(build, cases)``: the student's module with the test weights (``views[build]``, a probed
     construction) must give the expected outputs in ``eval()`` mode and, when the build's dropout (its float
@@ -191,31 +184,6 @@ def compare_views(exercise: str, views: dict, configs: Sequence[tuple[tuple, Seq
                     mistake_outputs(exercise, mcase)
                 got = view.forward(mode, 7, case.args[0], None, dict(case.kwargs) or None)
                 _spec.judge_forward(exercise, got, want, mcase, atol=atol, rtol=rtol, diagnose=diagnose)
-                count += 1
-    return count
-
-
-def student_with_test_weights(exercise: str, cls: Callable, build: tuple) -> nn.Module:
-    """Build the student's module (its parameter shapes checked) and load the test weights into it."""
-    return set_test_weights(build_student(exercise, cls, build))
-
-
-def compare_modules(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
-                    diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
-    """For each ``(build, cases)``: the student's module with the test weights must give the expected
-    outputs in ``eval()`` mode and, when the build's dropout (its float argument) is positive, in
-    ``train()`` mode under the same seed. Returns the number of outputs compared."""
-    count = 0
-    for build, cases in configs:
-        student = student_with_test_weights(exercise, cls, build)
-        dropout = next((a for a in build if isinstance(a, float)), 0.0)  # the one float argument, if any
-        for mode in modes_to_compare(exercise, dropout > 0):
-            for case in cases:
-                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
-                want = expected_output(exercise, mcase)
-                if _expected.is_recording():
-                    mistake_outputs(exercise, mcase)
-                _compare_forward(exercise, student, want, mcase, atol, rtol, diagnose)
                 count += 1
     return count
 
@@ -247,7 +215,7 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-def moves_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, where: str) -> None:
+def moves_with_module(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, where: str) -> None:
     """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
     after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run (:class:`OneDevice`). Its passes,
     each under seed 7: ``x`` as built, then a float64 copy and a meta copy."""
@@ -275,47 +243,7 @@ def moves_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, where: 
                        f"(torch.arange(T, device=x.device)), or make it a buffer")
 
 
-def moves_with_module(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
-    """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
-    after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run."""
-    student.eval()
-    manual_seed(7)
-    with torch.no_grad():
-        base = student(x)
-    s64 = copy.deepcopy(student).to(torch.float64)
-    x64 = x.to(torch.float64) if x.is_floating_point() else x
-    try:
-        with torch.no_grad():
-            out = s64(x64)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: after module.to(torch.float64) the forward pass raised {type(exc).__name__}: {exc}. "
-                       f"Do not fix a dtype inside forward; let everything follow the module")
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or tensor_difference(base, out, atol=1e-4) is not None:
-        fail(exercise, f"{where}: after module.to(torch.float64) the output is not the float32 output in float64 "
-                       f"(dtype {getattr(out, 'dtype', type(out).__name__)}). Let every tensor follow the module")
-    meta = copy.deepcopy(student).to("meta")
-    try:
-        with OneDevice():
-            meta(x.to("meta"))
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
-                       f"{type(exc).__name__}: {exc}. Create every tensor forward needs on the input's device "
-                       f"(torch.arange(T, device=x.device)), or make it a buffer")
-
-
-def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[list, list, tuple], "str | None"]) -> None:
-    want = expected_parameter_shapes(exercise, build)
-    got = modules.student_shapes(exercise, cls, build)
-    if got is None or got == want:
-        return
-    problem = name(got, want, build)
-    if problem is None and sorted(got) == sorted(want):
-        problem = "the right parameters, created in another order: create the layers in the order the exercise gives"
-    if problem:
-        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
-
-
-def _shape_view(exercise: str, view: "_spec.ModuleView", build: tuple,
+def _shape_check(exercise: str, view: "_spec.ModuleView", build: tuple,
                  name: Callable[[list, list, tuple], "str | None"]) -> None:
     want = expected_parameter_shapes(exercise, build)
     got = viewed.shapes(exercise, view)
@@ -328,7 +256,7 @@ def _shape_view(exercise: str, view: "_spec.ModuleView", build: tuple,
         fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
 
 
-def _too_long_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, context_length: int, where: str,
+def _too_long_raises(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, context_length: int, where: str,
                      **kwargs) -> None:
     """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit (its
     pass: eval, seed 7, ``x`` with ``kwargs``).
@@ -361,41 +289,6 @@ def _too_long_view(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, con
                    f"names the limit.")
 
 
-def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str,
-                     **kwargs) -> None:
-    """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit.
-
-    The course's one standard for "too long" (notebooks 08 and 09): a ``ValueError`` whose message
-    holds the number ``context_length``, not the ``IndexError`` that ``nn.Embedding`` raises by itself
-    nor a shape error from deeper inside.
-    """
-    student.eval()
-    T = x.shape[1]
-    start = kwargs.get("start", 0)
-    if start:
-        what = (f"{T} tokens from start={start} (positions {start}..{start + T - 1}), one past "
-                f"context_length = {context_length}")
-    else:
-        what = f"an input of {T} tokens, one more than context_length = {context_length}"
-    try:
-        manual_seed(7)
-        student(x, **kwargs)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except ValueError as exc:
-        if str(context_length) not in str(exc):
-            fail(exercise, f"{where}: {what}, raised ValueError({str(exc)!r}), which does not name the limit: say "
-                           f"that context_length is {context_length}, e.g. "
-                           f"f\"{{T}} tokens, but context_length is {{self.context_length}}\".")
-        return
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: {what}, raised {type(exc).__name__}: {exc}. That error comes from deeper inside "
-                       f"PyTorch, not from your code: check the positions against self.context_length at the start "
-                       f"of forward and raise a ValueError that names the limit.")
-    fail(exercise, f"{where}: {what}, returned an output instead of raising an error: raise a ValueError that "
-                   f"names the limit.")
-
-
 # ------------------------------------------------------------------------------------------
 # The KV cache path of TransformerBlock and TinyGPT
 # ------------------------------------------------------------------------------------------
@@ -414,18 +307,6 @@ def _cached_run(exercise: str) -> Callable:
             raise TypeError(f"{type(model).__name__} is not an nn.Module")
         return cached_trace(exercise, set_test_weights(model).eval(), case.args[0])
     return run
-
-
-def _trace_of(exercise: str, cls: Callable, model: nn.Module, build: tuple, x: torch.Tensor) -> list:
-    """:func:`cached_trace` of ``model``, or in the grader's replay what the kernel handed out for ``build`` and
-    ``x``, refused (``probe.ReplayMiss``) unless it has the trace's form."""
-    if not isinstance(cls, _probe.Replayed):
-        return cached_trace(exercise, model, x)
-    found = _probe.run_or_replay(cls, _cached_case(build, x), _cached_run(exercise))
-    if not trace_has_form(found, len(piece_sizes(x.shape[1]))):
-        raise _probe.ReplayMiss(f"what came back from {exercise}'s cached path is not the trace of its pieces, the "
-                                f"whole input and the hints' passes: the hand-off was changed")
-    return found
 
 
 # ------------------------------------------------------------------------------------------
@@ -530,13 +411,13 @@ def _judge_learned(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     too_long, moved = _learned_inputs()
     views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _shape_view(exercise, views[build], build, _learned_shapes)
-    count = compare_views(exercise, views, configs, diagnose=_learned_diagnose)
+        _shape_check(exercise, views[build], build, _learned_shapes)
+    count = compare_modules(exercise, views, configs, diagnose=_learned_diagnose)
     first = views[(8, 4)]
     viewed.built(exercise, first, (8, 4))
     for x, kwargs in too_long:
-        _too_long_view(exercise, first, x, 8, "built with (8, 4)", **kwargs)
-    moves_view(exercise, first, moved, "built with (8, 4)")
+        _too_long_raises(exercise, first, x, 8, "built with (8, 4)", **kwargs)
+    moves_with_module(exercise, first, moved, "built with (8, 4)")
     return (f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
             f"positions past context_length raise a ValueError; the positions follow the module to another "
             f"device")
@@ -596,8 +477,8 @@ _BLOCK_TRAIN_HINT = ("eval() mode agrees but train() mode does not: dropout goes
                      "added back to x; nowhere else, each once.")
 
 
-def _block_diagnose(exercise: str, cls: Callable) -> Callable:
-    causal = modules.not_causal(exercise, cls)
+def _block_diagnose(causal: Callable) -> Callable:
+    """The block's diagnose, then ``causal`` (``viewed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, TypeError) and "use_cache" in str(got):
@@ -613,78 +494,60 @@ def _block_diagnose(exercise: str, cls: Callable) -> Callable:
     return diagnose
 
 
-@check
-def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> None:
-    """Check ``TransformerBlock(d_model, num_heads, context_length, dropout)``: ``(b, T, d) -> (b, T, d)``."""
-    exercise = "TransformerBlock"
-    cls = TransformerBlock
-    extra = hidden_cases(exercise) if hidden else []
-    configs = [
+def _block_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((8, 2, 6, 0.0), [Case("(2, 6, 8), T = context_length", (rand(2, 6, 8, seed=9021, low=-2, high=2),)),
                           Case("(2, 4, 8), T < context_length", (rand(2, 4, 8, seed=9022, low=-2, high=2),))]),
         ((8, 2, 6, 0.25), [Case("(2, 6, 8) with dropout 0.25", (rand(2, 6, 8, seed=9023, low=-2, high=2),))]),
         ((12, 3, 5, 0.0), [Case("(3, 5, 12), three heads", (rand(3, 5, 12, seed=9024, low=-2, high=2),))]),
-    ] + extra
-    x = rand(2, 6, 8, seed=9021, low=-2, high=2)
-    moved = rand(2, 4, 8, seed=9026)
-    if _probe.active(exercise):  # under the grader: every construction, forward pass and cached path, judged outside
-        _record_module(exercise, cls, _block_plan(configs, x, moved), configs)
-        return
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    ]
+
+
+def _block_all(hidden: bool) -> list[tuple[tuple, list[Case]]]:
+    return _block_configs() + (list(hidden_cases("TransformerBlock")) if hidden else [])
+
+
+def _block_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """The input of the finite, causal and dropout checks, and that of :func:`moves_with_module`."""
+    return rand(2, 6, 8, seed=9021, low=-2, high=2), rand(2, 4, 8, seed=9026)
+
+
+#: The runner of each build's cached path (:func:`_cached_run`).
+CACHED = "cached"
+
+
+def _cached_steps(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[_spec.Step]:
+    """The cached path of every build on its first case (:func:`_cached_case`): one step each."""
+    return [_spec.Step(f"cached {tuple(build)}: {cases[0].name}", _cached_case(build, cases[0].args[0]), CACHED)
+            for build, cases in configs]
+
+
+def _block_steps(hidden: bool) -> list[_spec.Step]:
+    configs = _block_all(hidden)
+    return _probe_steps(_block_plan(configs, *_block_inputs())) + _cached_steps(configs)
+
+
+def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "TransformerBlock"
+    configs = _block_all(viewed.hidden_plan(plan, lambda: _block_steps(False)))
+    x, moved = _block_inputs()
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _sharing_check(exercise, cls, build)
-        _shape_check(exercise, cls, build, _block_shapes)
-    diagnose = _block_diagnose(exercise, cls)
-    first = student_with_test_weights(exercise, cls, (8, 2, 6, 0.0))
-    modules.check_finite(exercise, first, x, "built with (8, 2, 6, 0.0)")
-    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
-    modules.check_causal_module(exercise, first, x)
-    dropped = student_with_test_weights(exercise, cls, (8, 2, 6, 0.25))
-    modules.check_dropout_modes(exercise, dropped, x, "built with (8, 2, 6, 0.25)")
-    moves_with_module(exercise, first, moved, "built with (8, 2, 6, 0.0)")
-    _cached_configs(exercise, cls, configs)
-    passed(exercise, f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
-                     f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
-                     f"gives the whole input's outputs")
-
-
-def _record_module(exercise: str, cls: Callable, plan: list, configs: Sequence[tuple[tuple, Sequence[Case]]],
-                   attempt: int | None = None) -> None:
-    """The kernel's whole part of the block's or the model's check under the grader: every construction of
-    ``plan`` with the test weights loaded (the names of its parameters that appear twice and its
-    ``context_length`` too) and its forward passes (``probe.record_module_probes``), then the cached path of
-    every build (:func:`cached_trace`, ``probe.record_runs``). ``attempt``: which of ``check_alone``'s tries.
-
-    A build whose passes, or a cached path, this test cell has handed out already for the same try (the hidden
-    cases' call repeats the visible builds) is not made again: the grader looks them up by their inputs, so
-    the first serves both calls."""
-    done = _handed_out_already(exercise, attempt)
-    plan = [(build, probes) for build, probes in plan if not any(
-        build == b and len(probes) == len(ps) and all(p.same(q) for p, q in zip(probes, ps)) for b, ps in done["plan"])]
-    cases = [c for c in _cached_cases(configs) if not any(
-        c.kwargs == d.kwargs and torch.equal(c.args[0], d.args[0]) for d in done["runs"])]
-    done["plan"] += plan
-    done["runs"] += cases
-    _probe.record_module_probes(exercise, cls, plan, attempt=attempt, prepare=set_test_weights, within=_one_device,
-                                tied=True, values=("context_length",) if exercise == "TinyGPT" else ())
-    _probe.record_runs(exercise, cls, cases, _cached_run(exercise), attempt=attempt)
-
-
-#: What :func:`_record_module` handed out in the test cell running now: (test id, exercise, try) ->
-#: ``{"store": its list of records, "plan": [(build, probes), ...], "runs": [case, ...]}``; a cell run again
-#: (``probe.begin``: a new list of records) starts afresh.
-_HANDED_OUT: dict[tuple[str, str, int | None], dict] = {}
-
-
-def _handed_out_already(exercise: str, attempt: int | None) -> dict:
-    """The builds and cached paths of ``exercise``'s try ``attempt`` handed out in this test cell so far."""
-    test = _probe._current[0]
-    store = _probe._records.get(test)
-    memo = _HANDED_OUT.get((test, exercise, attempt))
-    if memo is None or memo["store"] is not store:
-        memo = _HANDED_OUT[(test, exercise, attempt)] = {"store": store, "plan": [], "runs": []}
-    return memo
+        _sharing_check(exercise, views[build], build)
+        _shape_check(exercise, views[build], build, _block_shapes)
+    diagnose = _block_diagnose(viewed.not_causal(exercise, lambda build: views[tuple(build)]))
+    first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
+    viewed.built(exercise, views[first], first)
+    viewed.check_finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
+    count = compare_modules(exercise, views, configs, diagnose=diagnose)
+    viewed.check_causal(exercise, views[first], x)
+    viewed.built(exercise, views[dropped], dropped)
+    viewed.check_dropout_modes(exercise, views[dropped], x, "built with (8, 2, 6, 0.25)")
+    moves_with_module(exercise, views[first], moved, "built with (8, 2, 6, 0.0)")
+    _cached_views(exercise, views, plan, outcomes, configs)
+    return (f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
+            f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
+            f"gives the whole input's outputs")
 
 
 def _moves_probes(x: torch.Tensor) -> list[_probe.Probe]:
@@ -730,6 +593,12 @@ def _block_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], x: torch.Tensor
     return plan.items()
 
 
+check_TransformerBlock = _spec.declare(_spec.Spec(
+    "TransformerBlock", _block_steps, _judge_block,
+    runners={_spec.MODULE: functools.partial(_RUN_MODULE, tied=True), CACHED: _cached_run("TransformerBlock")}),
+    """Check ``TransformerBlock(d_model, num_heads, context_length, dropout)``: ``(b, T, d) -> (b, T, d)``.""")
+
+
 # ------------------------------------------------------------------------------------------
 # TinyGPT
 # ------------------------------------------------------------------------------------------
@@ -771,20 +640,23 @@ def _gpt_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
-def _sharing_check(exercise: str, cls: Callable, build: tuple) -> None:
-    """Fail when two parts of the model are one and the same module or parameter, and say which."""
-    try:
-        model = construct(cls, build)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
+def _sharing_check(exercise: str, view: "_spec.ModuleView", build: tuple) -> None:
+    """Fail when two parts of the model are one and the same module or parameter, and say which (read from the
+    construction's ``tied`` names, ``probe.tied_parameters``)."""
+    built = view.built
+    if "error" in built:
+        if built["error"][0] == "NotImplementedError":
+            fail(exercise, NOT_IMPLEMENTED)
+        return  # viewed.built reports construction errors with the arguments
+    if not built.get("module"):
         return
-    if not isinstance(model, nn.Module):
-        return
-    pairs = modules.shared_parameters(model)
+    pairs = built.get("tied", [])
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
+                                            for p in pairs)):
+        _spec.refuse(exercise, "names of the parameters that appear twice")
     if not pairs:
         return
-    first, second = pairs[0]
+    second, first = pairs[0]
     if first.startswith("blocks.") and second.startswith("blocks."):
         a, b = first.split(".")[1], second.split(".")[1]
         fail(exercise, f"built with {build}: blocks[{a}] and blocks[{b}] share one set of weights (the same "
@@ -817,7 +689,7 @@ _GPT_ERRORS = (
 )
 
 
-def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
+def _gpt_diagnose(exercise: str, views: dict) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException):
             text = str(got)
@@ -833,13 +705,9 @@ def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
         if case.mode == "train":
             return ("eval() mode agrees but train() mode does not: dropout goes on the embeddings (tokens plus "
                     "positions) before the first block, and inside every block; not after the final norm.")
-        leak = _causal_problem(exercise, construct_copy(exercise, cls, case.build), case.args[0])
+        leak = _causal_problem(exercise, views[tuple(case.build)], case.args[0])
         return f"your model is not causal: {leak}" if leak else None
     return diagnose
-
-
-def construct_copy(exercise: str, cls: Callable, build: tuple) -> nn.Module:
-    return student_with_test_weights(exercise, cls, build).eval()
 
 
 def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
@@ -855,93 +723,70 @@ def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
     return found
 
 
-def _causal_problem(exercise: str, model: nn.Module, idx: torch.Tensor) -> str | None:
-    """Where the logits at some position change when only later tokens change, or ``None``."""
-    model.eval()
-    with torch.no_grad():
-        base = call_student(exercise, model, Case("causality", (idx.clone(),)))
-        T = idx.shape[1]
-        for t, changed in enumerate(_gpt_causal_inputs(idx)):
-            out = call_student(exercise, model, Case("causality", (changed,)))
-            if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
-                return None
-            diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
-            if diff.max() > 1e-5:
-                pos = int(diff.amax(dim=(0, 2)).argmax())
-                return (f"the logits at position {pos} changed when only tokens {t + 1}..{T - 1} changed (largest "
-                        f"change {diff.max().item():.3g}). Every block must be causal, and nothing else may mix "
-                        f"positions.")
+def _causal_problem(exercise: str, view: "_spec.ModuleView", idx: torch.Tensor) -> str | None:
+    """Where the logits at some position change when only later tokens change, or ``None`` (its passes: eval, no
+    seed, ``idx`` then :func:`_gpt_causal_inputs`)."""
+    base = viewed.called(exercise, view.forward("eval", None, idx), Case("causality", (idx,)))
+    T = idx.shape[1]
+    for t, changed in enumerate(_gpt_causal_inputs(idx)):
+        out = viewed.called(exercise, view.forward("eval", None, changed), Case("causality", (changed,)))
+        if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
+            return None
+        diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
+        if diff.max() > 1e-5:
+            pos = int(diff.amax(dim=(0, 2)).argmax())
+            return (f"the logits at position {pos} changed when only tokens {t + 1}..{T - 1} changed (largest "
+                    f"change {diff.max().item():.3g}). Every block must be causal, and nothing else may mix "
+                    f"positions.")
     return None
 
 
-def _forward_exists(exercise: str, cls: Callable, build: tuple, idx: torch.Tensor) -> None:
+def _forward_exists(exercise: str, view: "_spec.ModuleView", build: tuple, idx: torch.Tensor) -> None:
     """PyTorch raises ``NotImplementedError`` for a module without ``forward`` (an ``nn.ModuleList`` called
-    like a function): say what it means, instead of "not implemented yet"."""
-    try:
-        model = construct(cls, build).eval()
-        with torch.no_grad():
-            model(idx)
-    except NotImplementedError as exc:
+    like a function): say what it means, instead of "not implemented yet" (its pass: eval, no seed, ``idx``)."""
+    if "error" in view.built or not view.built.get("module"):
+        return
+    exc = view.forward("eval", None, idx)
+    if isinstance(exc, NotImplementedError):
         for key, hint in _GPT_ERRORS:
             if key in str(exc):
                 fail(exercise, f"built with {build}: your forward raised NotImplementedError: {exc}. {hint}")
-    except Exception:  # noqa: BLE001 - reported, with its case, by the comparison
-        return
 
 
-def _positions_option(exercise: str, cls: Callable) -> None:
-    """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError``."""
-    try:
-        manual_seed(0)
-        cls(*_ROTARY)
-    except ValueError:
-        return
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"TinyGPT(..., positions='rotary') raised {type(exc).__name__}: {exc}. Raise a ValueError that "
+def _positions_option(exercise: str, view: "_spec.ModuleView") -> None:
+    """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError`` (its construction,
+    :data:`_ROTARY`)."""
+    error = view.built.get("error")
+    if error is not None:
+        kind, message = error
+        if kind == "ValueError":
+            return
+        if kind == "NotImplementedError":
+            fail(exercise, NOT_IMPLEMENTED)
+        fail(exercise, f"TinyGPT(..., positions='rotary') raised {kind}: {message}. Raise a ValueError that "
                        f"names the two choices, 'learned' and 'sinusoidal'.")
     fail(exercise, "TinyGPT(..., positions='rotary') built a model: positions must be 'learned' or 'sinusoidal'; "
                    "raise a ValueError for anything else.")
 
 
-@check
-def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
-    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout, positions)``.
-
-    While grading (the instructor edition) the model is built with the reference's
-    ``LearnedPositionalEmbedding``, ``TransformerBlock`` and ``sinusoidal_positions`` in place of the
-    student's, so that a mistake in one of those costs only its own exercise; the student's own
-    versions are put back afterwards. In the student edition a failure that comes from one of them is
-    named as such.
-    """
-    exercise, cls = "TinyGPT", TinyGPT
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
-        configs = _gpt_configs(hidden)
-        plan = _gpt_plan(configs)
-        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _record_module(exercise, cls, plan, configs, 1))
-        _record_module(exercise, cls, plan, configs, 2)  # the student's own helpers
-        return
-    if isinstance(cls, _probe.Replayed):  # the grader's replay of those tries (a keyed replay)
-        modules.replayed_tries(cls, lambda: _check_gpt(cls, hidden))
-    else:
-        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _check_gpt(cls, hidden))
-
-
-def _cached_configs(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
-    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode (under the
-    grader, judged outside on the trace the kernel handed out, :func:`_trace_of`)."""
+def _cached_views(exercise: str, views: dict, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes,
+                  configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
+    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode, judged on the
+    trace its step gave (:func:`_cached_steps`), refused unless it has the trace's form."""
+    steps = {s.key: s for s in plan if s.run == CACHED}
     for build, cases in configs:
         case = cases[0]
-        model = student_with_test_weights(exercise, cls, build).eval()
+        viewed.built(exercise, views[tuple(build)], build)
         want = expected_output(exercise, Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
-        trace = _trace_of(exercise, cls, model, build, case.args[0])
+        key = f"cached {tuple(build)}: {case.name}"
+        if key not in steps:
+            raise KeyError(f"{exercise}'s plan makes no step {key!r}")
+        trace = outcomes[key]
+        if isinstance(trace, BaseException):  # the runner's own set-up (the construction is checked above)
+            raise trace
+        if not trace_has_form(trace, len(piece_sizes(case.args[0].shape[1]))):
+            _spec.refuse(exercise, "cached path (the trace of its pieces, the whole input and the hints' passes)")
         check_cached_path(exercise, trace, case.args[0], want, f"built with {build}")
-
-
-def _cached_cases(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[Case]:
-    """The runs of :func:`_cached_configs`, one per build (:func:`_cached_case`): what the kernel hands out."""
-    return [_cached_case(build, cases[0].args[0]) for build, cases in configs]
 
 
 def _gpt_configs(hidden: bool) -> list[tuple[tuple, list[Case]]]:
@@ -980,37 +825,62 @@ def _gpt_plan(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[tuple[tup
     return plan.items()
 
 
-def _check_gpt(cls: Callable, hidden: bool) -> None:
-    exercise = "TinyGPT"
+def _gpt_steps(hidden: bool) -> list[_spec.Step]:
     configs = _gpt_configs(hidden)
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    return _probe_steps(_gpt_plan(configs)) + _cached_steps(configs)
+
+
+def _judge_gpt(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "TinyGPT"
+    configs = _gpt_configs(viewed.hidden_plan(plan, lambda: _gpt_steps(False)))
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _sharing_check(exercise, cls, build)
-        _shape_check(exercise, cls, build, _gpt_shapes)
-    _forward_exists(exercise, cls, configs[0][0], configs[0][1][0].args[0])
-    diagnose = _gpt_diagnose(exercise, cls)
-    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
-    first = construct_copy(exercise, cls, (11, 8, 2, 2, 6, 0.0))
-    leak = _causal_problem(exercise, first, tokens(2, 6, 11, seed=9035))
+        _sharing_check(exercise, views[build], build)
+        _shape_check(exercise, views[build], build, _gpt_shapes)
+    _forward_exists(exercise, views[configs[0][0]], configs[0][0], configs[0][1][0].args[0])
+    diagnose = _gpt_diagnose(exercise, views)
+    count = compare_modules(exercise, views, configs, diagnose=diagnose)
+    first, dropped = (11, 8, 2, 2, 6, 0.0), (11, 8, 2, 2, 6, 0.2)
+    viewed.built(exercise, views[first], first)
+    leak = _causal_problem(exercise, views[first], tokens(2, 6, 11, seed=9035))
     if leak:
         fail(exercise, f"the future leaks: {leak}")
-    dropped = student_with_test_weights(exercise, cls, (11, 8, 2, 2, 6, 0.2))
-    modules.check_dropout_modes(exercise, dropped, tokens(2, 6, 11, seed=9033), "built with (11, 8, 2, 2, 6, 0.2)")
-    _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
-    moves_with_module(exercise, first, tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
-    _positions_option(exercise, cls)
-    _has_context_length(exercise, first, 6)
-    _cached_configs(exercise, cls, configs)
-    passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
-                     f"and sinusoidal positions; no position sees a later token; too long an input raises a "
-                     f"ValueError; a sequence fed in pieces with use_cache=True gives the whole sequence's logits, "
-                     f"and reset_cache() starts a new one")
+    viewed.built(exercise, views[dropped], dropped)
+    viewed.check_dropout_modes(exercise, views[dropped], tokens(2, 6, 11, seed=9033),
+                               "built with (11, 8, 2, 2, 6, 0.2)")
+    _too_long_raises(exercise, views[first], tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
+    moves_with_module(exercise, views[first], tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
+    _positions_option(exercise, views[_ROTARY])
+    _has_context_length(exercise, views[first], 6)
+    _cached_views(exercise, views, plan, outcomes, configs)
+    return (f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
+            f"and sinusoidal positions; no position sees a later token; too long an input raises a "
+            f"ValueError; a sequence fed in pieces with use_cache=True gives the whole sequence's logits, "
+            f"and reset_cache() starts a new one")
 
 
-def _has_context_length(exercise: str, model: nn.Module, context_length: int) -> None:
-    """``model.context_length`` is the constructor's ``context_length`` (generate reads it)."""
-    value = getattr(model, "context_length", None)
+check_TinyGPT = _spec.declare(_spec.Spec(
+    "TinyGPT", _gpt_steps, _judge_gpt,
+    runners={_spec.MODULE: functools.partial(_RUN_MODULE, tied=True, values=("context_length",)),
+             CACHED: _cached_run("TinyGPT")},
+    helpers=_gpt_helpers),
+    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout, positions)``.
+
+    While grading (the instructor edition) the model is built with the reference's
+    ``LearnedPositionalEmbedding``, ``TransformerBlock`` and ``sinusoidal_positions`` in place of the
+    student's (``modules.alone``), so that a mistake in one of those costs only its own exercise; the student's
+    own versions are put back afterwards. In the student edition a failure that comes from one of them is
+    named as such.
+    """)
+
+
+def _has_context_length(exercise: str, view: "_spec.ModuleView", context_length: int) -> None:
+    """``model.context_length`` is the constructor's ``context_length`` (generate reads it; the construction's
+    ``values``, ``None`` where it has none)."""
+    values = view.built.get("values")
+    if not (isinstance(values, dict) and "context_length" in values):
+        _spec.refuse(exercise, "value of context_length")
+    value = values["context_length"]
     if value != context_length:
         fail(exercise, f"built with context_length={context_length}, model.context_length is {value!r}: keep "
                        f"self.context_length = context_length (generate reads it).")

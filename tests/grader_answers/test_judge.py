@@ -2013,7 +2013,7 @@ def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
 def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
-    plans = _plans(("train_step", "generate", "LearnedPositionalEmbedding"))
+    plans = _plans(("train_step", "generate", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"))
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
@@ -2027,17 +2027,13 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
             sent = [c.kwargs for _, c, _ in probe.plan(exercise, True)]
             assert want and [k for k, _, _ in probe.plan(exercise, True)] == plans[exercise][0], exercise
             assert sent[plans[exercise][1]:] == want, exercise
-        want = expected.instructor().hidden("LearnedPositionalEmbedding")
-        sent = probe.plan("LearnedPositionalEmbedding", True)
-        assert want and [k for k, _, _ in sent] == plans["LearnedPositionalEmbedding"][0]
-        passes = [p[3] for _, c, _ in sent for p in c.args[0]]
-        assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
-                   for _, cases in want for c in cases)
-        for exercise in ("TransformerBlock", "TinyGPT"):
-            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
-            assert [build for build, _ in got] == [build for build, _ in want], exercise
-            assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
-                       for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds)), exercise
+        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):  # inputs of probed passes
+            want = expected.instructor().hidden(exercise)
+            sent = probe.plan(exercise, True)
+            assert want and [k for k, _, _ in sent] == plans[exercise][0], exercise
+            passes = [p[3] for _, c, _ in sent if c.args and isinstance(c.args[0], tuple) for p in c.args[0]]
+            assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
+                       for _, cases in want for c in cases), exercise
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -2098,8 +2094,8 @@ def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, 
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 09's TransformerBlock and TinyGPT: keyed (test weights, tied parameters, context_length), their cached
-# paths handed out as traces of plain data (nb09.cached_trace), read by the keyed replay's ran()
+# Notebook 09's TransformerBlock and TinyGPT: a probed construction per build (test weights, tied parameters,
+# context_length), and each build's cached path as a step whose outcome is a trace of plain data (nb09.cached_trace)
 # --------------------------------------------------------------------------------------------
 BLOCK_TEST, GPT_TEST = "test_TransformerBlock", "test_TinyGPT"
 
@@ -2116,14 +2112,29 @@ def honest_gpt():
     yield from _honest(NB09, "TinyGPT", _NB09._GPT, GPT_TEST)
 
 
-def _runs(records: list[dict]) -> list[dict]:
-    """The cached paths' traces handed out (``probe.record_runs``): the records of no construction."""
-    return [r for r in records if "build" not in r and "inputs" in r]
+def _is_cached(key: str) -> bool:
+    return key.startswith("cached ")
 
 
-def _trace(record: dict) -> list[dict]:
-    """The parts of a handed-out trace, encoded: ``[first, num_cached, whole, again, end, hints]``."""
-    return record["result"]["items"]
+def _traces(records: list[dict]) -> list[list[dict]]:
+    """The parts of every cached path's trace (by reference), encoded: ``[first, num_cached, whole, again, end,
+    hints]`` each."""
+    return [o["result"]["items"] for r in records for k, o in r["outcomes"] if _is_cached(k)]
+
+
+def _constructions(records: list[dict], edit: Callable[[dict], None] | None = None) -> list[dict]:
+    """Each probed construction's ``built`` (decoded); with ``edit``, a copy of ``records`` where ``edit(built)``
+    changed every one of them."""
+    if edit is None:
+        return [wire.decode(o["result"])["built"] for r in records for k, o in r["outcomes"] if k.startswith("module ")]
+    forged = _copy(records)
+    for record in forged:
+        for key, outcome in record["outcomes"]:
+            if key.startswith("module "):
+                found = wire.decode(outcome["result"])
+                edit(found["built"])
+                outcome["result"] = wire.encode(found)
+    return forged
 
 
 def test_an_honest_block_hand_off_passes_and_its_cached_path_is_judged_outside(tmp_path, honest_block):
@@ -2131,57 +2142,62 @@ def test_an_honest_block_hand_off_passes_and_its_cached_path_is_judged_outside(t
     piece fails as the kernel's check would, with its hint read from the trace; pieces swapped fail; a trace left
     out, or one without its form, scores 0."""
     records, sources = honest_block
-    runs = _runs(records)
-    assert len(runs) == 3 + 2 and all(len(_trace(r)) == 6 for r in runs)  # the visible builds, then the hidden (the
-    # hidden cases' call makes no build or pass the visible cases' call handed out already)
-    first = _trace(runs[0])[0]["items"]
+    assert [r["plan"] for r in records] == ["visible", "hidden"]
+    assert len(_traces(records[:1])) == 3 and all(len(t) == 6 for t in _traces(records))  # one per build
+    first = _traces(records)[0][0]["items"]
     assert [i["kind"] for i in first] == ["text", "tensor", "tensor", "tensor"] and first[0]["value"] == "ok"
     assert list(first[2]["value"].shape) == [2, 1, 8]  # pieces of 3 + 1 + 2 tokens of the (2, 6, 8) input
-    assert not any(r["module"].get("tied") for r in records if "module" in r)
-    assert sum(len(r["result"]["items"]) for r in runs) < 100 and len(records) < judge.MAX_RECORDS
+    assert not any(b.get("tied") for b in _constructions(records))
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, records, sources)
     assert verdict.ename is None and "fed in pieces with use_cache=True" in verdict.text, verdict.evalue
     forged = _copy(records)
-    for run in _runs(forged):
-        pieces = _trace(run)[0]["items"]
+    for trace in _traces(forged):
+        pieces = trace[0]["items"]
         pieces[2]["value"] = pieces[2]["value"] + 1
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "piece 2 (position 3, read after 3 cached tokens)" in verdict.evalue, \
         verdict.evalue
     swapped = _copy(records)
-    for run in _runs(swapped):
-        pieces = _trace(run)[0]["items"]
+    for trace in _traces(swapped):
+        pieces = trace[0]["items"]
         pieces[1], pieces[3] = pieces[3], pieces[1]
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, swapped, sources)
     assert verdict.ename == "CheckFailed" and "piece 1 (positions 0..2" in verdict.evalue, verdict.evalue
-    gone = [r for r in _copy(records) if r not in _runs([r]) or not judge.same_inputs(r["inputs"], runs[0]["inputs"])]
-    assert len(gone) == len(records) - 1
-    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TransformerBlock" in \
-        verdict.evalue, verdict.evalue
+    first_key = next(k for k, _ in records[0]["outcomes"] if _is_cached(k))
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, _drop_outcome(records, "TransformerBlock",
+                                                                    lambda k: k == first_key), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
     for forge in ("a piece as a number", "a piece too many", "a trace cut short"):
         malformed = _copy(records)
-        trace = _trace(_runs(malformed)[0])
-        if forge == "a piece as a number":
-            trace[0]["items"][1] = {"kind": "number", "type": "float", "value": 1.0}
-        elif forge == "a piece too many":
-            trace[0]["items"].append(trace[0]["items"][1])
-        else:
-            trace.pop()
+        for trace in _traces(malformed):
+            if forge == "a piece as a number":
+                trace[0]["items"][1] = {"kind": "number", "type": "float", "value": 1.0}
+            elif forge == "a piece too many":
+                trace[0]["items"].append(trace[0]["items"][1])
+            else:
+                trace.pop()
         verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, malformed, sources)
-        assert verdict.ename == judge.HANDOFF_ERROR and "is not the trace of its pieces" in verdict.evalue, \
+        assert verdict.ename == judge.HANDOFF_ERROR and "TransformerBlock's cached path" in verdict.evalue, \
             (forge, verdict.evalue)
 
 
 def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest_gpt):
     """Both of check_alone's tries come back, each marked; a model said to lack context_length, to count no cached
-    tokens, or to share its blocks' weights fails as the kernel's check would; unmarked runs scores 0, a malformed
-    try, tied name or plain attribute is refused; from a student-edition kernel the second try alone passes."""
+    tokens, or to share its blocks' weights fails as the kernel's check would; unmarked records score 0, a malformed
+    try is refused, a malformed tied name or value scores 0; from a student-edition kernel the second try alone
+    passes."""
     records, sources = honest_gpt
-    assert {r.get("attempt") for r in records} == {1, 2}
-    built = [r for r in records if "module" in r]
-    assert all(r["module"]["values"]["context_length"]["value"]["value"] == r["build"]["args"]["items"][4]["value"]
-               for r in built if r["build"]["args"]["items"][6:7] != [{"kind": "text", "value": "rotary"}])
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                            ("hidden", 2)]
+    from course_utils import checks
+
+    builds = {s.key: s.case.build for s in checks.SPECS["TinyGPT"].steps(True)}
+    for record in records:
+        for key, outcome in record["outcomes"]:
+            build = builds[key]
+            if key.startswith("module ") and build[6:7] != ("rotary",):
+                assert wire.decode(outcome["result"])["built"]["values"]["context_length"] == build[4]
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, records, sources)
     assert verdict.ename is None and "reset_cache() starts a new one" in verdict.text, verdict.evalue
     second = [r for r in _copy(records) if r.get("attempt") == 2]
@@ -2190,48 +2206,30 @@ def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest
     assert verdict.ename is None, verdict.evalue  # a student-edition kernel's hand-off: the second try alone
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, second, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    for r in forged:
-        if "module" in r:
-            r["module"]["values"]["context_length"] = {"missing": True}
+    forged = _constructions(records, lambda b: b["values"].__setitem__("context_length", None) if "values" in b else None)
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "keep self.context_length = context_length" in verdict.evalue, \
         verdict.evalue
     forged = _copy(records)
-    for run in _runs(forged):
-        _trace(run)[1] = {"kind": "number", "type": "int", "value": 0}
+    for trace in _traces(forged):
+        trace[1] = {"kind": "number", "type": "int", "value": 0}
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "model.num_cached is 0, expected 6" in verdict.evalue, verdict.evalue
-    forged = _copy(records)  # the second block's parameters said to be the first's: one set of weights
-    for r in forged:
-        if "module" in r and r["build"]["args"]["items"][3]["value"] == 2:
-            params = r["module"]["parameters"]
-            later = [p for p in params if p[0].startswith("blocks.1.")]
-            r["module"]["parameters"] = [p for p in params if not p[0].startswith("blocks.1.")]
-            r["module"]["tied"] = [[name, "blocks.0." + name.removeprefix("blocks.1.")] for name, _ in later]
-    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
+
+    def one_set(built: dict) -> None:  # the second block's parameters said to be the first's: one set of weights
+        if built.get("module"):
+            built["tied"] = [["blocks.1.norm1.weight", "blocks.0.norm1.weight"]]
+
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, _constructions(records, one_set), sources)
     assert verdict.ename == "CheckFailed" and "blocks[0] and blocks[1] share one set of weights" in verdict.evalue, \
         verdict.evalue
-    unmarked = [r for r in _copy(records) if not (r.get("attempt") == 1 and "build" not in r)]
-    for r in unmarked:
-        if "build" not in r:
-            r.pop("attempt", None)  # runs of no try never stand for the first try's
+    unmarked = [{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)]
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, unmarked, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TinyGPT" in verdict.evalue, \
-        verdict.evalue
-    for forge, words in (("a try of 3", "a try of check_alone other than"),
-                         ("a tied name of no parameter", "appears again is not"),
-                         ("a tied name that is a parameter", "appears again is not"),
-                         ("a private value", "attribute names")):
-        malformed = _copy(records)
-        construction = next(r for r in malformed if "module" in r)
-        if forge == "a try of 3":
-            _runs(malformed)[0]["attempt"] = 3
-        elif forge == "a tied name of no parameter":
-            construction["module"]["tied"] = [["blocks.2.norm1.weight", "blocks.9.norm1.weight"]]
-        elif forge == "a tied name that is a parameter":
-            construction["module"]["tied"] = [["tok_emb.weight", "out_head.weight"]]
-        else:
-            construction["module"]["values"] = {"__class__": {"missing": True}}
-        with pytest.raises(judge.BadHandOff, match=words):
-            _verdict_of(tmp_path, NB09, GPT_TEST, malformed, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
+    with pytest.raises(judge.BadHandOff, match="a try of check_alone other than"):
+        _verdict_of(tmp_path, NB09, GPT_TEST, _with_attempt(records, 3), sources)
+    for edit, words in ((lambda b: b.__setitem__("tied", [["blocks.1.norm1.weight"]]) if b.get("module") else None,
+                         "names of the parameters that appear twice"),
+                        (lambda b: b.__setitem__("values", {}) if b.get("module") else None, "value of context_length")):
+        verdict = _verdict_of(tmp_path, NB09, GPT_TEST, _constructions(records, edit), sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
