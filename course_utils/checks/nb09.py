@@ -23,13 +23,13 @@ attention, so nothing of an answer) with an optimizer that records the gradients
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
 
-Under the grader (``course_utils.checks.probe``), every exercise here is judged outside the kernel: the
-kernel hands out their outputs (the call with an odd ``d_model`` too), every construction and forward pass
-of the positions module, the block and the model with the test weights loaded (``start=`` among the inputs;
-for the block and the model, the names under which a parameter appears twice and ``context_length`` too:
-:func:`_block_plan`, :func:`_gpt_plan`), each build's cached path as one trace of plain data
-(:mod:`course_utils.checks.cached`), and each spec's trace of ``train_step`` and of ``generate`` (:func:`_step_run`,
-:func:`_generate_run`), and the grader runs these checks on them against the reference.
+Each check is a spec (:mod:`course_utils.checks.spec`), judged on plain data in the self-check and, under the
+grader, outside the kernel: the functions' calls (the one with an odd ``d_model`` too), one probed construction
+per build of the positions module, the block and the model with the test weights loaded (``start=`` among the
+inputs; for the block and the model, the names under which a parameter appears twice and ``context_length``
+too: :func:`_block_plan`, :func:`_gpt_plan`), each build's cached path as one trace (:mod:`course_utils.checks.cached`,
+:func:`_cached_steps`), and each spec's trace of ``train_step`` and of ``generate`` (:func:`_step_run`,
+:func:`_generate_run`).
 """
 
 from __future__ import annotations

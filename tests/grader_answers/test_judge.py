@@ -1235,7 +1235,7 @@ def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
 def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
-    plans = _plans(("repeat_kv", "sliding_window_mask", "GroupedQueryAttention"))
+    plans = _plans(("repeat_kv", "sliding_window_mask", "GroupedQueryAttention", "MultiHeadAttentionKVCache"))
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
@@ -1257,11 +1257,14 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         passes = [p[3] for _, c, _ in sent for p in c.args[0]]
         assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
                    for _, cases in want["configs"] for c in cases)
-        got, want = probe.hidden_cases("MultiHeadAttentionKVCache"), expected.instructor().hidden(
-            "MultiHeadAttentionKVCache")  # sequences read in pieces: the pieces' sizes and the dtype travel too
-        assert got and [(c.name, c.build, c.chunks, c.dtype) for c in got] == \
-            [(c.name, c.build, c.chunks, c.dtype) for c in want]
-        assert all(torch.equal(c.args[0], d.args[0]) for c, d in zip(got, want))
+        want = expected.instructor().hidden("MultiHeadAttentionKVCache")  # sequences read in pieces: sessions
+        sent = probe.plan("MultiHeadAttentionKVCache", True)
+        assert want and [k for k, _, _ in sent] == plans["MultiHeadAttentionKVCache"][0]
+        for case in want:
+            found = next(c for k, c, _ in sent if k.startswith("decode ") and c.name == case.name)
+            chunks = [op[1] for op in found.args[0] if op[0] == "forward"]
+            assert found.build == case.build and [x.shape[1] for x in chunks][:len(case.chunks)] == case.chunks
+            assert torch.equal(torch.cat(chunks[:len(case.chunks)], dim=1), case.args[0].to(case.dtype))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1405,9 +1408,11 @@ def test_a_gqa_pass_is_judged_outside_and_a_malformed_one_scores_zero(tmp_path, 
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 08's MultiHeadAttentionKVCache: ordered sessions (each output depends on the calls before it)
+# Notebook 08's MultiHeadAttentionKVCache: each session (a module, then calls whose outputs depend on the calls
+# before them) is one step of the plan, its operations' outcomes and the cache's shape after each cached call
 # --------------------------------------------------------------------------------------------
 _KV_TEST = "test_MultiHeadAttentionKVCache"
+_MAIN = "the main module"
 
 
 @pytest.fixture(scope="module")
@@ -1420,119 +1425,92 @@ def _kv_verdict(tmp_path, records, sources) -> judge.Verdict:
     return _verdict_of(tmp_path, NB08, _KV_TEST, records, sources)
 
 
-def _steps_of(records: list[dict], session: int) -> list[dict]:
-    return [r for r in records if r.get("session") == session and "op" in r]
-
-
-def _main_session(records: list[dict]) -> int:
-    """The session of the first try that checks the cache's buffers, the context limit and the moves (copies)."""
-    return next(r["session"] for r in records if r.get("op") == "copy" and r.get("attempt") == 1)
-
-
-def _decoded_session(records: list[dict]) -> int:
-    """The session of the first try that decodes the first case: .to(its dtype), reset_cache(), the chunks."""
-    return next(r["session"] for r in records if r.get("op") == "to" and r.get("attempt") == 1)
+def _sessions(records: list[dict], edit: Callable[[str, dict], None], attempts: tuple = (1, 2)) -> list[dict]:
+    """A copy of ``records`` where ``edit(key, session)`` changed each session (decoded: ``{"built", "steps"}``) of
+    the tries ``attempts``."""
+    forged = _copy(records)
+    for record in (r for r in forged if r.get("attempt") in attempts):
+        for key, outcome in record["outcomes"]:
+            found = wire.decode(outcome["result"])
+            edit(key, found)
+            outcome["result"] = wire.encode(found)
+    return forged
 
 
 def test_an_honest_kv_cache_hand_off_passes(tmp_path, honest_kv):
-    """Both tries come back as ordered sessions: constructions, then each module's steps (forward passes with
-    and without the cache, reset_cache(), .to, copies), each with the cache's state after it."""
+    """Both tries come back, each session as one outcome: its operations' outcomes in order, the cache's shape
+    after each cached call, what the cache is made of."""
     records, sources = honest_kv
-    assert judge.SESSIONS == {"MultiHeadAttentionKVCache"} and "MultiHeadAttentionKVCache" in judge.JUDGED
-    assert {r.get("attempt") for r in records} == {1, 2}
-    assert {r["op"] for r in records if "op" in r} == set(probe.STEP_OPS)
-    main = _steps_of(records, _main_session(records))
-    assert [r["op"] for r in main[:2]] == ["call", "forward"] and main[1]["inputs"]["kwargs"]["use_cache"]["value"]
-    cache = main[1]["state"]["cache_k"]
-    assert cache["buffer"] and not cache["saved"] and list(cache["value"]["value"].shape) == [2, 2, 3, 4]
-    assert [r.get("error", {}).get("type") for r in main[3:8]] == [None, None, "ValueError", None, "ValueError"]  # past
-    # context_length, then an empty prompt
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                            ("hidden", 2)]
+    main = wire.decode(dict(records[1]["outcomes"])[_MAIN]["result"])["steps"]
+    assert main[1]["cache"] == [2, 2, 3, 4] and main[2]["value"]["cache_k"] == ["Tensor", True, False]
+    assert [o.get("error", [None])[0] for o in main[3:9]] == [None, None, None, "ValueError", None, "ValueError"]
+    # past context_length, then an empty prompt
     verdict = _kv_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "again after reset_cache()" in verdict.text, verdict.evalue
 
 
-def _swap_steps(records: list[dict], session: int, i: int, j: int, renumber: bool) -> list[dict]:
-    forged = _copy(records)
-    steps = _steps_of(forged, session)
-    a, b = forged.index(steps[i]), forged.index(steps[j])
-    forged[a], forged[b] = forged[b], forged[a]
-    if renumber:
-        forged[a]["step"], forged[b]["step"] = forged[b]["step"], forged[a]["step"]
-    return forged
-
-
-def test_a_kv_cache_session_out_of_order_scores_zero(tmp_path, honest_kv):
-    """Two cached steps swapped (renumbered, or left with their own numbers), a step left out, a construction
-    left out, a step too many, or a copy's session claimed twice: each scores 0 with the reason."""
+def test_a_kv_cache_session_cut_short_or_left_out_scores_zero(tmp_path, honest_kv):
+    """A session with fewer outcomes than its operations, or a malformed one, or a session left out: each scores
+    0 with the reason; two cached calls swapped earn nothing."""
     records, sources = honest_kv
-    main = _main_session(records)
-    for renumber, words in ((True, "the test makes next"), (False, "are not in order")):
-        verdict = _kv_verdict(tmp_path, _swap_steps(records, main, 3, 4, renumber), sources)
-        assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
-    last = _steps_of(records, main)[-1]  # the meta copy's: its steps go on in a session of their own
-    child = _steps_of(records, last["child"])
-    truncated = [r for r in _copy(records) if not (r.get("session") == last["child"] and r["step"] == len(child) - 1)]
-    verdict = _kv_verdict(tmp_path, truncated, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no forward pass" in verdict.evalue, verdict.evalue
-    built = [r for r in records if "session" in r and "op" not in r and r["attempt"] == 1 and not r["optional"]]
-    gone = [r for r in _copy(records) if r.get("session") != built[3]["session"]]
-    verdict = _kv_verdict(tmp_path, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
-    extra = _copy(records)
-    steps = _steps_of(extra, main)
-    extra.append({**_copy([steps[1]])[0], "step": len(steps)})
-    verdict = _kv_verdict(tmp_path, extra, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
-    claimed = _copy(records)
-    _steps_of(claimed, main)[-1]["child"] = main
-    verdict = _kv_verdict(tmp_path, claimed, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "claimed twice" in verdict.evalue, verdict.evalue
+    cut = _sessions(records, lambda key, found: found["steps"].pop() if key == _MAIN else None)
+    verdict = _kv_verdict(tmp_path, cut, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "MultiHeadAttentionKVCache's session" in verdict.evalue, \
+        verdict.evalue
+    verdict = _kv_verdict(tmp_path, _drop_outcome(records, "MultiHeadAttentionKVCache", lambda k: k == _MAIN), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def swap(key: str, found: dict) -> None:
+        if key.startswith("decode 0:"):
+            steps = found["steps"]
+            steps[3], steps[4] = steps[4], steps[3]
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, swap), sources)
+    assert verdict.ename == "CheckFailed" and "differ from forward(x) on the whole sequence" in verdict.evalue, \
+        verdict.evalue
 
 
 def test_a_forged_kv_cache_session_loses_the_points(tmp_path, honest_kv):
     """A forged cached output, or a cache said to be saved in state_dict, fails as the kernel's own check would;
     the first try's sessions alone (the second left out, where the verdict needs it) score 0."""
     records, sources = honest_kv
-    forged = _copy(records)
-    built = {r["session"] for r in forged if "session" in r and "op" not in r}
-    for number in {r["session"] for r in forged if r.get("op") == "to" and r["step"] == 0} & built:  # all decodings
-        decoded = _steps_of(forged, number)[3]  # the prompt's next token, read with the cache
-        if decoded["op"] == "forward":
-            decoded["result"]["value"] = decoded["result"]["value"] + 1
-    verdict = _kv_verdict(tmp_path, forged, sources)
+
+    def next_token(key: str, found: dict) -> None:
+        step = found["steps"][3] if key.startswith("decode ") else {}
+        if isinstance(step.get("value"), torch.Tensor):
+            step["value"] = step["value"] + 1  # the prompt's next token, with the cache
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, next_token), sources)
     assert verdict.ename == "CheckFailed" and "differ from forward(x) on the whole sequence" in verdict.evalue, \
         verdict.evalue
-    saved = _copy(records)
-    for r in saved:
-        if r.get("state") and r["state"]["cache_k"].get("buffer"):
-            r["state"]["cache_k"]["saved"] = True
-    verdict = _kv_verdict(tmp_path, saved, sources)
+
+    def saved(key: str, found: dict) -> None:
+        if key == _MAIN:
+            found["steps"][2]["value"]["cache_k"][2] = True
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, saved), sources)
     assert verdict.ename == "CheckFailed" and "state_dict() holds ['cache_k']" in verdict.evalue, verdict.evalue
-    broken = _copy(records)  # the first try fails (a wrong output), and its second try is not there
-    broken = [r for r in broken if r.get("attempt") != 2]
-    _steps_of(broken, _decoded_session(broken))[3]["result"]["value"] *= 2
+    broken = [r for r in _sessions(records, next_token, (1,)) if r["attempt"] != 2]
     verdict = _kv_verdict(tmp_path, broken, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
 
 
-@pytest.mark.parametrize("forge, words", [
-    (lambda r: r.__setitem__("op", "exec"), "a step that is not one of"),
-    (lambda r: r.__setitem__("step", -1), "a step that is not one of"),
-    (lambda r: r.__setitem__("name", "__init__"), "a call of a method other than"),
-    (lambda r: r.__setitem__("verdict", "pass"), "expected a step's result or error"),
-    (lambda r: r.__setitem__("state", {"__class__": {"missing": True}}), "attribute names"),
-    (lambda r: r.__setitem__("state", {"cache_k": {"value": {"kind": "text", "value": "x"}, "buffer": True,
-                                                   "saved": False}}), "a buffer that is not a tensor"),
-    (lambda r: r.__setitem__("session", 10**6), "a session number"),
-    (lambda r: r.pop("optional"), "whether it is optional"),
-], ids=["unknown op", "negative step", "another method", "extra field", "private name", "buffer not a tensor",
-        "session out of range", "optional left out"])
-def test_a_malformed_kv_cache_step_is_refused(tmp_path, honest_kv, forge, words):
+@pytest.mark.parametrize("forge", [
+    lambda s: s.__setitem__("verdict", "pass"),
+    lambda s: s["steps"][0].__setitem__("verdict", "pass"),
+    lambda s: s["steps"][0].__setitem__("error", ["ValueError", "x"]),
+    lambda s: s["steps"][2].__setitem__("value", {"cache_k": ["Tensor", True]}),
+    lambda s: s.__setitem__("steps", "all passed"),
+], ids=["extra field", "a step's extra field", "a result and an error", "buffers cut short", "steps not a list"])
+def test_a_malformed_kv_cache_session_is_refused(tmp_path, honest_kv, forge):
     records, sources = honest_kv
-    forged = _copy(records)
-    forge(next(r for r in forged if r.get("op") == "call"))
-    with pytest.raises(judge.BadHandOff, match=words):
-        _kv_verdict(tmp_path, forged, sources)
+    forged = _sessions(records, lambda key, found: forge(found) if key == _MAIN else None)
+    verdict = _kv_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "what came back from MultiHeadAttentionKVCache" in verdict.evalue, \
+        verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------
