@@ -1077,6 +1077,25 @@ def _same_trace(a: dict, b: dict) -> bool:
     return _trace_problem(a, b) is None
 
 
+def _common_factor(want: list | None, got: list) -> float | None:
+    """``c`` where every gradient of ``got`` is ``c`` times the one of ``want`` (``c`` not 1), else ``None``."""
+    if want is None or len(want) != len(got) or any((w is None) != (g is None) for w, g in zip(want, got)):
+        return None
+    pairs = [(w.double(), g.double()) for w, g in zip(want, got) if w is not None and w.shape == g.shape]
+    if len(pairs) != len([w for w in want if w is not None]) or not pairs:
+        return None
+    dot = sum(float((w * g).sum()) for w, g in pairs)
+    norm = sum(float((w * w).sum()) for w, _ in pairs)
+    if norm == 0:
+        return None
+    c = dot / norm
+    if abs(c - 1.0) < 1e-3 or abs(c) < 1e-6:
+        return None
+    if all(tensor_difference(c * w, g, atol=1e-6) is None for w, g in pairs):
+        return c
+    return None
+
+
 def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     """Name a mistake from its symptoms (answer-free)."""
     grads_w, grads_g = want["grads"][k], got["grads"][k]
@@ -1087,6 +1106,14 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
         if all(tensor_difference(s, g) is None for s, g in zip(summed, grads_g)):
             return ("the gradients of step 2 are those of steps 1 and 2 added up: call optimizer.zero_grad() in every "
                     "step (loss.backward() adds to .grad).")
+    factor = _common_factor(grads_w, grads_g)
+    if factor is not None and abs(factor - 2.0) < 1e-3:
+        return ("every gradient is twice the expected one: loss.backward() ran twice before optimizer.step() (the "
+                "gradients add up in .grad): call it once per step.")
+    if factor is not None:
+        return (f"every gradient is {factor:.3g} times the expected one when optimizer.step() runs: the gradients of "
+                f"the mean loss itself go to the optimizer, not rescaled ones (no clip_grad_norm_ here, no loss "
+                f"multiplied or divided before loss.backward()).")
     if all(g is not None and not g.abs().any() for g in grads_g):
         return ("every gradient was zero when optimizer.step() ran: call optimizer.zero_grad() BEFORE loss.backward(), "
                 "not between backward and step.")
@@ -1354,6 +1381,41 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
     return None
 
 
+def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None:
+    """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
+    message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
+    kind, message = error
+    if "probability tensor contains" in message:
+        if spec["temperature"] == 0:
+            return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
+                    "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
+        return ("torch.multinomial takes probabilities (each row non-negative, not all zero), not logits: sample from "
+                "torch.softmax(logits / temperature, dim=-1).")
+    if "must have same number of dimensions" in message or "Tensors must have same" in message:
+        return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
+                "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
+    T0, n = spec["runs"][k]
+    if kind == "ValueError" and not calls and T0 + n - 1 <= spec["context_length"]:
+        return (f"the model reads T0 + max_new_tokens - 1 = {T0 + n - 1} tokens (the last new token is never read), "
+                f"and context_length = {spec['context_length']} of them fit: raise only when T0 + max_new_tokens - 1 "
+                f"> context_length.")
+    return None
+
+
+def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """With top_k, new tokens that are all below top_k (where ours are not) are positions in torch.topk's result,
+    not token ids (issue 36)."""
+    top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
+    if not (top_k and isinstance(got, torch.Tensor) and got.shape == want.shape and top_k < spec["vocab_size"]):
+        return None
+    new, ours = got[:, T0:], want[:, T0:]
+    if new.numel() and bool((new < top_k).all()) and not bool((ours < top_k).all()):
+        return (f"every new token is below top_k = {top_k}: these are positions among torch.topk's k values, not token "
+                f"ids. Map them back to the vocabulary (indices.gather(-1, choice)), or sample from the full (b, V) "
+                f"softmax with -inf outside the top k.")
+    return None
+
+
 def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got: object) -> str | None:
     """The first difference between the expected and the returned tokens of call ``k``, in words."""
     if not isinstance(got, torch.Tensor):
@@ -1464,7 +1526,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                     fail(exercise, f"{where}: {call}{found[0]}.", case)
                 continue
             if g["error"] is not None:
-                hint = _calls_hint(spec, w["calls"], g["calls"])
+                hint = _loop_error_hint(spec, k, g["error"], g["calls"]) or _calls_hint(spec, w["calls"], g["calls"])
                 try:
                     fail(exercise, f"{where}: {call}generate raised {g['error'][0]}: {g['error'][1]}; the model's "
                                    f"calls were: {_calls_text(g['calls'])}.", case)
@@ -1480,6 +1542,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                     if _same_generation(output, got):
                         hint = mistake_hint
                         break
+            if hint is None:
+                hint = _top_k_positions_hint(spec, k, w["out"], g["out"])
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
                                f"expected: {_calls_text(w['calls'])}")
             try:
