@@ -6,10 +6,11 @@ own module, why (the cache never filled, the piece read as a new sequence, posit
 
 What the check reads of the student's module is one :func:`cached_trace`: plain lists of tensors, numbers
 and texts (never an object of the student's), made where the module is (the student's kernel), then judged
-by :func:`check_cached_path` against the reference's outputs of the whole input. In the student's own
-self-check both run in the kernel; under the grader the kernel hands the trace out
-(``probe.record_runs``) and the grader judges it (``nb09._trace_of``, refused unless
-:func:`trace_has_form`), so the messages are built once, from the same data, either way.
+by :func:`check_cached_path` against the reference's outputs of the whole input. The trace is the outcome of
+one step of the block's or the model's spec (``nb09._cached_steps``): in the student's own self-check both run
+in the kernel; under the grader the kernel hands the trace out with the plan's other outcomes and the grader
+judges it (``nb09._cached_views``, refused unless :func:`trace_has_form`), so the messages are built once, from
+the same data, either way.
 """
 
 from __future__ import annotations

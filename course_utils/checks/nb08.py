@@ -8,26 +8,24 @@ located (which chunk, which position) and named: a mask aligned top-left (what S
 wrong dimension, a cache that ``reset_cache()`` does not clear. Expected values come from
 :func:`course_utils.checks.expected.expect`, live or recorded, like every other check.
 
-Under the grader, ``decode_causal_mask``, ``rope_angles``, ``apply_rope``, ``repeat_kv``,
-``GroupedQueryAttention`` and ``sliding_window_mask`` are judged outside the kernel
-(``grader/judge.py``): the kernel only hands out what the student's code gave on every call their
-checks make (``compare_function``'s, the dtype pass, the calls that must raise; for ``apply_rope``
-both tries of :func:`_alone`, with our ``rope_angles`` and with the student's, read outside by
-:func:`modules.replayed_tries`; for ``GroupedQueryAttention`` every construction and forward pass of
-:func:`_gqa_plan`, once per try of :func:`_alone` with each record marked by its try, read outside by
-:func:`modules.replayed_tries`) and, for ``sliding_window_mask_mod``, each case's mask made from its
-``mask_mod`` or what it raised (:func:`_mask_mod_outcome`, ``probe.record_runs``); the grader runs
-these checks on a replay of it. ``MultiHeadAttentionKVCache``'s outputs depend on every call before
-them (the cache): under the grader its kernel runs, per module, the check's whole ordered sequence of
-steps (:func:`_kv_sessions`, ``probe.record_sessions``: forward passes with and without the cache,
-``reset_cache()``, ``.to``, copies, each with the cache's state after it), once per try of
-:func:`_alone`, and the grader answers the unchanged check's calls strictly in that order
-(``judge.SessionReplay``). The first tries need the reference's helpers, which only the instructor
-edition has, so 08's kernel keeps it.
+Each check is a spec (:mod:`course_utils.checks.spec`): its plan is every call it makes into the student's
+code, run by one executor in the kernel, and its judge reads the outcomes as plain data, in the self-check
+and, under the grader, outside the kernel. The functions' plans hold their compared calls and the calls that
+must raise (:data:`MUST_RAISE`); ``sliding_window_mask``'s holds, beside them, the masks made by the test
+cell's ``sliding_window_mask_mod`` (:data:`MOD_STEP`, a runner bound to it by the check);
+``GroupedQueryAttention``'s is one probed construction per build (``spec.probe_step``, read through
+``spec.ModuleView`` by :mod:`course_utils.checks.viewed`). ``MultiHeadAttentionKVCache``'s outputs depend on
+every call before them (the cache): each session, a module built and then its calls in order (forward passes
+with and without the cache, ``reset_cache()``, ``.to``, converted copies), is one step (:func:`session_step`,
+:func:`_run_session`), whose outcome lists each call's outcome and the cache's shape after it
+(:class:`SessionView`). ``apply_rope``, ``GroupedQueryAttention`` and ``MultiHeadAttentionKVCache`` run with
+our versions of the notebook's other exercises they call (``modules.alone``: both tries, also under the grader).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -38,36 +36,26 @@ from course_utils import rules
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
+from course_utils.checks import spec, viewed, wire
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
-    build_student,
-    call_student,
     check,
     check_rules,
-    compare_function,
     construct,
     describe_shape,
     expect,
     fail,
     hidden_cases,
-    passed,
+    mistake_outputs,
     rand,
+    reference_output,
     require_callable,
     tensor_difference,
 )
 from course_utils.checks.modules import (
-    alone,
-    check_causal_module,
-    check_dropout_modes,
-    check_alone,
-    check_moves_with_module,
-    finite_then_values,
     helper_checks,
-    module_checks,
-    not_causal,
-    replayed_tries,
 )
 
 __all__ = [
@@ -91,29 +79,29 @@ HELPERS = {"MultiHeadAttentionKVCache": ("decode_causal_mask", "apply_rope"), "G
            "apply_rope": ("rope_angles",)}
 
 
-def _alone(exercise: str, obj: object, run: Callable[[], None]) -> None:
-    """``run()`` (the checks of ``obj``) with the reference's versions of the helpers ``obj`` calls."""
-    check_alone(exercise, obj, helper_checks(globals(), exercise), run)
+#: The prefix of the keys of a plan's calls that must raise (the rest are compared with the reference's).
+MUST_RAISE = "must raise: "
 
 
-def _raises(fn: Callable, *args, **kwargs) -> BaseException | None:
-    """The exception ``fn(*args, **kwargs)`` raises, or ``None``; a stub's NotImplementedError is reported."""
-    try:
-        fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any clear error will do
-        return exc
-    return None
+def _split(plan: Sequence[spec.Step]) -> tuple[list[spec.Step], list[spec.Step]]:
+    """A function plan's compared calls, and its calls that must raise (:data:`MUST_RAISE`)."""
+    return [s for s in plan if not s.key.startswith(MUST_RAISE)], [s for s in plan if s.key.startswith(MUST_RAISE)]
 
 
-def _bool_mask_check(exercise: str, fn: Callable, cases: Sequence[Case]) -> None:
+def _returned(got: object) -> bool:
+    """Whether a call that must raise returned instead (a stub's NotImplementedError is reported as such)."""
+    if isinstance(got, NotImplementedError):
+        raise got
+    return not isinstance(got, BaseException)
+
+
+def _bool_masks(exercise: str, steps: Sequence[spec.Step], outcomes: spec.Outcomes) -> None:
     """``masked_fill`` needs a boolean mask: fail on the first case whose dtype is not ``torch.bool``."""
-    for case in cases:
-        got = call_student(exercise, fn, case)
+    for step in steps:
+        got = outcomes[step.key]
         if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
             fail(exercise, f"the mask must have dtype torch.bool, yours is {got.dtype}: masked_fill needs a boolean "
-                           f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", case)
+                           f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", step.case)
 
 
 def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int] | None:
@@ -149,25 +137,33 @@ def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
             f"may see keys 0..{position}: entry [{i}, {j}] must be False.")
 
 
-@check
-def check_decode_causal_mask(decode_causal_mask: Callable, hidden: bool = False) -> None:
-    """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
-    and a clear error when there are more queries than keys."""
+def _decode_cases() -> list[Case]:
+    return [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
+
+
+def _judge_decode(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "decode_causal_mask"
-    cases = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, decode_causal_mask, cases, diagnose=_decode_mask_diagnosis, quiet=True)
-    too_many = [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))]
-    if _probe.active(exercise):  # under the grader: the dtype pass and the errors below run outside, on these
-        _probe.record(exercise, decode_causal_mask, cases + too_many)
-        return
-    _bool_mask_check(exercise, decode_causal_mask, cases)
-    for q, k in (c.args for c in too_many):
-        if _raises(decode_causal_mask, q, k) is None:
+    compared, raising = _split(plan)
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_decode_mask_diagnosis)
+    _bool_masks(exercise, compared, outcomes)
+    for step in raising:
+        q, k = step.case.args
+        if _returned(outcomes[step.key]):
             fail(exercise, f"decode_causal_mask({q}, {k}) returned a mask: more queries than keys cannot be the last "
                            f"{q} of {k} positions. Raise a ValueError when num_queries > num_keys.")
-    passed(exercise, f"{len(cases)} shapes give a boolean mask aligned to the bottom right "
-                     f"({'; '.join(c.name for c in cases)}), and num_queries > num_keys raises")
+    return (f"{len(compared)} shapes give a boolean mask aligned to the bottom right "
+            f"({'; '.join(s.case.name for s in compared)}), and num_queries > num_keys raises")
+
+
+_decode_all = spec.with_hidden("decode_causal_mask", _decode_cases)
+
+check_decode_causal_mask = spec.declare(spec.Spec(
+    "decode_causal_mask",
+    lambda hidden: spec.calls(_decode_all(hidden)) + spec.calls(
+        [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))], MUST_RAISE),
+    _judge_decode),
+    """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
+    and a clear error when there are more queries than keys.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -186,56 +182,64 @@ def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_rope_angles(rope_angles: Callable, hidden: bool = False) -> None:
-    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
-    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``."""
+def _angles_cases() -> list[Case]:
+    return [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
+                                                               {"base": 100.0}),
+            Case("head_dim=16, max_positions=40", (16, 40))]
+
+
+def _judge_angles(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "rope_angles"
-    cases = [Case("head_dim=8, max_positions=6", (8, 6)), Case("head_dim=4, max_positions=3, base=100.0", (4, 3),
-                                                                 {"base": 100.0}),
-             Case("head_dim=16, max_positions=40", (16, 40))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, rope_angles, cases, diagnose=_angles_diagnosis, quiet=True)
-    if _probe.active(exercise):  # under the grader: the dtype pass and the odd head_dim below run outside, on these
-        _probe.record(exercise, rope_angles, cases[:1] + [Case("head_dim=5, max_positions=4", (5, 4))])
-        return
-    for case in cases[:1]:
-        got = call_student(exercise, rope_angles, case)
+    compared, raising = _split(plan)
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_angles_diagnosis)
+    for step in compared[:1]:
+        got = outcomes[step.key]
         if got.dtype != torch.float32:
             fail(exercise, f"the angles have dtype {got.dtype}; return float32, as the queries and keys are "
-                           f"(compute in float64 if you like, then .float()).", case)
-    if _raises(rope_angles, 5, 4) is None:
+                           f"(compute in float64 if you like, then .float()).", step.case)
+    if any(_returned(outcomes[step.key]) for step in raising):
         fail(exercise, "rope_angles(5, 4) returned angles: with an odd head_dim one dimension has no partner to "
                        "turn with. Raise a ValueError when head_dim is odd.")
-    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}), and an odd head_dim raises")
+    return f"{len(compared)} cases agree ({'; '.join(s.case.name for s in compared)}), and an odd head_dim raises"
+
+
+_angles_all = spec.with_hidden("rope_angles", _angles_cases)
+
+check_rope_angles = spec.declare(spec.Spec(
+    "rope_angles",
+    lambda hidden: spec.calls(_angles_all(hidden)) + spec.calls([Case("head_dim=5, max_positions=4", (5, 4))],
+                                                               MUST_RAISE),
+    _judge_angles),
+    """Check ``rope_angles(head_dim, max_positions, base=10000.0)``: ``(P, D/2)`` float32,
+    ``angle[p, i] = p * base ** (-2 i / D)``, a ValueError for an odd ``head_dim``.""")
 
 
 def _rope_case(name: str, x: torch.Tensor, positions: Sequence[int]) -> Case:
     return Case(name, (x, torch.tensor(list(positions))))
 
 
-@check
-def check_apply_rope(apply_rope: Callable, hidden: bool = False) -> None:
-    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
-    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``."""
-    exercise = "apply_rope"
-    cases = [
+def _rope_cases() -> list[Case]:
+    return [
         _rope_case("(2, 3, 5, 8) at positions 0..4", rand(2, 3, 5, 8, seed=831), range(5)),
         _rope_case("(1, 2, 3, 4) at positions 10, 11, 12: a chunk after 10 cached tokens",
                    rand(1, 2, 3, 4, seed=832), (10, 11, 12)),
         _rope_case("(4, 6) at positions 3, 7, 8, 40", rand(4, 6, seed=833), (3, 7, 8, 40)),
     ]
-    cases += hidden_cases(exercise) if hidden else []
-    require_callable(exercise, apply_rope)
 
-    def compare() -> None:
-        compare_function(exercise, apply_rope, cases, quiet=True)
 
-    alone(exercise, apply_rope, helper_checks(globals(), exercise), compare)  # under the grader: both tries, judged outside
-    if _probe.active(exercise):
-        return
-    passed(exercise, f"{len(cases)} cases agree ({'; '.join(c.name for c in cases)}): each pair (x_i, x_(i+D/2)) "
-                     f"turned by its angle at its position")
+def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    spec.compare_outcomes("apply_rope", plan, outcomes)
+    return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
+            f"turned by its angle at its position")
+
+
+_rope_all = spec.with_hidden("apply_rope", _rope_cases)
+
+check_apply_rope = spec.declare(spec.Spec(
+    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)), _judge_rope,
+    helpers=lambda: helper_checks(globals(), "apply_rope")),
+    """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
+    at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -310,20 +314,20 @@ _SIZES = re.compile(r"Sizes of tensors must match except in dimension (-?\d+)")
 _BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
-def _decode_error_hint(error: BaseException, start: int, n: int, student: object = None) -> str | None:
+def _decode_error_hint(error: BaseException, start: int, n: int, cache: object = None) -> str | None:
     """Name the mistake behind an error raised while decoding a chunk of ``n`` tokens after ``start``
-    (``student``: the module, whose cache is looked at after the error)."""
+    (``cache``: the shape of the module's ``cache_k`` after the error, a list, where it is a tensor)."""
     text = str(error)
-    cache = getattr(student, "cache_k", None) if student is not None else None
-    if start > 0 and isinstance(cache, torch.Tensor) and cache.dim() == 4 and cache.shape[2] == n and n < start + n:
+    cache = torch.Size(cache) if isinstance(cache, list) and all(type(d) is int for d in cache) else None
+    if start > 0 and cache is not None and len(cache) == 4 and cache[2] == n and n < start + n:
         return (f"after this call the cache holds only the {n} new tokens: it was REPLACED by the new keys and values "
                 f"instead of growing. Append them, torch.cat([self.cache_k, keys], dim=2), so that the new queries "
                 f"attend to all {start + n} tokens so far.")
     broadcast = _BROADCAST.search(text)
-    if broadcast and start > 0 and isinstance(cache, torch.Tensor) and cache.dim() == 4 and cache.shape[1] != start \
-            and cache.shape[1] + n in (int(broadcast.group(1)), int(broadcast.group(2))):
+    if broadcast and start > 0 and cache is not None and len(cache) == 4 and cache[1] != start \
+            and cache[1] + n in (int(broadcast.group(1)), int(broadcast.group(2))):
         return (f"the number of cached tokens is read on the wrong dimension: cache_k is (b, num_heads, t, head_dim), "
-                f"so start = cache_k.shape[2] = {start} (the tokens), not shape[1] = {cache.shape[1]} (the heads).")
+                f"so start = cache_k.shape[2] = {start} (the tokens), not shape[1] = {cache[1]} (the heads).")
     sizes = _SIZES.search(text)
     if sizes:
         return (f"torch.cat joined the cache and the new keys on the wrong dimension (dim {sizes.group(1)}): the "
@@ -338,32 +342,6 @@ def _decode_error_hint(error: BaseException, start: int, n: int, student: object
                 f"tokens read on the TOKEN dimension (cache_k.shape[2] for (b, num_heads, t, head_dim), not shape[1], "
                 f"the heads), and set back to 0 by reset_cache()?")
     return None
-
-
-def _decode_student(exercise: str, student: torch.nn.Module, case: DecodeCase, what: str) -> torch.Tensor:
-    """Decode ``case`` with the student's module; an error names the chunk it happened in."""
-    student.eval()
-    call_student(exercise, student.reset_cache, Case(f"{what}: reset_cache()"))
-    outputs = []
-    with torch.no_grad():
-        for start, end in case.spans():
-            try:
-                outputs.append(student(case.x[:, start:end].clone(), use_cache=True))
-            except NotImplementedError:
-                fail(exercise, NOT_IMPLEMENTED)
-            except Exception as exc:  # noqa: BLE001 - an error in student code becomes a verdict
-                hint = _decode_error_hint(exc, start, end - start, student)
-                error = CheckFailed(
-                    f"❌ {exercise} on case {case.describe()}: {what}: tokens {start}..{end - 1} with use_cache=True "
-                    f"(after {start} cached tokens) raised {type(exc).__name__}: {exc}" + (f" Hint: {hint}" if hint else ""))
-                error.student_error = exc
-                raise error from exc
-            got = outputs[-1]
-            if not isinstance(got, torch.Tensor) or got.dim() != 3 or got.shape[1] != end - start:
-                fail(exercise, f"{what}: tokens {start}..{end - 1} with use_cache=True returned "
-                               f"{describe_shape(got)}; expected the outputs of the {end - start} new tokens only, "
-                               f"shape ({case.x.shape[0]}, {end - start}, d_out).")
-    return torch.cat(outputs, dim=1)
 
 
 def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want: torch.Tensor, what: str,
@@ -395,71 +373,6 @@ def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want:
                    f"{problem.rstrip('.')}.{where}" + (f" Hint: {hint}" if hint else ""))
 
 
-def _check_decode(exercise: str, cls: Callable, case: DecodeCase, again: bool = True) -> None:
-    """Decode ``case``, and with ``again`` a second time after ``reset_cache()``: each pass must give the
-    full forward's outputs."""
-    want = _full_forward(exercise, case)
-    student = build_student(exercise, cls, case.build).to(case.dtype)
-    tight = case.dtype == torch.float64
-    atol, rtol = (1e-10, 1e-8) if tight else (1e-5, 1e-4)
-    if _expected.is_recording():
-        _decode_mistakes(exercise, case)
-    got = _decode_student(exercise, student, case, "first sequence")
-    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol)
-    if not again:
-        return
-    try:
-        second = _decode_student(exercise, student, case, "after reset_cache(), the same sequence again")
-    except CheckFailed as error:
-        raise CheckFailed(f"{error} The first pass was right, so reset_cache() does not clear everything: after it "
-                          f"the cache must be empty and the next token at position 0.") from None
-    if tensor_difference(want, second, atol, rtol) is not None:
-        fail(exercise, f"case {case.describe()}: the first pass was right, but after reset_cache() the same sequence "
-                       f"gives other outputs: {tensor_difference(want, second, atol, rtol)} reset_cache() must empty "
-                       f"the cache and set the position back to 0.")
-
-
-def _check_cache_left_alone(exercise: str, cls: Callable, case: DecodeCase) -> None:
-    """A ``forward(x)`` without the cache between two cached calls must not change what they give."""
-    want = _full_forward(exercise, case)
-    student = build_student(exercise, cls, case.build).to(case.dtype).eval()
-    (s0, e0), rest = case.spans()[0], case.spans()[1:]
-    other = rand(*case.x.shape[:1], 3, case.x.shape[2], seed=881).to(case.dtype)
-    call_student(exercise, student.reset_cache, Case("reset_cache()"))
-    with torch.no_grad():
-        outs = [call_student(exercise, lambda: student(case.x[:, s0:e0].clone(), use_cache=True), Case(case.name))]
-        call_student(exercise, lambda: student(other), Case("a forward without the cache between two cached calls"))
-        for start, end in rest:
-            outs.append(call_student(exercise, lambda: student(case.x[:, start:end].clone(), use_cache=True),
-                                     Case(case.name)))
-    got = torch.cat(outs, dim=1)
-    if tensor_difference(want, got) is not None:
-        fail(exercise, f"case {case.describe()}: a call forward(other_x) with use_cache=False between two cached "
-                       f"calls changed what the cached calls give ({tensor_difference(want, got)}). Without "
-                       f"use_cache=True, forward must leave the cache alone.")
-
-
-def _check_context_limit(exercise: str, student: torch.nn.Module, build: tuple) -> None:
-    """Filling the cache to ``context_length`` works; one token more raises a ValueError that names the limit."""
-    d_in, context_length = build[0], build[2]
-    x = rand(1, context_length + 1, d_in, seed=882)
-    student.eval()
-    call_student(exercise, student.reset_cache, Case("reset_cache()"))
-    with torch.no_grad():
-        call_student(exercise, lambda: student(x[:, :context_length - 1], use_cache=True),
-                     Case(f"a prompt of context_length - 1 = {context_length - 1} tokens"))
-        call_student(exercise, lambda: student(x[:, context_length - 1:context_length], use_cache=True),
-                     Case(f"token {context_length - 1}, the last that fits"))
-        exc = _raises(student, x[:, context_length:], use_cache=True)
-    if exc is None:
-        fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
-                     f"token returned an output instead of raising an error. The mask (and the model's positions) "
-                     f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
-                     f"ones exceed context_length.")
-    require_limit_error(exercise, exc, f"built with {build}: with {context_length} = context_length tokens in the "
-                                       f"cache, one more token", context_length)
-
-
 def require_limit_error(exercise: str, exc: BaseException, what: str, context_length: int) -> None:
     """The course's one standard past ``context_length``: a ``ValueError`` raised on purpose, whose message
     names the limit (the word context_length, or its value). PyTorch's own shape errors do not count."""
@@ -485,43 +398,6 @@ def _require_clear(exercise: str, exc: BaseException, what: str, condition: str)
                        f"yourself and raise a ValueError saying that {condition}.")
 
 
-def _check_cache_buffers(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor) -> None:
-    """The filled cache lives in the buffers ``cache_k`` and ``cache_v`` (they move with ``.to()``), which
-    are not saved in ``state_dict`` (``persistent=False``: the cache is no part of the model)."""
-    student.eval()
-    call_student(exercise, student.reset_cache, Case("reset_cache()"))
-    with torch.no_grad():
-        call_student(exercise, lambda: student(x.clone(), use_cache=True), Case(f"a prompt of {x.shape[1]} tokens"))
-    where = f"built with {build}, after a prompt of {x.shape[1]} tokens with use_cache=True"
-    for name in ("cache_k", "cache_v"):
-        value = getattr(student, name, None)
-        if not isinstance(value, torch.Tensor):
-            fail(exercise, f"{where}: self.{name} is {type(value).__name__}, not a tensor. Keep the cached "
-                           f"{'keys' if name == 'cache_k' else 'values'} in self.{name}.")
-        if name not in student._buffers:
-            fail(exercise, f"{where}: self.{name} is a plain attribute, not a buffer, so module.to(device) would leave "
-                           f"the cache behind on the CPU. Register it in __init__: "
-                           f"self.register_buffer(\"{name}\", None, persistent=False).")
-    saved = [name for name in ("cache_k", "cache_v") if name in student.state_dict()]
-    if saved:
-        fail(exercise, f"{where}: state_dict() holds {saved}: a saved model would carry one sequence's cache. "
-                       f"Register the cache buffers with persistent=False.")
-
-
-def _check_empty_prompt(exercise: str, student: torch.nn.Module, build: tuple) -> None:
-    student.eval()
-    call_student(exercise, student.reset_cache, Case("reset_cache()"))
-    empty = rand(2, 0, build[0], seed=883)
-    with torch.no_grad():
-        exc = _raises(student, empty, use_cache=True)
-    if exc is None:
-        fail(exercise, f"built with {build}: an empty prompt, shape {tuple(empty.shape)}, with use_cache=True returned "
-                       f"an output instead of raising an error. There is nothing to attend to or to cache: raise a "
-                       f"ValueError that says the input is empty.")
-    _require_clear(exercise, exc, f"built with {build}: an empty prompt, shape {tuple(empty.shape)}, with "
-                                  f"use_cache=True", "the input has no tokens")
-
-
 def _kv_cases() -> list[DecodeCase]:
     return [
         DecodeCase("prompt of 4, then one token at a time", (rand(2, 7, 6, seed=801),), build=(6, 8, 12, 0.0, 2),
@@ -535,26 +411,6 @@ def _kv_cases() -> list[DecodeCase]:
     ]
 
 
-@check
-def check_MultiHeadAttentionKVCache(MultiHeadAttentionKVCache: Callable, hidden: bool = False) -> None:
-    """``forward(x)`` is notebook 05's forward; a prompt then chunks with ``use_cache=True`` give the same
-    outputs; ``reset_cache()`` starts again; the cache lives in buffers; past ``context_length`` and an
-    empty prompt raise a ValueError. Runs with our ``decode_causal_mask`` and ``apply_rope`` (:func:`_alone`)."""
-    exercise = "MultiHeadAttentionKVCache"
-    cls = MultiHeadAttentionKVCache
-    require_callable(exercise, cls)
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries as ordered sessions
-        sessions = _kv_sessions(exercise, hidden)
-        _alone(exercise, cls, lambda: _probe.record_sessions(exercise, cls, sessions, attempt=1))  # our helpers
-        _probe.record_sessions(exercise, cls, sessions, attempt=2)  # the student's own
-        return
-    if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries (judge.SessionReplay)
-        cls.begin()  # type: ignore[attr-defined] - this call of the check reads its own run of sessions
-        replayed_tries(cls, lambda: _check_kv_cache(exercise, cls, hidden))
-    else:
-        _alone(exercise, cls, lambda: _check_kv_cache(exercise, cls, hidden))
-
-
 def _kv_setup(exercise: str, hidden: bool) -> tuple[list[DecodeCase], tuple, tuple]:
     """The decoded cases (visible, then hidden) and the two whole-sequence configs of :func:`_check_kv_cache`."""
     extra = hidden_cases(exercise) if hidden else []
@@ -566,101 +422,384 @@ def _kv_setup(exercise: str, hidden: bool) -> tuple[list[DecodeCase], tuple, tup
     return cases, full, full_rope
 
 
-#: What :func:`_check_kv_cache` reads of the cache after a step (an error's hint, the buffers' check).
-_KV_WATCH = ("cache_k", "cache_v")
-
-
-def _kv_sessions(exercise: str, hidden: bool) -> list[_probe.Session]:
-    """Every construction :func:`_check_kv_cache` makes and every step it then makes on each module, in its
-    order (its diagnoses' marked optional), for the kernel to hand out under the grader
-    (``probe.record_sessions``): each output depends on the calls before it, so the order is the check's."""
-    from course_utils.checks.core import causal_inputs
-    from course_utils.checks.modules import _later_tokens_changed
-
-    S, Step = _probe.Session, _probe.Step
-    cases, full, full_rope = _kv_setup(exercise, hidden)
-
-    def forward(x: torch.Tensor, seed: int | None = None, mode: str = "eval", cached: bool = False,
-                optional: bool = False) -> _probe.Step:
-        return Step("forward", mode, seed, x, {"use_cache": True} if cached else {}, optional=optional)
-
-    reset = Step("call", name="reset_cache")
-
-    def decoded(case: DecodeCase, spans: Sequence[tuple[int, int]]) -> list[_probe.Step]:
-        return [forward(case.x[:, s:e], cached=True) for s, e in spans]
-
-    def to(dtype: torch.dtype) -> _probe.Step:
-        return Step("to", name=str(dtype).removeprefix("torch."))
-
-    sessions = [S(build, watch=_KV_WATCH) for build in dict.fromkeys([c.build for c in cases] + [full[0]])]
-    for build, checked in (full, full_rope):  # finite_then_values: check_finite, compare_module, not_causal
-        sessions.append(S(build, [forward(c.args[0], 7) for c in checked], _KV_WATCH))
-        sessions.append(S(build, [forward(c.args[0], 7) for c in checked], _KV_WATCH))
-        sessions += [S(build, [forward(v) for v in (c.args[0], *causal_inputs(c.args[0]))], _KV_WATCH, optional=True)
-                     for c in checked]
-    for k, case in enumerate(cases):  # _check_decode
-        again = k == 0 or case.name.startswith("hidden")
-        steps = [to(case.dtype), reset, *decoded(case, case.spans())]
-        sessions.append(S(case.build, steps + ([reset, *decoded(case, case.spans())] if again else []), _KV_WATCH))
-    first = cases[0]  # _check_cache_left_alone
-    other = rand(*first.x.shape[:1], 3, first.x.shape[2], seed=881).to(first.dtype)
-    sessions.append(S(first.build, [to(first.dtype), reset, *decoded(first, first.spans()[:1]), forward(other),
-                                    *decoded(first, first.spans()[1:])], _KV_WATCH))
-    d_in, context_length = full[0][0], full[0][2]
-    long = rand(1, context_length + 1, d_in, seed=882)
-    x = rand(2, 5, 6, seed=805)
-    moves = rand(2, 5, 6, seed=807)
-    main = [reset, forward(rand(2, 3, 6, seed=809), cached=True),  # _check_cache_buffers
-            reset, forward(long[:, :context_length - 1], cached=True),  # _check_context_limit
-            forward(long[:, context_length - 1:context_length], cached=True), forward(long[:, context_length:], cached=True),
-            reset, forward(rand(2, 0, d_in, seed=883), cached=True),  # _check_empty_prompt
-            forward(x), *[forward(v, optional=True) for v in causal_inputs(x)],  # check_causal_module, its diagnosis
-            forward(_later_tokens_changed(x), optional=True), forward(x, optional=True),
-            forward(rand(1, context_length + 1, d_in, seed=77)),  # _check_too_long
-            Step("copy", steps=[to(torch.float64), forward(moves.to(torch.float64), 7)]),  # check_moves_with_module
-            Step("copy", steps=[to("meta"), forward(moves.to("meta"), 7)])]
-    sessions.append(S(full[0], main, _KV_WATCH))
-    sessions.append(S(cases[2].build, [forward(rand(2, 5, 4, seed=806), seed, mode)  # check_dropout_modes
-                                       for mode in ("eval", "train") for seed in (1, 2)], _KV_WATCH))
-    return sessions
-
-
-def _check_kv_cache(exercise: str, cls: Callable, hidden: bool) -> None:
-    cases, full, full_rope = _kv_setup(exercise, hidden)
-    module_checks(exercise, cls, [c.build for c in cases] + [full[0]])
-    finite_then_values(exercise, cls, full, not_causal(exercise, cls))
-    finite_then_values(exercise, cls, full_rope, not_causal(exercise, cls))
-    for k, case in enumerate(cases):
-        _check_decode(exercise, cls, case, again=k == 0 or case.name.startswith("hidden"))
-    _check_cache_left_alone(exercise, cls, cases[0])
-    main = build_student(exercise, cls, full[0])
-    _check_cache_buffers(exercise, main, full[0], rand(2, 3, 6, seed=809))
-    _check_context_limit(exercise, main, full[0])
-    _check_empty_prompt(exercise, main, full[0])
-    check_causal_module(exercise, main, rand(2, 5, 6, seed=805))
-    _check_too_long(exercise, main, full[0])
-    dropout = build_student(exercise, cls, cases[2].build)
-    check_dropout_modes(exercise, dropout, rand(2, 5, 4, seed=806), f"built with {cases[2].build}")
-    check_moves_with_module(exercise, main, full[0], rand(2, 5, 6, seed=807), f"built with {full[0]}")
-    passed(exercise, f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
-                     f"outputs of one forward over the whole sequence, again after reset_cache(); the cache is in "
-                     f"buffers, not in state_dict; past context_length and an empty prompt raise a ValueError")
-
-
-def _check_too_long(exercise: str, student: torch.nn.Module, build: tuple) -> None:
-    """``forward(x)`` with ``context_length + 1`` tokens raises a ValueError that names the limit."""
+def _too_long_view(exercise: str, view: spec.ModuleView, build: tuple) -> None:
+    """:func:`_check_too_long` on a probed construction (its pass: eval, no seed, ``rand(1, context_length + 1,
+    d_in, seed=77)``)."""
     d_in, context_length = build[0], build[2]
-    x = rand(1, context_length + 1, d_in, seed=77)
-    student.eval()
-    with torch.no_grad():
-        exc = _raises(student, x)
-    if exc is None:
+    exc = view.forward("eval", None, rand(1, context_length + 1, d_in, seed=77))
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: an input of T = context_length + 1 = {context_length + 1} tokens "
                        f"returned an output instead of raising an error. The mask covers only context_length "
                        f"positions: raise a ValueError that names the limit, context_length={context_length}.")
-    else:
-        require_limit_error(exercise, exc, f"built with {build}: an input of T = context_length + 1 = "
-                                           f"{context_length + 1} tokens", context_length)
+    require_limit_error(exercise, exc, f"built with {build}: an input of T = context_length + 1 = "
+                                       f"{context_length + 1} tokens", context_length)
+
+
+# ------------------------------------------------------------------------------------------
+# MultiHeadAttentionKVCache's sessions: each output depends on every call before it
+# ------------------------------------------------------------------------------------------
+#: The runner of a session (:func:`_run_session`): one module built, then the session's operations in order.
+SESSION = "session"
+
+
+def session_step(key: str, build: tuple, ops: Sequence[tuple], name: str = "session") -> spec.Step:
+    """The step of one session: ``cls(*build)`` under the course's seed, then each operation of ``ops`` in order
+    on that module, as plain data: ``("reset",)`` (``reset_cache()``), ``("to", dtype name)``, ``("forward", x,
+    use_cache, seed, mode)`` (under ``torch.no_grad()``; seed ``None``: 7), ``("buffers",)`` (what the cache is
+    made of now), ``("copy", "float64" | "meta", x, seed)`` (a converted deep copy's forward)."""
+    return spec.Step(key, Case(name, (tuple(tuple(op) for op in ops),), build=tuple(build)), SESSION)
+
+
+def _cache_shape(module: torch.nn.Module) -> object:
+    """``cache_k``'s shape (a list), ``None``, or its type's name: what a hint reads of the cache after a call."""
+    value = getattr(module, "cache_k", None)
+    return list(value.shape) if isinstance(value, torch.Tensor) else None if value is None else type(value).__name__
+
+
+def _run_session(cls: Callable, case: Case) -> dict:
+    """The kernel's run of a :func:`session_step`, as plain data: ``{"built": spec.describe_build(...) (with
+    "meta_left", or "copy_error" where a copy could not be made), "steps": [{"value": ...} or {"error": [type,
+    message]} (and "missing": True where the module has no such method), with "cache" (:func:`_cache_shape`)
+    after a use_cache=True call]}``; the steps stop at a copy that could not be made."""
+    import copy as _copy
+
+    built = spec.describe_build(cls, case)
+    found: dict = {"built": built, "steps": []}
+    if "error" in built or not built["module"]:
+        return found
+    module = construct(cls, case.build)
+    module.eval()
+    for op in case.args[0]:
+        kind, one = op[0], {}
+        try:
+            if kind == "reset":
+                if not callable(getattr(module, "reset_cache", None)):
+                    one["missing"] = True
+                module.reset_cache()
+                one["value"] = None
+            elif kind == "to":
+                module = module.to(getattr(torch, op[1]))
+                one["value"] = None
+            elif kind == "forward":
+                _, x, cached, seed, mode = op
+                getattr(module, mode)()
+                manual_seed(7 if seed is None else seed)
+                with torch.no_grad():
+                    one["value"] = module(x.clone(), use_cache=True) if cached else module(x.clone())
+            elif kind == "buffers":
+                saved = set(module.state_dict())
+                one["value"] = {name: [type(getattr(module, name, None)).__name__, name in module._buffers, name in saved]
+                                for name in ("cache_k", "cache_v")}
+            elif kind == "copy":
+                _, target, x, seed = op
+                try:
+                    moved = _copy.deepcopy(module).to(torch.float64 if target == "float64" else target)
+                except Exception as exc:  # noqa: BLE001 - the check reports what making the copy raised
+                    built["copy_error"] = [type(exc).__name__, wire.error_data(exc)["message"]]
+                    break
+                if target == "meta":
+                    built["meta_left"] = _probe.left_behind(moved)
+                moved.eval()
+                manual_seed(seed)
+                one["value"] = moved(x.clone())
+        except Exception as exc:  # noqa: BLE001 - a step's error is an outcome
+            one.pop("value", None)
+            error = wire.error_data(exc)
+            one["error"] = [error["type"], error["message"]]
+        if kind == "forward" and op[2]:
+            one["cache"] = _cache_shape(module)
+        found["steps"].append(one)
+    return found
+
+
+class SessionView:
+    """A session as the judge reads it (:func:`_run_session`'s outcome for a :func:`session_step`): :attr:`built`,
+    each operation's outcome by position (:meth:`step`, :meth:`value`), and, as ``spec.ModuleView`` offers them,
+    :meth:`forward`, :meth:`index` and :meth:`ran` (so that ``viewed``'s checks read a session too)."""
+
+    def __init__(self, exercise: str, step: spec.Step, outcome: object):
+        ops = step.case.args[0]
+        ok = isinstance(outcome, dict) and set(outcome) == {"built", "steps"} and isinstance(outcome["built"], dict) \
+            and isinstance(outcome["steps"], list) and len(outcome["steps"]) <= len(ops) and all(
+                isinstance(o, dict) and set(o) - {"cache", "missing"} in ({"value"}, {"error"}) for o in outcome["steps"])
+        if ok and len(outcome["steps"]) < len(ops) and "error" not in outcome["built"] \
+                and outcome["built"].get("module") and "copy_error" not in outcome["built"]:
+            ok = False  # fewer steps than the session's, with nothing that stopped it
+        if not ok:
+            spec.refuse(exercise, "session")
+        self.exercise, self.ops, self.built, self._steps = exercise, ops, outcome["built"], outcome["steps"]
+
+    def ran(self, i: int) -> bool:
+        return i < len(self._steps)
+
+    def step(self, i: int) -> dict:
+        """The outcome of operation ``i`` (it ran: the judge reads a session only once it was built)."""
+        if not self.ran(i):
+            spec.refuse(self.exercise, "session (a step that did not run)")
+        return self._steps[i]
+
+    def value(self, i: int) -> object:
+        """The value of operation ``i``, or the exception it raised (not raised)."""
+        one = self.step(i)
+        if "error" in one:
+            return wire.error_of(*one["error"])
+        return one["value"]
+
+    def index(self, mode: str, seed: int | None, x: torch.Tensor, copy: str | None = None,
+              kwargs: dict | None = None) -> int:
+        """Where the forward pass without the cache (or the copy's) on ``x`` is in the session."""
+        for i, op in enumerate(self.ops):
+            if copy is None and op[0] == "forward" and not op[2] and (op[3], op[4]) == (seed, mode):
+                px = op[1]
+            elif copy is not None and op[0] == "copy" and (op[1], op[3]) == (copy, seed):
+                px = op[2]
+            else:
+                continue
+            if px.dtype == x.dtype and px.shape == x.shape and px.device.type == x.device.type and \
+                    (x.device.type == "meta" or torch.equal(px, x)):
+                return i
+        raise KeyError(f"{self.exercise}'s session makes no {mode}() pass with seed {seed}, copy {copy} on an input of "
+                       f"shape {tuple(x.shape)}")
+
+    def forward(self, mode: str, seed: int | None, x: torch.Tensor, copy: str | None = None,
+                kwargs: dict | None = None) -> object:
+        return self.value(self.index(mode, seed, x, copy))
+
+
+def _forward(x: torch.Tensor, cached: bool = False, seed: int | None = None, mode: str = "eval") -> tuple:
+    return ("forward", x, cached, seed, mode)
+
+
+_RESET = ("reset",)
+
+
+def _decoded(case: DecodeCase, spans: Sequence[tuple[int, int]]) -> list[tuple]:
+    return [_forward(case.x[:, s:e], cached=True) for s, e in spans]
+
+
+def _kv_inputs() -> dict:
+    """The inputs of the main module's checks and of the dropout's."""
+    return {"buffers": rand(2, 3, 6, seed=809), "causal": rand(2, 5, 6, seed=805), "dropout": rand(2, 5, 4, seed=806),
+            "moves": rand(2, 5, 6, seed=807), "other": 881}
+
+
+def _kv_steps(hidden: bool) -> list[spec.Step]:
+    """Every session of :func:`_judge_kv`, in its order: the whole-sequence values (with their causality
+    diagnosis), each sequence decoded (twice for the first and the hidden ones), a forward without the cache
+    between cached calls, the main module's session (the cache's buffers, the context limit, the empty prompt,
+    causality, too long, the moved copies), dropout's modes."""
+    from course_utils.checks.core import causal_inputs
+    from course_utils.checks.modules import _later_tokens_changed
+
+    cases, full, full_rope = _kv_setup("MultiHeadAttentionKVCache", hidden)
+    inputs = _kv_inputs()
+    steps = []
+    for build, checked in (full, full_rope):
+        ops = [op for c in checked for op in (_forward(c.args[0], seed=7), _forward(c.args[0]),
+                                             *[_forward(v) for v in causal_inputs(c.args[0])])]
+        steps.append(session_step(f"values {build}", build, ops))
+    for k, case in enumerate(cases):
+        ops = [("to", str(case.dtype).removeprefix("torch.")), _RESET, *_decoded(case, case.spans())]
+        if k == 0 or case.name.startswith("hidden"):
+            ops += [_RESET, *_decoded(case, case.spans())]
+        steps.append(session_step(f"decode {k}: {case.key()}", case.build, ops, case.name))
+    first = cases[0]
+    other = rand(*first.x.shape[:1], 3, first.x.shape[2], seed=inputs["other"]).to(first.dtype)
+    steps.append(session_step("a forward without the cache between cached calls", first.build, [
+        ("to", str(first.dtype).removeprefix("torch.")), _RESET, *_decoded(first, first.spans()[:1]), _forward(other),
+        *_decoded(first, first.spans()[1:])]))
+    d_in, context_length = full[0][0], full[0][2]
+    long = rand(1, context_length + 1, d_in, seed=882)
+    x = inputs["causal"]
+    steps.append(session_step("the main module", full[0], [
+        _RESET, _forward(inputs["buffers"], cached=True), ("buffers",),
+        _RESET, _forward(long[:, :context_length - 1], cached=True),
+        _forward(long[:, context_length - 1:context_length], cached=True), _forward(long[:, context_length:], cached=True),
+        _RESET, _forward(rand(2, 0, d_in, seed=883), cached=True),
+        *[_forward(v) for v in (x, *causal_inputs(x), _later_tokens_changed(x))],
+        _forward(rand(1, context_length + 1, d_in, seed=77)),
+        ("copy", "float64", inputs["moves"].to(torch.float64), 7), ("copy", "meta", inputs["moves"].to("meta"), 7)]))
+    steps.append(session_step("dropout", cases[2].build, [_forward(inputs["dropout"], seed=seed, mode=mode)
+                                                          for mode in ("eval", "train") for seed in (1, 2)]))
+    return steps
+
+
+def _called(exercise: str, got: object, case: Case, missing: bool = False) -> object:
+    """``got``, or the failure ``core.call_student`` raises for it; a method the module does not have raises its
+    ``AttributeError`` as it is (the check in hand looks the method up before calling it)."""
+    if missing and isinstance(got, BaseException):
+        raise got
+    return viewed.called(exercise, got, case)
+
+
+def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int, what: str) -> torch.Tensor:
+    """One decoding of ``case`` read from the session: ``reset_cache()`` at ``first``, then each chunk."""
+    _called(exercise, view.value(first), Case(f"{what}: reset_cache()"), view.step(first).get("missing", False))
+    outputs = []
+    for k, (start, end) in enumerate(case.spans()):
+        i = first + 1 + k
+        got = view.value(i)
+        if isinstance(got, NotImplementedError):
+            fail(exercise, NOT_IMPLEMENTED)
+        if isinstance(got, BaseException):
+            hint = _decode_error_hint(got, start, end - start, view.step(i).get("cache"))
+            error = CheckFailed(
+                f"❌ {exercise} on case {case.describe()}: {what}: tokens {start}..{end - 1} with use_cache=True "
+                f"(after {start} cached tokens) raised {type(got).__name__}: {got}" + (f" Hint: {hint}" if hint else ""))
+            error.student_error = got
+            raise error from got
+        outputs.append(got)
+        if not isinstance(got, torch.Tensor) or got.dim() != 3 or got.shape[1] != end - start:
+            fail(exercise, f"{what}: tokens {start}..{end - 1} with use_cache=True returned "
+                           f"{describe_shape(got)}; expected the outputs of the {end - start} new tokens only, "
+                           f"shape ({case.x.shape[0]}, {end - start}, d_out).")
+    return torch.cat(outputs, dim=1)
+
+
+def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: bool) -> None:
+    """Decode ``case``, and with ``again`` a second time after ``reset_cache()``: each pass must give the
+    full forward's outputs."""
+    want = _full_forward(exercise, case)
+    viewed.built(exercise, view, case.build)
+    converted = view.value(0)
+    if isinstance(converted, BaseException):
+        raise converted
+    tight = case.dtype == torch.float64
+    atol, rtol = (1e-10, 1e-8) if tight else (1e-5, 1e-4)
+    if _expected.is_recording():
+        _decode_mistakes(exercise, case)
+    got = _decode_pass(exercise, view, case, 1, "first sequence")
+    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol)
+    if not again:
+        return
+    try:
+        second = _decode_pass(exercise, view, case, 2 + len(case.spans()), "after reset_cache(), the same sequence again")
+    except CheckFailed as error:
+        raise CheckFailed(f"{error} The first pass was right, so reset_cache() does not clear everything: after it "
+                          f"the cache must be empty and the next token at position 0.") from None
+    if tensor_difference(want, second, atol, rtol) is not None:
+        fail(exercise, f"case {case.describe()}: the first pass was right, but after reset_cache() the same sequence "
+                       f"gives other outputs: {tensor_difference(want, second, atol, rtol)} reset_cache() must empty "
+                       f"the cache and set the position back to 0.")
+
+
+def _judge_left_alone(exercise: str, view: SessionView, case: DecodeCase) -> None:
+    """A ``forward(x)`` without the cache between two cached calls must not change what they give."""
+    want = _full_forward(exercise, case)
+    viewed.built(exercise, view, case.build)
+    if isinstance(view.value(0), BaseException):
+        raise view.value(0)
+    _called(exercise, view.value(1), Case("reset_cache()"), view.step(1).get("missing", False))
+    outs = [_called(exercise, view.value(2), Case(case.name))]
+    _called(exercise, view.value(3), Case("a forward without the cache between two cached calls"))
+    outs += [_called(exercise, view.value(4 + k), Case(case.name)) for k in range(len(case.spans()) - 1)]
+    got = torch.cat(outs, dim=1)
+    if tensor_difference(want, got) is not None:
+        fail(exercise, f"case {case.describe()}: a call forward(other_x) with use_cache=False between two cached "
+                       f"calls changed what the cached calls give ({tensor_difference(want, got)}). Without "
+                       f"use_cache=True, forward must leave the cache alone.")
+
+
+def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
+    """The main module's session, read in its order: the cache's buffers, the context limit, the empty prompt."""
+    x = _kv_inputs()["buffers"]
+    _called(exercise, view.value(0), Case("reset_cache()"), view.step(0).get("missing", False))
+    _called(exercise, view.value(1), Case(f"a prompt of {x.shape[1]} tokens"))
+    made = view.value(2)
+    if not (isinstance(made, dict) and set(made) == {"cache_k", "cache_v"} and all(
+            isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and all(isinstance(b, bool) for b in v[1:])
+            for v in made.values())):
+        spec.refuse(exercise, "cache's buffers")
+    where = f"built with {build}, after a prompt of {x.shape[1]} tokens with use_cache=True"
+    for name in ("cache_k", "cache_v"):
+        kind, buffer, _ = made[name]
+        if kind not in ("Tensor", "Parameter"):
+            fail(exercise, f"{where}: self.{name} is {kind}, not a tensor. Keep the cached "
+                           f"{'keys' if name == 'cache_k' else 'values'} in self.{name}.")
+        if not buffer:
+            fail(exercise, f"{where}: self.{name} is a plain attribute, not a buffer, so module.to(device) would leave "
+                           f"the cache behind on the CPU. Register it in __init__: "
+                           f"self.register_buffer(\"{name}\", None, persistent=False).")
+    saved = [name for name in ("cache_k", "cache_v") if made[name][2]]
+    if saved:
+        fail(exercise, f"{where}: state_dict() holds {saved}: a saved model would carry one sequence's cache. "
+                       f"Register the cache buffers with persistent=False.")
+    d_in, context_length = build[0], build[2]  # the context limit
+    _called(exercise, view.value(3), Case("reset_cache()"), view.step(3).get("missing", False))
+    _called(exercise, view.value(4), Case(f"a prompt of context_length - 1 = {context_length - 1} tokens"))
+    _called(exercise, view.value(5), Case(f"token {context_length - 1}, the last that fits"))
+    exc = view.value(6)
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    if not isinstance(exc, BaseException):
+        fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
+                       f"token returned an output instead of raising an error. The mask (and the model's positions) "
+                       f"cover only context_length tokens: raise a ValueError when the cached tokens plus the new "
+                       f"ones exceed context_length.")
+    require_limit_error(exercise, exc, f"built with {build}: with {context_length} = context_length tokens in the "
+                                       f"cache, one more token", context_length)
+    _called(exercise, view.value(7), Case("reset_cache()"), view.step(7).get("missing", False))  # the empty prompt
+    shape = (2, 0, d_in)
+    exc = view.value(8)
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    if not isinstance(exc, BaseException):
+        fail(exercise, f"built with {build}: an empty prompt, shape {shape}, with use_cache=True returned "
+                       f"an output instead of raising an error. There is nothing to attend to or to cache: raise a "
+                       f"ValueError that says the input is empty.")
+    _require_clear(exercise, exc, f"built with {build}: an empty prompt, shape {shape}, with "
+                                  f"use_cache=True", "the input has no tokens")
+
+
+def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "MultiHeadAttentionKVCache"
+    cases, full, full_rope = _kv_setup(exercise, viewed.hidden_plan(plan, lambda: _kv_steps(False)))
+    views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
+    by_build: dict[tuple, SessionView] = {}
+    for step in plan:
+        by_build.setdefault(tuple(step.case.build), views[step.key])
+    for build in dict.fromkeys([c.build for c in cases] + [full[0]]):
+        viewed.check_shapes(exercise, by_build[tuple(build)], build)
+    for build, checked in (full, full_rope):  # finite, then the values
+        view = views[f"values {build}"]
+        causal = viewed.not_causal(exercise, lambda b: views[f"values {tuple(b)}"])
+        viewed.built(exercise, view, build)
+        for case in checked:
+            viewed.check_finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
+        for case in checked:
+            mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
+            want = reference_output(exercise, mcase)
+            if _expected.is_recording():
+                mistake_outputs(exercise, mcase)
+            spec.judge_forward(exercise, view.forward("eval", 7, case.args[0]), want, mcase, diagnose=causal)
+    for k, case in enumerate(cases):
+        _judge_decode(exercise, views[f"decode {k}: {case.key()}"], case, again=k == 0 or case.name.startswith("hidden"))
+    _judge_left_alone(exercise, views["a forward without the cache between cached calls"], cases[0])
+    main = views["the main module"]
+    viewed.built(exercise, main, full[0])
+    _judge_main(exercise, main, full[0])
+    inputs = _kv_inputs()
+    viewed.check_causal(exercise, main, inputs["causal"])
+    _too_long_view(exercise, main, full[0])
+    dropout = views["dropout"]
+    viewed.built(exercise, dropout, cases[2].build)
+    viewed.check_dropout_modes(exercise, dropout, inputs["dropout"], f"built with {cases[2].build}")
+    viewed.check_moves_with_module(exercise, main, full[0], inputs["moves"], f"built with {full[0]}")
+    return (f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
+            f"outputs of one forward over the whole sequence, again after reset_cache(); the cache is in "
+            f"buffers, not in state_dict; past context_length and an empty prompt raise a ValueError")
+
+
+check_MultiHeadAttentionKVCache = spec.declare(spec.Spec(
+    "MultiHeadAttentionKVCache", _kv_steps, _judge_kv, runners={SESSION: _run_session},
+    helpers=lambda: helper_checks(globals(), "MultiHeadAttentionKVCache")),
+    """``forward(x)`` is notebook 05's forward; a prompt then chunks with ``use_cache=True`` give the same
+    outputs; ``reset_cache()`` starts again; the cache lives in buffers; past ``context_length`` and an
+    empty prompt raise a ValueError. Runs with our ``decode_causal_mask`` and ``apply_rope``
+    (:func:`modules.alone`). Each session (a module built, then calls whose outputs depend on the calls before
+    them) is one step of the plan, run in order in the kernel (:func:`_run_session`).""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -714,19 +853,25 @@ def _which_heads(x: torch.Tensor, n_rep: int, got: torch.Tensor) -> str | None:
             f"before any reshape: x[:, :, None].expand(b, G, n_rep, T, D) or repeat_interleave(n_rep, dim=1).")
 
 
-@check
-def check_repeat_kv(repeat_kv: Callable, hidden: bool = False) -> None:
-    """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` = group ``h // n_rep``."""
-    exercise = "repeat_kv"
-    cases = [
+def _repeat_cases() -> list[Case]:
+    return [
         Case("(2, 2, 5, 3), n_rep=3", (rand(2, 2, 5, 3, seed=811), 3)),
         Case("(1, 4, 3, 2), n_rep=2", (rand(1, 4, 3, 2, seed=812), 2)),
         Case("(2, 3, 4, 5), n_rep=1: nothing to repeat", (rand(2, 3, 4, 5, seed=813), 1)),
     ]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, repeat_kv, cases, diagnose=_repeat_diagnosis, quiet=True)
-    passed(exercise, f"{len(cases)} cases agree: each key/value head repeated n_rep times in a row "
-                     f"({'; '.join(c.name for c in cases)})")
+
+
+def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis)
+    return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
+            f"({'; '.join(s.case.name for s in plan)})")
+
+
+_repeat_all = spec.with_hidden("repeat_kv", _repeat_cases)
+
+check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden)), _judge_repeat),
+                               """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` =
+    group ``h // n_rep``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -744,10 +889,9 @@ def _gqa_shapes(got: list, want: list, build: tuple) -> str | None:
 _INVALID_VIEW = re.compile(r"shape '\[([\d, -]+)\]' is invalid for input of size (\d+)")
 
 
-def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
+def _gqa_error_hint(causal: Callable) -> Callable:
     """A ``diagnose`` that names a shape error between query heads and key/value heads, then falls back
-    on :func:`not_causal`."""
-    causal = not_causal(exercise, cls)
+    on ``causal`` (``viewed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException) and case.build is not None:
@@ -780,23 +924,6 @@ def _gqa_error_hint(exercise: str, cls: Callable) -> Callable:
     return diagnose
 
 
-def _forward_runs(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
-    """Run each case once in ``eval()`` mode; an error is reported with ``diagnose``'s hint."""
-    build, cases = config
-    student = build_student(exercise, cls, build).eval()
-    for case in cases:
-        try:
-            with torch.no_grad():
-                call_student(exercise, lambda: student(case.args[0].clone()), Case(f"{case.name}, built with {build}"))
-        except CheckFailed as error:
-            hint = diagnose(Case(case.name, case.args, build=build), error.student_error or error, None)
-            if not hint:
-                raise
-            hinted = CheckFailed(f"{error} Hint: {hint}")
-            hinted.student_error = error.student_error
-            raise hinted from None
-
-
 def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
     return [
         ((6, 8, 10, 0.0, 4, 2), [Case("4 query heads, 2 key/value groups, T=10", (rand(2, 10, 6, seed=821),)),
@@ -804,26 +931,6 @@ def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
         ((6, 8, 10, 0.0, 4, 4), [Case("num_kv_groups == num_heads: multi-head attention", (rand(2, 9, 6, seed=823),))]),
         ((6, 12, 8, 0.0, 6, 1), [Case("num_kv_groups == 1: multi-query attention", (rand(1, 8, 6, seed=824),))]),
     ]
-
-
-@check
-def check_GroupedQueryAttention(GroupedQueryAttention: Callable, hidden: bool = False) -> None:
-    """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
-    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
-    ``context_length``. Runs with our ``repeat_kv`` (:func:`_alone`): a wrong ``repeat_kv`` costs only
-    ``repeat_kv``'s points."""
-    exercise = "GroupedQueryAttention"
-    cls = GroupedQueryAttention
-    require_callable(exercise, cls)
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
-        plan = _gqa_plan(exercise, hidden)
-        _alone(exercise, cls, lambda: _probe.record_module_probes(exercise, cls, plan, attempt=1))  # our repeat_kv
-        _probe.record_module_probes(exercise, cls, plan, attempt=2)  # the student's own
-        return
-    if isinstance(cls, _probe.Replayed):  # the grader's replay of those two tries
-        replayed_tries(cls, lambda: _check_gqa(exercise, cls, hidden))
-    else:
-        _alone(exercise, cls, lambda: _check_gqa(exercise, cls, hidden))
 
 
 _GQA_DROPOUT_BUILD = (4, 8, 6, 0.5, 4, 2)
@@ -860,34 +967,77 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     return plan.items()
 
 
-def _check_gqa(exercise: str, cls: Callable, hidden: bool) -> None:
+def _gqa_steps(hidden: bool) -> list[spec.Step]:
+    """One probed construction per build of :func:`_gqa_plan` (``spec.probe_step``): what the judge reads."""
+    return [spec.probe_step(build, [(p.mode, p.seed, p.copy, p.x, p.kwargs) for p in probes])
+            for build, probes in _gqa_plan("GroupedQueryAttention", hidden)]
+
+
+def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    exercise = "GroupedQueryAttention"
+    hidden = viewed.hidden_plan(plan, lambda: _gqa_steps(False))
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
+    views = viewed.views_of(exercise, plan, outcomes)
+
+    def view(build: tuple) -> spec.ModuleView:
+        return views[tuple(build)]
+
     dropout_build = _GQA_DROPOUT_BUILD
-    module_checks(exercise, cls, [build for build, _ in configs] + [dropout_build], _gqa_shapes)
-    diagnose = _gqa_error_hint(exercise, cls)
-    for config in configs:
-        _forward_runs(exercise, cls, config, diagnose)
-        finite_then_values(exercise, cls, config, diagnose)
+    for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
+        viewed.check_shapes(exercise, view(build), build, _gqa_shapes)
+    diagnose = _gqa_error_hint(viewed.not_causal(exercise, view))
+    for build, cases in configs:
+        viewed.built(exercise, view(build), build)  # the runs without a seed of their own
+        for case in cases:
+            got = view(build).forward("eval", None, case.args[0])
+            if isinstance(got, BaseException):
+                error = viewed.student_error(exercise, got, Case(f"{case.name}, built with {build}"))
+                hint = diagnose(Case(case.name, case.args, build=build), getattr(error, "student_error", None) or error,
+                                None)
+                if not hint:
+                    raise error
+                hinted = CheckFailed(f"{error} Hint: {hint}")
+                hinted.student_error = getattr(error, "student_error", None)
+                raise hinted from None
+        for case in cases:  # finite, then the values
+            viewed.check_finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
+        for case in cases:
+            mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
+            want = reference_output(exercise, mcase)
+            if _expected.is_recording():
+                mistake_outputs(exercise, mcase)
+            spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
-        manual_seed(123)
-        exc = _raises(cls, *build)
-        if exc is None:
+        found = view(build).built
+        if "error" in found and found["error"][0] == "NotImplementedError":
+            raise wire.error_of(*found["error"])
+        if "error" not in found:
             fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "
                            f"does not divide num_heads={build[4]}: the query heads cannot be shared evenly by the "
                            f"groups. Raise a ValueError in __init__ that says so.")
-    main = build_student(exercise, cls, configs[0][0])
+    first = configs[0][0]
+    viewed.built(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["causal"]
-    check_causal_module(exercise, main, rand(b, t, d, seed=seed))
-    _check_too_long(exercise, main, configs[0][0])
+    viewed.check_causal(exercise, view(first), rand(b, t, d, seed=seed))
+    _too_long_view(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["dropout"]
-    check_dropout_modes(exercise, build_student(exercise, cls, dropout_build), rand(b, t, d, seed=seed),
-                        f"built with {dropout_build}")
+    viewed.built(exercise, view(dropout_build), dropout_build)
+    viewed.check_dropout_modes(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
     b, t, d, seed = _GQA_INPUTS["moves"]
-    check_moves_with_module(exercise, main, configs[0][0], rand(b, t, d, seed=seed), f"built with {configs[0][0]}")
-    passed(exercise, f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
-                     f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
-                     f"input past context_length")
+    viewed.check_moves_with_module(exercise, view(first), first, rand(b, t, d, seed=seed), f"built with {first}")
+    return (f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
+            f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
+            f"input past context_length")
+
+
+check_GroupedQueryAttention = spec.declare(spec.Spec(
+    "GroupedQueryAttention", _gqa_steps, _judge_gqa, runners={spec.MODULE: spec.run_module},
+    helpers=lambda: helper_checks(globals(), "GroupedQueryAttention")),
+    """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
+    the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
+    ``context_length``. Runs with our ``repeat_kv`` (:func:`modules.alone`): a wrong ``repeat_kv`` costs only
+    ``repeat_kv``'s points.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -958,8 +1108,23 @@ def _mask_mod_outcome(mask_mod_factory: Callable, case: Case, keep_error: bool =
     return ["mask", got, how]
 
 
+def _mask_mod_run(mask_mod_factory: Callable | None, case: Case) -> list:
+    """The runner of a mask_mod step: :func:`_mask_mod_outcome`, or ``["absent", type name]`` when the check
+    was given no ``sliding_window_mask_mod`` (``None``) or something that cannot be called."""
+    if mask_mod_factory is None or not callable(mask_mod_factory):
+        return ["absent", type(mask_mod_factory).__name__]
+    return _mask_mod_outcome(mask_mod_factory, case)
+
+
+def _mod_of(student: object) -> Callable | None:
+    """The ``sliding_window_mask_mod`` defined beside ``student`` (in its module or notebook), if any: the
+    companion the unbound spec runs (``checks.SPECS``' plan-covers-judge test); a check call names its own."""
+    found = getattr(student, "__globals__", {}).get(MASK_MOD)
+    return found if callable(found) else None
+
+
 def _valid_outcome(outcome: object, T: int) -> bool:
-    """Whether a (replayed, so untrusted) outcome of :func:`_mask_mod_outcome` is one it can give."""
+    """Whether a (handed out, so untrusted) outcome of :func:`_mask_mod_outcome` is one it can give."""
     if not isinstance(outcome, list) or not outcome or not isinstance(outcome[0], str):
         return False
     kind, rest = outcome[0], outcome[1:]
@@ -969,25 +1134,26 @@ def _valid_outcome(outcome: object, T: int) -> bool:
     if kind == "not_callable":
         return len(rest) == 1 and isinstance(rest[0], str)
     if kind in ("factory_error", "mod_error"):
-        return len(rest) in (2, 3) and isinstance(rest[0], str) and isinstance(rest[1], str)
+        return len(rest) == 2 and isinstance(rest[0], str) and isinstance(rest[1], str)
     return False
 
 
-def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[Case]) -> str:
-    """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not."""
+def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spec.Step],
+                    outcomes: spec.Outcomes) -> str:
+    """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not (``steps``: the
+    plan's mask_mod steps; ``mask_mod_factory``: the student's, or the grader's stand-in, read for its source)."""
     require_callable(exercise, mask_mod_factory)
     if "raise NotImplementedError" in (rules.source_of(mask_mod_factory) or ""):
         fail(exercise, "sliding_window_mask agrees with ours, but sliding_window_mask_mod is " + NOT_IMPLEMENTED)
     check_rules(exercise, mask_mod_factory)
     how = ""
-    for case in cases:
+    for step in steps:
+        case = step.case
         T, window = case.args
         hidden_entries = expect(exercise, case.key(), lambda: _expected.reference(exercise)(T, window))
-        outcome = _probe.run_or_replay(mask_mod_factory, case,
-                                       lambda f, c: _mask_mod_outcome(f, c, keep_error=True))
+        outcome = outcomes[step.key]
         if not _valid_outcome(outcome, T):
-            raise _probe.ReplayMiss(f"what came back from sliding_window_mask_mod on case '{case.name}' is not a "
-                                    f"({T}, {T}) mask, a type name or an error")
+            spec.refuse(MASK_MOD, f"mask_mod on case '{case.name}'")
         kind = outcome[0]
         if kind == "factory_error":
             if outcome[1] == "NotImplementedError":
@@ -997,7 +1163,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
             try:
                 fail(exercise, f"your code raised {outcome[1]}: {said}", Case(f"{MASK_MOD}({window})", (window,)))
             except CheckFailed as error:
-                error.student_error = outcome[3] if len(outcome) == 4 else None
+                error.student_error = wire.error_of(outcome[1], outcome[2])
                 raise
         if kind == "not_callable":
             fail(exercise, f"{MASK_MOD}({window}) returned {outcome[1]}; it must return a "
@@ -1012,7 +1178,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
                         "or `if`.")
             error = CheckFailed(f"❌ {exercise} on case '{case.name}': your mask_mod raised {outcome[1]}: "
                                 f"{text.splitlines()[0] if text else ''}.{hint}")
-            error.student_error = outcome[3] if len(outcome) == 4 else None
+            error.student_error = wire.error_of(outcome[1], text)
             raise error from error.student_error
         got, how = outcome[1], outcome[2]
         allowed = ~hidden_entries
@@ -1032,28 +1198,68 @@ def _check_mask_mod(exercise: str, mask_mod_factory: Callable, cases: Sequence[C
     return how
 
 
+#: The prefix of the keys of ``sliding_window_mask``'s plan that run the companion's ``mask_mod``.
+MOD_STEP = "mask_mod: "
+_NO_MOD = object()  # the unbound spec's judge: the companion is the one defined beside the student's function
+
+
+def _window_cases() -> list[Case]:
+    return [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
+
+
+_window_all = spec.with_hidden("sliding_window_mask", _window_cases)
+
+
+def _window_plan(hidden: bool) -> list[spec.Step]:
+    """The mask's calls, its call that must raise, and each case's mask made from the companion's ``mask_mod``
+    (always planned: its runner says ``"absent"`` where the test cell gave none)."""
+    cases = _window_all(hidden)
+    return spec.calls(cases) + spec.calls([Case("num_tokens=4, window=0", (4, 0))], MUST_RAISE) + \
+        [spec.Step(f"{MOD_STEP}{case.key()}", case, "mask_mod") for case in cases]
+
+
+def _judge_window(plan: list[spec.Step], outcomes: spec.Outcomes, mod: object = _NO_MOD) -> str:
+    """``mod``: the test cell's ``sliding_window_mask_mod`` (the grader's stand-in for it, outside), ``None``
+    where it gave none."""
+    exercise = "sliding_window_mask"
+    mods = [s for s in plan if s.run == "mask_mod"]
+    compared, raising = _split([s for s in plan if s.run != "mask_mod"])
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_window_diagnosis)
+    _bool_masks(exercise, compared, outcomes)
+    if any(_returned(outcomes[step.key]) for step in raising):
+        fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
+                       "(every row of scores -inf, NaN weights). Raise a ValueError when window < 1.")
+    if mod is _NO_MOD:
+        mod = _mod_of(outcomes.student)
+    absent = [o[1] for o in (outcomes[s.key] for s in mods)
+              if isinstance(o, list) and len(o) == 2 and o[0] == "absent" and isinstance(o[1], str)]
+    if absent:
+        if len(absent) != len(mods) or len(set(absent)) != 1:
+            spec.refuse(MASK_MOD, "mask_mod (absent for some cases only)")
+        if mod is not None:  # the grader's stand-in: what the kernel was given cannot be called
+            mod = type(absent[0], (), {})()
+    how = _check_mask_mod(exercise, mod, mods, outcomes) if mod is not None else ""
+    return (f"{len(compared)} cases give a boolean mask, True outside the causal window "
+            f"({'; '.join(s.case.name for s in compared)})"
+            + (f"; the mask_mod keeps exactly the other entries (made by {how})" if mod is not None else ""))
+
+
+_WINDOW_SPEC = spec.Spec("sliding_window_mask", _window_plan, _judge_window,
+                         runners={"mask_mod": lambda student, case: _mask_mod_run(_mod_of(student), case)})
+
+
 @check
 def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask_mod: Callable | None = None,
                               hidden: bool = False) -> None:
     """Check ``sliding_window_mask(num_tokens, window)`` (bool ``(T, T)``, True = hidden) and, when given,
-    ``sliding_window_mask_mod(window)``, whose ``mask_mod`` must keep exactly the other entries."""
-    exercise = "sliding_window_mask"
-    cases = [Case(f"num_tokens={T}, window={w}", (T, w)) for T, w in ((6, 2), (7, 3), (5, 1), (4, 4))]
-    cases += hidden_cases(exercise) if hidden else []
-    compare_function(exercise, sliding_window_mask, cases, diagnose=_window_diagnosis, quiet=True)
-    if _probe.active(exercise):  # under the grader: the checks below run outside, on what these hand out
-        _probe.record(exercise, sliding_window_mask, cases + [Case("num_tokens=4, window=0", (4, 0))])
-        _probe.record_runs(MASK_MOD, sliding_window_mask_mod, cases if sliding_window_mask_mod is not None else [],
-                           _mask_mod_outcome)
-        return
-    _bool_mask_check(exercise, sliding_window_mask, cases)
-    if _raises(sliding_window_mask, 4, 0) is None:
-        fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
-                       "(every row of scores -inf, NaN weights). Raise a ValueError when window < 1.")
-    how = ""
-    if sliding_window_mask_mod is not None:
-        how = _check_mask_mod(exercise, sliding_window_mask_mod, cases)
-    passed(exercise, f"{len(cases)} cases give a boolean mask, True outside the causal window "
-                     f"({'; '.join(c.name for c in cases)})"
-           + (f"; the mask_mod keeps exactly the other entries (made by {how})" if sliding_window_mask_mod else ""))
+    ``sliding_window_mask_mod(window)``, whose ``mask_mod`` must keep exactly the other entries.
 
+    One spec (``check_sliding_window_mask.spec``): the companion's masks are steps of the exercise's plan,
+    run by a runner bound here to the companion the test cell gives."""
+    mod = sliding_window_mask_mod
+    bound = dataclasses.replace(_WINDOW_SPEC, judge=functools.partial(_judge_window, mod=mod),
+                                runners={"mask_mod": lambda student, case: _mask_mod_run(mod, case)})
+    bound.check(sliding_window_mask, hidden)
+
+
+check_sliding_window_mask.spec = _WINDOW_SPEC  # type: ignore[attr-defined]

@@ -23,19 +23,19 @@ attention, so nothing of an answer) with an optimizer that records the gradients
 ``step()`` is called. Two steps are compared with the expected ones: the returned loss, the
 gradients the optimizer stepped with, and the parameters after each step.
 
-Under the grader (``course_utils.checks.probe``), every exercise here is judged outside the kernel: the
-kernel hands out their outputs (the call with an odd ``d_model`` too), every construction and forward pass
-of the positions module, the block and the model with the test weights loaded (``start=`` among the inputs;
-for the block and the model, the names under which a parameter appears twice and ``context_length`` too:
-:func:`_block_plan`, :func:`_gpt_plan`), each build's cached path as one trace of plain data
-(:mod:`course_utils.checks.cached`), and each spec's trace of ``train_step`` and of ``generate`` (:func:`_step_run`,
-:func:`_generate_run`), and the grader runs these checks on them against the reference.
+Each check is a spec (:mod:`course_utils.checks.spec`), judged on plain data in the self-check and, under the
+grader, outside the kernel: the functions' calls (the one with an odd ``d_model`` too), one probed construction
+per build of the positions module, the block and the model with the test weights loaded (``start=`` among the
+inputs; for the block and the model, the names under which a parameter appears twice and ``context_length``
+too: :func:`_block_plan`, :func:`_gpt_plan`), each build's cached path as one trace (:mod:`course_utils.checks.cached`,
+:func:`_cached_steps`), and each spec's trace of ``train_step`` and of ``generate`` (:func:`_step_run`,
+:func:`_generate_run`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import re
 from typing import Callable, Sequence
 
@@ -45,6 +45,8 @@ import torch.nn as nn
 from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks import probe as _probe
+from course_utils.checks import spec as _spec
+from course_utils.checks import viewed, wire
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -52,13 +54,7 @@ from course_utils.checks.core import (
     construct,
     Case,
     CheckFailed,
-    _compare_forward,
     _hinted,
-    build_student,
-    call_student,
-    check,
-    check_rules,
-    compare_function,
     describe_shape,
     expect,
     expected_parameter_shapes,
@@ -69,7 +65,6 @@ from course_utils.checks.core import (
     modes_to_compare,
     passed,
     rand,
-    require_callable,
     tensor_difference,
 )
 from course_utils.device import manual_seed
@@ -106,33 +101,43 @@ def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_sinusoidal_positions(sinusoidal_positions: Callable, hidden: bool = False) -> None:
-    """Check ``sinusoidal_positions(num_positions, d_model)`` -> ``(num_positions, d_model)``."""
-    exercise = "sinusoidal_positions"
-    cases = [
+#: The key of ``sinusoidal_positions``' call with an odd ``d_model``, which must raise.
+_ODD = "must raise: num_positions=4, d_model=5"
+
+
+def _sinusoid_cases() -> list[Case]:
+    return [
         Case("num_positions=6, d_model=4", (6, 4)),
         Case("num_positions=16, d_model=32 (the trained model's size)", (16, 32)),
         Case("one position, d_model=2", (1, 2)),
     ]
-    compare_function(exercise, sinusoidal_positions, cases + (hidden_cases(exercise) if hidden else []),
-                     atol=1e-4, rtol=1e-4, diagnose=_sinusoid_diagnose)
-    if _probe.active(exercise):  # under the grader: the odd d_model below runs outside, on its handed-out outcome
-        _probe.record(exercise, sinusoidal_positions, [Case("num_positions=4, d_model=5", (4, 5))])
-        return
-    try:
-        sinusoidal_positions(4, 5)
-    except ValueError:
-        pass
-    except NotImplementedError:
+
+
+_sinusoid_all = _spec.with_hidden("sinusoidal_positions", _sinusoid_cases)
+
+
+def _judge_sinusoid(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "sinusoidal_positions"
+    compared = [s for s in plan if s.key != _ODD]
+    passed(exercise, _spec.compare_outcomes(exercise, compared, outcomes, atol=1e-4, rtol=1e-4,
+                                           diagnose=_sinusoid_diagnose))
+    got = outcomes[_ODD]
+    if isinstance(got, NotImplementedError):
         fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"sinusoidal_positions(4, 5) raised {type(exc).__name__}: {exc}. An odd d_model cannot hold "
+    if isinstance(got, BaseException) and not isinstance(got, ValueError):
+        fail(exercise, f"sinusoidal_positions(4, 5) raised {type(got).__name__}: {got}. An odd d_model cannot hold "
                        f"sin and cos pairs: raise a ValueError that says so")
-    else:
+    if not isinstance(got, BaseException):
         fail(exercise, "sinusoidal_positions(4, 5) returned a result: sin and cos come in pairs, so an odd d_model "
                        "must raise a ValueError")
-    passed(exercise, "an odd d_model raises a ValueError")
+    return "an odd d_model raises a ValueError"
+
+
+check_sinusoidal_positions = _spec.declare(_spec.Spec(
+    "sinusoidal_positions",
+    lambda hidden: _spec.calls(_sinusoid_all(hidden)) + [_spec.Step(_ODD, Case("num_positions=4, d_model=5", (4, 5)))],
+    _judge_sinusoid),
+    """Check ``sinusoidal_positions(num_positions, d_model)`` -> ``(num_positions, d_model)``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -161,19 +166,15 @@ def expected_output(exercise: str, case: Case) -> object:
         set_test_weights(construct(_expected.reference(exercise), case.build)), case))
 
 
-def student_with_test_weights(exercise: str, cls: Callable, build: tuple) -> nn.Module:
-    """Build the student's module (its parameter shapes checked) and load the test weights into it."""
-    return set_test_weights(build_student(exercise, cls, build))
-
-
-def compare_modules(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
+def compare_modules(exercise: str, views: dict, configs: Sequence[tuple[tuple, Sequence[Case]]], *,
                     diagnose: Callable | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> int:
-    """For each ``(build, cases)``: the student's module with the test weights must give the expected
-    outputs in ``eval()`` mode and, when the build's dropout (its float argument) is positive, in
-    ``train()`` mode under the same seed. Returns the number of outputs compared."""
+    """For each ``(build, cases)``: the student's module with the test weights (``views[build]``, a probed
+    construction) must give the expected outputs in ``eval()`` mode and, when the build's dropout (its float
+    argument) is positive, in ``train()`` mode under the same seed (7). Returns the number of outputs compared."""
     count = 0
     for build, cases in configs:
-        student = student_with_test_weights(exercise, cls, build)
+        view = views[tuple(build)]
+        viewed.built(exercise, view, build)
         dropout = next((a for a in build if isinstance(a, float)), 0.0)  # the one float argument, if any
         for mode in modes_to_compare(exercise, dropout > 0):
             for case in cases:
@@ -181,7 +182,8 @@ def compare_modules(exercise: str, cls: Callable, configs: Sequence[tuple[tuple,
                 want = expected_output(exercise, mcase)
                 if _expected.is_recording():
                     mistake_outputs(exercise, mcase)
-                _compare_forward(exercise, student, want, mcase, atol, rtol, diagnose)
+                got = view.forward(mode, 7, case.args[0], None, dict(case.kwargs) or None)
+                _spec.judge_forward(exercise, got, want, mcase, atol=atol, rtol=rtol, diagnose=diagnose)
                 count += 1
     return count
 
@@ -213,37 +215,38 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-def moves_with_module(exercise: str, student: nn.Module, x: torch.Tensor, where: str) -> None:
+def moves_with_module(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, where: str) -> None:
     """After ``.to(torch.float64)`` the module must run on a float64 input (and agree with float32);
-    after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run."""
-    student.eval()
-    manual_seed(7)
-    with torch.no_grad():
-        base = student(x)
-    s64 = copy.deepcopy(student).to(torch.float64)
+    after ``.to('meta')``, a stand-in for ``.to('cuda')``, it must still run (:class:`OneDevice`). Its passes,
+    each under seed 7: ``x`` as built, then a float64 copy and a meta copy."""
+    base = view.forward("eval", 7, x)
+    if isinstance(base, BaseException):
+        raise base
     x64 = x.to(torch.float64) if x.is_floating_point() else x
-    try:
-        with torch.no_grad():
-            out = s64(x64)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: after module.to(torch.float64) the forward pass raised {type(exc).__name__}: {exc}. "
+    i = view.index("eval", 7, x64, "float64")
+    if not view.ran(i):
+        raise wire.error_of(*view.built["copy_error"])
+    out = view.forward("eval", 7, x64, "float64")
+    if isinstance(out, BaseException):
+        fail(exercise, f"{where}: after module.to(torch.float64) the forward pass raised {type(out).__name__}: {out}. "
                        f"Do not fix a dtype inside forward; let everything follow the module")
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or tensor_difference(base, out, atol=1e-4) is not None:
         fail(exercise, f"{where}: after module.to(torch.float64) the output is not the float32 output in float64 "
                        f"(dtype {getattr(out, 'dtype', type(out).__name__)}). Let every tensor follow the module")
-    meta = copy.deepcopy(student).to("meta")
-    try:
-        with OneDevice():
-            meta(x.to("meta"))
-    except Exception as exc:  # noqa: BLE001
+    i = view.index("eval", 7, x.to("meta"), "meta")
+    if not view.ran(i):
+        raise wire.error_of(*view.built["copy_error"])
+    got = view.forward("eval", 7, x.to("meta"), "meta")
+    if isinstance(got, BaseException):
         fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
-                       f"{type(exc).__name__}: {exc}. Create every tensor forward needs on the input's device "
+                       f"{type(got).__name__}: {got}. Create every tensor forward needs on the input's device "
                        f"(torch.arange(T, device=x.device)), or make it a buffer")
 
 
-def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[list, list, tuple], "str | None"]) -> None:
+def _shape_check(exercise: str, view: "_spec.ModuleView", build: tuple,
+                 name: Callable[[list, list, tuple], "str | None"]) -> None:
     want = expected_parameter_shapes(exercise, build)
-    got = modules.student_shapes(exercise, cls, build)
+    got = viewed.shapes(exercise, view)
     if got is None or got == want:
         return
     problem = name(got, want, build)
@@ -253,15 +256,15 @@ def _shape_check(exercise: str, cls: Callable, build: tuple, name: Callable[[lis
         fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: {problem}.")
 
 
-def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context_length: int, where: str,
+def _too_long_raises(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, context_length: int, where: str,
                      **kwargs) -> None:
-    """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit.
+    """An input one token longer than ``context_length`` must raise a ``ValueError`` that names the limit (its
+    pass: eval, seed 7, ``x`` with ``kwargs``).
 
     The course's one standard for "too long" (notebooks 08 and 09): a ``ValueError`` whose message
     holds the number ``context_length``, not the ``IndexError`` that ``nn.Embedding`` raises by itself
     nor a shape error from deeper inside.
     """
-    student.eval()
     T = x.shape[1]
     start = kwargs.get("start", 0)
     if start:
@@ -269,18 +272,16 @@ def _too_long_raises(exercise: str, student: nn.Module, x: torch.Tensor, context
                 f"context_length = {context_length}")
     else:
         what = f"an input of {T} tokens, one more than context_length = {context_length}"
-    try:
-        manual_seed(7)
-        student(x, **kwargs)
-    except NotImplementedError:
+    exc = view.forward("eval", 7, x, None, kwargs or None)
+    if isinstance(exc, NotImplementedError):
         fail(exercise, NOT_IMPLEMENTED)
-    except ValueError as exc:
+    if isinstance(exc, ValueError):
         if str(context_length) not in str(exc):
             fail(exercise, f"{where}: {what}, raised ValueError({str(exc)!r}), which does not name the limit: say "
                            f"that context_length is {context_length}, e.g. "
                            f"f\"{{T}} tokens, but context_length is {{self.context_length}}\".")
         return
-    except Exception as exc:  # noqa: BLE001
+    if isinstance(exc, BaseException):
         fail(exercise, f"{where}: {what}, raised {type(exc).__name__}: {exc}. That error comes from deeper inside "
                        f"PyTorch, not from your code: check the positions against self.context_length at the start "
                        f"of forward and raise a ValueError that names the limit.")
@@ -306,18 +307,6 @@ def _cached_run(exercise: str) -> Callable:
             raise TypeError(f"{type(model).__name__} is not an nn.Module")
         return cached_trace(exercise, set_test_weights(model).eval(), case.args[0])
     return run
-
-
-def _trace_of(exercise: str, cls: Callable, model: nn.Module, build: tuple, x: torch.Tensor) -> list:
-    """:func:`cached_trace` of ``model``, or in the grader's replay what the kernel handed out for ``build`` and
-    ``x``, refused (``probe.ReplayMiss``) unless it has the trace's form."""
-    if not isinstance(cls, _probe.Replayed):
-        return cached_trace(exercise, model, x)
-    found = _probe.run_or_replay(cls, _cached_case(build, x), _cached_run(exercise))
-    if not trace_has_form(found, len(piece_sizes(x.shape[1]))):
-        raise _probe.ReplayMiss(f"what came back from {exercise}'s cached path is not the trace of its pieces, the "
-                                f"whole input and the hints' passes: the hand-off was changed")
-    return found
 
 
 # ------------------------------------------------------------------------------------------
@@ -388,37 +377,50 @@ def _learned_diagnose(case: Case, got: object, want: object) -> str | None:
     return None
 
 
-@check
-def check_LearnedPositionalEmbedding(LearnedPositionalEmbedding: Callable, hidden: bool = False) -> None:
-    """Check ``LearnedPositionalEmbedding(context_length, d_model)``: ``(b, T, d_model)`` -> ``x + positions``."""
-    exercise = "LearnedPositionalEmbedding"
-    cls = LearnedPositionalEmbedding
-    extra = hidden_cases(exercise) if hidden else []
-    configs = [
+def _learned_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((8, 4), [Case("(3, 5, 4), T < context_length", (rand(3, 5, 4, seed=9012),)),
                   Case("(2, 8, 4), T = context_length", (rand(2, 8, 4, seed=9011),)),
                   Case("(1, 1, 4), one token", (rand(1, 1, 4, seed=9013),)),
                   Case("(2, 3, 4) with start=5: positions 5..7", (rand(2, 3, 4, seed=9017),), {"start": 5})]),
         ((16, 32), [Case("(2, 16, 32), the trained model's size", (rand(2, 16, 32, seed=9014),))]),
-    ] + extra
-    too_long = [(rand(1, 9, 4, seed=9015), {}), (rand(1, 3, 4, seed=9018), {"start": 6})]
-    moved = rand(2, 5, 4, seed=9016)
-    if _probe.active(exercise):  # under the grader: every construction and forward pass below, judged outside
-        _probe.record_module_probes(exercise, cls, _learned_plan(configs, too_long, moved), prepare=set_test_weights,
-                                    within=_one_device)
-        return
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    ]
+
+
+def _learned_inputs() -> tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]:
+    """The inputs too long (with their keyword arguments), and the input of :func:`moves_with_module`."""
+    return [(rand(1, 9, 4, seed=9015), {}), (rand(1, 3, 4, seed=9018), {"start": 6})], rand(2, 5, 4, seed=9016)
+
+
+def _learned_all(hidden: bool) -> list[tuple[tuple, list[Case]]]:
+    return _learned_configs() + (list(hidden_cases("LearnedPositionalEmbedding")) if hidden else [])
+
+
+def _probe_steps(plan: list[tuple[tuple, list[_probe.Probe]]]) -> list[_spec.Step]:
+    """A list of ``(build, probes)`` (``modules.ProbePlan.items``) as one probed construction each."""
+    return [_spec.probe_step(build, [(p.mode, p.seed, p.copy, p.x, p.kwargs) for p in probes]) for build, probes in plan]
+
+
+def _learned_steps(hidden: bool) -> list[_spec.Step]:
+    return _probe_steps(_learned_plan(_learned_all(hidden), *_learned_inputs()))
+
+
+def _judge_learned(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "LearnedPositionalEmbedding"
+    configs = _learned_all(viewed.hidden_plan(plan, lambda: _learned_steps(False)))
+    too_long, moved = _learned_inputs()
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _shape_check(exercise, cls, build, _learned_shapes)
-    count = compare_modules(exercise, cls, configs, diagnose=_learned_diagnose)
-    first = student_with_test_weights(exercise, cls, (8, 4))
+        _shape_check(exercise, views[build], build, _learned_shapes)
+    count = compare_modules(exercise, views, configs, diagnose=_learned_diagnose)
+    first = views[(8, 4)]
+    viewed.built(exercise, first, (8, 4))
     for x, kwargs in too_long:
         _too_long_raises(exercise, first, x, 8, "built with (8, 4)", **kwargs)
     moves_with_module(exercise, first, moved, "built with (8, 4)")
-    passed(exercise, f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
-                     f"positions past context_length raise a ValueError; the positions follow the module to another "
-                     f"device")
+    return (f"{count} outputs agree with the reference (x plus position vectors start..start+T-1); "
+            f"positions past context_length raise a ValueError; the positions follow the module to another "
+            f"device")
 
 
 def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Sequence[tuple[torch.Tensor, dict]],
@@ -436,10 +438,19 @@ def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Seq
     return plan.items()
 
 
-def _one_device(p: _probe.Probe) -> "contextlib.AbstractContextManager":
-    """The context a probed forward pass runs in: :class:`OneDevice` for a meta copy's, as
-    :func:`moves_with_module` runs it."""
-    return OneDevice() if p.copy == "meta" else contextlib.nullcontext()
+def _one_device(p: "tuple | _probe.Probe") -> "contextlib.AbstractContextManager":
+    """The context a probed forward pass (``(mode, seed, copy, x, kwargs)``, or a ``probe.Probe``) runs in:
+    :class:`OneDevice` for a meta copy's, as :func:`moves_with_module` runs it."""
+    copy_ = p[2] if isinstance(p, tuple) else p.copy
+    return OneDevice() if copy_ == "meta" else contextlib.nullcontext()
+
+
+#: The runner of a probed construction of 09: the test weights loaded first, a meta copy's passes on one device.
+_RUN_MODULE = functools.partial(_spec.run_module, prepare=set_test_weights, within=_one_device)
+
+check_LearnedPositionalEmbedding = _spec.declare(_spec.Spec(
+    "LearnedPositionalEmbedding", _learned_steps, _judge_learned, runners={_spec.MODULE: _RUN_MODULE}),
+    """Check ``LearnedPositionalEmbedding(context_length, d_model)``: ``(b, T, d_model)`` -> ``x + positions``.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -466,8 +477,8 @@ _BLOCK_TRAIN_HINT = ("eval() mode agrees but train() mode does not: dropout goes
                      "added back to x; nowhere else, each once.")
 
 
-def _block_diagnose(exercise: str, cls: Callable) -> Callable:
-    causal = modules.not_causal(exercise, cls)
+def _block_diagnose(causal: Callable) -> Callable:
+    """The block's diagnose, then ``causal`` (``viewed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, TypeError) and "use_cache" in str(got):
@@ -483,78 +494,60 @@ def _block_diagnose(exercise: str, cls: Callable) -> Callable:
     return diagnose
 
 
-@check
-def check_TransformerBlock(TransformerBlock: Callable, hidden: bool = False) -> None:
-    """Check ``TransformerBlock(d_model, num_heads, context_length, dropout)``: ``(b, T, d) -> (b, T, d)``."""
-    exercise = "TransformerBlock"
-    cls = TransformerBlock
-    extra = hidden_cases(exercise) if hidden else []
-    configs = [
+def _block_configs() -> list[tuple[tuple, list[Case]]]:
+    return [
         ((8, 2, 6, 0.0), [Case("(2, 6, 8), T = context_length", (rand(2, 6, 8, seed=9021, low=-2, high=2),)),
                           Case("(2, 4, 8), T < context_length", (rand(2, 4, 8, seed=9022, low=-2, high=2),))]),
         ((8, 2, 6, 0.25), [Case("(2, 6, 8) with dropout 0.25", (rand(2, 6, 8, seed=9023, low=-2, high=2),))]),
         ((12, 3, 5, 0.0), [Case("(3, 5, 12), three heads", (rand(3, 5, 12, seed=9024, low=-2, high=2),))]),
-    ] + extra
-    x = rand(2, 6, 8, seed=9021, low=-2, high=2)
-    moved = rand(2, 4, 8, seed=9026)
-    if _probe.active(exercise):  # under the grader: every construction, forward pass and cached path, judged outside
-        _record_module(exercise, cls, _block_plan(configs, x, moved), configs)
-        return
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    ]
+
+
+def _block_all(hidden: bool) -> list[tuple[tuple, list[Case]]]:
+    return _block_configs() + (list(hidden_cases("TransformerBlock")) if hidden else [])
+
+
+def _block_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """The input of the finite, causal and dropout checks, and that of :func:`moves_with_module`."""
+    return rand(2, 6, 8, seed=9021, low=-2, high=2), rand(2, 4, 8, seed=9026)
+
+
+#: The runner of each build's cached path (:func:`_cached_run`).
+CACHED = "cached"
+
+
+def _cached_steps(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[_spec.Step]:
+    """The cached path of every build on its first case (:func:`_cached_case`): one step each."""
+    return [_spec.Step(f"cached {tuple(build)}: {cases[0].name}", _cached_case(build, cases[0].args[0]), CACHED)
+            for build, cases in configs]
+
+
+def _block_steps(hidden: bool) -> list[_spec.Step]:
+    configs = _block_all(hidden)
+    return _probe_steps(_block_plan(configs, *_block_inputs())) + _cached_steps(configs)
+
+
+def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "TransformerBlock"
+    configs = _block_all(viewed.hidden_plan(plan, lambda: _block_steps(False)))
+    x, moved = _block_inputs()
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _sharing_check(exercise, cls, build)
-        _shape_check(exercise, cls, build, _block_shapes)
-    diagnose = _block_diagnose(exercise, cls)
-    first = student_with_test_weights(exercise, cls, (8, 2, 6, 0.0))
-    modules.check_finite(exercise, first, x, "built with (8, 2, 6, 0.0)")
-    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
-    modules.check_causal_module(exercise, first, x)
-    dropped = student_with_test_weights(exercise, cls, (8, 2, 6, 0.25))
-    modules.check_dropout_modes(exercise, dropped, x, "built with (8, 2, 6, 0.25)")
-    moves_with_module(exercise, first, moved, "built with (8, 2, 6, 0.0)")
-    _cached_configs(exercise, cls, configs)
-    passed(exercise, f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
-                     f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
-                     f"gives the whole input's outputs")
-
-
-def _record_module(exercise: str, cls: Callable, plan: list, configs: Sequence[tuple[tuple, Sequence[Case]]],
-                   attempt: int | None = None) -> None:
-    """The kernel's whole part of the block's or the model's check under the grader: every construction of
-    ``plan`` with the test weights loaded (the names of its parameters that appear twice and its
-    ``context_length`` too) and its forward passes (``probe.record_module_probes``), then the cached path of
-    every build (:func:`cached_trace`, ``probe.record_runs``). ``attempt``: which of ``check_alone``'s tries.
-
-    A build whose passes, or a cached path, this test cell has handed out already for the same try (the hidden
-    cases' call repeats the visible builds) is not made again: the grader looks them up by their inputs, so
-    the first serves both calls."""
-    done = _handed_out_already(exercise, attempt)
-    plan = [(build, probes) for build, probes in plan if not any(
-        build == b and len(probes) == len(ps) and all(p.same(q) for p, q in zip(probes, ps)) for b, ps in done["plan"])]
-    cases = [c for c in _cached_cases(configs) if not any(
-        c.kwargs == d.kwargs and torch.equal(c.args[0], d.args[0]) for d in done["runs"])]
-    done["plan"] += plan
-    done["runs"] += cases
-    _probe.record_module_probes(exercise, cls, plan, attempt=attempt, prepare=set_test_weights, within=_one_device,
-                                tied=True, values=("context_length",) if exercise == "TinyGPT" else ())
-    _probe.record_runs(exercise, cls, cases, _cached_run(exercise), attempt=attempt)
-
-
-#: What :func:`_record_module` handed out in the test cell running now: (test id, exercise, try) ->
-#: ``{"store": its list of records, "plan": [(build, probes), ...], "runs": [case, ...]}``; a cell run again
-#: (``probe.begin``: a new list of records) starts afresh.
-_HANDED_OUT: dict[tuple[str, str, int | None], dict] = {}
-
-
-def _handed_out_already(exercise: str, attempt: int | None) -> dict:
-    """The builds and cached paths of ``exercise``'s try ``attempt`` handed out in this test cell so far."""
-    test = _probe._current[0]
-    store = _probe._records.get(test)
-    memo = _HANDED_OUT.get((test, exercise, attempt))
-    if memo is None or memo["store"] is not store:
-        memo = _HANDED_OUT[(test, exercise, attempt)] = {"store": store, "plan": [], "runs": []}
-    return memo
+        _sharing_check(exercise, views[build], build)
+        _shape_check(exercise, views[build], build, _block_shapes)
+    diagnose = _block_diagnose(viewed.not_causal(exercise, lambda build: views[tuple(build)]))
+    first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
+    viewed.built(exercise, views[first], first)
+    viewed.check_finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
+    count = compare_modules(exercise, views, configs, diagnose=diagnose)
+    viewed.check_causal(exercise, views[first], x)
+    viewed.built(exercise, views[dropped], dropped)
+    viewed.check_dropout_modes(exercise, views[dropped], x, "built with (8, 2, 6, 0.25)")
+    moves_with_module(exercise, views[first], moved, "built with (8, 2, 6, 0.0)")
+    _cached_views(exercise, views, plan, outcomes, configs)
+    return (f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
+            f"drops out only in train() mode and moves with .to(); fed in pieces with use_cache=True it "
+            f"gives the whole input's outputs")
 
 
 def _moves_probes(x: torch.Tensor) -> list[_probe.Probe]:
@@ -600,6 +593,12 @@ def _block_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], x: torch.Tensor
     return plan.items()
 
 
+check_TransformerBlock = _spec.declare(_spec.Spec(
+    "TransformerBlock", _block_steps, _judge_block,
+    runners={_spec.MODULE: functools.partial(_RUN_MODULE, tied=True), CACHED: _cached_run("TransformerBlock")}),
+    """Check ``TransformerBlock(d_model, num_heads, context_length, dropout)``: ``(b, T, d) -> (b, T, d)``.""")
+
+
 # ------------------------------------------------------------------------------------------
 # TinyGPT
 # ------------------------------------------------------------------------------------------
@@ -641,20 +640,23 @@ def _gpt_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
-def _sharing_check(exercise: str, cls: Callable, build: tuple) -> None:
-    """Fail when two parts of the model are one and the same module or parameter, and say which."""
-    try:
-        model = construct(cls, build)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
+def _sharing_check(exercise: str, view: "_spec.ModuleView", build: tuple) -> None:
+    """Fail when two parts of the model are one and the same module or parameter, and say which (read from the
+    construction's ``tied`` names, ``probe.tied_parameters``)."""
+    built = view.built
+    if "error" in built:
+        if built["error"][0] == "NotImplementedError":
+            fail(exercise, NOT_IMPLEMENTED)
+        return  # viewed.built reports construction errors with the arguments
+    if not built.get("module"):
         return
-    if not isinstance(model, nn.Module):
-        return
-    pairs = modules.shared_parameters(model)
+    pairs = built.get("tied", [])
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
+                                            for p in pairs)):
+        _spec.refuse(exercise, "names of the parameters that appear twice")
     if not pairs:
         return
-    first, second = pairs[0]
+    second, first = pairs[0]
     if first.startswith("blocks.") and second.startswith("blocks."):
         a, b = first.split(".")[1], second.split(".")[1]
         fail(exercise, f"built with {build}: blocks[{a}] and blocks[{b}] share one set of weights (the same "
@@ -687,7 +689,7 @@ _GPT_ERRORS = (
 )
 
 
-def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
+def _gpt_diagnose(exercise: str, views: dict) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException):
             text = str(got)
@@ -703,13 +705,9 @@ def _gpt_diagnose(exercise: str, cls: Callable) -> Callable:
         if case.mode == "train":
             return ("eval() mode agrees but train() mode does not: dropout goes on the embeddings (tokens plus "
                     "positions) before the first block, and inside every block; not after the final norm.")
-        leak = _causal_problem(exercise, construct_copy(exercise, cls, case.build), case.args[0])
+        leak = _causal_problem(exercise, views[tuple(case.build)], case.args[0])
         return f"your model is not causal: {leak}" if leak else None
     return diagnose
-
-
-def construct_copy(exercise: str, cls: Callable, build: tuple) -> nn.Module:
-    return student_with_test_weights(exercise, cls, build).eval()
 
 
 def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
@@ -725,93 +723,70 @@ def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
     return found
 
 
-def _causal_problem(exercise: str, model: nn.Module, idx: torch.Tensor) -> str | None:
-    """Where the logits at some position change when only later tokens change, or ``None``."""
-    model.eval()
-    with torch.no_grad():
-        base = call_student(exercise, model, Case("causality", (idx.clone(),)))
-        T = idx.shape[1]
-        for t, changed in enumerate(_gpt_causal_inputs(idx)):
-            out = call_student(exercise, model, Case("causality", (changed,)))
-            if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
-                return None
-            diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
-            if diff.max() > 1e-5:
-                pos = int(diff.amax(dim=(0, 2)).argmax())
-                return (f"the logits at position {pos} changed when only tokens {t + 1}..{T - 1} changed (largest "
-                        f"change {diff.max().item():.3g}). Every block must be causal, and nothing else may mix "
-                        f"positions.")
+def _causal_problem(exercise: str, view: "_spec.ModuleView", idx: torch.Tensor) -> str | None:
+    """Where the logits at some position change when only later tokens change, or ``None`` (its passes: eval, no
+    seed, ``idx`` then :func:`_gpt_causal_inputs`)."""
+    base = viewed.called(exercise, view.forward("eval", None, idx), Case("causality", (idx,)))
+    T = idx.shape[1]
+    for t, changed in enumerate(_gpt_causal_inputs(idx)):
+        out = viewed.called(exercise, view.forward("eval", None, changed), Case("causality", (changed,)))
+        if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
+            return None
+        diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
+        if diff.max() > 1e-5:
+            pos = int(diff.amax(dim=(0, 2)).argmax())
+            return (f"the logits at position {pos} changed when only tokens {t + 1}..{T - 1} changed (largest "
+                    f"change {diff.max().item():.3g}). Every block must be causal, and nothing else may mix "
+                    f"positions.")
     return None
 
 
-def _forward_exists(exercise: str, cls: Callable, build: tuple, idx: torch.Tensor) -> None:
+def _forward_exists(exercise: str, view: "_spec.ModuleView", build: tuple, idx: torch.Tensor) -> None:
     """PyTorch raises ``NotImplementedError`` for a module without ``forward`` (an ``nn.ModuleList`` called
-    like a function): say what it means, instead of "not implemented yet"."""
-    try:
-        model = construct(cls, build).eval()
-        with torch.no_grad():
-            model(idx)
-    except NotImplementedError as exc:
+    like a function): say what it means, instead of "not implemented yet" (its pass: eval, no seed, ``idx``)."""
+    if "error" in view.built or not view.built.get("module"):
+        return
+    exc = view.forward("eval", None, idx)
+    if isinstance(exc, NotImplementedError):
         for key, hint in _GPT_ERRORS:
             if key in str(exc):
                 fail(exercise, f"built with {build}: your forward raised NotImplementedError: {exc}. {hint}")
-    except Exception:  # noqa: BLE001 - reported, with its case, by the comparison
-        return
 
 
-def _positions_option(exercise: str, cls: Callable) -> None:
-    """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError``."""
-    try:
-        manual_seed(0)
-        cls(*_ROTARY)
-    except ValueError:
-        return
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"TinyGPT(..., positions='rotary') raised {type(exc).__name__}: {exc}. Raise a ValueError that "
+def _positions_option(exercise: str, view: "_spec.ModuleView") -> None:
+    """``positions`` other than ``"learned"`` or ``"sinusoidal"`` must raise a ``ValueError`` (its construction,
+    :data:`_ROTARY`)."""
+    error = view.built.get("error")
+    if error is not None:
+        kind, message = error
+        if kind == "ValueError":
+            return
+        if kind == "NotImplementedError":
+            fail(exercise, NOT_IMPLEMENTED)
+        fail(exercise, f"TinyGPT(..., positions='rotary') raised {kind}: {message}. Raise a ValueError that "
                        f"names the two choices, 'learned' and 'sinusoidal'.")
     fail(exercise, "TinyGPT(..., positions='rotary') built a model: positions must be 'learned' or 'sinusoidal'; "
                    "raise a ValueError for anything else.")
 
 
-@check
-def check_TinyGPT(TinyGPT: Callable, hidden: bool = False) -> None:
-    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout, positions)``.
-
-    While grading (the instructor edition) the model is built with the reference's
-    ``LearnedPositionalEmbedding``, ``TransformerBlock`` and ``sinusoidal_positions`` in place of the
-    student's, so that a mistake in one of those costs only its own exercise; the student's own
-    versions are put back afterwards. In the student edition a failure that comes from one of them is
-    named as such.
-    """
-    exercise, cls = "TinyGPT", TinyGPT
-    if _probe.active(exercise):  # under the grader: hand out both of check_alone's tries, judged outside
-        configs = _gpt_configs(hidden)
-        plan = _gpt_plan(configs)
-        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _record_module(exercise, cls, plan, configs, 1))
-        _record_module(exercise, cls, plan, configs, 2)  # the student's own helpers
-        return
-    if isinstance(cls, _probe.Replayed):  # the grader's replay of those tries (a keyed replay)
-        modules.replayed_tries(cls, lambda: _check_gpt(cls, hidden))
-    else:
-        modules.check_alone(exercise, cls, _gpt_helpers(), lambda: _check_gpt(cls, hidden))
-
-
-def _cached_configs(exercise: str, cls: Callable, configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
-    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode (under the
-    grader, judged outside on the trace the kernel handed out, :func:`_trace_of`)."""
+def _cached_views(exercise: str, views: dict, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes,
+                  configs: Sequence[tuple[tuple, Sequence[Case]]]) -> None:
+    """The cached path (:func:`check_cached_path`) on the first case of every build, in eval() mode, judged on the
+    trace its step gave (:func:`_cached_steps`), refused unless it has the trace's form."""
+    steps = {s.key: s for s in plan if s.run == CACHED}
     for build, cases in configs:
         case = cases[0]
-        model = student_with_test_weights(exercise, cls, build).eval()
+        viewed.built(exercise, views[tuple(build)], build)
         want = expected_output(exercise, Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
-        trace = _trace_of(exercise, cls, model, build, case.args[0])
+        key = f"cached {tuple(build)}: {case.name}"
+        if key not in steps:
+            raise KeyError(f"{exercise}'s plan makes no step {key!r}")
+        trace = outcomes[key]
+        if isinstance(trace, BaseException):  # the runner's own set-up (the construction is checked above)
+            raise trace
+        if not trace_has_form(trace, len(piece_sizes(case.args[0].shape[1]))):
+            _spec.refuse(exercise, "cached path (the trace of its pieces, the whole input and the hints' passes)")
         check_cached_path(exercise, trace, case.args[0], want, f"built with {build}")
-
-
-def _cached_cases(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[Case]:
-    """The runs of :func:`_cached_configs`, one per build (:func:`_cached_case`): what the kernel hands out."""
-    return [_cached_case(build, cases[0].args[0]) for build, cases in configs]
 
 
 def _gpt_configs(hidden: bool) -> list[tuple[tuple, list[Case]]]:
@@ -850,37 +825,62 @@ def _gpt_plan(configs: Sequence[tuple[tuple, Sequence[Case]]]) -> list[tuple[tup
     return plan.items()
 
 
-def _check_gpt(cls: Callable, hidden: bool) -> None:
-    exercise = "TinyGPT"
+def _gpt_steps(hidden: bool) -> list[_spec.Step]:
     configs = _gpt_configs(hidden)
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
+    return _probe_steps(_gpt_plan(configs)) + _cached_steps(configs)
+
+
+def _judge_gpt(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "TinyGPT"
+    configs = _gpt_configs(viewed.hidden_plan(plan, lambda: _gpt_steps(False)))
+    views = viewed.views_of(exercise, plan, outcomes)
     for build, _ in configs:
-        _sharing_check(exercise, cls, build)
-        _shape_check(exercise, cls, build, _gpt_shapes)
-    _forward_exists(exercise, cls, configs[0][0], configs[0][1][0].args[0])
-    diagnose = _gpt_diagnose(exercise, cls)
-    count = compare_modules(exercise, cls, configs, diagnose=diagnose)
-    first = construct_copy(exercise, cls, (11, 8, 2, 2, 6, 0.0))
-    leak = _causal_problem(exercise, first, tokens(2, 6, 11, seed=9035))
+        _sharing_check(exercise, views[build], build)
+        _shape_check(exercise, views[build], build, _gpt_shapes)
+    _forward_exists(exercise, views[configs[0][0]], configs[0][0], configs[0][1][0].args[0])
+    diagnose = _gpt_diagnose(exercise, views)
+    count = compare_modules(exercise, views, configs, diagnose=diagnose)
+    first, dropped = (11, 8, 2, 2, 6, 0.0), (11, 8, 2, 2, 6, 0.2)
+    viewed.built(exercise, views[first], first)
+    leak = _causal_problem(exercise, views[first], tokens(2, 6, 11, seed=9035))
     if leak:
         fail(exercise, f"the future leaks: {leak}")
-    dropped = student_with_test_weights(exercise, cls, (11, 8, 2, 2, 6, 0.2))
-    modules.check_dropout_modes(exercise, dropped, tokens(2, 6, 11, seed=9033), "built with (11, 8, 2, 2, 6, 0.2)")
-    _too_long_raises(exercise, first, tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
-    moves_with_module(exercise, first, tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
-    _positions_option(exercise, cls)
-    _has_context_length(exercise, first, 6)
-    _cached_configs(exercise, cls, configs)
-    passed(exercise, f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
-                     f"and sinusoidal positions; no position sees a later token; too long an input raises a "
-                     f"ValueError; a sequence fed in pieces with use_cache=True gives the whole sequence's logits, "
-                     f"and reset_cache() starts a new one")
+    viewed.built(exercise, views[dropped], dropped)
+    viewed.check_dropout_modes(exercise, views[dropped], tokens(2, 6, 11, seed=9033),
+                               "built with (11, 8, 2, 2, 6, 0.2)")
+    _too_long_raises(exercise, views[first], tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
+    moves_with_module(exercise, views[first], tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")
+    _positions_option(exercise, views[_ROTARY])
+    _has_context_length(exercise, views[first], 6)
+    _cached_views(exercise, views, plan, outcomes, configs)
+    return (f"{count} outputs (logits) agree with the reference in eval() and train() mode, with learned "
+            f"and sinusoidal positions; no position sees a later token; too long an input raises a "
+            f"ValueError; a sequence fed in pieces with use_cache=True gives the whole sequence's logits, "
+            f"and reset_cache() starts a new one")
 
 
-def _has_context_length(exercise: str, model: nn.Module, context_length: int) -> None:
-    """``model.context_length`` is the constructor's ``context_length`` (generate reads it)."""
-    value = getattr(model, "context_length", None)
+check_TinyGPT = _spec.declare(_spec.Spec(
+    "TinyGPT", _gpt_steps, _judge_gpt,
+    runners={_spec.MODULE: functools.partial(_RUN_MODULE, tied=True, values=("context_length",)),
+             CACHED: _cached_run("TinyGPT")},
+    helpers=_gpt_helpers),
+    """Check ``TinyGPT(vocab_size, d_model, num_heads, num_layers, context_length, dropout, positions)``.
+
+    While grading (the instructor edition) the model is built with the reference's
+    ``LearnedPositionalEmbedding``, ``TransformerBlock`` and ``sinusoidal_positions`` in place of the
+    student's (``modules.alone``), so that a mistake in one of those costs only its own exercise; the student's
+    own versions are put back afterwards. In the student edition a failure that comes from one of them is
+    named as such.
+    """)
+
+
+def _has_context_length(exercise: str, view: "_spec.ModuleView", context_length: int) -> None:
+    """``model.context_length`` is the constructor's ``context_length`` (generate reads it; the construction's
+    ``values``, ``None`` where it has none)."""
+    values = view.built.get("values")
+    if not (isinstance(values, dict) and "context_length" in values):
+        _spec.refuse(exercise, "value of context_length")
+    value = values["context_length"]
     if value != context_length:
         fail(exercise, f"built with context_length={context_length}, model.context_length is {value!r}: keep "
                        f"self.context_length = context_length (generate reads it).")
@@ -981,13 +981,11 @@ def _step_run(train_step: Callable, case: Case) -> list:
     return [losses, trace["returned"], trace["grads"], trace["params"]]
 
 
-def _step_trace_of(train_step: Callable, spec: dict) -> dict:
-    """:func:`step_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
-    (``probe.ReplayMiss``) unless it is one loss, one word for what was returned, the gradients the optimizer
+def _step_trace_of(outcome: object, spec: dict) -> dict:
+    """The trace :func:`_step_run` gave for ``spec`` (an outcome, so untrusted under the grader), refused
+    (``spec.Forged``) unless it is one loss, one word for what was returned, the gradients the optimizer
     stepped with (or ``None``) and the parameters after the step, per step, for the stand-in model's parameters."""
-    if not isinstance(train_step, _probe.Replayed):
-        return step_trace(train_step, spec)
-    found = _probe.run_or_replay(train_step, _step_case(spec), _step_run)
+    found = outcome
     with torch.device("meta"):  # the stand-in's parameter names, without drawing from the random generator
         names = [n for n, _ in StandInLM(spec["vocab_size"], spec["d"]).named_parameters()]
     steps = spec["steps"]
@@ -1000,9 +998,8 @@ def _step_trace_of(train_step: Callable, spec: dict) -> dict:
                                                                          for f in found)
             and all(isinstance(r, str) for r in found[1])
             and all(g is None or tensors(g, True) for g in found[2]) and all(tensors(p, False) for p in found[3])):
-        raise _probe.ReplayMiss("what came back from train_step's steps on the stand-in model is not, per step, the "
-                                "loss, what was returned, the gradients the optimizer stepped with and the "
-                                "parameters after the step: the hand-off was changed")
+        _spec.refuse("train_step", "steps on the stand-in model (per step: the loss, what was returned, the "
+                                   "gradients the optimizer stepped with and the parameters after the step)")
     return {"loss": found[0], "returned": found[1], "grads": found[2], "params": found[3], "names": names}
 
 
@@ -1080,6 +1077,25 @@ def _same_trace(a: dict, b: dict) -> bool:
     return _trace_problem(a, b) is None
 
 
+def _common_factor(want: list | None, got: list) -> float | None:
+    """``c`` where every gradient of ``got`` is ``c`` times the one of ``want`` (``c`` not 1), else ``None``."""
+    if want is None or len(want) != len(got) or any((w is None) != (g is None) for w, g in zip(want, got)):
+        return None
+    pairs = [(w.double(), g.double()) for w, g in zip(want, got) if w is not None and w.shape == g.shape]
+    if len(pairs) != len([w for w in want if w is not None]) or not pairs:
+        return None
+    dot = sum(float((w * g).sum()) for w, g in pairs)
+    norm = sum(float((w * w).sum()) for w, _ in pairs)
+    if norm == 0:
+        return None
+    c = dot / norm
+    if abs(c - 1.0) < 1e-3 or abs(c) < 1e-6:
+        return None
+    if all(tensor_difference(c * w, g, atol=1e-6) is None for w, g in pairs):
+        return c
+    return None
+
+
 def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     """Name a mistake from its symptoms (answer-free)."""
     grads_w, grads_g = want["grads"][k], got["grads"][k]
@@ -1090,6 +1106,14 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
         if all(tensor_difference(s, g) is None for s, g in zip(summed, grads_g)):
             return ("the gradients of step 2 are those of steps 1 and 2 added up: call optimizer.zero_grad() in every "
                     "step (loss.backward() adds to .grad).")
+    factor = _common_factor(grads_w, grads_g)
+    if factor is not None and abs(factor - 2.0) < 1e-3:
+        return ("every gradient is twice the expected one: loss.backward() ran twice before optimizer.step() (the "
+                "gradients add up in .grad): call it once per step.")
+    if factor is not None:
+        return (f"every gradient is {factor:.3g} times the expected one when optimizer.step() runs: the gradients of "
+                f"the mean loss itself go to the optimizer, not rescaled ones (no clip_grad_norm_ here, no loss "
+                f"multiplied or divided before loss.backward()).")
     if all(g is not None and not g.abs().any() for g in grads_g):
         return ("every gradient was zero when optimizer.step() ran: call optimizer.zero_grad() BEFORE loss.backward(), "
                 "not between backward and step.")
@@ -1100,45 +1124,49 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     return None
 
 
-@check
-def check_train_step(train_step: Callable, hidden: bool = False) -> None:
-    """Check ``train_step(model, batch, optimizer)`` on a stand-in model: loss, gradients, parameters."""
-    exercise = "train_step"
-    require_callable(exercise, train_step)
-    check_rules(exercise, train_step)
-    specs = [
+def _step_specs() -> list[dict]:
+    return [
         {"vocab_size": 7, "d": 6, "b": 3, "T": 6, "answer_from": 3, "optimizer": "SGD", "steps": 2, "seed": 9041},
         {"vocab_size": 5, "d": 4, "b": 2, "T": 5, "answer_from": [1, 4], "optimizer": "AdamW", "steps": 2,
          "seed": 9042, "dropout": 0.2},
-    ] + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
-        _probe.record_runs(exercise, train_step, [_step_case(spec) for spec in specs], _step_run)
-        return
-    if any(spec.get("dropout") for spec in specs) and not random_outputs_comparable(exercise):
-        specs = [spec for spec in specs if not spec.get("dropout")]
-    for spec in specs:
+    ]
+
+
+def _step_plan(hidden: bool) -> list[_spec.Step]:
+    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model."""
+    specs = _step_specs() + (list(hidden_cases("train_step")) if hidden else [])
+    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs]
+
+
+def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "train_step"
+    specs = [step.case.kwargs for step in plan]
+    if any(s.get("dropout") for s in specs) and not random_outputs_comparable(exercise):
+        plan = [step for step in plan if not step.case.kwargs.get("dropout")]
+    for step in plan:
+        spec = step.case.kwargs
         case = Case(_step_spec_name(spec), (spec,))
         want = expect(exercise, case.key(), lambda: step_trace(_expected.reference(exercise), spec))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got = _step_trace_of(train_step, spec)
-        except NotImplementedError:
+        found = outcomes[step.key]
+        if isinstance(found, NotImplementedError):
             fail(exercise, NOT_IMPLEMENTED)
-        except Exception as exc:  # noqa: BLE001
+        if isinstance(found, BaseException):
             try:
-                fail(exercise, f"your code raised {type(exc).__name__}: {exc}.", case)
+                fail(exercise, f"your code raised {type(found).__name__}: {found}.", case)
             except CheckFailed as error:
-                error.student_error = exc
-                raise _hinted(error, _step_error_hint(exc)) from exc
-        found = _trace_problem(want, got)
-        if found is None:
+                error.student_error = found
+                raise _hinted(error, _step_error_hint(found)) from found
+        got = _step_trace_of(found, spec)
+        problem = _trace_problem(want, got)
+        if problem is None:
             returned = next((r for r in got["returned"] if r != "float"), "float")
-            problem = _return_problem(returned)
-            if problem:
-                fail(exercise, problem + ".", case)
+            said = _return_problem(returned)
+            if said:
+                fail(exercise, said + ".", case)
             continue
-        problem, k = found
+        problem, k = problem
         hint = None
         for mistake_hint, output in mistake_outputs(exercise, case):
             if _same_trace(output, got):
@@ -1149,8 +1177,13 @@ def check_train_step(train_step: Callable, hidden: bool = False) -> None:
             fail(exercise, problem.rstrip(".") + ".", case)
         except CheckFailed as error:
             raise _hinted(error, hint) from None
-    passed(exercise, f"{len(specs)} runs of two steps agree with the reference: the loss on the answer positions, "
-                     f"the gradients the optimizer stepped with, and the parameters after each step")
+    return (f"{len(plan)} runs of two steps agree with the reference: the loss on the answer positions, "
+            f"the gradients the optimizer stepped with, and the parameters after each step")
+
+
+check_train_step = _spec.declare(_spec.Spec("train_step", _step_plan, _judge_train_step, runners={"steps": _step_run}),
+                                 """Check ``train_step(model, batch, optimizer)`` on a stand-in model: loss,
+    gradients, parameters.""")
 
 
 # ------------------------------------------------------------------------------------------
@@ -1279,13 +1312,11 @@ def _generate_run(generate: Callable, case: Case) -> list:
              torch.tensor(run["calls"], dtype=torch.int64).reshape(-1, 3)] for run in trace["runs"]]
 
 
-def _generate_trace_of(generate: Callable, spec: dict) -> dict:
-    """:func:`generate_trace` of ``spec``, or in the grader's replay what the kernel handed out for it, refused
-    (``probe.ReplayMiss``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what
-    it returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
-    if not isinstance(generate, _probe.Replayed):
-        return generate_trace(generate, spec)
-    found = _probe.run_or_replay(generate, _generate_case(spec), _generate_run)
+def _generate_trace_of(outcome: object, spec: dict) -> dict:
+    """The trace :func:`_generate_run` gave for ``spec`` (an outcome, so untrusted under the grader), refused
+    (``spec.Forged``) unless it is, per call of ``generate``, its tokens (a tensor, or the type name of what it
+    returned) or ``None``, what it raised (``[type name, message]``) or ``None``, and the model's calls."""
+    found = outcome
 
     def names(value: object, n: int) -> bool:
         return isinstance(value, list) and len(value) == n and all(isinstance(v, str) for v in value)
@@ -1298,8 +1329,8 @@ def _generate_trace_of(generate: Callable, spec: dict) -> dict:
             isinstance(run, list) and len(run) == 3 and (run[0] is None or isinstance(run[0], torch.Tensor)
                                                          or names(run[0], 1))
             and (run[1] is None or names(run[1], 2)) and calls(run[2]) for run in found)):
-        raise _probe.ReplayMiss("what came back from generate on the stand-in model is not, per call, the tokens it "
-                                "returned, what it raised and the model's calls: the hand-off was changed")
+        _spec.refuse("generate", "calls on the stand-in model (per call: the tokens it returned, what it raised "
+                                 "and the model's calls)")
     return {"runs": [{"out": out, "error": error, "calls": [[int(n), bool(c), int(s)] for n, c, s in made.tolist()]}
                      for out, error, made in found]}
 
@@ -1350,6 +1381,41 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
     return None
 
 
+def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None:
+    """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
+    message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
+    kind, message = error
+    if "probability tensor contains" in message:
+        if spec["temperature"] == 0:
+            return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
+                    "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
+        return ("torch.multinomial takes probabilities (each row non-negative, not all zero), not logits: sample from "
+                "torch.softmax(logits / temperature, dim=-1).")
+    if "must have same number of dimensions" in message or "Tensors must have same" in message:
+        return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
+                "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
+    T0, n = spec["runs"][k]
+    if kind == "ValueError" and not calls and T0 + n - 1 <= spec["context_length"]:
+        return (f"the model reads T0 + max_new_tokens - 1 = {T0 + n - 1} tokens (the last new token is never read), "
+                f"and context_length = {spec['context_length']} of them fit: raise only when T0 + max_new_tokens - 1 "
+                f"> context_length.")
+    return None
+
+
+def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """With top_k, new tokens that are all below top_k (where ours are not) are positions in torch.topk's result,
+    not token ids (issue 36)."""
+    top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
+    if not (top_k and isinstance(got, torch.Tensor) and got.shape == want.shape and top_k < spec["vocab_size"]):
+        return None
+    new, ours = got[:, T0:], want[:, T0:]
+    if new.numel() and bool((new < top_k).all()) and not bool((ours < top_k).all()):
+        return (f"every new token is below top_k = {top_k}: these are positions among torch.topk's k values, not token "
+                f"ids. Map them back to the vocabulary (indices.gather(-1, choice)), or sample from the full (b, V) "
+                f"softmax with -inf outside the top k.")
+    return None
+
+
 def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got: object) -> str | None:
     """The first difference between the expected and the returned tokens of call ``k``, in words."""
     if not isinstance(got, torch.Tensor):
@@ -1392,10 +1458,7 @@ def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str 
     return None
 
 
-@check
-def check_generate(generate: Callable, hidden: bool = False) -> None:
-    """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k, use_cache)`` on a stand-in model."""
-    exercise = "generate"
+def _generate_specs() -> list[dict]:
     base = {"vocab_size": 7, "d": 6, "top_k": None, "prefill": 0}
     specs = [
         {**base, "name": "greedy with the cache", "context_length": 12, "b": 2, "runs": [(3, 6)],
@@ -1425,26 +1488,35 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
         {**base, "name": "top_k=0", "context_length": 8, "b": 1, "runs": [(2, 3)], "temperature": 1.0, "top_k": 0,
          "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
     ]
-    specs = specs + errors + (hidden_cases(exercise) if hidden else [])
-    if _probe.active(exercise):  # under the grader: hand out each spec's trace (or what was raised); judged outside
-        _probe.record_runs(exercise, generate, [_generate_case(spec) for spec in specs], _generate_run)
-        return
-    require_callable(exercise, generate)
-    check_rules(exercise, generate)
+    return specs + errors
+
+
+def _generate_plan(hidden: bool) -> list[_spec.Step]:
+    """One step per spec of :func:`generate_trace`: every call of ``generate`` on a fresh stand-in model."""
+    specs = _generate_specs() + (list(hidden_cases("generate")) if hidden else [])
+    return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs]
+
+
+def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
+    exercise = "generate"
+    specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
     if sampled and not random_outputs_comparable(exercise, "sampling"):
-        specs = [s for s in specs if s not in sampled]
+        plan = [step for step in plan if step.case.kwargs not in sampled]
         compared = "greedy decoding"
-    for spec in specs:
+    for step in plan:
+        spec = step.case.kwargs
         case = Case(spec["name"], (spec,))
         want = expect(exercise, case.key(), lambda: generate_trace(_expected.reference(exercise), spec))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        try:
-            got = _generate_trace_of(generate, spec)
-        except NotImplementedError:
+        found = outcomes[step.key]
+        if isinstance(found, NotImplementedError):
             fail(exercise, NOT_IMPLEMENTED)
+        if isinstance(found, BaseException):  # generate_trace keeps generate's own errors: only its set-up raises
+            raise found
+        got = _generate_trace_of(found, spec)
         where = _spec_text(spec)
         for k, (w, g) in enumerate(zip(want["runs"], got["runs"])):
             call = f"call {k + 1}: " if len(spec["runs"]) > 1 else ""
@@ -1454,7 +1526,7 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
                     fail(exercise, f"{where}: {call}{found[0]}.", case)
                 continue
             if g["error"] is not None:
-                hint = _calls_hint(spec, w["calls"], g["calls"])
+                hint = _loop_error_hint(spec, k, g["error"], g["calls"]) or _calls_hint(spec, w["calls"], g["calls"])
                 try:
                     fail(exercise, f"{where}: {call}generate raised {g['error'][0]}: {g['error'][1]}; the model's "
                                    f"calls were: {_calls_text(g['calls'])}.", case)
@@ -1470,12 +1542,20 @@ def check_generate(generate: Callable, hidden: bool = False) -> None:
                     if _same_generation(output, got):
                         hint = mistake_hint
                         break
+            if hint is None:
+                hint = _top_k_positions_hint(spec, k, w["out"], g["out"])
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
                                f"expected: {_calls_text(w['calls'])}")
             try:
                 fail(exercise, f"{where}: {call}{text}.", case)
             except CheckFailed as error:
                 raise _hinted(error, hint) from None
-    passed(exercise, f"{len(specs)} cases agree with the reference: {compared} "
-                     f"with and without the cache, the model read once per new token, reset_cache between calls, "
-                     f"and a ValueError before any model call for too long an output or a bad argument")
+    return (f"{len(plan)} cases agree with the reference: {compared} "
+            f"with and without the cache, the model read once per new token, reset_cache between calls, "
+            f"and a ValueError before any model call for too long an output or a bad argument")
+
+
+check_generate = _spec.declare(_spec.Spec("generate", _generate_plan, _judge_generate,
+                                          runners={"generate": _generate_run}),
+                               """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k,
+    use_cache)`` on a stand-in model.""")

@@ -11,11 +11,12 @@ message. Then each way a hand-off can be bad is refused with its reason, and not
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pytest
 import torch
 
-from course_utils.checks import probe
+from course_utils.checks import probe, wire
 from grader import autograde, course, intake, judge
 from tests.fixtures.answers import load
 from tests.support import harness
@@ -1115,11 +1116,48 @@ def test_a_timer_outcome_is_judged_outside(tmp_path, honest_timer):
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 08: its functions judged outside; sliding_window_mask_mod's outcome as a companion
+# Notebook 08: its functions are specs; sliding_window_mask_mod's masks are steps of sliding_window_mask's plan
 # --------------------------------------------------------------------------------------------
 NB08 = "08_kv_cache_gqa_and_windows"
 _NB08 = load(NB08)
 WINDOW_TEST, DECODE_TEST = "test_sliding_window_mask", "test_decode_causal_mask"
+
+
+def _outcomes_of(records: list[dict], exercise: str, plan: str = "visible") -> list[dict]:
+    """The outcomes (``[key, outcome]`` pairs, by reference) of each of ``exercise``'s records of ``plan`` (one per
+    try of ``modules.alone``): what a spec's check hands out (``spec.Spec.hand_out``)."""
+    return [r["outcomes"] for r in records if r["exercise"] == exercise and r.get("plan") == plan]
+
+
+def _forge_outcome(records: list[dict], exercise: str, keyed: Callable[[str], bool], change: Callable[[dict], None],
+                   plan: str = "visible") -> list[dict]:
+    """A copy of ``records`` with ``change(outcome)`` made to the first outcome whose key ``keyed`` picks, in each
+    try's record of ``plan``."""
+    forged = _copy(records)
+    for outcomes in _outcomes_of(forged, exercise, plan):
+        change(next(o for k, o in outcomes if keyed(k)))
+    return forged
+
+
+def _drop_outcome(records: list[dict], exercise: str, keyed: Callable[[str], bool]) -> list[dict]:
+    """A copy of ``records`` without the outcomes whose keys ``keyed`` picks (every plan, every try)."""
+    forged = _copy(records)
+    for record in forged:
+        if record["exercise"] == exercise:
+            record["outcomes"] = [[k, o] for k, o in record["outcomes"] if not keyed(k)]
+    return forged
+
+
+def _is_mod(key: str) -> bool:
+    from course_utils.checks import nb08
+
+    return key.startswith(nb08.MOD_STEP)
+
+
+def _must_raise(key: str) -> bool:
+    from course_utils.checks import nb08
+
+    return key.startswith(nb08.MUST_RAISE)
 
 
 @pytest.fixture(scope="module")
@@ -1134,77 +1172,120 @@ def honest_decode():
     yield from _honest(NB08, "decode_causal_mask", _NB08._DECODE, DECODE_TEST)
 
 
-def _mod_records(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["exercise"] == "sliding_window_mask_mod"]
+def _window_sources(sources: dict) -> dict:
+    """The answer cell's two functions, as the grader reads them from the submission (``judge.answer_sources``)."""
+    return {**sources, "sliding_window_mask_mod": autograde._def_source(_NB08._WINDOW, "sliding_window_mask_mod")[0]}
 
 
 def test_an_honest_window_hand_off_passes(tmp_path, honest_window):
+    """The companion's masks are outcomes of sliding_window_mask's own plan: nothing goes out under its name."""
     records, sources = honest_window
-    mods = _mod_records(records)
-    assert mods and all([i["kind"] for i in r["result"]["items"]] == ["text", "tensor", "text"] for r in mods)
-    assert "def sliding_window_mask_mod" in sources["sliding_window_mask_mod"]
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, records, sources)
+    assert {r["exercise"] for r in records} == {"sliding_window_mask"}
+    mods = [o for outcomes in _outcomes_of(records, "sliding_window_mask") for k, o in outcomes if _is_mod(k)]
+    assert mods and all([i["kind"] for i in o["result"]["items"]] == ["text", "tensor", "text"] for o in mods)
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, records, _window_sources(sources))
     assert verdict.ename is None and "the mask_mod keeps exactly the other entries" in verdict.text, verdict.evalue
 
 
 @pytest.mark.parametrize("forge", ["a mask of another shape", "an unknown outcome", "a number", "too few items"])
 def test_a_malformed_mask_mod_outcome_scores_zero(tmp_path, honest_window, forge):
     records, sources = honest_window
-    forged = _copy(records)
-    items = _mod_records(forged)[0]["result"]["items"]
-    if forge == "a mask of another shape":
-        items[1]["value"] = torch.zeros(3, 3, dtype=torch.bool)
-    elif forge == "an unknown outcome":
-        items[0]["value"] = "verdict"
-    elif forge == "a number":
-        _mod_records(forged)[0]["result"] = {"kind": "number", "type": "bool", "value": True}
-    else:
-        items.pop()
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, forged, sources)
+
+    def change(outcome: dict) -> None:
+        items = outcome["result"]["items"]
+        if forge == "a mask of another shape":
+            items[1]["value"] = torch.zeros(3, 3, dtype=torch.bool)
+        elif forge == "an unknown outcome":
+            items[0]["value"] = "verdict"
+        elif forge == "a number":
+            outcome["result"] = {"kind": "number", "type": "bool", "value": True}
+        else:
+            items.pop()
+
+    forged = _forge_outcome(records, "sliding_window_mask", _is_mod, change)
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, forged, _window_sources(sources))
     assert verdict.ename == judge.HANDOFF_ERROR and "what came back from sliding_window_mask_mod" in verdict.evalue, \
         verdict.evalue
 
 
 def test_a_mask_mod_outcome_is_judged_outside(tmp_path, honest_window):
-    """A forged mask earns nothing; a missing outcome, or one that says there was no mask_mod, scores 0."""
+    """A forged mask earns nothing; a missing outcome scores 0; one that says the kernel's mask_mod could not be
+    called fails as the check would on what the kernel was given."""
     records, sources = honest_window
-    flipped = _copy(records)
-    first = _mod_records(flipped)[0]["result"]["items"][1]
-    first["value"] = ~first["value"]
-    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, flipped, sources)
+    sources = _window_sources(sources)
+
+    def flip(outcome: dict) -> None:
+        mask = outcome["result"]["items"][1]
+        mask["value"] = ~mask["value"]
+
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, _forge_outcome(records, "sliding_window_mask", _is_mod, flip),
+                          sources)
     assert verdict.ename == "CheckFailed" and "MAY attend" in verdict.evalue, verdict.evalue
-    gone = [r for r in _copy(records) if r["exercise"] != "sliding_window_mask_mod"]
+    gone = _drop_outcome(records, "sliding_window_mask", _is_mod)
     verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    none = gone + [{"exercise": "sliding_window_mask_mod", "callable": False, "type": "NoneType"}]
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+    none = _copy(records)
+    for record in none:
+        record["outcomes"] = [[k, {"result": wire.encode(["absent", "NoneType"])} if _is_mod(k) else o]
+                              for k, o in record["outcomes"]]
     verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, none, sources)
     assert verdict.ename == "CheckFailed" and "got NoneType" in verdict.evalue, verdict.evalue
+    some = _forge_outcome(records, "sliding_window_mask", _is_mod,
+                          lambda o: o.update(result=wire.encode(["absent", "NoneType"])))
+    verdict = _verdict_of(tmp_path, NB08, WINDOW_TEST, some, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "absent for some cases only" in verdict.evalue, verdict.evalue
 
 
 def test_the_calls_that_must_raise_are_judged_outside(tmp_path, honest_decode):
-    """decode_causal_mask's dtype pass and its calls with more queries than keys are handed out too: one
-    left out scores 0, one forged into a mask fails as the kernel's own check would."""
+    """decode_causal_mask's calls with more queries than keys are steps of its plan, and its dtype check reads the
+    compared calls' outcomes: one left out scores 0, one forged into a mask fails as the kernel's own check would."""
     records, sources = honest_decode
-    assert [r.get("error", {}).get("type") for r in records[-2:]] == ["ValueError", "ValueError"]
+    raising = [o for k, o in _outcomes_of(records, "decode_causal_mask")[0] if _must_raise(k)]
+    assert [o.get("error", {}).get("type") for o in raising] == ["ValueError", "ValueError"]
     verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, records, sources)
     assert verdict.ename is None and "num_queries > num_keys raises" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[-2].pop("error")
-    forged[-2]["result"] = {"kind": "tensor", "value": torch.zeros(5, 3, dtype=torch.bool)}
-    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, forged, sources)
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _drop_outcome(records, "decode_causal_mask", _must_raise),
+                          sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def returned(outcome: dict) -> None:
+        outcome.pop("error")
+        outcome["result"] = wire.encode(torch.zeros(5, 3, dtype=torch.bool))
+
+    verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, _forge_outcome(records, "decode_causal_mask", _must_raise,
+                                                                       returned), sources)
     assert verdict.ename == "CheckFailed" and "Raise a ValueError" in verdict.evalue, verdict.evalue
-    floats = _copy(records)
-    n = (len(records) - 2) // 2
-    floats[n]["result"]["value"] = floats[n]["result"]["value"].float()  # the dtype pass's first output
+    floats = _forge_outcome(records, "decode_causal_mask", lambda k: not _must_raise(k),
+                            lambda o: o.update(result=wire.encode(wire.decode(o["result"]).float())))
     verdict = _verdict_of(tmp_path, NB08, DECODE_TEST, floats, sources)
     assert verdict.ename == "CheckFailed" and "torch.bool" in verdict.evalue, verdict.evalue
+
+
+def _plans(exercises: tuple[str, ...]) -> dict[str, tuple[list[str], int]]:
+    """exercise -> (the keys of its hidden plan, the number of its visible steps), as the grader builds them (to be
+    read before a kernel's inputs are set: there the hidden cases come only from the plan sent in)."""
+    from course_utils import checks
+
+    return {e: ([s.key for s in checks.SPECS[e].steps(True)], len(checks.SPECS[e].steps(False))) for e in exercises}
+
+
+def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
+    """The hidden cases of a spec's exercise reach the kernel inside the plan the grader sends in (``probe.plan``),
+    after the visible steps, as they went."""
+    sent = probe.plan(exercise, True)
+    keys, visible = plans[exercise]
+    assert [k for k, _, _ in sent] == keys and len(sent) > visible
+    for case in hidden:
+        found = next(c for k, c, _ in sent if c.name == case.name)
+        assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b) for a, b in zip(found.args, case.args))
 
 
 def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
+    plans = _plans(("repeat_kv", "sliding_window_mask", "GroupedQueryAttention", "MultiHeadAttentionKVCache"))
     handoff = judge.prepare(NB08)
     try:
         assert {"decode_causal_mask", "rope_angles", "repeat_kv", "sliding_window_mask"} <= set(handoff.exercises)
@@ -1215,20 +1296,25 @@ def test_notebook_08s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
         for exercise in ("repeat_kv", "sliding_window_mask"):
-            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
-            assert [c.name for c in got] == [c.name for c in want] and got
-            assert all((torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)
-                       for c, d in zip(got, want) for a, b in zip(c.args, d.args))
-        got, want = probe.hidden_cases("GroupedQueryAttention"), expected.instructor().hidden("GroupedQueryAttention")
-        assert got["not_dividing"] == want["not_dividing"] and got["not_dividing"]  # builds alone, as tuples
-        assert [build for build, _ in got["configs"]] == [build for build, _ in want["configs"]]
-        assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name for (_, cs), (_, ds) in
-                   zip(got["configs"], want["configs"]) for c, d in zip(cs, ds))
-        got, want = probe.hidden_cases("MultiHeadAttentionKVCache"), expected.instructor().hidden(
-            "MultiHeadAttentionKVCache")  # sequences read in pieces: the pieces' sizes and the dtype travel too
-        assert got and [(c.name, c.build, c.chunks, c.dtype) for c in got] == \
-            [(c.name, c.build, c.chunks, c.dtype) for c in want]
-        assert all(torch.equal(c.args[0], d.args[0]) for c, d in zip(got, want))
+            want = expected.instructor().hidden(exercise)
+            assert want
+            _hidden_in_plan(exercise, want, plans)
+        want = expected.instructor().hidden("GroupedQueryAttention")  # its hidden constructions and inputs: passes
+        assert want["not_dividing"] and want["configs"]
+        sent = probe.plan("GroupedQueryAttention", True)
+        assert [k for k, _, _ in sent] == plans["GroupedQueryAttention"][0]
+        assert all(f"module {tuple(build)}" in plans["GroupedQueryAttention"][0] for build in want["not_dividing"])
+        passes = [p[3] for _, c, _ in sent for p in c.args[0]]
+        assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
+                   for _, cases in want["configs"] for c in cases)
+        want = expected.instructor().hidden("MultiHeadAttentionKVCache")  # sequences read in pieces: sessions
+        sent = probe.plan("MultiHeadAttentionKVCache", True)
+        assert want and [k for k, _, _ in sent] == plans["MultiHeadAttentionKVCache"][0]
+        for case in want:
+            found = next(c for k, c, _ in sent if k.startswith("decode ") and c.name == case.name)
+            chunks = [op[1] for op in found.args[0] if op[0] == "forward"]
+            assert found.build == case.build and [x.shape[1] for x in chunks][:len(case.chunks)] == case.chunks
+            assert torch.equal(torch.cat(chunks[:len(case.chunks)], dim=1), case.args[0].to(case.dtype))
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1259,17 +1345,17 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
         records, sources = judge.load_hand_off(handoff.outputs, "test_apply_rope")
     finally:
         handoff.remove()
-    n = 3  # the visible cases: their first try, then their second; then the hidden cases' two tries
-    assert all("error" in r for r in records[:n]) and all("result" in r for r in records[n:2 * n])
-    assert [r["attempt"] for r in records[:2 * n]] == [1] * n + [2] * n  # each marked with its try (probe.trying)
+    # one record per try and per check call: the visible plan's two tries, then the hidden plan's
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1), ("hidden", 2)]
+    assert all("error" in o for _, o in records[0]["outcomes"]) and all("result" in o for _, o in records[1]["outcomes"])
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
     assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
     both = _copy(records)
-    both[n:2 * n] = [dict(r, attempt=2) for r in _copy(records[:n])]
+    both[1], both[3] = dict(_copy(records[0]), attempt=2), dict(_copy(records[2]), attempt=2)
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", both, sources)
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:n], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", _copy(records)[:1], sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "no outcomes came back" in verdict.evalue, verdict.evalue
     # The marks bound each try: the second try's records unmarked, or marked as the first's, stand for neither.
     for forged in ([{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)],
                    [dict(r, attempt=1) for r in _copy(records)]):
@@ -1291,7 +1377,7 @@ _OWN_REPEAT = _NB08._REPEAT.replace("def repeat_kv(x, n_rep):", "def repeat_kv(n
                          ids=["a wrong repeat_kv of its own", "a repeat_kv of its own argument order"])
 def test_gqa_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
     """Both of check_alone's tries are handed out, each marked: the verdict outside is the kernel's, full marks."""
-    assert "GroupedQueryAttention" in judge.JUDGED and "GroupedQueryAttention" in judge.KEYED
+    assert "GroupedQueryAttention" in judge.spec_of_each()
     want = _inside(NB08, "GroupedQueryAttention", source)
     assert want and all(ename is None for ename, _ in want.values()), want
     test_the_verdict_outside_is_the_kernels(NB08, "GroupedQueryAttention", source, monkeypatch, capsys)
@@ -1308,19 +1394,24 @@ def _with_attempt(records: list[dict], attempt) -> list[dict]:
 
 
 def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
-    """The first try (our repeat_kv) fails and the second (the student's) passes; the second try's runs replaced by
-    the first's fail with the first try's message; a second try left out, unmarked runs, or a try that is neither
-    1 nor 2 score 0 with a reason."""
+    """The first try (our repeat_kv) fails and the second (the student's) passes; the second try's outcomes replaced
+    by the first's fail with the first try's message; a second try left out, unmarked records, or a try that is
+    neither 1 nor 2 score 0 with a reason."""
     records, sources = gqa_own_repeat
-    first = [r for r in records if r.get("attempt") == 1]
-    second = [r for r in records if r.get("attempt") == 2]
-    assert first and second and len(first) + len(second) == len(records)
-    errors = [sum("error" in r for r in tried if "mode" in r) for tried in (first, second)]
-    assert errors[0] > 100 and errors[1] == 2, errors  # with ours every pass raises; with its own, only the input
-    # too long (once for the visible cases' check, once for the hidden's)
+    assert [(r["plan"], r.get("attempt")) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                                ("hidden", 2)]
+
+    def errors(attempt: int) -> int:  # the probed passes that raised, over every construction of that try
+        return sum("error" in p for r in records if r["attempt"] == attempt for _, o in r["outcomes"]
+                   for p in wire.decode(o["result"])["passes"])
+
+    assert errors(1) > 100 and errors(2) == 2, (errors(1), errors(2))  # with ours every pass raises; with its own,
+    # only the input too long (once for the visible cases' check, once for the hidden's)
     verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, records, sources)
     assert verdict.ename is None and "outputs agree" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first + _with_attempt(first, 2), sources)
+    first = [r for r in records if r["attempt"] == 1]
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, [first[0], dict(_copy(first[0]), attempt=2), first[1],
+                                                       dict(_copy(first[1]), attempt=2)], sources)
     assert verdict.ename == "CheckFailed" and "your code raised" in verdict.evalue, verdict.evalue
     verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, first, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
@@ -1332,10 +1423,46 @@ def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
             _verdict_of(tmp_path, NB08, _GQA_TEST, _with_attempt(records, attempt), sources)
 
 
+@pytest.fixture(scope="module")
+def honest_gqa():
+    """What an honest GroupedQueryAttention hands out for its test cell: ``(records, sources)``."""
+    yield from _honest(NB08, "GroupedQueryAttention", _NB08._GQA, _GQA_TEST)
+
+
+def test_a_gqa_pass_is_judged_outside_and_a_malformed_one_scores_zero(tmp_path, honest_gqa):
+    """A probed pass forged into another output fails as the kernel's check would; a construction's outcome
+    without its form, or with fewer passes than its step makes, scores 0."""
+    records, sources = honest_gqa
+
+    def change(edit: Callable[[dict], None], attempts: tuple = (1, 2)) -> list[dict]:
+        forged = _copy(records)
+        for record in (r for r in forged if r["attempt"] in attempts):  # the first construction's step
+            outcomes = record["outcomes"]
+            found = wire.decode(outcomes[0][1]["result"])
+            edit(found)
+            outcomes[0][1]["result"] = wire.encode(found)
+        return forged
+
+    def too_long_returns(found: dict) -> None:
+        for p in found["passes"]:
+            if "error" in p:
+                p.pop("error")
+                p["value"] = torch.zeros(1, 11, 8)
+
+    verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, change(too_long_returns), sources)
+    assert verdict.ename == "CheckFailed" and "returned an output instead of raising" in verdict.evalue, verdict.evalue
+    for edit in (lambda f: f.pop("passes"), lambda f: f["passes"].clear(), lambda f: f["passes"][0].update(verdict=1)):
+        verdict = _verdict_of(tmp_path, NB08, _GQA_TEST, change(edit), sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and "what came back from GroupedQueryAttention" in verdict.evalue, \
+            verdict.evalue
+
+
 # --------------------------------------------------------------------------------------------
-# Notebook 08's MultiHeadAttentionKVCache: ordered sessions (each output depends on the calls before it)
+# Notebook 08's MultiHeadAttentionKVCache: each session (a module, then calls whose outputs depend on the calls
+# before them) is one step of the plan, its operations' outcomes and the cache's shape after each cached call
 # --------------------------------------------------------------------------------------------
 _KV_TEST = "test_MultiHeadAttentionKVCache"
+_MAIN = "the main module"
 
 
 @pytest.fixture(scope="module")
@@ -1348,119 +1475,92 @@ def _kv_verdict(tmp_path, records, sources) -> judge.Verdict:
     return _verdict_of(tmp_path, NB08, _KV_TEST, records, sources)
 
 
-def _steps_of(records: list[dict], session: int) -> list[dict]:
-    return [r for r in records if r.get("session") == session and "op" in r]
-
-
-def _main_session(records: list[dict]) -> int:
-    """The session of the first try that checks the cache's buffers, the context limit and the moves (copies)."""
-    return next(r["session"] for r in records if r.get("op") == "copy" and r.get("attempt") == 1)
-
-
-def _decoded_session(records: list[dict]) -> int:
-    """The session of the first try that decodes the first case: .to(its dtype), reset_cache(), the chunks."""
-    return next(r["session"] for r in records if r.get("op") == "to" and r.get("attempt") == 1)
+def _sessions(records: list[dict], edit: Callable[[str, dict], None], attempts: tuple = (1, 2)) -> list[dict]:
+    """A copy of ``records`` where ``edit(key, session)`` changed each session (decoded: ``{"built", "steps"}``) of
+    the tries ``attempts``."""
+    forged = _copy(records)
+    for record in (r for r in forged if r.get("attempt") in attempts):
+        for key, outcome in record["outcomes"]:
+            found = wire.decode(outcome["result"])
+            edit(key, found)
+            outcome["result"] = wire.encode(found)
+    return forged
 
 
 def test_an_honest_kv_cache_hand_off_passes(tmp_path, honest_kv):
-    """Both tries come back as ordered sessions: constructions, then each module's steps (forward passes with
-    and without the cache, reset_cache(), .to, copies), each with the cache's state after it."""
+    """Both tries come back, each session as one outcome: its operations' outcomes in order, the cache's shape
+    after each cached call, what the cache is made of."""
     records, sources = honest_kv
-    assert judge.SESSIONS == {"MultiHeadAttentionKVCache"} and "MultiHeadAttentionKVCache" in judge.JUDGED
-    assert {r.get("attempt") for r in records} == {1, 2}
-    assert {r["op"] for r in records if "op" in r} == set(probe.STEP_OPS)
-    main = _steps_of(records, _main_session(records))
-    assert [r["op"] for r in main[:2]] == ["call", "forward"] and main[1]["inputs"]["kwargs"]["use_cache"]["value"]
-    cache = main[1]["state"]["cache_k"]
-    assert cache["buffer"] and not cache["saved"] and list(cache["value"]["value"].shape) == [2, 2, 3, 4]
-    assert [r.get("error", {}).get("type") for r in main[3:8]] == [None, None, "ValueError", None, "ValueError"]  # past
-    # context_length, then an empty prompt
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                            ("hidden", 2)]
+    main = wire.decode(dict(records[1]["outcomes"])[_MAIN]["result"])["steps"]
+    assert main[1]["cache"] == [2, 2, 3, 4] and main[2]["value"]["cache_k"] == ["Tensor", True, False]
+    assert [o.get("error", [None])[0] for o in main[3:9]] == [None, None, None, "ValueError", None, "ValueError"]
+    # past context_length, then an empty prompt
     verdict = _kv_verdict(tmp_path, records, sources)
     assert verdict.ename is None and "again after reset_cache()" in verdict.text, verdict.evalue
 
 
-def _swap_steps(records: list[dict], session: int, i: int, j: int, renumber: bool) -> list[dict]:
-    forged = _copy(records)
-    steps = _steps_of(forged, session)
-    a, b = forged.index(steps[i]), forged.index(steps[j])
-    forged[a], forged[b] = forged[b], forged[a]
-    if renumber:
-        forged[a]["step"], forged[b]["step"] = forged[b]["step"], forged[a]["step"]
-    return forged
-
-
-def test_a_kv_cache_session_out_of_order_scores_zero(tmp_path, honest_kv):
-    """Two cached steps swapped (renumbered, or left with their own numbers), a step left out, a construction
-    left out, a step too many, or a copy's session claimed twice: each scores 0 with the reason."""
+def test_a_kv_cache_session_cut_short_or_left_out_scores_zero(tmp_path, honest_kv):
+    """A session with fewer outcomes than its operations, or a malformed one, or a session left out: each scores
+    0 with the reason; two cached calls swapped earn nothing."""
     records, sources = honest_kv
-    main = _main_session(records)
-    for renumber, words in ((True, "the test makes next"), (False, "are not in order")):
-        verdict = _kv_verdict(tmp_path, _swap_steps(records, main, 3, 4, renumber), sources)
-        assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue
-    last = _steps_of(records, main)[-1]  # the meta copy's: its steps go on in a session of their own
-    child = _steps_of(records, last["child"])
-    truncated = [r for r in _copy(records) if not (r.get("session") == last["child"] and r["step"] == len(child) - 1)]
-    verdict = _kv_verdict(tmp_path, truncated, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no forward pass" in verdict.evalue, verdict.evalue
-    built = [r for r in records if "session" in r and "op" not in r and r["attempt"] == 1 and not r["optional"]]
-    gone = [r for r in _copy(records) if r.get("session") != built[3]["session"]]
-    verdict = _kv_verdict(tmp_path, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
-    extra = _copy(records)
-    steps = _steps_of(extra, main)
-    extra.append({**_copy([steps[1]])[0], "step": len(steps)})
-    verdict = _kv_verdict(tmp_path, extra, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back" in verdict.evalue, verdict.evalue
-    claimed = _copy(records)
-    _steps_of(claimed, main)[-1]["child"] = main
-    verdict = _kv_verdict(tmp_path, claimed, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "claimed twice" in verdict.evalue, verdict.evalue
+    cut = _sessions(records, lambda key, found: found["steps"].pop() if key == _MAIN else None)
+    verdict = _kv_verdict(tmp_path, cut, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "MultiHeadAttentionKVCache's session" in verdict.evalue, \
+        verdict.evalue
+    verdict = _kv_verdict(tmp_path, _drop_outcome(records, "MultiHeadAttentionKVCache", lambda k: k == _MAIN), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def swap(key: str, found: dict) -> None:
+        if key.startswith("decode 0:"):
+            steps = found["steps"]
+            steps[3], steps[4] = steps[4], steps[3]
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, swap), sources)
+    assert verdict.ename == "CheckFailed" and "differ from forward(x) on the whole sequence" in verdict.evalue, \
+        verdict.evalue
 
 
 def test_a_forged_kv_cache_session_loses_the_points(tmp_path, honest_kv):
     """A forged cached output, or a cache said to be saved in state_dict, fails as the kernel's own check would;
     the first try's sessions alone (the second left out, where the verdict needs it) score 0."""
     records, sources = honest_kv
-    forged = _copy(records)
-    built = {r["session"] for r in forged if "session" in r and "op" not in r}
-    for number in {r["session"] for r in forged if r.get("op") == "to" and r["step"] == 0} & built:  # all decodings
-        decoded = _steps_of(forged, number)[3]  # the prompt's next token, read with the cache
-        if decoded["op"] == "forward":
-            decoded["result"]["value"] = decoded["result"]["value"] + 1
-    verdict = _kv_verdict(tmp_path, forged, sources)
+
+    def next_token(key: str, found: dict) -> None:
+        step = found["steps"][3] if key.startswith("decode ") else {}
+        if isinstance(step.get("value"), torch.Tensor):
+            step["value"] = step["value"] + 1  # the prompt's next token, with the cache
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, next_token), sources)
     assert verdict.ename == "CheckFailed" and "differ from forward(x) on the whole sequence" in verdict.evalue, \
         verdict.evalue
-    saved = _copy(records)
-    for r in saved:
-        if r.get("state") and r["state"]["cache_k"].get("buffer"):
-            r["state"]["cache_k"]["saved"] = True
-    verdict = _kv_verdict(tmp_path, saved, sources)
+
+    def saved(key: str, found: dict) -> None:
+        if key == _MAIN:
+            found["steps"][2]["value"]["cache_k"][2] = True
+
+    verdict = _kv_verdict(tmp_path, _sessions(records, saved), sources)
     assert verdict.ename == "CheckFailed" and "state_dict() holds ['cache_k']" in verdict.evalue, verdict.evalue
-    broken = _copy(records)  # the first try fails (a wrong output), and its second try is not there
-    broken = [r for r in broken if r.get("attempt") != 2]
-    _steps_of(broken, _decoded_session(broken))[3]["result"]["value"] *= 2
+    broken = [r for r in _sessions(records, next_token, (1,)) if r["attempt"] != 2]
     verdict = _kv_verdict(tmp_path, broken, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "did not come back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
 
 
-@pytest.mark.parametrize("forge, words", [
-    (lambda r: r.__setitem__("op", "exec"), "a step that is not one of"),
-    (lambda r: r.__setitem__("step", -1), "a step that is not one of"),
-    (lambda r: r.__setitem__("name", "__init__"), "a call of a method other than"),
-    (lambda r: r.__setitem__("verdict", "pass"), "expected a step's result or error"),
-    (lambda r: r.__setitem__("state", {"__class__": {"missing": True}}), "attribute names"),
-    (lambda r: r.__setitem__("state", {"cache_k": {"value": {"kind": "text", "value": "x"}, "buffer": True,
-                                                   "saved": False}}), "a buffer that is not a tensor"),
-    (lambda r: r.__setitem__("session", 10**6), "a session number"),
-    (lambda r: r.pop("optional"), "whether it is optional"),
-], ids=["unknown op", "negative step", "another method", "extra field", "private name", "buffer not a tensor",
-        "session out of range", "optional left out"])
-def test_a_malformed_kv_cache_step_is_refused(tmp_path, honest_kv, forge, words):
+@pytest.mark.parametrize("forge", [
+    lambda s: s.__setitem__("verdict", "pass"),
+    lambda s: s["steps"][0].__setitem__("verdict", "pass"),
+    lambda s: s["steps"][0].__setitem__("error", ["ValueError", "x"]),
+    lambda s: s["steps"][2].__setitem__("value", {"cache_k": ["Tensor", True]}),
+    lambda s: s.__setitem__("steps", "all passed"),
+], ids=["extra field", "a step's extra field", "a result and an error", "buffers cut short", "steps not a list"])
+def test_a_malformed_kv_cache_session_is_refused(tmp_path, honest_kv, forge):
     records, sources = honest_kv
-    forged = _copy(records)
-    forge(next(r for r in forged if r.get("op") == "call"))
-    with pytest.raises(judge.BadHandOff, match=words):
-        _kv_verdict(tmp_path, forged, sources)
+    forged = _sessions(records, lambda key, found: forge(found) if key == _MAIN else None)
+    verdict = _kv_verdict(tmp_path, forged, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "what came back from MultiHeadAttentionKVCache" in verdict.evalue, \
+        verdict.evalue
 
 
 # --------------------------------------------------------------------------------------------
@@ -1837,35 +1937,38 @@ def honest_step():
 
 
 def test_an_honest_step_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_step):
-    """Each spec's trace comes back as plain data, bound to the spec; a forged loss fails as the kernel's check
-    would, and a trace without its form, of another spec, or missing scores 0."""
+    """Each spec's trace comes back as plain data, under the spec's key; a forged loss, or another spec's trace,
+    fails as the kernel's check would, and a trace without its form, or missing, scores 0."""
     records, sources = honest_step
-    first = records[0]["result"]["items"]
-    assert [i["kind"] for i in first] == ["list"] * 4 and records[0]["inputs"]["kwargs"]["optimizer"]["value"] == "SGD"
+    outcomes = _outcomes_of(records, "train_step")[0]
+    assert [i["kind"] for i in outcomes[0][1]["result"]["items"]] == ["list"] * 4 and outcomes[0][0].startswith("SGD")
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, records, sources)
     assert verdict.ename is None and "runs of two steps agree" in verdict.text, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][1]["value"] += 0.5  # step 2's loss
+    first = lambda key: key == outcomes[0][0]  # noqa: E731
+    forged = _forge_outcome(records, "train_step", first,
+                            lambda o: o["result"]["items"][0]["items"][1].update(value=o["result"]["items"][0]["items"][1]["value"] + 0.5))
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "step 2: the returned loss is" in verdict.evalue, verdict.evalue
     for forge in ("a step left out", "a parameter as a number", "a word as a number"):
-        forged = _copy(records)
-        items = forged[0]["result"]["items"]
-        if forge == "a step left out":
-            for part in items:
-                part["items"].pop()
-        elif forge == "a parameter as a number":
-            items[3]["items"][0]["items"][0] = {"kind": "number", "type": "float", "value": 1.0}
-        else:
-            items[1]["items"][0] = {"kind": "number", "type": "int", "value": 1}
-        verdict = _verdict_of(tmp_path, NB09, STEP_TEST, forged, sources)
+        def change(outcome: dict) -> None:
+            items = outcome["result"]["items"]
+            if forge == "a step left out":
+                for part in items:
+                    part["items"].pop()
+            elif forge == "a parameter as a number":
+                items[3]["items"][0]["items"][0] = {"kind": "number", "type": "float", "value": 1.0}
+            else:
+                items[1]["items"][0] = {"kind": "number", "type": "int", "value": 1}
+        verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _forge_outcome(records, "train_step", first, change), sources)
         assert verdict.ename == judge.HANDOFF_ERROR and "train_step's steps" in verdict.evalue, (forge, verdict.evalue)
     swapped = _copy(records)
-    swapped[0], swapped[1] = swapped[1], swapped[0]
+    for found in _outcomes_of(swapped, "train_step"):
+        found[0][1], found[1][1] = found[1][1], found[0][1]
     verdict = _verdict_of(tmp_path, NB09, STEP_TEST, swapped, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
+    assert verdict.ename == "CheckFailed", verdict.evalue  # another spec's trace earns nothing
+    verdict = _verdict_of(tmp_path, NB09, STEP_TEST, _drop_outcome(records, "train_step", first), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
 
 
 @pytest.fixture(scope="module")
@@ -1874,28 +1977,57 @@ def honest_learned():
     yield from _honest(NB09, "LearnedPositionalEmbedding", _NB09._LEARNED, LEARNED_TEST)
 
 
+def _probed(records: list[dict], exercise: str, edit: Callable[[list, list], None]) -> list[dict]:
+    """A copy of ``records`` where ``edit(passes, planned)`` changed the passes of each probed construction of
+    ``exercise`` (``planned``: the passes its step makes, ``(mode, seed, copy, x, kwargs)``, from the spec)."""
+    from course_utils import checks
+
+    forged = _copy(records)
+    for record in (r for r in forged if r["exercise"] == exercise):
+        steps = {s.key: s for s in checks.SPECS[exercise].steps(record["plan"] == "hidden")}
+        for key, outcome in record["outcomes"]:
+            found = wire.decode(outcome["result"])
+            edit(found["passes"], steps[key].case.args[0])
+            outcome["result"] = wire.encode(found)
+    return forged
+
+
 def test_an_honest_learned_hand_off_passes_and_its_probes_are_judged_outside(tmp_path, honest_learned):
-    """Every forward pass the check makes comes back keyed by its inputs (``start=`` among them); one left out
-    scores 0, one forged fails as the kernel's own check would."""
+    """Every forward pass the check makes is a pass of its construction's step (``start=`` among them); one left
+    out scores 0, one forged fails as the kernel's own check would."""
+    from course_utils import checks
+
     records, sources = honest_learned
-    starts = [r for r in records if "mode" in r and r["inputs"]["kwargs"]]
-    assert [r["inputs"]["kwargs"]["start"]["value"] for r in starts] == [5, 6] * 2, starts  # the visible and hidden calls
+    planned = [p for s in checks.SPECS["LearnedPositionalEmbedding"].steps(True) for p in s.case.args[0]]
+    assert [p[4]["start"] for p in planned if p[4]] == [5, 6], planned  # a visible case, and one too long
+    assert [(r["plan"], len(r["outcomes"])) for r in records] == [("visible", 2), ("hidden", 3)] or records
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, records, sources)
     assert verdict.ename is None and "positions past context_length raise" in verdict.text, verdict.evalue
-    gone = [r for r in _copy(records) if not ("mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)]
-    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a forward pass" in verdict.evalue, \
-        verdict.evalue
-    forged = _copy(records)
-    too_long = next(r for r in forged if "mode" in r and r["inputs"]["kwargs"].get("start", {}).get("value") == 6)
-    too_long.pop("error")
-    too_long["result"] = {"kind": "tensor", "value": torch.zeros(1, 3, 4)}
+
+    def start_6(planned: list) -> int | None:
+        return next((i for i, p in enumerate(planned) if p[4] and p[4].get("start") == 6), None)
+
+    def gone(passes: list, planned: list) -> None:
+        if start_6(planned) is not None:
+            del passes[start_6(planned):]
+
+    verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, _probed(records, "LearnedPositionalEmbedding", gone), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "fewer than the plan's" in verdict.evalue, verdict.evalue
+
+    def returned(passes: list, planned: list) -> None:
+        if start_6(planned) is not None:
+            passes[start_6(planned)] = {"value": torch.zeros(1, 3, 4)}
+
+    forged = _probed(records, "LearnedPositionalEmbedding", returned)
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "returned an output instead of raising" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    meta = next(r for r in forged if r.get("copy") == "meta")
-    meta.pop("result")
-    meta["error"] = {"type": "RuntimeError", "message": "add got tensors on different devices: cpu and meta"}
+
+    def meta_fails(passes: list, planned: list) -> None:
+        for i, p in enumerate(planned):
+            if p[2] == "meta":
+                passes[i] = {"error": ["RuntimeError", "add got tensors on different devices: cpu and meta"]}
+
+    forged = _probed(records, "LearnedPositionalEmbedding", meta_fails)
     verdict = _verdict_of(tmp_path, NB09, LEARNED_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "after module.to('meta')" in verdict.evalue, verdict.evalue
 
@@ -1907,17 +2039,24 @@ def honest_sinusoid():
 
 
 def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
-    """The call with an odd d_model is handed out after the compared ones: left out it scores 0, forged into a
-    result it fails as the kernel's check would."""
+    """The call with an odd d_model is a step of the plan after the compared ones: left out it scores 0, forged
+    into a result it fails as the kernel's check would."""
+    from course_utils.checks import nb09
+
     records, sources = honest_sinusoid
-    assert records[-1]["error"]["type"] == "ValueError"
+    odd = lambda key: key == nb09._ODD  # noqa: E731
+    assert next(o for k, o in _outcomes_of(records, "sinusoidal_positions")[0] if odd(k))["error"]["type"] == "ValueError"
     verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, records, sources)
     assert verdict.ename is None and "an odd d_model raises a ValueError" in verdict.text, verdict.evalue
-    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, _copy(records)[:-1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[-1].pop("error")
-    forged[-1]["result"] = {"kind": "tensor", "value": torch.zeros(4, 5)}
+    verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, _drop_outcome(records, "sinusoidal_positions", odd), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
+
+    def returned(outcome: dict) -> None:
+        outcome.pop("error")
+        outcome["result"] = wire.encode(torch.zeros(4, 5))
+
+    forged = _forge_outcome(records, "sinusoidal_positions", odd, returned)
     verdict = _verdict_of(tmp_path, NB09, SINUSOID_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "must raise a ValueError" in verdict.evalue, verdict.evalue
 
@@ -1925,6 +2064,7 @@ def test_the_odd_d_model_is_judged_outside(tmp_path, honest_sinusoid):
 def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils.checks import expected
 
+    plans = _plans(("train_step", "generate", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"))
     handoff = judge.prepare(NB09)
     try:
         assert set(handoff.exercises) == {"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step",
@@ -1933,15 +2073,18 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
-        assert probe.hidden_cases("train_step") == expected.instructor().hidden("train_step")  # specs, as dicts
-        assert probe.hidden_cases("generate") == expected.instructor().hidden("generate")
-        got, want = probe.hidden_cases("LearnedPositionalEmbedding"), expected.instructor().hidden(
-            "LearnedPositionalEmbedding")
-        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):
-            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
-            assert [build for build, _ in got] == [build for build, _ in want], exercise
-            assert all(torch.equal(c.args[0], d.args[0]) and c.name == d.name
-                       for (_, cs), (_, ds) in zip(got, want) for c, d in zip(cs, ds)), exercise
+        for exercise in ("train_step", "generate"):  # specs, as dicts: the kwargs of the plan's hidden steps
+            want = expected.instructor().hidden(exercise)
+            sent = [c.kwargs for _, c, _ in probe.plan(exercise, True)]
+            assert want and [k for k, _, _ in probe.plan(exercise, True)] == plans[exercise][0], exercise
+            assert sent[plans[exercise][1]:] == want, exercise
+        for exercise in ("LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"):  # inputs of probed passes
+            want = expected.instructor().hidden(exercise)
+            sent = probe.plan(exercise, True)
+            assert want and [k for k, _, _ in sent] == plans[exercise][0], exercise
+            passes = [p[3] for _, c, _ in sent if c.args and isinstance(c.args[0], tuple) for p in c.args[0]]
+            assert all(any(x.shape == c.args[0].shape and torch.equal(x, c.args[0]) for x in passes)
+                       for _, cases in want for c in cases), exercise
     finally:
         handoff.remove()
         monkeypatch.setattr(probe, "_inputs", None)
@@ -1966,38 +2109,44 @@ def honest_generate():
 
 
 def test_an_honest_generate_hand_off_passes_and_a_forged_one_does_not(tmp_path, honest_generate):
-    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, bound to
-    the spec; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
+    """Per call of generate, its tokens (or what it raised) and the model's calls come back as data, under the
+    spec's key; forged tokens or calls fail as the kernel's check would; a trace without its form scores 0."""
     records, sources = honest_generate
-    out, error, calls = records[0]["result"]["items"][0]["items"]
+    key, outcome = _outcomes_of(records, "generate")[0][0]
+    out, error, calls = outcome["result"]["items"][0]["items"]
     assert out["kind"] == "tensor" and error["kind"] == "none" and calls["value"].tolist()[:2] == [[3, 1, 0], [1, 1, 3]]
     verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, records, sources)
     assert verdict.ename is None and "cases agree with the reference" in verdict.text, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][0]["value"][0, -1] += 1
-    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+    first = lambda k: k == key  # noqa: E731
+
+    def token(o: dict) -> None:
+        o["result"]["items"][0]["items"][0]["value"][0, -1] += 1
+
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, token), sources)
     assert verdict.ename == "CheckFailed" and "row 0, new token 6" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    forged[0]["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
-    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+
+    def reads(o: dict) -> None:
+        o["result"]["items"][0]["items"][2]["value"][1:, 0] = 4  # every step reads the whole sequence
+
+    verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, reads), sources)
     assert verdict.ename == "CheckFailed" and "read more than the newest token" in verdict.evalue, verdict.evalue
     for forge in ("a negative count", "a call too many", "an error without its message"):
-        forged = _copy(records)
-        run = forged[0]["result"]["items"][0]["items"]
-        if forge == "a negative count":
-            run[2]["value"][0, 0] = -1
-        elif forge == "a call too many":
-            forged[0]["result"]["items"].append(forged[0]["result"]["items"][0])
-        else:
-            run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
-        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, forged, sources)
+        def change(o: dict) -> None:
+            run = o["result"]["items"][0]["items"]
+            if forge == "a negative count":
+                run[2]["value"][0, 0] = -1
+            elif forge == "a call too many":
+                o["result"]["items"].append(o["result"]["items"][0])
+            else:
+                run[1] = {"kind": "list", "items": [{"kind": "text", "value": "ValueError"}]}
+        verdict = _verdict_of(tmp_path, NB09, GENERATE_TEST, _forge_outcome(records, "generate", first, change), sources)
         assert verdict.ename == judge.HANDOFF_ERROR and "what came back from generate" in verdict.evalue, \
             (forge, verdict.evalue)
 
 
 # --------------------------------------------------------------------------------------------
-# Notebook 09's TransformerBlock and TinyGPT: keyed (test weights, tied parameters, context_length), their cached
-# paths handed out as traces of plain data (nb09.cached_trace), read by the keyed replay's ran()
+# Notebook 09's TransformerBlock and TinyGPT: a probed construction per build (test weights, tied parameters,
+# context_length), and each build's cached path as a step whose outcome is a trace of plain data (nb09.cached_trace)
 # --------------------------------------------------------------------------------------------
 BLOCK_TEST, GPT_TEST = "test_TransformerBlock", "test_TinyGPT"
 
@@ -2014,14 +2163,29 @@ def honest_gpt():
     yield from _honest(NB09, "TinyGPT", _NB09._GPT, GPT_TEST)
 
 
-def _runs(records: list[dict]) -> list[dict]:
-    """The cached paths' traces handed out (``probe.record_runs``): the records of no construction."""
-    return [r for r in records if "build" not in r and "inputs" in r]
+def _is_cached(key: str) -> bool:
+    return key.startswith("cached ")
 
 
-def _trace(record: dict) -> list[dict]:
-    """The parts of a handed-out trace, encoded: ``[first, num_cached, whole, again, end, hints]``."""
-    return record["result"]["items"]
+def _traces(records: list[dict]) -> list[list[dict]]:
+    """The parts of every cached path's trace (by reference), encoded: ``[first, num_cached, whole, again, end,
+    hints]`` each."""
+    return [o["result"]["items"] for r in records for k, o in r["outcomes"] if _is_cached(k)]
+
+
+def _constructions(records: list[dict], edit: Callable[[dict], None] | None = None) -> list[dict]:
+    """Each probed construction's ``built`` (decoded); with ``edit``, a copy of ``records`` where ``edit(built)``
+    changed every one of them."""
+    if edit is None:
+        return [wire.decode(o["result"])["built"] for r in records for k, o in r["outcomes"] if k.startswith("module ")]
+    forged = _copy(records)
+    for record in forged:
+        for key, outcome in record["outcomes"]:
+            if key.startswith("module "):
+                found = wire.decode(outcome["result"])
+                edit(found["built"])
+                outcome["result"] = wire.encode(found)
+    return forged
 
 
 def test_an_honest_block_hand_off_passes_and_its_cached_path_is_judged_outside(tmp_path, honest_block):
@@ -2029,57 +2193,62 @@ def test_an_honest_block_hand_off_passes_and_its_cached_path_is_judged_outside(t
     piece fails as the kernel's check would, with its hint read from the trace; pieces swapped fail; a trace left
     out, or one without its form, scores 0."""
     records, sources = honest_block
-    runs = _runs(records)
-    assert len(runs) == 3 + 2 and all(len(_trace(r)) == 6 for r in runs)  # the visible builds, then the hidden (the
-    # hidden cases' call makes no build or pass the visible cases' call handed out already)
-    first = _trace(runs[0])[0]["items"]
+    assert [r["plan"] for r in records] == ["visible", "hidden"]
+    assert len(_traces(records[:1])) == 3 and all(len(t) == 6 for t in _traces(records))  # one per build
+    first = _traces(records)[0][0]["items"]
     assert [i["kind"] for i in first] == ["text", "tensor", "tensor", "tensor"] and first[0]["value"] == "ok"
     assert list(first[2]["value"].shape) == [2, 1, 8]  # pieces of 3 + 1 + 2 tokens of the (2, 6, 8) input
-    assert not any(r["module"].get("tied") for r in records if "module" in r)
-    assert sum(len(r["result"]["items"]) for r in runs) < 100 and len(records) < judge.MAX_RECORDS
+    assert not any(b.get("tied") for b in _constructions(records))
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, records, sources)
     assert verdict.ename is None and "fed in pieces with use_cache=True" in verdict.text, verdict.evalue
     forged = _copy(records)
-    for run in _runs(forged):
-        pieces = _trace(run)[0]["items"]
+    for trace in _traces(forged):
+        pieces = trace[0]["items"]
         pieces[2]["value"] = pieces[2]["value"] + 1
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "piece 2 (position 3, read after 3 cached tokens)" in verdict.evalue, \
         verdict.evalue
     swapped = _copy(records)
-    for run in _runs(swapped):
-        pieces = _trace(run)[0]["items"]
+    for trace in _traces(swapped):
+        pieces = trace[0]["items"]
         pieces[1], pieces[3] = pieces[3], pieces[1]
     verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, swapped, sources)
     assert verdict.ename == "CheckFailed" and "piece 1 (positions 0..2" in verdict.evalue, verdict.evalue
-    gone = [r for r in _copy(records) if r not in _runs([r]) or not judge.same_inputs(r["inputs"], runs[0]["inputs"])]
-    assert len(gone) == len(records) - 1
-    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, gone, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TransformerBlock" in \
-        verdict.evalue, verdict.evalue
+    first_key = next(k for k, _ in records[0]["outcomes"] if _is_cached(k))
+    verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, _drop_outcome(records, "TransformerBlock",
+                                                                    lambda k: k == first_key), sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "not those of the calls the grader asked for" in verdict.evalue, \
+        verdict.evalue
     for forge in ("a piece as a number", "a piece too many", "a trace cut short"):
         malformed = _copy(records)
-        trace = _trace(_runs(malformed)[0])
-        if forge == "a piece as a number":
-            trace[0]["items"][1] = {"kind": "number", "type": "float", "value": 1.0}
-        elif forge == "a piece too many":
-            trace[0]["items"].append(trace[0]["items"][1])
-        else:
-            trace.pop()
+        for trace in _traces(malformed):
+            if forge == "a piece as a number":
+                trace[0]["items"][1] = {"kind": "number", "type": "float", "value": 1.0}
+            elif forge == "a piece too many":
+                trace[0]["items"].append(trace[0]["items"][1])
+            else:
+                trace.pop()
         verdict = _verdict_of(tmp_path, NB09, BLOCK_TEST, malformed, sources)
-        assert verdict.ename == judge.HANDOFF_ERROR and "is not the trace of its pieces" in verdict.evalue, \
+        assert verdict.ename == judge.HANDOFF_ERROR and "TransformerBlock's cached path" in verdict.evalue, \
             (forge, verdict.evalue)
 
 
 def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest_gpt):
     """Both of check_alone's tries come back, each marked; a model said to lack context_length, to count no cached
-    tokens, or to share its blocks' weights fails as the kernel's check would; unmarked runs scores 0, a malformed
-    try, tied name or plain attribute is refused; from a student-edition kernel the second try alone passes."""
+    tokens, or to share its blocks' weights fails as the kernel's check would; unmarked records score 0, a malformed
+    try is refused, a malformed tied name or value scores 0; from a student-edition kernel the second try alone
+    passes."""
     records, sources = honest_gpt
-    assert {r.get("attempt") for r in records} == {1, 2}
-    built = [r for r in records if "module" in r]
-    assert all(r["module"]["values"]["context_length"]["value"]["value"] == r["build"]["args"]["items"][4]["value"]
-               for r in built if r["build"]["args"]["items"][6:7] != [{"kind": "text", "value": "rotary"}])
+    assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1),
+                                                            ("hidden", 2)]
+    from course_utils import checks
+
+    builds = {s.key: s.case.build for s in checks.SPECS["TinyGPT"].steps(True)}
+    for record in records:
+        for key, outcome in record["outcomes"]:
+            build = builds[key]
+            if key.startswith("module ") and build[6:7] != ("rotary",):
+                assert wire.decode(outcome["result"])["built"]["values"]["context_length"] == build[4]
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, records, sources)
     assert verdict.ename is None and "reset_cache() starts a new one" in verdict.text, verdict.evalue
     second = [r for r in _copy(records) if r.get("attempt") == 2]
@@ -2088,48 +2257,30 @@ def test_an_honest_gpt_hand_off_passes_and_its_forgeries_do_not(tmp_path, honest
     assert verdict.ename is None, verdict.evalue  # a student-edition kernel's hand-off: the second try alone
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, second, sources)
     assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
-    forged = _copy(records)
-    for r in forged:
-        if "module" in r:
-            r["module"]["values"]["context_length"] = {"missing": True}
+    forged = _constructions(records, lambda b: b["values"].__setitem__("context_length", None) if "values" in b else None)
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "keep self.context_length = context_length" in verdict.evalue, \
         verdict.evalue
     forged = _copy(records)
-    for run in _runs(forged):
-        _trace(run)[1] = {"kind": "number", "type": "int", "value": 0}
+    for trace in _traces(forged):
+        trace[1] = {"kind": "number", "type": "int", "value": 0}
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
     assert verdict.ename == "CheckFailed" and "model.num_cached is 0, expected 6" in verdict.evalue, verdict.evalue
-    forged = _copy(records)  # the second block's parameters said to be the first's: one set of weights
-    for r in forged:
-        if "module" in r and r["build"]["args"]["items"][3]["value"] == 2:
-            params = r["module"]["parameters"]
-            later = [p for p in params if p[0].startswith("blocks.1.")]
-            r["module"]["parameters"] = [p for p in params if not p[0].startswith("blocks.1.")]
-            r["module"]["tied"] = [[name, "blocks.0." + name.removeprefix("blocks.1.")] for name, _ in later]
-    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, forged, sources)
+
+    def one_set(built: dict) -> None:  # the second block's parameters said to be the first's: one set of weights
+        if built.get("module"):
+            built["tied"] = [["blocks.1.norm1.weight", "blocks.0.norm1.weight"]]
+
+    verdict = _verdict_of(tmp_path, NB09, GPT_TEST, _constructions(records, one_set), sources)
     assert verdict.ename == "CheckFailed" and "blocks[0] and blocks[1] share one set of weights" in verdict.evalue, \
         verdict.evalue
-    unmarked = [r for r in _copy(records) if not (r.get("attempt") == 1 and "build" not in r)]
-    for r in unmarked:
-        if "build" not in r:
-            r.pop("attempt", None)  # runs of no try never stand for the first try's
+    unmarked = [{k: v for k, v in r.items() if k != "attempt"} for r in _copy(records)]
     verdict = _verdict_of(tmp_path, NB09, GPT_TEST, unmarked, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for a run of TinyGPT" in verdict.evalue, \
-        verdict.evalue
-    for forge, words in (("a try of 3", "a try of check_alone other than"),
-                         ("a tied name of no parameter", "appears again is not"),
-                         ("a tied name that is a parameter", "appears again is not"),
-                         ("a private value", "attribute names")):
-        malformed = _copy(records)
-        construction = next(r for r in malformed if "module" in r)
-        if forge == "a try of 3":
-            _runs(malformed)[0]["attempt"] = 3
-        elif forge == "a tied name of no parameter":
-            construction["module"]["tied"] = [["blocks.2.norm1.weight", "blocks.9.norm1.weight"]]
-        elif forge == "a tied name that is a parameter":
-            construction["module"]["tied"] = [["tok_emb.weight", "out_head.weight"]]
-        else:
-            construction["module"]["values"] = {"__class__": {"missing": True}}
-        with pytest.raises(judge.BadHandOff, match=words):
-            _verdict_of(tmp_path, NB09, GPT_TEST, malformed, sources)
+    assert verdict.ename == judge.HANDOFF_ERROR and "came back" in verdict.evalue, verdict.evalue
+    with pytest.raises(judge.BadHandOff, match="a try of check_alone other than"):
+        _verdict_of(tmp_path, NB09, GPT_TEST, _with_attempt(records, 3), sources)
+    for edit, words in ((lambda b: b.__setitem__("tied", [["blocks.1.norm1.weight"]]) if b.get("module") else None,
+                         "names of the parameters that appear twice"),
+                        (lambda b: b.__setitem__("values", {}) if b.get("module") else None, "value of context_length")):
+        verdict = _verdict_of(tmp_path, NB09, GPT_TEST, _constructions(records, edit), sources)
+        assert verdict.ename == judge.HANDOFF_ERROR and words in verdict.evalue, verdict.evalue

@@ -276,7 +276,7 @@ def test_notebook_08s_functions_are_judged_outside(graded):
     (the kernel's check compares nothing), and a check replaced in the kernel hands nothing out."""
     said = {
         "decode_causal_mask: return the expected mask, read from the checker's frames": "must be True",
-        "sliding_window_mask: replace the check through sys.modules": "no output came back",
+        "sliding_window_mask: replace the check through sys.modules": "no outcomes came back",
     }
     _assert_said(graded, said)
 
@@ -308,7 +308,7 @@ def test_notebook_09s_judged_exercises_are_judged_outside(graded):
     replaced in the kernel hands nothing out."""
     said = {
         "train_step: take the expected step, read from the checker's frames": "the returned loss is 0",
-        "LearnedPositionalEmbedding: replace the check through sys.modules": "no construction of LearnedPositionalEmbedding",
+        "LearnedPositionalEmbedding: replace the check through sys.modules": "no outcomes came back",
     }
     _assert_said(graded, said)
 
@@ -320,6 +320,6 @@ def test_notebook_09_is_judged_outside_with_the_student_edition(graded):
     TinyGPT's first try; and the block's check replaced in the kernel hands nothing out."""
     said = {
         "TinyGPT: return the expected logits, read from the checker's frames": "values differ",
-        "TransformerBlock: replace the check through sys.modules": "no construction of TransformerBlock",
+        "TransformerBlock: replace the check through sys.modules": "no outcomes came back",
     }
     _assert_said(graded, said)
