@@ -1,73 +1,37 @@
 """The verdict outside the kernel: the grader judges what the student's code handed out.
 
-For the exercises in :data:`JUDGED` (functions checked by ``core.compare_function``, modules by
-``core.compare_module``, notebook 03's copy of weights between modules, and notebook 04's
-``CausalAttention``, whose checks probe the module: :data:`KEYED`), nothing in the student's kernel
-decides a grade:
+Every exercise's check is declared by a spec (``course_utils.checks.spec``: a plan of keyed calls, the
+runners that make them, and a judge over their outcomes), and nothing in the student's kernel decides a grade:
 
-1. **Hand-off in** (:func:`prepare`, called by ``grader.execute.RobustExecute``): a private folder
-   for the kernel's outputs and a file of the hidden inputs (inputs are not secret; expected outputs
-   are). Where every exercise of the notebook is judged, the sandbox shows the kernel the student
-   edition of ``course_utils`` (no answers, no hidden cases, no known mistakes).
-2. **In the kernel** (:mod:`course_utils.checks.probe`): each test cell starts with
-   ``probe.begin("<test id>")`` (:class:`MarkTests` adds the line); ``compare_function`` runs the
-   student's function on every case and writes what came back, without comparing;
-   ``compare_module`` builds the student's module for each constructor's arguments under the
-   check's seed and writes its parameters, the kinds of the attributes the diagnoses read, and its
-   output on every case; a function that changes modules in place also writes what it left in them;
-   a module check that probes the module (:data:`KEYED`) writes each construction's make-up
-   (buffers, plain tensors, what ``.to("meta")`` left) and every forward pass its checks make, with
-   mode, seed, copy and input (``probe.record_module_probes``); a function of a module
-   (:data:`LAYOUT_INPUTS`, ``count_parameters``) is given modules rebuilt from the layouts handed in
-   (``probe.build_layout``), and each module it was given goes out as its layout beside the output.
-3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): in
-   the grader's own process, each judged test cell's check calls, taken from the *solution's* test
-   cell, run again with the exercise's name bound to a :class:`Replay` of the recorded outputs
-   (a :class:`ModuleReplay` for a module: its construction gives a real ``nn.Module`` rebuilt from
-   the handed-out parameters, whose forward passes replay the kernel's outputs; a
-   :class:`KeyedModuleReplay` for a :data:`KEYED` one, which looks them up instead, and hands the
-   check's counter the calls of a counted torch function that the kernel handed out with each
-   forward pass, ``probe.CallCounter``; a check that runs the student's code its own way, notebook
-   06's timer on a simulated device, asks the :class:`Replay` for what the kernel observed per case,
-   ``probe.record_runs`` and ``probe.run_or_replay``).
-   The comparison, the known mistakes and the diagnoses run against the live reference, so the ✅
-   or ❌ message is the one a kernel would print. The verdict replaces the test cell's outputs (an
-   error output, or none); formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
+1. **Hand-off in** (:func:`prepare`, the :class:`PrepareHandOff` step): a private folder for the kernel's
+   outputs, and a file of each judged exercise's plans, visible and hidden, built here from the specs (the
+   hidden cases are inputs: not secret; expected outputs are, and never leave this process). Where every
+   exercise of the notebook is judged outside, the sandbox shows the kernel the student edition of
+   ``course_utils`` (no answers, no hidden cases, no known mistakes). :class:`MarkTests` starts each test
+   cell with ``probe.begin("<test id>")``.
+2. **In the kernel**: each check call runs the plan the grader sent in, with the one executor the
+   self-check runs (``spec.execute``), and the cell's outcomes are written when it ends, by key
+   (``course_utils.checks.wire``: JSON and raw tensor bytes), with the source of the function checked and
+   the ATen operations of ``rules.WATCHED_OPS`` its code ran (``probe.OpRecorder``).
+3. **Outside** (:class:`JudgeOutside`, after execution and before nbgrader's ``SaveAutoGrades``): the
+   solution's test cell runs again in this process with each name it passes to a check bound to a
+   :class:`HandedOut`, whose outcomes must be exactly the plan's keys; the spec's own judge then runs on
+   them against the live reference, so the ✅ or ❌ message is the one the self-check prints. The verdict
+   replaces the test cell's outputs; formgrader, ``cells.csv``, feedback and the gradebook read it as usual.
+   A test whose code ran an operation its exercise's rule forbids scores 0 with the rule's message
+   (:func:`forbidden_ran`), whatever its outcomes.
 
-The rules are also checked on what ran: the kernel hands out, beside the outputs, which ATen operations
-of ``course_utils.rules.WATCHED_OPS`` the student's code dispatched while it ran for the grader
-(``probe.OpRecorder``), and a test whose code ran an operation its exercise's rule forbids scores 0, with
-the rule's own message, whatever its outputs (:func:`forbidden_ran`; a source that breaks a rule as
-written is told so first, as the kernel did): a library softmax reached by a name built at run time,
-or swapped in for the student's function, runs ``aten._softmax`` all the same.
+The hand-off is untrusted data (:func:`load_handed_out`): a link, a special file, a file over
+``wire.MAX_BYTES``, a file not in the hand-off's format (``wire.read_hand_off`` says what it refuses), a
+record that is not a plan's outcomes, a malformed outcome (``wire.value_problem``), an unknown, missing or
+repeated key, outcomes of another plan, or a runner's data that no run gives (``spec.Forged``): each scores
+0 for that test with the reason in its message (``HandOffError``), and the notebook's other tests still
+count. Nothing is ever unpickled, and no class is ever taken from the kernel: only names.
 
-The kernel's hand-off is untrusted data (:func:`load_results`): a link, a special file, a file over
-``wire.MAX_BYTES``, a file that is not in the hand-off's format (JSON and raw tensor bytes,
-``course_utils.checks.wire``, which says what it refuses), a record of the wrong shape
-or type (a module's parameters that are not plain tensors or do not rebuild, an attribute kind off
-:data:`course_utils.checks.probe.KINDS`, a make-up or a forward pass's seed or copy that is malformed,
-a module layout that ``probe.layout_problem`` refuses), an output computed from other inputs than
-the grader's (a count of another module's layout included) or by another construction, a missing
-output or one too many: each scores
-0 for that test with the reason in its message, and the notebook's other tests still count. Nothing
-is ever unpickled (no unpickler runs on the kernel's files, not even ``torch.load(weights_only=True)``),
-and no class is ever taken from the kernel: only names from a fixed list.
-
-Notebook 08's functions hand out every call their checks make (a dtype pass, the calls that must
-raise), and a function the test cell passes beside the exercise's (``sliding_window_mask_mod``) hands
-out its outcomes under its own name, replayed under that name (:data:`COMPANIONS`). Its
-``GroupedQueryAttention`` hands out both tries of ``modules.check_alone`` (the reference's
-``repeat_kv`` swapped in, then the student's own), each record marked ``"attempt": 1`` or ``2``; the
-:class:`KeyedModuleReplay` reads only the try the check is replaying (``modules.replayed_tries``), and an
-unmarked record, or one marked otherwise, never stands for either. Its ``MultiHeadAttentionKVCache``,
-whose outputs depend on every call before them (:data:`SESSIONS`), hands out ordered sessions
-(``probe.record_sessions``: each construction and every step the check makes on it, in order, with
-the cache's state after each), answered strictly in that order by a :class:`SessionReplay`.
-
-Notebook 09's ``TransformerBlock`` and ``TinyGPT`` are :data:`KEYED` too (their constructions also hand out the
-names under which a parameter appears twice, ``"tied"``, and plain attributes the check reads, ``"values"``), and
-each build's KV-cache path goes out as one trace of plain data (``course_utils.checks.cached``) through
-``probe.record_runs``, which the keyed replay answers by its inputs (:meth:`KeyedModuleReplay.ran`).
+An exercise checked with the notebook's other exercises (a spec's ``helpers``, ``modules.alone``) hands out
+both tries of ``check_alone``, each record marked with its try; a kernel of the student edition, which has
+none of the reference's helpers, makes the second alone, and :meth:`JudgeOutside.first_tries` makes the
+first in a kernel of its own that holds only those helpers' answers (``grader/reference_subset.py``).
 """
 
 from __future__ import annotations
@@ -88,80 +52,6 @@ from typing import Any
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-#: Exercises judged outside the kernel: every check of theirs is ``core.compare_function`` or
-#: ``core.compare_module`` calls, or (``copy_v2_weights_to_v1``) a call that hands out what it left in
-#: the modules it was given, or (:data:`KEYED`) a module check whose probes are all handed out.
-JUDGED = frozenset({
-    "dot", "attention_scores_for_query", "attention_scores",  # 01
-    "softmax_naive", "softmax_stable", "context_vectors",  # 02
-    "scaled_dot_product_attention", "SelfAttention_v1", "SelfAttention_v2", "copy_v2_weights_to_v1",  # 03
-    "causal_mask", "causal_attention_weights", "CausalAttention",  # 04
-    # Every exercise of 05 and 06 is judged outside, so their kernels have the student edition
-    # (count_parameters' modules travel as layouts: LAYOUT_INPUTS).
-    "MultiHeadAttentionWrapper", "split_heads", "merge_heads", "MultiHeadAttention", "count_parameters",  # 05
-    "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA", "attention_flops", "time_cuda_aware",  # 06
-})
-# Every exercise of 07 is judged outside too, so its kernel has the student edition: the tiled
-# attention's checks hand out, beside the outputs, what the tensor watcher saw of each run as plain
-# data (``probe.record_runs``), and the Triton kernel's check hands out (out, lse) of each launch.
-JUDGED = JUDGED | frozenset({"online_softmax", "flash_attention_forward", "flash_attention_triton"})  # 07
-# Every exercise of 10 too, so its kernel has the student edition: the reference formulas' gradients, the
-# tiled backward's (with what the tensor watcher saw, as 07's forward), the Triton kernel's (dk, dv) per
-# launch, and for the autograd Function what each run gave, what its forward keeps (shapes and which of
-# q, k, v, o, lse each saved tensor is) and what gradcheck said, all as plain data.
-JUDGED = JUDGED | frozenset({"attention_backward_reference", "flash_attention_backward",  # 10
-                             "FlashAttention", "flash_attention_backward_triton"})
-#: Module exercises whose checks probe the module (buffers, modes, causality, copies moved with
-#: ``.to``): the kernel hands out every forward pass they make (``probe.record_module_probes``), and
-#: the replay looks each up by construction, mode, seed, copy and inputs (:class:`KeyedModuleReplay`).
-KEYED = frozenset({"CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
-                   "MultiHeadAttentionCombinedQKV", "MHAPyTorchSDPA"})
-#: Function exercises whose module arguments travel as their make-up, not their values
-#: (``probe.module_layout``): in the inputs file, and beside each output handed out. The kernel
-#: counts a module rebuilt from the grader's layout; the replay checks the layout is the grader's.
-LAYOUT_INPUTS = frozenset({"count_parameters"})
-# Notebook 08: its functions are judged outside, and so is GroupedQueryAttention (KEYED: every
-# construction and forward pass, each record marked with its try of check_alone, ``probe.ATTEMPTS``);
-# MultiHeadAttentionKVCache below, as ordered sessions. 08's kernel has the student edition, so it hands
-# out check_alone's second tries alone (the student's own helpers); where one fails, the first (the
-# reference's helpers swapped in) is made in a kernel of its own that holds only those helpers' answers
-# (:meth:`JudgeOutside.first_tries`, ``grader/reference_subset.py``).
-JUDGED = JUDGED | frozenset({"decode_causal_mask", "rope_angles", "apply_rope", "repeat_kv",
-                             "GroupedQueryAttention", "sliding_window_mask"})  # 08
-KEYED = KEYED | frozenset({"GroupedQueryAttention"})  # 08: both of check_alone's tries, each marked (attempt)
-# Notebook 08's MultiHeadAttentionKVCache: its outputs depend on every call before them (the cache), so its
-# kernel hands out ordered sessions (``probe.record_sessions``), both of check_alone's tries, each marked.
-JUDGED = JUDGED | frozenset({"MultiHeadAttentionKVCache"})  # 08
-#: Module exercises whose outputs depend on the calls before them (a cache): the kernel builds each
-#: construction the check makes and runs the check's whole ordered sequence of steps on it (forward passes
-#: with or without the cache, ``reset_cache()``, ``.to``, copies), handing out each step's outcome and the
-#: cache's state after it (``probe.record_sessions``); the replay answers the check's calls strictly in
-#: that order, one module at a time (:class:`SessionReplay`).
-SESSIONS = frozenset({"MultiHeadAttentionKVCache"})  # 08
-#: Functions a judged test cell hands to its check beside the exercise's (a second function of the same
-#: answer cell), by their name -> the exercise's: the kernel hands out their outcomes under their own
-#: name, and the replay binds a :class:`Replay` of them to that name. One the kernel was given as
-#: ``None`` (or anything not callable) replays as an object of that type's name, which the check
-#: refuses: a hand-off cannot skip a companion's check by saying there was none.
-COMPANIONS = {"sliding_window_mask_mod": "sliding_window_mask"}  # 08
-# Notebook 09, in part: sinusoidal_positions (its odd d_model's call handed out too), train_step (each spec's trace
-# on the check's stand-in model, or what was raised, as plain data: ``probe.record_runs``) and
-# LearnedPositionalEmbedding (KEYED: every construction with the test weights loaded and every forward pass, a
-# ``start=`` among their inputs). TransformerBlock and TinyGPT stayed in the kernel at first (their checks feed a
-# stateful KV cache in pieces, and TinyGPT's check_alone needs the reference's helpers): see below.
-JUDGED = JUDGED | frozenset({"sinusoidal_positions", "LearnedPositionalEmbedding", "train_step"})  # 09
-# generate too: its check runs it on the check's own stand-in model with a cache (nb09.CachedStandInLM), and each
-# spec's trace (the tokens or what was raised, and the model's calls, per call of generate) goes out as plain data.
-JUDGED = JUDGED | frozenset({"generate"})  # 09
-KEYED = KEYED | frozenset({"LearnedPositionalEmbedding"})  # 09
-# And the block and the model: KEYED (every construction, test weights loaded, with the names under which a parameter
-# appears twice and TinyGPT's context_length, and every forward pass without the cache), and per build the cached
-# path's trace (``checks.cached.cached_trace``: the pieces fed with use_cache=True, the whole input, the reset, and
-# what the hints read, on a copy), as plain data through ``probe.record_runs``, read by the keyed replay's ``ran``.
-# TinyGPT's tries of check_alone are marked, as GroupedQueryAttention's. So every exercise of 09 is judged outside,
-# and its kernel has the student edition.
-JUDGED = JUDGED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
-KEYED = KEYED | frozenset({"TransformerBlock", "TinyGPT"})  # 09
 from course_utils.checks.wire import (DTYPES, MAX_BYTES, MAX_ELEMENTS, MAX_RECORDS, MAX_TENSORS,  # noqa: E402,F401
                                       read_hand_off)
 
@@ -182,10 +72,11 @@ def spec_of_each() -> dict[str, Any]:
 
 
 def judged_exercises(notebook: str | None) -> list[str]:
-    """The exercises of ``notebook`` that are judged outside the kernel, in the notebook's order."""
+    """The exercises of ``notebook`` that are judged outside the kernel (each declared by a spec), in the
+    notebook's order."""
     from grader import course
 
-    return [e for e in course.EXERCISES.get(notebook or "", []) if e in JUDGED]
+    return [e for e in course.EXERCISES.get(notebook or "", []) if e in spec_of_each()]
 
 
 def student_edition_kernel(notebook: str | None) -> bool:
@@ -193,7 +84,7 @@ def student_edition_kernel(notebook: str | None) -> bool:
     from grader import course
 
     exercises = course.EXERCISES.get(notebook or "", [])
-    return bool(exercises) and all(e in JUDGED for e in exercises)
+    return bool(exercises) and all(e in spec_of_each() for e in exercises)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,18 +181,6 @@ class BadHandOff(ValueError):
     """What a kernel handed out cannot be used; the message says why, in words."""
 
 
-def load_results(folder: str | Path, test_id: str) -> list[dict]:
-    """The records test ``test_id`` handed out, checked; :class:`BadHandOff` says why not."""
-    return load_hand_off(folder, test_id)[0]
-
-
-def load_hand_off(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str]]:
-    """``(records, sources)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
-    ``sources``: exercise -> the source of the function checked, as the kernel read it."""
-    records, sources, _ = load_handed_out(folder, test_id)
-    return records, sources
-
-
 def load_handed_out(folder: str | Path, test_id: str) -> tuple[list[dict], dict[str, str], dict[str, list[str]]]:
     """``(records, sources, ops)`` that test ``test_id`` handed out, checked; :class:`BadHandOff` says why not.
     ``ops``: exercise -> the ATen operations its code ran in the kernel (``probe.ops_ran``; none handed out
@@ -358,24 +237,7 @@ def _record_problem(record: Any) -> str | None:
             else "a non-callable record with other fields"
     if "plan" in record:
         return _plan_record_problem(record)
-    if "build" in record:
-        return _module_record_problem(record)
-    keys = set(record) - {"exercise", "inputs", "changed_inputs", "after", "attempt"}
-    why = _inputs_problem(record.get("inputs"))
-    if why:
-        return why
-    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
-        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
-    if keys not in ({"result"}, {"error"}):
-        return f"expected a result or an error, got fields {sorted(map(str, keys))}"
-    changed = record.get("changed_inputs", [])
-    if not (isinstance(changed, list) and len(changed) <= 64 and all(type(i) is int and 0 <= i < 64 for i in changed)):
-        return "changed_inputs is not a list of argument positions"
-    if "after" in record:
-        why = _after_problem(record["after"], len(record["inputs"]["args"]["items"]))
-        if why:
-            return why
-    return _outcome_problem(record)
+    return "a record that is not the outcomes of a plan"
 
 
 def _plan_record_problem(record: dict) -> str | None:
@@ -407,418 +269,6 @@ def _plan_record_problem(record: dict) -> str | None:
     return None
 
 
-def _outcome_problem(record: dict) -> str | None:
-    """What is wrong with a record's ``error`` or ``result``, if anything."""
-    from course_utils.checks import probe
-
-    if "error" in record:
-        error = record["error"]
-        if not (isinstance(error, dict) and set(error) == {"type", "message"} and _is_name(error["type"])
-                and isinstance(error["message"], str) and len(error["message"]) <= probe.MAX_MESSAGE):
-            return "an error without a type name and a message"
-        return None
-    return _value_problem(record["result"], 0)
-
-
-def _build_and_try_problem(record: dict) -> str | None:
-    """What is wrong with a module record's constructor arguments or its try of ``check_alone``, or ``None``."""
-    from course_utils.checks import probe
-
-    why = _inputs_problem(record.get("build"))
-    if why:
-        return f"its constructor arguments: {why}"
-    if "attempt" in record and not (type(record["attempt"]) is int and record["attempt"] in probe.ATTEMPTS):
-        return f"a try of check_alone other than {list(probe.ATTEMPTS)}"
-    return None
-
-
-def _module_record_problem(record: dict) -> str | None:
-    """What is wrong with a module exercise's record (``probe.record_module``): a construction or a
-    forward pass."""
-    from course_utils.checks import probe
-
-    if "session" in record:
-        return _session_record_problem(record)
-    why = _build_and_try_problem(record)
-    if why:
-        return why
-    if "mode" in record:  # a forward pass
-        if record["mode"] not in ("eval", "train"):
-            return "a forward pass in a mode other than eval or train"
-        why = _inputs_problem(record.get("inputs"))
-        if why:
-            return why
-        if "seed" in record and not (record["seed"] is None or (type(record["seed"]) is int
-                                                                and 0 <= record["seed"] < 2**63)):
-            return "a forward pass whose seed is not a whole number"
-        if "copy" in record and record["copy"] not in probe.COPIES:
-            return f"a forward pass of a copy other than {list(probe.COPIES)}"
-        if "calls" in record and not (isinstance(record["calls"], dict) and set(record["calls"]) <= set(probe.COUNTED)
-                                      and all(type(n) is int and 0 <= n <= probe.MAX_CALLS
-                                              for n in record["calls"].values())):
-            return (f"a forward pass's count of calls is not a whole number from 0 to {probe.MAX_CALLS} for each of "
-                    f"{list(probe.COUNTED)}")
-        keys = set(record) - {"exercise", "build", "mode", "inputs", "seed", "copy", "calls", "attempt"}
-        if keys not in ({"result"}, {"error"}):
-            return f"expected a forward pass's result or error, got fields {sorted(map(str, keys))}"
-        return _outcome_problem(record)
-    label = record.get("cls")
-    if not (isinstance(label, dict) and set(label) == {"name", "text"} and isinstance(label["text"], str)
-            and len(label["text"]) <= probe.MAX_MESSAGE and (label["name"] is None or (
-                isinstance(label["name"], str) and len(label["name"]) <= probe.MAX_MESSAGE))):
-        return "a construction without the name of the class built"
-    keys = set(record) - {"exercise", "build", "cls", "attempt"}
-    if keys not in ({"module"}, {"result"}, {"error"}):
-        return f"expected a module, a result or an error of the construction, got fields {sorted(map(str, keys))}"
-    if "module" not in record:
-        return _outcome_problem(record)
-    module = record["module"]
-    if not (isinstance(module, dict) and set(module) - {"structure", "tied", "values"} == {"parameters", "attributes"}):
-        return "a module without its parameters and attributes (and nothing else)"
-    if "structure" in module:
-        why = _structure_problem(module["structure"], module["parameters"])
-        if why:
-            return why
-    why = _parameters_problem(module["parameters"])
-    if why:
-        return why
-    if "tied" in module:
-        why = _tied_problem(module["tied"], module["parameters"])
-        if why:
-            return why
-    if "values" in module:
-        why = _state_problem(module["values"])
-        if why:
-            return f"its plain attributes: {why}"
-    kinds = module["attributes"]
-    if not (isinstance(kinds, dict) and len(kinds) <= 64 and all(_attribute_name(k) for k in kinds)
-            and all(v in probe.KINDS for v in kinds.values())):
-        return f"a module's attributes are not names with kinds from {list(probe.KINDS)}"
-    return None
-
-
-#: The fields every step of a session has (``probe.record_sessions``), and those of each kind of step.
-_STEP_FIELDS = {"exercise", "build", "session", "step", "op", "optional", "attempt", "state"}
-_STEP_OWN = {"forward": {"mode", "seed", "inputs"}, "call": {"name", "lookup"}, "to": {"target", "left"},
-             "copy": {"child"}}
-
-
-def _watched_name(path: Any) -> bool:
-    """A dotted name a session's snapshot may watch (``cache_k``, ``att.cache_k``, ``blocks.0.att.cache_k``)."""
-    return isinstance(path, str) and 0 < len(path) <= 200 and all(
-        part.isdigit() or _attribute_name(part) and part not in _module_instance_names() for part in path.split("."))
-
-
-def _state_problem(state: Any) -> str | None:
-    """What is wrong with a session's snapshot of the watched state (``probe.snapshot``), if anything."""
-    from course_utils.checks import probe
-
-    if not (isinstance(state, dict) and len(state) <= probe.MAX_WATCHED and all(_watched_name(k) for k in state)):
-        return f"a module's state is not a mapping of at most {probe.MAX_WATCHED} attribute names"
-    for entry in state.values():
-        if entry == {"missing": True}:
-            continue
-        if not (isinstance(entry, dict) and set(entry) == {"value", "buffer", "saved"}
-                and type(entry["buffer"]) is bool and type(entry["saved"]) is bool):
-            return "a module's state entry is not a value with whether it is a buffer and saved in state_dict"
-        why = _value_problem(entry["value"], 0)
-        if why:
-            return f"a module's state holds {why}"
-        if entry["buffer"] and entry["value"]["kind"] not in ("tensor", "meta", "none"):
-            return "a module's state has a buffer that is not a tensor"
-    return None
-
-
-def _session_record_problem(record: dict) -> str | None:
-    """What is wrong with a record of an ordered session (``probe.record_sessions``): a construction or a step."""
-    from course_utils.checks import probe
-
-    if not (type(record["session"]) is int and 0 <= record["session"] < probe.MAX_SESSIONS):
-        return f"a session number that is not a whole number below {probe.MAX_SESSIONS}"
-    if type(record.get("optional")) is not bool:
-        return "a session's record without whether it is optional"
-    if "state" in record:
-        why = _state_problem(record["state"])
-        if why:
-            return why
-    if "op" not in record:  # a construction: as any module's, with its session's number and its run
-        if not (type(record.get("run")) is int and 0 <= record["run"] < probe.MAX_SESSIONS):
-            return "a session's construction without the number of the check's call that made it"
-        rest = {k: v for k, v in record.items() if k not in ("session", "optional", "state", "run")}
-        return _module_record_problem(rest)
-    why = _build_and_try_problem(record)
-    if why:
-        return why
-    op = record["op"]
-    if op not in probe.STEP_OPS or not (type(record.get("step")) is int and 0 <= record["step"] < probe.MAX_STEPS):
-        return f"a step that is not one of {list(probe.STEP_OPS)} with its place (below {probe.MAX_STEPS})"
-    keys = set(record) - _STEP_FIELDS - _STEP_OWN[op]
-    if keys not in ({"result"}, {"error"}):
-        return f"expected a step's result or error, got fields {sorted(map(str, keys))}"
-    if op == "forward":
-        if record.get("mode") not in ("eval", "train") or not (record.get("seed") is None or (
-                type(record.get("seed")) is int and 0 <= record["seed"] < 2**63)):
-            return "a forward pass whose mode is not eval or train, or whose seed is not a whole number"
-        why = _inputs_problem(record.get("inputs"))
-        if why:
-            return why
-    elif op == "call":
-        if record.get("name") not in probe.SESSION_METHODS or record.get("lookup", True) is not True \
-                or ("lookup" in record and "error" not in record):
-            return f"a call of a method other than {list(probe.SESSION_METHODS)}"
-    elif op == "to":
-        left = record.get("left", [])
-        if record.get("target") not in probe.TO_TARGETS or ("left" in record and record["target"] != "meta") or not (
-                isinstance(left, list) and len(left) <= probe.MAX_STRUCTURE and all(
-                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and 0 < len(e[0]) <= 300
-                    and all(p.isidentifier() or p.isdigit() for p in e[0].split(".")) and isinstance(e[1], str)
-                    and 0 < len(e[1]) <= 40 and e[1] != "meta" for e in left)):
-            return f"a conversion into other than {list(probe.TO_TARGETS)}, or a malformed list of what stayed behind"
-    elif not (type(record.get("child")) is int and 0 <= record["child"] < probe.MAX_SESSIONS):
-        return "a copy without the number of its own session"
-    return _outcome_problem(record)
-
-
-def _tied_problem(tied: Any, parameters: list) -> str | None:
-    """What is wrong with a module's names of parameters that appear again (``probe.tied_parameters``):
-    each ``[name, earlier]`` must name a handed-out parameter under a new dotted name."""
-    from course_utils.checks import probe
-
-    names = {p[0] for p in parameters}
-    if not (isinstance(tied, list) and len(tied) <= probe.MAX_PARAMETERS):
-        return f"its parameters that appear again are not a list of at most {probe.MAX_PARAMETERS}"
-    seen: set[str] = set()
-    for item in tied:
-        if not (isinstance(item, list) and len(item) == 2 and _watched_name(item[0]) and item[1] in names
-                and item[0] not in names and item[0] not in seen):
-            return "a parameter that appears again is not [a new dotted name, the name of a parameter handed out]"
-        seen.add(item[0])
-    return None
-
-
-def _shape_problem(shape: Any, dtype: Any) -> str | None:
-    if not (isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int and 0 <= n <= 2**31 for n in shape)):
-        return "a shape that is not a short list of sizes"
-    if dtype not in DTYPES:
-        return f"an unsupported dtype {str(dtype)[:40]!r}"
-    return None
-
-
-def _structure_problem(structure: Any, parameters: Any) -> str | None:
-    """What is wrong with a module's handed-out make-up (``probe.structure_of``, and what ``.to("meta")``
-    left or what the copy raised), if anything."""
-    import math
-
-    from course_utils.checks import probe
-
-    if not (isinstance(structure, dict) and {"buffers", "plain"} <= set(structure)
-            <= {"buffers", "plain", "meta_left", "copy_error"}):
-        return "a module's make-up without its buffers and plain tensors (and nothing else)"
-    buffers, plain = structure["buffers"], structure["plain"]
-    if not (isinstance(buffers, list) and isinstance(plain, list) and len(buffers) <= probe.MAX_STRUCTURE
-            and len(plain) <= probe.MAX_STRUCTURE):
-        return f"a module's buffers or plain tensors are not lists of at most {probe.MAX_STRUCTURE}"
-    taken = {p[0] for p in parameters if isinstance(p, list) and p} if isinstance(parameters, list) else set()
-    total = 0
-    for item in buffers:
-        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str) and type(item[3]) is bool):
-            return "a buffer is not [name, shape, dtype, in state_dict]"
-        parts = item[0].split(".")
-        if not all((p.isidentifier() and not p.startswith("_")) or p.isdigit() for p in parts) or item[0] in taken:
-            return f"a buffer has a malformed or repeated name {item[0][:100]!r}"
-        taken.add(item[0])
-    for item in plain:
-        if not (isinstance(item, list) and len(item) == 3 and _plain_name(item[0])) or item[0] in taken:
-            return "a plain tensor attribute is not [name, shape, dtype] under a name of its own"
-        taken.add(item[0])
-    for item in buffers + plain:
-        why = _shape_problem(item[1], item[2])
-        if why:
-            return f"a buffer or plain tensor has {why}"
-        total += math.prod(item[1])
-    if total > MAX_ELEMENTS:
-        return f"a module's buffers and plain tensors hold {total:,} numbers, over the limit of {MAX_ELEMENTS:,}"
-    left = structure.get("meta_left", [])
-    if not (isinstance(left, list) and len(left) <= probe.MAX_STRUCTURE and all(
-            isinstance(e, list) and len(e) == 2 and e[0] in taken and isinstance(e[1], str) and 0 < len(e[1]) <= 40
-            and e[1] != "meta" for e in left)):
-        return "what .to('meta') left behind is not a list of the module's tensors and their devices"
-    if "copy_error" in structure:
-        error = structure["copy_error"]
-        if not (isinstance(error, dict) and set(error) == {"type", "message"} and _is_name(error["type"])
-                and isinstance(error["message"], str) and len(error["message"]) <= probe.MAX_MESSAGE):
-            return "a copy's error without a type name and a message"
-    return None
-
-
-def _plain_name(name: Any) -> bool:
-    """A name a plain tensor attribute may be rebuilt under: nothing ``nn.Module`` or the replay uses."""
-    import torch
-
-    return _is_name(name) and not name.startswith(("__", "_course")) and not hasattr(torch.nn.Module, name) \
-        and name not in _module_instance_names()
-
-
-@functools.lru_cache(maxsize=1)
-def _module_instance_names() -> frozenset[str]:
-    import torch
-
-    return frozenset(vars(torch.nn.Module()))
-
-
-def _attribute_name(name: Any) -> bool:
-    """A name a module's attribute may be rebuilt under: no private name, nothing ``nn.Module`` has."""
-    import torch
-
-    return _is_name(name) and not name.startswith("_") and not hasattr(torch.nn.Module, name)
-
-
-def _parameters_problem(parameters: Any) -> str | None:
-    """What is wrong with a module's handed-out parameters (``probe.parameters_of``), if anything."""
-    from course_utils.checks import probe
-
-    if not isinstance(parameters, list) or len(parameters) > probe.MAX_PARAMETERS:
-        return f"a module's parameters are not a list of at most {probe.MAX_PARAMETERS}"
-    names, total = set(), 0
-    for item in parameters:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and len(item[0]) <= 300):
-            return "a module's parameter is not a [name, tensor] pair"
-        name, value = item
-        parts = name.split(".")
-        if not all((p.isidentifier() and not p.startswith("_")) or p.isdigit() for p in parts) or name in names:
-            return f"a module's parameter has a malformed or repeated name {name[:100]!r}"
-        names.add(name)
-        why = _value_problem({"kind": "tensor", "value": value}, 0)
-        if why:
-            return f"a module's parameter {name!r} is {why}"
-        total += value.numel()
-    if total > MAX_ELEMENTS:
-        return f"a module's parameters hold {total:,} numbers, over the limit of {MAX_ELEMENTS:,}"
-    return None
-
-
-def _after_problem(after: Any, count: int) -> str | None:
-    """What is wrong with what a call left in the modules it was given (``probe.record``'s ``after``)."""
-    from course_utils.checks import probe
-
-    if not (isinstance(after, list) and len(after) == count):
-        return "what the call left in its arguments is not one entry per argument"
-    for states in after:
-        if states is None:
-            continue
-        if not (isinstance(states, dict) and len(states) <= 64 and all(_attribute_name(k) for k in states)):
-            return "what the call left in a module is not a mapping of attribute names"
-        for state in states.values():
-            if isinstance(state, dict) and set(state) == {"kind"} and state["kind"] == "unchanged":
-                continue
-            if not (isinstance(state, dict) and state.get("kind") in probe.KINDS and _is_name(state.get("type"))):
-                return "an attribute left by the call without a kind and a type name"
-            tensor_kind = state["kind"] in ("Parameter", "Tensor", "Linear")
-            if set(state) - {"kind", "type"} != ({"value"} if tensor_kind and "value" in state else set()):
-                return "an attribute left by the call with other fields"
-            if "value" in state:
-                why = _value_problem({"kind": "tensor", "value": state["value"]}, 0)
-                if why:
-                    return f"an attribute left by the call holds {why}"
-    return None
-
-
-def _inputs_problem(inputs: Any) -> str | None:
-    """What is wrong with a record's handed-out inputs (:func:`course_utils.checks.probe.inputs_of`), if anything."""
-    if not (isinstance(inputs, dict) and set(inputs) == {"args", "kwargs"} and isinstance(inputs["kwargs"], dict)):
-        return "no inputs of its call"
-    if not (isinstance(inputs["args"], dict) and inputs["args"].get("kind") == "list"):
-        return "its inputs' arguments are not a list"
-    if len(inputs["kwargs"]) > 64 or not all(_is_name(k) for k in inputs["kwargs"]):
-        return "its inputs' keyword arguments are not named"
-    for value in [inputs["args"], *inputs["kwargs"].values()]:
-        why = _value_problem(value, 0, modules=True)
-        if why:
-            return f"its inputs hold {why}"
-    return None
-
-
-def same_inputs(handed: dict, given: dict) -> bool:
-    """Whether inputs handed out by the kernel are the ones the grader gave (both as
-    :func:`course_utils.checks.probe.inputs_of` writes them): the same structure, types, dtypes and
-    shapes; floating-point values up to ``torch.testing.assert_close``'s tolerance for their dtype
-    (another CPU's rounding of the same arithmetic), NaN and infinities in the same places; everything
-    else equal."""
-    return (set(handed["kwargs"]) == set(given["kwargs"]) and _same_value(handed["args"], given["args"])
-            and all(_same_value(handed["kwargs"][k], given["kwargs"][k]) for k in given["kwargs"]))
-
-
-def _same_value(a: dict, b: dict) -> bool:
-    import math
-
-    import torch
-
-    kind = a["kind"]
-    if kind != b["kind"]:
-        return False
-    if kind == "tensor":
-        x, y = a["value"], b["value"]
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return False
-        if x.is_floating_point() or x.is_complex():
-            if torch.equal(x, y):  # the usual case, and a quick one
-                return True
-            if not torch.allclose(x, y, rtol=0.05, atol=1e-3, equal_nan=True):  # looser than any dtype's: quickly not
-                return False
-            try:
-                torch.testing.assert_close(x, y, equal_nan=True, check_stride=False)
-            except AssertionError:
-                return False
-            return True
-        return torch.equal(x, y)
-    if kind == "meta":
-        return a["dtype"] == b["dtype"] and a["shape"] == b["shape"]
-    if kind == "number":
-        if a["type"] != b["type"]:
-            return False
-        if a["type"] == "float":
-            u, v = a["value"], b["value"]
-            return (math.isnan(u) and math.isnan(v)) or u == v or math.isclose(u, v, rel_tol=1.3e-6, abs_tol=1e-5)
-        return a["value"] == b["value"]
-    if kind in ("list", "tuple"):
-        return len(a["items"]) == len(b["items"]) and all(_same_value(u, v) for u, v in zip(a["items"], b["items"]))
-    if kind == "module":  # an argument that is a module: its parameters, by name and value
-        return [n for n, _ in a["parameters"]] == [n for n, _ in b["parameters"]] and all(
-            _same_value({"kind": "tensor", "value": x}, {"kind": "tensor", "value": y})
-            for (_, x), (_, y) in zip(a["parameters"], b["parameters"]))
-    if kind == "layout":  # a module argument as its make-up: plain data, equal or not
-        return a["layout"] == b["layout"]
-    if kind == "text":
-        return a["value"] == b["value"]
-    if kind == "other":
-        return a["type"] == b["type"]
-    return kind == "none"
-
-
-def _value_problem(value: Any, depth: int, modules: bool = False) -> str | None:
-    """What is wrong with a handed-out value (``wire.value_problem``), if anything; ``modules``: a module
-    (as its parameters, or its layout) may be among them, as among a call's inputs."""
-    from course_utils.checks import probe, wire
-
-    def module(value: dict) -> str | None:
-        kind, keys = value["kind"], set(value)
-        if kind == "module":
-            return _parameters_problem(value.get("parameters")) if keys == {"kind", "parameters"} \
-                else "a module value with other fields"
-        if kind == "layout":  # a module argument as its make-up (LAYOUT_INPUTS)
-            why = probe.layout_problem(value.get("layout")) if keys == {"kind", "layout"} else "it has other fields"
-            return f"a module layout that is malformed: {why}" if why else None
-        return wire.NOT_MINE
-
-    return wire.value_problem(value, depth, module if modules else None)
-
-
-def _decode(value: dict) -> Any:
-    from course_utils.checks import wire
-
-    return wire.decode(value)
-
-
 # --------------------------------------------------------------------------------------------
 # 3. The replay, and the verdict
 # --------------------------------------------------------------------------------------------
@@ -835,654 +285,15 @@ class HandOffFailure(_replay_miss()):  # type: ignore[misc]
     replay cannot answer is stopped there (``core.explain``: no hint then)."""
 
 
-def _exception(error: dict) -> Exception:
-    """An exception of the recorded type name (a builtin one where that name is one) whose text is
-    the recorded message (``probe.error_of``)."""
-    from course_utils.checks import probe
-
-    return probe.error_of(error["type"], error["message"])
-
-
 def _replayed() -> type:
     from course_utils.checks import probe
 
     return probe.Replayed
 
 
-class Replay(_replayed()):  # type: ignore[misc]
-    """Stands for a student's function in the grader's process: each call returns (or raises) what
-    the student's function gave in the kernel on the same inputs, in the order the checks call it.
-
-    A function that changed modules in place (its record has ``"after"``) leaves in the modules it is
-    given what it left in the kernel's: each named attribute rebuilt as a real ``nn.Parameter``,
-    tensor, ``nn.Linear`` or ``nn.Module`` of the recorded kind, or kept as the grader's own where the
-    kernel saw it ``unchanged`` (so that the checks' exact comparisons with the inputs come out as
-    they did in the kernel).
-
-    A call whose inputs are not those the recorded output was computed from, or a call with no
-    recorded output left, raises :class:`HandOffFailure`. ``__course_source__`` (set on a subclass)
-    is the student's function's source (see :func:`judge_test`), for the rules and the diagnoses
-    that read code.
-    """
-
-    __course_source__: str | None = None
-
-    def __init__(self, exercise: str, records: list[dict]):
-        self.exercise = exercise
-        self.records = records
-        self.used = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from course_utils.checks import probe
-
-        if self.used >= len(self.records):
-            raise HandOffFailure(f"no output came back for input {self.used + 1} that the test gives "
-                                 f"{self.exercise} (the kernel stopped before it, or the hand-off was changed)")
-        record = self.records[self.used]
-        self.used += 1
-        if not same_inputs(record["inputs"], probe.inputs_of(args, kwargs, self.exercise in LAYOUT_INPUTS)):
-            raise HandOffFailure(f"output {self.used} of {self.exercise} was not computed from the inputs the "
-                                 f"grader gave (the hand-off was changed)")
-        for i in record.get("changed_inputs", []):
-            if i < len(args) and hasattr(args[i], "set_"):
-                import torch
-
-                args[i].set_(torch.zeros(args[i].numel() + 1, dtype=args[i].dtype))  # changed, as in the kernel
-        for arg, states in zip(args, record.get("after", [])):
-            if states is not None:
-                _leave_in(arg, states, self.exercise)
-        if "error" in record:
-            raise _exception(record["error"])
-        return _decode(record["result"])
-
-
 # --------------------------------------------------------------------------------------------
 # Modules: rebuilt from their handed-out parameters, with their outputs replayed
 # --------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _replay_linear_class() -> type:
-    import torch
-
-    class ReplayLinear(torch.nn.Linear):
-        """An ``nn.Linear`` (for the checks' ``isinstance``) holding only what was handed out."""
-
-        def __init__(self, weight: Any = None):  # noqa: D107
-            torch.nn.Module.__init__(self)
-            self.in_features = self.out_features = 0
-            if weight is not None:
-                self.weight = torch.nn.Parameter(weight.clone(), requires_grad=weight.is_floating_point())
-                self.out_features, self.in_features = tuple(weight.shape) if weight.dim() == 2 else (0, 0)
-                self.register_parameter("bias", None)
-
-    return ReplayLinear
-
-
-def _attribute_value(state: dict) -> Any:
-    """An attribute as handed out (``probe.attribute_state``): a real ``nn.Parameter``, tensor,
-    ``nn.Linear`` or ``nn.Module``, or an object of the type's name."""
-    import torch
-
-    kind, name, value = state["kind"], state["type"], state.get("value")
-    if kind == "Parameter":
-        return torch.nn.Parameter(value.clone(), requires_grad=value.is_floating_point()) if value is not None \
-            else torch.nn.Parameter(torch.zeros(0))
-    if kind == "Tensor":
-        plain = value.clone() if value is not None else torch.zeros(0)
-        return plain if name == "Tensor" else plain.as_subclass(type(name, (torch.Tensor,), {}))
-    if kind == "Linear":
-        base = _replay_linear_class()
-        return (base if name == "Linear" else type(name, (base,), {}))(value)
-    if kind == "Module":
-        return (torch.nn.Module if name == "Module" else type(name, (torch.nn.Module,), {}))()
-    if kind == "None":
-        return None
-    return type(name, (), {})()
-
-
-def _rebind(module: Any, name: str, value: Any) -> None:
-    """Make ``getattr(module, name)`` give ``value``, registered as the kernel's was where it is a
-    parameter or a module."""
-    import torch
-
-    for store in ("_parameters", "_modules", "_buffers"):
-        getattr(module, store, {}).pop(name, None)
-    module.__dict__.pop(name, None)
-    if isinstance(value, (torch.nn.Parameter, torch.nn.Module)):
-        setattr(module, name, value)
-    else:
-        object.__setattr__(module, name, value)
-
-
-def _leave_in(arg: Any, states: dict, exercise: str) -> None:
-    """Leave in the module ``arg`` what the student's call left in the kernel's (``"after"``)."""
-    import torch
-
-    if not isinstance(arg, torch.nn.Module):
-        raise HandOffFailure(f"what {exercise} left in its arguments was handed out for one that is not a module "
-                             f"(the hand-off was changed)")
-    for name, state in states.items():
-        if state["kind"] != "unchanged":
-            _rebind(arg, name, _attribute_value(state))
-
-
-def _leave_on_cpu(module: Any, left: set[str]) -> None:
-    """After a rebuilt module's ``.to("meta")``: the tensors named in ``left`` (those the kernel's module left
-    behind) are put back on the CPU, as zeros of their shape and dtype, and its plain tensor attributes not
-    named there follow it to ``meta``. ``module`` has ``_course_owner`` (:func:`_replay_module_class`)."""
-    import torch
-
-    tensors = dict(module.named_parameters()) | dict(module.named_buffers())
-    for name in left & set(tensors):
-        owner, leaf = module._course_owner(name)
-        kept = torch.zeros(tensors[name].shape, dtype=tensors[name].dtype)
-        if leaf in owner._parameters:
-            owner._parameters[leaf] = torch.nn.Parameter(kept, requires_grad=kept.is_floating_point())
-        else:
-            owner._buffers[leaf] = kept
-    for name, value in list(vars(module).items()):
-        if isinstance(value, torch.Tensor) and name not in left:
-            object.__setattr__(module, name, value.to("meta"))
-
-
-def _settle(module: Any, state: dict, exercise: str) -> None:
-    """Leave in the rebuilt ``module`` (it has ``_course_owner``) the state handed out (``probe.snapshot``:
-    dotted name -> value, whether a buffer and saved in ``state_dict``, or missing); a name that would
-    replace one of its parameters or submodules raises :class:`HandOffFailure`."""
-    import torch
-
-    for path, entry in state.items():
-        try:
-            owner, leaf = module._course_owner(path, create=True)
-        except (KeyError, AttributeError, TypeError):
-            raise HandOffFailure(f"the state handed out for {exercise} names {path[:100]!r}, which is not an "
-                                 f"attribute it can have (the hand-off was changed)") from None
-        if leaf in owner._parameters or leaf in owner._modules:
-            raise HandOffFailure(f"the state handed out for {exercise} replaces its {path[:100]!r} "
-                                 f"(the hand-off was changed)")
-        owner._buffers.pop(leaf, None)
-        owner._non_persistent_buffers_set.discard(leaf)
-        owner.__dict__.pop(leaf, None)
-        if entry.get("missing"):
-            continue
-        value = _decode(entry["value"])
-        if entry["buffer"]:
-            owner._buffers[leaf] = value if isinstance(value, torch.Tensor) else None
-            if not entry["saved"]:
-                owner._non_persistent_buffers_set.add(leaf)
-        else:
-            object.__setattr__(owner, leaf, value)
-
-
-@functools.lru_cache(maxsize=None)
-def _replay_module_class() -> type:
-    import torch
-
-    from course_utils.checks import probe
-
-    class ReplayModule(torch.nn.Module):
-        """A student's module rebuilt from what the kernel handed out: its parameters (names, in
-        order, and values), the kinds of the attributes the check named, and a forward pass that
-        replays the kernel's outputs (:meth:`ModuleReplay.forward`)."""
-
-        def __init__(self, replay: "ModuleReplay", build: dict, module: dict):
-            super().__init__()
-            object.__setattr__(self, "_course_replay", replay)
-            object.__setattr__(self, "_course_build", build)
-            kinds = module["attributes"]
-            for name, value in module["parameters"]:
-                *path, leaf = name.split(".")
-                owner: torch.nn.Module = self
-                for depth, part in enumerate(path):
-                    child = owner._modules.get(part)
-                    if child is None:
-                        linear = depth == 0 and kinds.get(part) == "Linear"
-                        child = _replay_linear_class()() if linear else torch.nn.Module()
-                        owner.add_module(part, child)
-                    owner = child
-                owner.register_parameter(leaf, torch.nn.Parameter(value.clone(), requires_grad=value.is_floating_point()))
-            for child in self._modules.values():  # a layer without a bias has bias None, as nn.Linear's
-                if isinstance(child, torch.nn.Linear) and "bias" not in child._parameters:
-                    child.register_parameter("bias", None)
-            built = dict(self.named_parameters())
-            for name, earlier in module.get("tied", []):  # one parameter under a second name, as the kernel's
-                owner, leaf = self._course_owner(name, create=True)
-                if leaf in owner._parameters or leaf in owner._modules:
-                    raise ValueError(f"parameter {name!r} appears twice")
-                owner.register_parameter(leaf, built[earlier])
-            structure = module.get("structure")
-            object.__setattr__(self, "_course_structure", structure or {})
-            object.__setattr__(self, "_course_copy", None)
-            for name, shape, dtype, kept in (structure or {}).get("buffers", []):
-                owner, leaf = self._course_owner(name, create=True)
-                owner.register_buffer(leaf, torch.zeros(shape, dtype=getattr(torch, dtype)), persistent=kept)
-            for name, shape, dtype in (structure or {}).get("plain", []):
-                object.__setattr__(self, name, torch.zeros(shape, dtype=getattr(torch, dtype)))
-            for name, kind in kinds.items():
-                found = getattr(self, name, None)
-                if kind == "None" and found is None:
-                    continue
-                if found is None or probe.kind_of(found) != kind:
-                    object.__setattr__(self, name, _attribute_value({"kind": kind, "type": kind if kind != "other"
-                                                                     else "object"}))
-            if [n for n, _ in self.named_parameters()] != [n for n, _ in module["parameters"]]:
-                raise ValueError("its parameters do not rebuild in the order handed out")
-            _settle(self, module.get("values", {}), replay.exercise)  # plain attributes the check reads
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return self._course_replay.forward(self, args, kwargs)
-
-        def _course_owner(self, name: str, create: bool = False) -> tuple[torch.nn.Module, str]:
-            *path, leaf = name.split(".")
-            owner: torch.nn.Module = self
-            for part in path:
-                child = owner._modules.get(part)
-                if child is None:
-                    if not create:
-                        raise KeyError(name)
-                    child = torch.nn.Module()
-                    owner.add_module(part, child)
-                owner = child
-            return owner, leaf
-
-        def _apply(self, fn: Any, recurse: bool = True) -> Any:
-            """Convert as ``nn.Module`` does, noting into what (:data:`probe.COPIES`: the forward passes
-            of a converted copy are looked up as such); after ``.to("meta")`` exactly the tensors the
-            kernel's copy left behind stay on the CPU."""
-            converted = fn(torch.zeros(1))
-            if converted.device.type == "meta":
-                copy = "meta"
-            elif converted.dtype == torch.float64:
-                copy = "float64"
-            else:
-                copy = self._course_copy if converted.dtype == torch.float32 else str(converted.dtype)
-            error = self._course_structure.get("copy_error")
-            if error is not None and copy in ("meta", "float64"):
-                raise _exception(error)
-            result = super()._apply(fn, recurse)
-            object.__setattr__(self, "_course_copy", copy)
-            if copy == "meta" and self._course_structure:
-                _leave_on_cpu(self, {name for name, _ in self._course_structure.get("meta_left", [])})
-            return result
-
-        def __deepcopy__(self, memo: dict) -> Any:
-            import copy
-
-            for shared in (self._course_replay, self._course_build, self._course_structure):
-                memo[id(shared)] = shared
-            new = type(self).__new__(type(self))
-            memo[id(self)] = new
-            for key, value in self.__dict__.items():
-                object.__setattr__(new, key, copy.deepcopy(value, memo))
-            return new
-
-    return ReplayModule
-
-
-class ModuleReplay(Replay):
-    """Stands for a student's module class in the grader's process. ``cls(*build)`` gives what the
-    kernel's construction with those arguments gave: a :class:`ReplayModule`-like ``nn.Module`` rebuilt
-    from the handed-out parameters, the object the constructor returned, or the error it raised.
-    Each forward pass of that module returns (or raises) the kernel's output for that input, mode and
-    construction, in the order the check runs them.
-
-    A construction is taken in order; calling the class again with the arguments of the last one
-    (a diagnose looking at the module again) gives it again. Anything else, or inputs other than the
-    grader's, raises :class:`HandOffFailure`.
-    """
-
-    def __init__(self, exercise: str, records: list[dict]):
-        super().__init__(exercise, records)
-        self._last: dict | None = None  # the last construction taken
-
-    def _take(self, what: str, match: Any) -> dict:
-        """The next record, which ``match`` must accept (:class:`HandOffFailure` if there is none or it does not)."""
-        if self.used >= len(self.records):
-            raise HandOffFailure(f"no {what} came back for {self.exercise} at step {self.used + 1} of the test "
-                                 f"(the kernel stopped before it, or the hand-off was changed)")
-        record = self.records[self.used]
-        if not match(record):
-            raise HandOffFailure(f"output {self.used + 1} of {self.exercise} is not the {what} the grader asked for: "
-                                 f"another kind of output, or one computed from other inputs (the hand-off was changed)")
-        self.used += 1
-        return record
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from course_utils.checks import probe
-
-        given = probe.inputs_of(args, kwargs)
-        upcoming = self.records[self.used] if self.used < len(self.records) else None
-
-        def construction(r: dict) -> bool:
-            return "build" in r and "mode" not in r and same_inputs(r["build"], given)
-
-        if (upcoming is None or not construction(upcoming)) and self._last is not None \
-                and same_inputs(self._last["build"], given):
-            record = self._last  # built again (a diagnose looks at it): the same construction
-        else:
-            record = self._last = self._take("construction", construction)
-        return self._construct(record, given)
-
-    def _construct(self, record: dict, given: dict) -> Any:
-        """What the construction ``record`` gave, for constructor arguments ``given``."""
-        label = record["cls"]
-        if label["name"] is not None:
-            self.__name__ = label["name"]
-        else:
-            self.__dict__.pop("__name__", None)
-        self._text = label["text"]
-        if "error" in record:
-            raise _exception(record["error"])
-        if "result" in record:
-            return _decode(record["result"])
-        try:
-            return _replay_module_class()(self, given, record["module"])
-        except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:
-            raise HandOffFailure(f"the module handed out for {self.exercise} cannot be rebuilt ({exc})") from None
-
-    def __str__(self) -> str:
-        return getattr(self, "_text", "") or super().__str__()
-
-    def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        from course_utils.checks import probe
-
-        mode = "train" if module.training else "eval"
-        given = probe.inputs_of(args, kwargs)
-        record = self._take("forward pass", lambda r: "mode" in r and r["mode"] == mode and same_inputs(
-            r["build"], module._course_build) and same_inputs(r["inputs"], given))
-        if "error" in record:
-            raise _exception(record["error"])
-        return _decode(record["result"])
-
-
-class KeyedModuleReplay(ModuleReplay):
-    """A :class:`ModuleReplay` for a module check that probes the module (:data:`KEYED`): a
-    construction is looked up by its arguments, as often as the check builds it; a forward pass by
-    construction, mode, the seed the check set right before it (``torch.initial_seed()``; else one
-    the kernel ran under no seed of the check's), the copy it runs on (as built, or converted with
-    ``.to(torch.float64)`` or ``.to("meta")``) and inputs. Passes the kernel handed out that the check
-    does not ask for (a diagnosis's, when there is nothing to diagnose) are left unread; one it asks
-    for that did not come back raises :class:`HandOffFailure`.
-
-    ``attempt``: which of ``modules.check_alone``'s tries the check is replaying (``None``: a check
-    without tries). Only the records the kernel marked as that try are looked at (``probe.ATTEMPTS``,
-    ``probe.record_module_probes``), so one try's outputs never stand for the other's."""
-
-    attempt: int | None = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        from course_utils.checks import probe
-
-        given = probe.inputs_of(args, kwargs)
-        for record in self.records:
-            if "build" in record and "mode" not in record and record.get("attempt") == self.attempt \
-                    and same_inputs(record["build"], given):
-                self._last = record
-                built = self._construct(record, given)
-                if isinstance(built, torch.nn.Module):  # its passes name the record's own arguments
-                    object.__setattr__(built, "_course_build", record["build"])
-                return built
-        raise HandOffFailure(f"no construction of {self.exercise} with the arguments the grader gave came back "
-                             f"(the kernel stopped before it, or the hand-off was changed)")
-
-    def ran(self, *args: Any, **kwargs: Any) -> Any:
-        """What the kernel's run of the check's own procedure on these inputs gave (``probe.record_runs``:
-        notebook 09's cached path), looked up by its inputs within the try replayed; ``probe.run_or_replay``
-        asks this. One that did not come back raises :class:`HandOffFailure`."""
-        from course_utils.checks import probe
-
-        given = probe.inputs_of(args, kwargs)
-        for record in self.records:
-            if "build" not in record and "inputs" in record and record.get("attempt") == self.attempt \
-                    and same_inputs(record["inputs"], given):
-                if "error" in record:
-                    raise _exception(record["error"])
-                return _decode(record["result"])
-        raise HandOffFailure(f"no output came back for a run of {self.exercise} that the test makes (the kernel "
-                             f"stopped before it, or the hand-off was changed)")
-
-    def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        import torch
-
-        from course_utils.checks import probe
-
-        mode, seed, copy = "train" if module.training else "eval", torch.initial_seed(), module._course_copy
-        given = probe.inputs_of(args, kwargs)
-        build = module._course_build
-        found = [r for r in self.records if "mode" in r and r["mode"] == mode and r.get("copy") == copy
-                 and r.get("attempt") == self.attempt and (r["build"] is build or same_inputs(r["build"], build)) and same_inputs(r["inputs"], given)]
-        record = next((r for r in found if r.get("seed") == seed), None) or \
-            next((r for r in found if r.get("seed") is None), None)
-        if record is None:
-            raise HandOffFailure(f"no output came back for a forward pass of {self.exercise} that the test makes "
-                                 f"({mode}() mode, seed {seed}{f', a {copy} copy' if copy else ''}, input shape "
-                                 f"{tuple(args[0].shape) if args and hasattr(args[0], 'shape') else '?'}): the "
-                                 f"kernel stopped before it, or the hand-off was changed")
-        probe.add_replayed_calls(record.get("calls", {}))  # the calls a check counts (probe.CallCounter)
-        if "error" in record:
-            raise _exception(record["error"])
-        return _decode(record["result"])
-
-
-@functools.lru_cache(maxsize=None)
-def _session_module_class() -> type:
-    import torch
-
-    from course_utils.checks import probe
-
-    class SessionModule(_replay_module_class()):  # type: ignore[misc, valid-type]
-        """A student's module rebuilt from its construction, whose every step (a forward pass, a call of
-        ``reset_cache``, ``.to``, a deep copy) is answered from its session, in order
-        (:class:`SessionReplay`), and whose watched state follows what the kernel's module held."""
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return self._course_replay.forward(self, args, kwargs)
-
-        def __getattr__(self, name: str) -> Any:
-            if name in probe.SESSION_METHODS and "_course_session" in self.__dict__:
-                return self._course_replay.method(self, name)
-            return super().__getattr__(name)
-
-        def _apply(self, fn: Any, recurse: bool = True) -> Any:
-            if "_course_session" not in self.__dict__:
-                return torch.nn.Module._apply(self, fn, recurse)
-            converted = fn(torch.zeros(1))
-            target = "meta" if converted.device.type == "meta" else str(converted.dtype).removeprefix("torch.")
-            record = self._course_replay.take(self, "to", lambda r: r["target"] == target, f".to({target})")
-            if "error" in record:
-                self._course_replay.settle(self, record)
-                raise _exception(record["error"])
-            result = torch.nn.Module._apply(self, fn, recurse)
-            if target == "meta":  # exactly what the kernel's module left behind stays on the CPU
-                _leave_on_cpu(self, {name for name, _ in record.get("left", [])})
-            self._course_replay.settle(self, record)
-            return result
-
-        def __deepcopy__(self, memo: dict) -> Any:
-            if "_course_session" not in self.__dict__:
-                return super().__deepcopy__(memo)
-            record = self._course_replay.take(self, "copy", lambda r: True, "copy (copy.deepcopy)")
-            self._course_replay.settle(self, record)
-            if "error" in record:
-                raise _exception(record["error"])
-            new = super().__deepcopy__(memo)
-            object.__setattr__(new, "_course_session", record["child"])
-            return new
-
-    return SessionModule
-
-
-class SessionReplay(ModuleReplay):
-    """A :class:`ModuleReplay` for a module whose outputs depend on every call before them (:data:`SESSIONS`:
-    a cache). Each construction the check makes takes the next one the kernel handed out (a diagnosis's,
-    ``probe.diagnosis``, the next one of the diagnoses' with its arguments), and each module answers the
-    check's steps strictly in the order its session recorded them (``probe.record_sessions``): a forward
-    pass checks its mode, the seed the check set, and its inputs; ``reset_cache()``, ``.to(...)`` and
-    ``copy.deepcopy`` are steps too, and after each the module's watched state (the cache) becomes what the
-    kernel's held. A step out of order, missing or of other inputs, or (on a pass) a construction or step
-    left unread, raises :class:`HandOffFailure`; steps marked optional (a diagnosis's) may be skipped.
-
-    ``attempt``: which of ``modules.check_alone``'s tries the check is replaying, as for
-    :class:`KeyedModuleReplay`. A check calls :meth:`begin` first, each time it is called: each call
-    reads its own run of sessions (a test cell that checks its visible, then its hidden cases)."""
-
-    attempt: int | None = None
-
-    def __init__(self, exercise: str, records: list[dict]):
-        super().__init__(exercise, records)
-        self._run = -1  # which call of the check is replayed (begin())
-        self._taken: set[int] = set()  # id() of the constructions taken
-        self._cursor: dict[int, int] = {}  # session -> its next step
-        self._constructions = [r for r in records if "session" in r and "op" not in r]
-        self._steps: dict[int, list[dict]] = {}
-        for r in records:
-            if "op" in r:
-                self._steps.setdefault(r["session"], []).append(r)
-        self._problem = self._consistency()
-
-    def _consistency(self) -> str | None:
-        """What makes these records no set of sessions (numbers repeated, steps out of order, a copy's session
-        claimed twice), or ``None``. Also notes which construction each session comes from."""
-        roots: dict[int, dict] = {}
-        for r in self._constructions:
-            if r["session"] in roots:
-                return f"two constructions of {self.exercise} claim session {r['session']}"
-            roots[r["session"]] = r
-        self._root = dict(roots)
-        for number in sorted(self._steps, key=lambda n: (n not in roots, n)):  # constructions' first, then copies'
-            steps = self._steps[number]
-            if [r["step"] for r in steps] != list(range(len(steps))):
-                return f"the steps of session {number} of {self.exercise} are not in order"
-            if number not in self._root:
-                return f"session {number} of {self.exercise} has steps but no construction or copy"
-            for r in steps:
-                if r.get("attempt") != self._root[number].get("attempt"):
-                    return f"session {number} of {self.exercise} mixes steps of two tries"
-                if r["op"] == "copy" and "error" not in r:
-                    if r["child"] in self._root:
-                        return f"session {r['child']} of {self.exercise} is claimed twice"
-                    self._root[r["child"]] = self._root[number]
-        return None
-
-    def begin(self) -> None:
-        """A check starts (each call of the check reads its own run of sessions, ``probe.record_sessions``):
-        the run before, whose check passed, must have been read whole."""
-        why = self.left_over(final=False) if self._run >= 0 else None
-        if why:
-            raise HandOffFailure(f"more outputs came back than the test asked for ({self.exercise}: {why}): the "
-                                 f"hand-off was changed")
-        self._run += 1
-
-    def _check(self) -> None:
-        if self._problem:
-            raise HandOffFailure(f"{self._problem} (the hand-off was changed)")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from course_utils.checks import probe
-
-        self._check()
-        given = probe.inputs_of(args, kwargs)
-        optional = probe.diagnosing()
-        pending = [r for r in self._constructions if r.get("attempt") == self.attempt and r["run"] == max(self._run, 0)
-                   and r["optional"] == optional and id(r) not in self._taken]
-        if optional:
-            record = next((r for r in pending if same_inputs(r["build"], given)), None)
-        else:
-            record = pending[0] if pending and same_inputs(pending[0]["build"], given) else None
-        if record is None:
-            raise HandOffFailure(f"the construction of {self.exercise} that the test makes next did not come back "
-                                 f"(the kernel stopped before it, or the hand-off was changed or reordered)")
-        self._taken.add(id(record))
-        self._last = record
-        return self._construct(record, given)
-
-    def _construct(self, record: dict, given: dict) -> Any:
-        if "module" not in record:
-            return super()._construct(record, given)
-        label = record["cls"]
-        if label["name"] is not None:
-            self.__name__ = label["name"]
-        else:
-            self.__dict__.pop("__name__", None)
-        self._text = label["text"]
-        try:
-            built = _session_module_class()(self, record["build"], record["module"])
-        except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:
-            raise HandOffFailure(f"the module handed out for {self.exercise} cannot be rebuilt ({exc})") from None
-        object.__setattr__(built, "_course_session", record["session"])
-        self.settle(built, record)
-        return built
-
-    def take(self, module: Any, op: str, match: Any, what: str) -> dict:
-        """The next step of ``module``'s session, which must be an ``op`` that ``match`` accepts (optional steps
-        that are not are skipped); :class:`HandOffFailure` if there is none or it is another."""
-        self._check()
-        number = module._course_session
-        steps, at = self._steps.get(number, []), self._cursor.get(number, 0)
-        while at < len(steps) and steps[at]["optional"] and not (steps[at]["op"] == op and match(steps[at])):
-            at += 1  # a diagnosis's step that the check does not make
-        if at >= len(steps):
-            raise HandOffFailure(f"no {what} of {self.exercise} came back for step {at + 1} of one of its modules "
-                                 f"(the kernel stopped before it, or the hand-off was changed)")
-        record = steps[at]
-        if record["op"] != op or not match(record):
-            raise HandOffFailure(f"step {at + 1} of a module of {self.exercise} is not the {what} the test makes "
-                                 f"next: another step, or one of other inputs (the hand-off was changed or reordered)")
-        self._cursor[number] = at + 1
-        return record
-
-    def settle(self, module: Any, record: dict) -> None:
-        """Leave in ``module`` the watched state the kernel's module had after ``record`` (``probe.snapshot``)."""
-        _settle(module, record.get("state", {}), self.exercise)
-
-    def method(self, module: Any, name: str) -> Any:
-        """``module.<name>``, a method the kernel's session called (:data:`probe.SESSION_METHODS`): the step
-        is taken now; where the kernel's module had no such method, the error it gave is raised now."""
-        record = self.take(module, "call", lambda r: r["name"] == name, f"call of {name}()")
-        if record.get("lookup"):
-            self.settle(module, record)
-            raise _exception(record["error"])
-
-        def call() -> Any:
-            self.settle(module, record)
-            if "error" in record:
-                raise _exception(record["error"])
-            return _decode(record["result"])
-        return call
-
-    def forward(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        import torch
-
-        from course_utils.checks import probe
-
-        mode, seed = "train" if module.training else "eval", torch.initial_seed()
-        given = probe.inputs_of(args, kwargs)
-        shape = tuple(args[0].shape) if args and hasattr(args[0], "shape") else "?"
-        record = self.take(module, "forward", lambda r: r["mode"] == mode and r["seed"] in (None, seed)
-                           and same_inputs(r["inputs"], given), f"forward pass ({mode}() mode, input shape {shape})")
-        self.settle(module, record)
-        if "error" in record:
-            raise _exception(record["error"])
-        return _decode(record["result"])
-
-    def left_over(self, final: bool = True) -> str | None:
-        """After a pass: the constructions and steps of the try and the run replayed that the test did not read
-        (a diagnosis's may stay unread), said in words, or ``None``. A run after the last the check began
-        (:meth:`begin`) is left over too, once the test has ended (``final``)."""
-        if self._problem:
-            return self._problem
-        run = max(self._run, 0)
-        unbuilt = [r for r in self._constructions if r.get("attempt") == self.attempt and not r["optional"]
-                   and r["run"] == run and id(r) not in self._taken]
-        unread = sum(1 for number, steps in self._steps.items()
-                     if self._root[number].get("attempt") == self.attempt and not self._root[number]["optional"]
-                     and self._root[number]["run"] == run
-                     for r in steps[self._cursor.get(number, 0):] if not r["optional"])
-        later = {r["run"] for r in self._constructions if r["run"] > run} if final else set()
-        if unbuilt or unread or later:
-            return f"{len(unbuilt)} constructions and {unread} steps" + (f", {len(later)} runs" if later else "")
-        return None
 
 
 class HandedOut(_replayed()):  # type: ignore[misc]
@@ -1541,17 +352,23 @@ class Verdict:
         return found
 
 
-def replay_for(exercise: str, records: list[dict], source: str | None) -> Any:
-    """What stands for the student's ``exercise`` in the replay: a :class:`Replay` of its records,
-    or, when the kernel found no callable under that name, an object of the type it found."""
-    mine = [r for r in records if r["exercise"] == exercise]
+def handed_out_for(name: str, records: list[dict], source: str | None) -> Any:
+    """What stands for the student's ``name`` outside the kernel: a :class:`HandedOut` of its records (none, for
+    a function the test cell passes beside the exercise's, whose outcomes are steps of the exercise's plan), or,
+    where the kernel found nothing callable under that name, an object of the type it found."""
+    mine = [r for r in records if r["exercise"] == name]
     if mine and mine[0].get("callable") is False:
         return type(mine[0]["type"], (), {})()
-    if exercise in spec_of_each():
-        return type(f"HandedOut_{exercise}", (HandedOut,), {"__course_source__": source})(exercise, mine)
-    base = SessionReplay if exercise in SESSIONS else KeyedModuleReplay if exercise in KEYED else \
-        ModuleReplay if any("build" in r for r in mine) else Replay
-    return type(f"Replay_{exercise}", (base,), {"__course_source__": source})(exercise, mine)
+    return type(f"HandedOut_{name}", (HandedOut,), {"__course_source__": source})(name, mine)
+
+
+def _names_read(source: str) -> set[str]:
+    """The names a test cell reads that are not builtins (the exercise, ``checks``, a companion function)."""
+    import ast
+    import builtins
+
+    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and not hasattr(builtins, n.id)}
 
 
 def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[str, str],
@@ -1577,22 +394,20 @@ def judge_test(notebook: str, test_id: str, records: list[dict], sources: dict[s
     refused = forbidden_ran([src.tests[test_id].exercise], ops or {}, sources)  # its own exercise only
     if refused is not None:
         return refused
-    replays = {e: replay_for(e, records, sources.get(e)) for e in exercises}
-    replays.update({name: replay_for(name, records, sources.get(name))
-                    for name, owner in COMPANIONS.items() if owner in exercises})
+    source = src.tests[test_id].source
+    given = (set(exercises) | _names_read(source)) - {"checks", "torch"}
+    replays = {name: handed_out_for(name, records, sources.get(name)) for name in sorted(given)}
     namespace: dict[str, Any] = {"__name__": "__judge__", "checks": checks, "torch": torch, **replays}
     printed = io.StringIO()
     try:
         with expected.using(expected.LIVE), probe.replaying(first_tries), contextlib.redirect_stdout(printed):
-            exec(compile(src.tests[test_id].source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
+            exec(compile(source, f"<{test_id}>", "exec"), namespace)  # noqa: S102 - the solution's own test
     except _replay_miss() as failure:  # a HandOffFailure, or a check's own refusal of a replayed outcome
         return Verdict(printed.getvalue(), HANDOFF_ERROR, _handoff_message(src.tests[test_id].exercise, str(failure)))
     except Exception as exc:  # noqa: BLE001 - the check's verdict, as a kernel would show it
         return Verdict(printed.getvalue(), type(exc).__name__, str(exc))
     extra = [f"{r.exercise}: {len(r.records) - r.used}" for r in replays.values()
-             if isinstance(r, (Replay, HandedOut)) and not isinstance(r, (KeyedModuleReplay, SessionReplay))
-             and r.used < len(r.records)]
-    extra += [f"{r.exercise}: {why}" for r in replays.values() if isinstance(r, SessionReplay) and (why := r.left_over())]
+             if isinstance(r, HandedOut) and r.used < len(r.records)]
     unknown = sorted({r["exercise"] for r in records} - set(replays))
     if extra or unknown:
         why = "more outputs came back than the test asked for (" + ", ".join(extra + unknown) + \
@@ -1632,15 +447,24 @@ def _handoff_message(exercise: str, why: str) -> str:
 
 
 def answer_sources(nb: NotebookNode, exercises: list[str]) -> dict[str, str]:
-    """exercise -> its definition in the submission's answer cell (the last one of that name)."""
+    """name -> its definition in the submission's answer cells (the last one of that name): each exercise's,
+    and each other function or class an answer cell defines (a companion the test cell passes beside it)."""
+    import ast
+
     from grader import intake
 
     found = {}
     for gid, index in intake.answer_cells(nb).items():
+        cell = nb.cells[index].source
         if gid in exercises:
-            found[gid] = intake.definition_of(nb.cells[index].source, gid)[0]
-            for name in (n for n, owner in COMPANIONS.items() if owner == gid):  # in the same answer cell
-                found[name] = intake.definition_of(nb.cells[index].source, name)[0]
+            found[gid] = intake.definition_of(cell, gid)[0]
+        try:
+            defined = [n.name for n in ast.parse(cell).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        except SyntaxError:
+            defined = []
+        for name in defined:
+            if name != gid:
+                found[name] = intake.definition_of(cell, name)[0]
     return found
 
 

@@ -6,7 +6,7 @@ Each check runs your code on several inputs and compares it with the expected ou
 your output matches a known mistake. Checks leave your notebook's random state as they found it.
 """
 
-from course_utils.checks.core import Case, CheckFailed, check_causal, compare_function, compare_module, tensor_difference
+from course_utils.checks.core import Case, CheckFailed, check_causal, tensor_difference
 from course_utils.checks.nb01 import *  # noqa: F401,F403
 from course_utils.checks.nb02 import *  # noqa: F401,F403
 from course_utils.checks.nb03 import *  # noqa: F401,F403

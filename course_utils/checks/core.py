@@ -27,7 +27,6 @@ import torch
 from course_utils import rules, versions
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
-from course_utils.checks import probe as _probe
 from course_utils.checks.expected import expect
 
 
@@ -239,8 +238,6 @@ def hidden_cases(exercise: str) -> Any:
     They live in ``course_utils.instructor.hidden``, which only the instructor edition (and so the
     grading sandbox) has; asking for them in the student edition raises a clear error.
     """
-    if _probe.judged(exercise):  # under the grader, which hands the hidden inputs in as data
-        return _probe.hidden_cases(exercise)
     try:
         return _expected.instructor().hidden(exercise)
     except _expected.InstructorOnly as exc:
@@ -252,43 +249,6 @@ def reference_function(name: str) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         return _expected.reference(name)(*args, **kwargs)
     return call
-
-
-def compare_function(
-    exercise: str,
-    student: Callable,
-    cases: Sequence[Case],
-    *,
-    reference: str | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-    quiet: bool = False,
-    diagnose: "Diagnose | None" = None,
-) -> None:
-    """Run ``student`` on every case and compare with the reference ``reference`` (default: the
-    exercise's name); fail on the first difference.
-
-    The expected outputs come from :func:`expected.expect`: computed live from the reference in the
-    instructor edition, read from the recording in the student edition. Inputs are cloned for each
-    call, and a student function that modifies its input is reported. A failure message ends with a
-    hint when one is found (see :func:`explain`).
-
-    Under the grader, for an exercise it judges itself, this only runs ``student`` on every case and
-    hands the outputs out (:mod:`course_utils.checks.probe`); the grader compares them in its own process.
-    """
-    if _probe.active(exercise):  # under the grader: hand the outputs out, the grader judges them
-        _probe.record(exercise, student, cases)
-        return
-    require_callable(exercise, student)
-    check_rules(exercise, student)
-    ref = reference_function(reference or exercise)
-    for case in cases:
-        want = expect(exercise, case.key(), lambda: ref(*_clone(case.args), **case.kwargs))
-        if _expected.is_recording():
-            mistake_outputs(exercise, case)
-        _compare_case(exercise, student, want, case, atol, rtol, diagnose)
-    if not quiet:
-        passed(exercise, f"{len(cases)} cases agree with the reference ({'; '.join(c.name for c in cases)})")
 
 
 def mistake_outputs(exercise: str, case: Case) -> list:
@@ -305,7 +265,8 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
 
     In this order: a known mistake whose output ``got`` matches exactly (NaNs included); the
     exercise's own ``diagnose``; a transformation of the expected output that explains ``got`` (a
-    constant factor, a transpose). Never raises: a hint is a bonus, the failure stands without it.
+    constant factor, a transpose). A hint is a bonus: the failure stands without it, and no Exception
+    escapes (a diagnosis that finds a handed-out outcome forged, ``spec.Forged``, is not one).
     """
     try:
         if isinstance(got, (NotImplementedError, CheckFailed)) and NOT_IMPLEMENTED in str(got):
@@ -315,10 +276,7 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
                 if _difference(output, got, 1e-5, 1e-4) is None:
                     return hint
         if diagnose is not None:
-            try:
-                hint = diagnose(case, got, want)
-            except _probe.ReplayMiss:  # the grader's replay cannot answer the diagnose's own call: no hint
-                hint = None
+            hint = diagnose(case, got, want)
             if hint:
                 return hint
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
@@ -425,26 +383,6 @@ def _hinted(error: CheckFailed, hint: str | None) -> CheckFailed:
     return hinted
 
 
-def _compare_case(exercise: str, student: Callable, want: Any, case: Case, atol: float, rtol: float,
-                  diagnose: "Diagnose | None") -> None:
-    """Fail if ``student`` differs from the expected ``want`` on one case (or changes its input)."""
-    stu_case = Case(case.name, _clone(case.args), dict(case.kwargs))
-    try:
-        got = call_student(exercise, student, stu_case)
-    except CheckFailed as error:
-        cause = error.student_error if error.student_error is not None else error
-        raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
-    for before, after in zip(case.args, stu_case.args):
-        if isinstance(before, torch.Tensor) and not torch.equal(before, after):
-            fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
-    problem = _difference(want, got, atol, rtol)
-    if problem:
-        try:
-            fail(exercise, f"{_sentence(problem)} {describe_inputs(case.args)}.", case)
-        except CheckFailed as error:
-            raise _hinted(error, explain(exercise, case, got, want, diagnose)) from None
-
-
 def _sentence(text: str) -> str:
     """``text`` ending in exactly one full stop (or its own ``?``/``!``)."""
     return text if text.endswith((".", "?", "!")) else text + "."
@@ -509,32 +447,6 @@ def expected_parameter_shapes(exercise: str, build: tuple, *, reference: str | N
     return [tuple(s) for s in want]
 
 
-def build_student(exercise: str, student_cls: Callable, build: tuple, *, reference: str | None = None,
-                  seed: int = BUILD_SEED) -> Any:
-    """Build the student's module with the constructor arguments ``build`` under ``seed``.
-
-    Fails unless it is an ``nn.Module`` whose parameters have the reference's shapes, in the
-    reference's order: because the course's classes create their parameters in the book's order,
-    equal seeds then give equal weights, whatever the student names things internally.
-    """
-    require_callable(exercise, student_cls)
-    want = expected_parameter_shapes(exercise, build, reference=reference, seed=seed)
-    try:
-        student = construct(student_cls, build, seed)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"constructing {getattr(student_cls, '__name__', 'it')}{build} raised {type(exc).__name__}: {exc}")
-    if not isinstance(student, torch.nn.Module):
-        fail(exercise, f"{getattr(student_cls, '__name__', student_cls)} must be an nn.Module subclass")
-    got = parameter_shapes(student)
-    if got != want:
-        fail(exercise, f"constructor arguments {build}: expected parameters of shapes {want} "
-                       f"(in this order), got {got}. Create the layers in the order the exercise gives, with the "
-                       f"same sizes.")
-    return student
-
-
 def reference_output(exercise: str, case: Case, reference: str | None = None) -> Any:
     """The reference module's output on a module case (built with ``case.build``, run in ``case.mode``)."""
     return expect(exercise, case.key(),
@@ -562,75 +474,6 @@ def modes_to_compare(exercise: str, train: bool) -> tuple[str, ...]:
     """The modes whose outputs a module check compares: ``eval``, and ``train`` when ``train`` is set
     and outputs with dropout are comparable here (:func:`random_outputs_comparable`)."""
     return ("eval", "train") if train and random_outputs_comparable(exercise) else ("eval",)
-
-
-def compare_module(
-    exercise: str,
-    student_cls: Callable,
-    configs: Sequence[tuple[tuple, Sequence[Case]]],
-    *,
-    reference: str | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-    train: bool = False,
-    quiet: bool = False,
-    diagnose: "Diagnose | None" = None,
-    attributes: Sequence[str] = (),
-) -> None:
-    """For each ``(constructor_args, cases)``: build the student's module under the course's seed and
-    compare its outputs with the reference's (live or recorded).
-
-    Outputs are compared in ``eval()`` mode; with ``train=True`` also in ``train()`` mode with the
-    same RNG seed before each forward, which only agrees when dropout is applied to the same
-    tensor, in the same place, as in the reference. A failure ends with a hint when one is found
-    (see :func:`explain`; ``diagnose`` receives module cases, whose ``build`` and ``mode`` are set).
-
-    Under the grader, for an exercise it judges itself, this only builds the student's module, runs
-    it on every case and hands out what came back (:func:`course_utils.checks.probe.record_module`):
-    its parameters, the kinds of its ``attributes`` (those a ``diagnose`` looks at), and its outputs.
-    """
-    if _probe.active(exercise):  # under the grader: hand the modules and outputs out, the grader judges them
-        _probe.record_module(exercise, student_cls, configs, train=train, attributes=attributes)
-        return
-    check_rules(exercise, student_cls)
-    count = 0
-    modes = modes_to_compare(exercise, train)
-    for build, cases in configs:
-        first = Case(cases[0].name if cases else "construction", cases[0].args if cases else (), build=build)
-        try:
-            student = build_student(exercise, student_cls, build, reference=reference)
-        except CheckFailed as error:
-            raise _hinted(error, explain(exercise, first, error, None, diagnose)) from None
-        for mode in modes:
-            for case in cases:
-                mcase = Case(case.name, case.args, case.kwargs, build=build, mode=mode)
-                want = reference_output(exercise, mcase, reference)
-                if _expected.is_recording():
-                    mistake_outputs(exercise, mcase)
-                _compare_forward(exercise, student, want, mcase, atol, rtol, diagnose)
-                count += 1
-    if not quiet:
-        passed(exercise, f"{count} module outputs agree with the reference")
-
-
-def _compare_forward(exercise: str, student: Any, want: Any, case: Case, atol: float, rtol: float,
-                     diagnose: "Diagnose | None") -> None:
-    """Fail if one forward pass of ``student`` differs from the expected ``want``."""
-    label = Case(f"{case.name}, {case.mode}() mode, built with {case.build}", case.args, case.kwargs)
-    try:
-        got = call_student(exercise, lambda: module_output(student, case), Case(label.name))
-    except CheckFailed as error:
-        cause = error.student_error if error.student_error is not None else error
-        raise _hinted(error, explain(exercise, case, cause, want, diagnose)) from None
-    problem = _difference(want, got, atol, rtol)
-    if problem:
-        hint = explain(exercise, case, got, want, diagnose)
-        if hint is None and case.mode == "train":
-            hint = "dropout must act on the attention weights, after softmax, and only in training mode."
-        try:
-            fail(exercise, f"{_sentence(problem)} Input shape {describe_shape(case.args[0])}.", label)
-        except CheckFailed as error:
-            raise _hinted(error, hint) from None
 
 
 def causal_inputs(x: torch.Tensor) -> list[torch.Tensor]:

@@ -1,11 +1,9 @@
-"""Checks every causal attention module must pass, and the notebooks' exercises checked alone.
+"""What every probed attention module's plan and words share, and the notebooks' exercises checked alone.
 
-The checks here that take a live module (``check_finite``, ``check_causal_module``, ``check_dropout_modes``,
-``check_moves_with_module``, ``finite_then_values``, ``module_checks``, ``not_causal``) are those notebooks 08
-and 09 still run; notebooks 04, 05 and 06 are specs whose judges read the same checks off a probed
-construction (:mod:`course_utils.checks.probed`, ``spec.ModuleView``). The plans of the passes
-(:class:`ProbePlan`, :func:`causal_probes`), the inputs (:func:`_class_inputs`) and the words
-(:func:`shape_problem`, :data:`DROPOUT_FIX`) are shared by both.
+The plans of a causal attention module's passes (:class:`ProbePlan`, :func:`causal_probes`), its inputs
+(:func:`_class_inputs`) and the words of its checks (:func:`shape_problem`, :data:`DROPOUT_FIX`), read by the
+judges that check a probed construction (:mod:`course_utils.checks.probed`, ``spec.ModuleView``); and
+:func:`alone`, the one way an exercise that calls the notebook's other exercises is checked.
 
 A module exercise is more than its outputs: its output must be finite, its mask a registered
 buffer cut to the input's length, dropout active only in ``train()``, no position may see the
@@ -16,117 +14,25 @@ blamed on the wrong cause (NaN is looked at first).
 
 from __future__ import annotations
 
-import copy
 from typing import Callable, Sequence
 
 import torch
-import torch.nn as nn
 
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
-from course_utils.checks.core import (
-    NOT_IMPLEMENTED,
-    Case,
-    CheckFailed,
-    build_student,
-    call_student,
-    causal_inputs,
-    check_causal,
-    check_rules,
-    compare_module,
-    construct,
-    expect,
-    expected_parameter_shapes,
-    fail,
-    module_output,
-    parameter_shapes,
-    rand,
-    require_callable,
-    tensor_difference,
-)
-from course_utils.device import manual_seed
+from course_utils.checks.core import NOT_IMPLEMENTED, Case, CheckFailed, causal_inputs, rand
 
 __all__ = [
-    "check_finite",
-    "check_moves_with_module",
-    "check_dropout_modes",
-    "check_causal_module",
-    "run_module",
     "shape_problem",
-    "check_shapes",
-    "module_checks",
-    "finite_then_values",
-    "not_causal",
     "helpers_used",
     "check_alone",
     "alone",
     "helper_checks",
     "two_tries",
     "replayed_tries",
-    "shared_parameters",
     "ProbePlan",
     "causal_probes",
 ]
-
-
-def run_module(exercise: str, module: torch.nn.Module, x: torch.Tensor, what: str, seed: int = 7) -> object:
-    """Call ``module(x)`` under a fixed seed, turning errors into a readable failure."""
-    manual_seed(seed)
-    return call_student(exercise, module, Case(what, (x.clone(),)))
-
-
-def check_finite(exercise: str, module: torch.nn.Module, x: torch.Tensor, where: str) -> None:
-    """In ``eval()`` mode the output must be free of NaN and inf; say which position is not.
-
-    Checked before anything else compares outputs: NaN is never equal to NaN, so a later check would
-    blame the symptom on dropout or on the values.
-    """
-    module.eval()
-    out = run_module(exercise, module, x, f"{where}, eval()")
-    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-        return
-    bad = ~torch.isfinite(out)
-    if not bad.any():
-        return
-    b, t = (bad.nonzero()[0].tolist() + [0, 0])[:2]
-    what = "NaN" if torch.isnan(out).any() else "inf"
-    rows = sorted({int(i) for i in bad.nonzero()[:, 1].tolist()}) if out.dim() >= 2 else []
-    cause = ""
-    if rows == [0]:
-        cause = (" Only position 0 is affected: its row of scores is all -inf, so the softmax divides 0 by 0. "
-                 "The diagonal is masked too: a token must see itself. Mask only j > i (triu with diagonal=1)")
-    elif what == "NaN":
-        cause = (" NaN comes from 0/0 or inf - inf: a softmax over a row whose scores are all -inf, or -inf "
-                 "used after the softmax. Which positions can each row see, and when is the mask applied?")
-    fail(exercise, f"{where}: the output holds {what} (first at batch {b}, position {t}; positions {rows[:8]}).{cause}")
-
-
-def check_moves_with_module(exercise: str, student: torch.nn.Module, build: tuple, x: torch.Tensor,
-                            where: str) -> None:
-    """``.to(torch.float64)`` and ``.to('meta')`` must carry everything the forward pass needs."""
-    case = Case("float64 input", (x.to(torch.float64),), build=build)
-    want = expect(exercise, f"after .to(torch.float64): {case.key()}",
-                  lambda: module_output(construct(_expected.reference(exercise), build).to(torch.float64), case))
-    s64 = copy.deepcopy(student).to(torch.float64).eval()
-    got = run_module(exercise, s64, x.to(torch.float64), f"{where}, after .to(torch.float64)")
-    problem = tensor_difference(want, got)
-    if problem:
-        fail(exercise, f"{where}: after module.to(torch.float64) with a float64 input: {problem}. "
-                       f"Do not fix a dtype inside forward; let the buffers and parameters follow the module")
-    meta = copy.deepcopy(student).to("meta").eval()
-    left = [f"{n} ({v.device})" for n, v in list(meta.named_parameters()) + list(meta.named_buffers())
-            if v.device.type != "meta"]
-    left += [f"{n} ({v.device})" for n, v in vars(meta).items() if isinstance(v, torch.Tensor)]
-    if left:
-        fail(exercise, f"{where}: after module.to('meta') these tensors stayed behind: {left}. On a GPU they would stay "
-                       f"on the CPU. Make them parameters or buffers")
-    try:
-        manual_seed(7)
-        meta(x.to("meta"))
-    except Exception as exc:  # noqa: BLE001
-        fail(exercise, f"{where}: after module.to('meta') (a stand-in for .to('cuda')) the forward pass raised "
-                       f"{type(exc).__name__}: {exc}. Every tensor forward uses must move with the module "
-                       f"(a buffer), or be created on x.device")
 
 
 #: What to do about dropout in the wrong mode, for a module that uses ``nn.Dropout`` (the default)
@@ -137,48 +43,6 @@ DROPOUT_FIX = {
     "sdpa": ("SDPA does not know the module's mode: pass dropout_p=self.dropout only when self.training, else 0.0",
              "Pass dropout_p=self.dropout to F.scaled_dot_product_attention when self.training"),
 }
-
-
-def check_dropout_modes(exercise: str, student: torch.nn.Module, x: torch.Tensor, where: str,
-                        fix: str = "module") -> None:
-    """With dropout > 0: ``eval()`` must be deterministic, ``train()`` must not be.
-
-    ``fix`` chooses the advice given: ``"module"`` (``nn.Dropout``) or ``"sdpa"`` (``dropout_p``).
-    """
-    in_eval, in_train = DROPOUT_FIX[fix]
-    student.eval()
-    a = run_module(exercise, student, x, f"{where}, eval()", seed=1)
-    b = run_module(exercise, student, x, f"{where}, eval()", seed=2)
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
-            not torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: dropout is active in eval() mode: two calls in eval() gave different outputs. {in_eval}")
-    student.train()
-    a = run_module(exercise, student, x, f"{where}, train()", seed=1)
-    b = run_module(exercise, student, x, f"{where}, train()", seed=2)
-    student.eval()
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
-            torch.allclose(a, b, equal_nan=True):
-        fail(exercise, f"{where}: no dropout in train() mode: with dropout > 0 two calls gave the same output. {in_train}")
-
-
-def check_causal_module(exercise: str, student: torch.nn.Module, x: torch.Tensor) -> None:
-    """No output position may depend on later tokens (module in ``eval()`` mode)."""
-    student.eval()
-    try:
-        check_causal(exercise, lambda inp: student(inp), x)
-    except CheckFailed as err:
-        if "at position 0 " in str(err) and x.shape[1] > 2:
-            changed = _later_tokens_changed(x)
-            with torch.no_grad():
-                moved = (student(changed)[:, 1] - student(x)[:, 1]).abs().max().item()
-            if moved < 1e-5:
-                raise CheckFailed(f"{err} Only position 0 leaks: the diagonal is masked too, so row 0 has no "
-                                  f"allowed key left and spreads its weight over every token. Use triu with "
-                                  f"diagonal=1") from None
-            raise CheckFailed(f"{err} Every position leaks: are the masked scores -inf when they reach a softmax over "
-                              f"the keys (dim=-1)? A score of 0 still gets weight exp(0) = 1, and a mask applied "
-                              f"after the softmax must be followed by a renormalisation.") from None
-        raise
 
 
 def _later_tokens_changed(x: torch.Tensor) -> torch.Tensor:
@@ -237,15 +101,6 @@ class ProbePlan:
 # ------------------------------------------------------------------------------------------
 # Parameter shapes first, and values before structure (notebooks 05 and 06)
 # ------------------------------------------------------------------------------------------
-def student_shapes(exercise: str, cls: Callable, build: tuple) -> list[tuple[int, ...]] | None:
-    """The parameter shapes of ``cls(*build)``, or ``None`` when it cannot be built (reported later)."""
-    try:
-        module = construct(cls, build)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
-    except Exception:  # noqa: BLE001 - build_student reports construction errors with the arguments
-        return None
-    return parameter_shapes(module) if isinstance(module, nn.Module) else None
 
 
 def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build: tuple) -> str | None:
@@ -276,61 +131,6 @@ def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build
             return ("a bias too many: with qkv_bias=False the query, key and value projections have no bias: pass "
                     "bias=qkv_bias to their nn.Linear")
     return None
-
-
-def check_shapes(exercise: str, cls: Callable, build: tuple,
-                 specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
-    """Fail with a named cause when ``cls(*build)`` has parameters of other shapes than expected and
-    the difference is a known pattern (otherwise ``build_student`` reports it)."""
-    want = expected_parameter_shapes(exercise, build)
-    got = student_shapes(exercise, cls, build)
-    if got is None or got == want:
-        return
-    problem = (specific(got, want, build) if specific else None) or shape_problem(got, want, build)
-    if problem:
-        fail(exercise, f"built with {build}: expected parameters of shapes {want} (in this order), got {got}: "
-                       f"{problem}.")
-
-
-def not_causal(exercise: str, cls: Callable) -> Callable:
-    """A ``diagnose`` for module comparisons: when no known mistake explains a difference, say whether
-    the student's module sees the future on the case's input."""
-    def diagnose(case: Case, got: object, want: object) -> str | None:
-        if isinstance(got, BaseException) or case.build is None or not case.args:
-            return None
-        x = case.args[0]
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 2:
-            return None
-        with _probe.diagnosis():  # a diagnosis's construction (the grader's session replay tells them apart)
-            module = construct(cls, case.build).eval()
-        try:
-            with torch.no_grad():
-                check_causal(exercise, module, x)
-        except CheckFailed as error:
-            text = str(error)
-            if "the future leaks" in text:
-                return "your module is not causal: " + text.split(": ", 1)[1]
-        return None
-    return diagnose
-
-
-def module_checks(exercise: str, cls: Callable, builds: Sequence[tuple],
-                  specific: Callable[[list, list, tuple], "str | None"] | None = None) -> None:
-    """What every module check does first: the rules, then the parameter shapes of every build."""
-    require_callable(exercise, cls)
-    check_rules(exercise, cls)
-    for build in dict.fromkeys(builds):
-        check_shapes(exercise, cls, build, specific)
-
-
-def finite_then_values(exercise: str, cls: Callable, config: tuple[tuple, list[Case]], diagnose: Callable) -> None:
-    """Build ``cls`` with ``config``'s arguments; its output must be finite (checked first: NaN is never
-    equal to anything), then equal to the expected one in ``eval()`` mode, with known mistakes named."""
-    build, cases = config
-    student = build_student(exercise, cls, build)
-    for case in cases:
-        check_finite(exercise, student, case.args[0], f"built with {build}, {case.name}")
-    compare_module(exercise, cls, [config], quiet=True, diagnose=diagnose)
 
 
 # ------------------------------------------------------------------------------------------
@@ -521,26 +321,17 @@ def two_tries(run: Callable[[], None], to_second: Callable[[], None],
 
 
 def replayed_tries(replay: object, run: Callable[[], None]) -> None:
-    """:func:`two_tries` on the grader's replay of an exercise (``grader.judge``), whose records the
-    kernel marked with their try (``probe.trying``, ``probe.ATTEMPTS``). A replay that looks its records
-    up (``KeyedModuleReplay``, ``SessionReplay``: an ``attempt`` of their own) reads only the try it is
-    set to. A replay that reads them in order (``Replay``, ``ModuleReplay``) reads the first try's run of
-    records from where it stands, then, where the verdict needs it, the second try's run that follows;
-    either way it moves past both, so that a test cell's next check call starts at its own records. A
-    run of records ends where the mark changes, and a replay never reads past its run.
+    """:func:`two_tries` on what the kernel handed out for an exercise (the grader's ``HandedOut``), whose
+    records the kernel marked with their try (``probe.trying``, ``probe.ATTEMPTS``). It reads the first try's
+    run of records from where it stands, then, where the verdict needs it, the second try's run that follows;
+    either way it moves past both, so that a test cell's next check call starts at its own records. A run of
+    records ends where the mark changes, and it never reads past its run.
 
-    From a kernel that made no first tries (the student edition's: ``probe.first_tries_handed_out``),
-    its records are the second tries alone, and that verdict stands (the grader may make the first try
-    in a kernel of its own: ``grader.judge.JudgeOutside.first_tries``)."""
-    keyed = hasattr(replay, "attempt")
+    From a kernel that made no first tries (the student edition's: ``probe.first_tries_handed_out``), its
+    records are the second tries alone, and that verdict stands (the grader may make the first try in a
+    kernel of its own: ``grader.judge.JudgeOutside.first_tries``)."""
     if not _probe.first_tries_handed_out():  # a student-edition kernel made the second try alone
-        if keyed:
-            replay.attempt = 2  # type: ignore[attr-defined]
         run()
-        return
-    if keyed:
-        replay.attempt = 1  # type: ignore[attr-defined]
-        two_tries(run, lambda: setattr(replay, "attempt", 2))
         return
     records: list = replay.records  # type: ignore[attr-defined]
     start = replay.used  # type: ignore[attr-defined]
@@ -596,14 +387,3 @@ def _broken_helpers(used: list[tuple[dict, str]], helpers: dict[str, Callable]) 
     return broken
 
 
-def shared_parameters(module: nn.Module) -> list[tuple[str, str]]:
-    """Pairs of names under which ONE parameter appears twice in ``module``: blocks that share one set of
-    weights (``[Block()] * n``), a head tied to an embedding, one LayerNorm used as two."""
-    seen: dict[int, str] = {}
-    pairs = []
-    for name, parameter in module.named_parameters(remove_duplicate=False):
-        if id(parameter) in seen:
-            pairs.append((seen[id(parameter)], name))
-        else:
-            seen[id(parameter)] = name
-    return pairs

@@ -8,8 +8,8 @@ repeated, ``view`` on a non-contiguous tensor, a module that sees the future, Na
 and the known mistakes by their exact outputs.
 
 Each check is a spec (:mod:`course_utils.checks.spec`): the calls of ``split_heads``, ``merge_heads`` and
-``count_parameters`` (whose modules cross into the grading kernel as layouts, ``probe.module_layout``, and
-are rebuilt there, ``probe.build_layout``), and for the two module classes one probed construction per set
+``count_parameters`` (whose modules cross into the grading kernel as layouts, ``layouts.module_layout``, and
+are rebuilt there, ``layouts.build_layout``), and for the two module classes one probed construction per set
 of constructor arguments, with every forward pass their checks make (:mod:`course_utils.checks.probed`),
 judged by the same code in the kernel and, under the grader, outside.
 """
@@ -311,4 +311,4 @@ check_count_parameters = spec.declare(
     spec.function_spec("count_parameters", _count_cases, atol=0.0, rtol=0.0, diagnose=_count_diagnose),
     """Check ``count_parameters(module)``: the number of trainable parameters (GPT-2 small attention with
     ``qkv_bias=False``: 2,360,064; with GPT-2's own QKV biases, 2,362,368). Under the grader each module
-    crosses into the kernel as its layout (``probe.module_layout``), rebuilt there.""")
+    crosses into the kernel as its layout (``layouts.module_layout``), rebuilt there.""")

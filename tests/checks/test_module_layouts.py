@@ -1,4 +1,4 @@
-"""A module as plain data (``probe.module_layout``) and rebuilt from it (``probe.build_layout``): what
+"""A module as plain data (``layouts.module_layout``) and rebuilt from it (``layouts.build_layout``): what
 notebook 05's ``count_parameters`` is given under the grader (issue 18).
 
 A layout keeps what a count reads (submodules, parameters with ``requires_grad``, buffers with their
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.checks import probe
+from course_utils.checks import layouts, probe
 
 
 def _tied() -> nn.Module:
@@ -77,32 +77,32 @@ def _make_up(module: nn.Module) -> dict:
 @pytest.mark.parametrize("make", MODULES.values(), ids=MODULES.keys())
 def test_a_layout_rebuilds_a_module_of_the_same_make_up(make):
     module = make()
-    layout = probe.module_layout(module)
+    layout = layouts.module_layout(module)
     json.dumps(layout)  # plain data: no tensor, no class
-    rebuilt = probe.build_layout(layout)
-    assert probe.module_layout(rebuilt) == layout
+    rebuilt = layouts.build_layout(layout)
+    assert layouts.module_layout(rebuilt) == layout
     assert _make_up(rebuilt) == _make_up(module)
     assert all(type(m) is nn.Module for m in rebuilt.modules())  # no class is taken from the data
 
 
 def test_shared_tensors_and_submodules_stay_shared():
-    tied = probe.build_layout(probe.module_layout(_tied()))
+    tied = layouts.build_layout(layouts.module_layout(_tied()))
     first, second = (getattr(tied, n) for n in ("0", "1"))  # plain containers: reached by name
     assert second.weight is first.weight and len(list(tied.parameters())) == 1
-    shared = probe.build_layout(probe.module_layout(_shared_module()))
+    shared = layouts.build_layout(layouts.module_layout(_shared_module()))
     assert getattr(shared, "2") is getattr(shared, "0") and getattr(shared, "1") is not getattr(shared, "0")
-    buffers = probe.build_layout(probe.module_layout(_buffers()))
+    buffers = layouts.build_layout(layouts.module_layout(_buffers()))
     assert set(buffers.state_dict()) == {"proj.weight", "proj.bias", "mask"}
     assert buffers.scratch.dtype == torch.int64 and buffers.mask.dtype == torch.bool
 
 
 def test_a_layout_says_what_a_count_needs():
-    layout = probe.module_layout(_tied())
+    layout = layouts.module_layout(_tied())
     assert layout["children"][1][1]["parameters"] == [["weight", [5, 5], "float32", True, "0.weight"]]
-    frozen = probe.module_layout(_frozen())
+    frozen = layouts.module_layout(_frozen())
     assert frozen["children"][0][1]["parameters"][0] == ["weight", [3, 4], "float32", False, None]
-    assert probe.module_layout(nn.ReLU()) == {"parameters": [], "buffers": [], "children": []}
-    assert probe.module_layout(_buffers())["buffers"] == [["mask", [6, 6], "bool", True, None],
+    assert layouts.module_layout(nn.ReLU()) == {"parameters": [], "buffers": [], "children": []}
+    assert layouts.module_layout(_buffers())["buffers"] == [["mask", [6, 6], "bool", True, None],
                                                          ["scratch", [2], "int64", False, None]]
 
 
@@ -122,7 +122,7 @@ def _aliased(levels: int) -> dict:
 
 
 def _with(change) -> dict:
-    layout = copy.deepcopy(probe.module_layout(_buffers()))
+    layout = copy.deepcopy(layouts.module_layout(_buffers()))
     change(layout)
     return layout
 
@@ -151,20 +151,20 @@ MALFORMED = {
     "a submodule shared with a later one": (_with(lambda l: l["children"].append(["again", "later"])),
                                             "not an earlier module"),
     "two entries of one name": (_with(lambda l: l["children"].append(["mask", "proj"])), "of one name"),
-    "too deep": (_deep(probe.MAX_LAYOUT_DEPTH + 1), "nest deeper than"),
+    "too deep": (_deep(layouts.MAX_LAYOUT_DEPTH + 1), "nest deeper than"),
     "too many numbers": (_with(lambda l: l["buffers"][0].__setitem__(1, [2**16, 2**16])), "over the limit"),
     "too many modules, as shared data": (_aliased(12), "modules or"),
     "too many tensors in one module": (
-        {"parameters": [[f"w{i}", [1], "float32", True, None] for i in range(probe.MAX_LAYOUT_TENSORS + 1)],
+        {"parameters": [[f"w{i}", [1], "float32", True, None] for i in range(layouts.MAX_LAYOUT_TENSORS + 1)],
          "buffers": [], "children": []}, "parameters, buffers and submodules"),
 }
 
 
 @pytest.mark.parametrize("layout, words", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_or_oversized_layout_is_refused_before_anything_is_built(layout, words):
-    assert words in (probe.layout_problem(layout) or ""), probe.layout_problem(layout)
-    with pytest.raises(probe.BadLayout, match="not a module layout") as info:
-        probe.build_layout(layout)
+    assert words in (layouts.layout_problem(layout) or ""), layouts.layout_problem(layout)
+    with pytest.raises(layouts.BadLayout, match="not a module layout") as info:
+        layouts.build_layout(layout)
     assert words in str(info.value)
 
 
@@ -172,8 +172,8 @@ def test_the_limits_let_the_course_modules_through():
     """GPT-2 small's attention with its mask (notebook 05's visible case) is within the limits."""
     from course_utils.checks.nb05 import _attention_parameters
 
-    layout = probe.module_layout(_attention_parameters(768, 768, 1024))
-    assert probe.layout_problem(layout) is None
+    layout = layouts.module_layout(_attention_parameters(768, 768, 1024))
+    assert layouts.layout_problem(layout) is None
 
 
 def test_a_module_argument_travels_as_its_layout_in_the_hand_in():
@@ -181,9 +181,9 @@ def test_a_module_argument_travels_as_its_layout_in_the_hand_in():
 
     tied = _tied()
     encoded = probe.encode_cases([Case("tied", (tied, 3))])
-    assert encoded[0]["args"] == [None, 3] and encoded[0]["module_args"] == [[0, probe.module_layout(tied)]]
+    assert encoded[0]["args"] == [None, 3] and encoded[0]["module_args"] == [[0, layouts.module_layout(tied)]]
     (case,) = probe._decode_cases(encoded)
-    assert case.args[1] == 3 and probe.module_layout(case.args[0]) == probe.module_layout(tied)
+    assert case.args[1] == 3 and layouts.module_layout(case.args[0]) == layouts.module_layout(tied)
     assert probe.inputs_of((tied,), {}, layouts=True)["args"]["items"][0] == {
-        "kind": "layout", "layout": probe.module_layout(tied)}
+        "kind": "layout", "layout": layouts.module_layout(tied)}
     assert probe.inputs_of((tied,), {})["args"]["items"][0]["kind"] == "module"  # the values, as before

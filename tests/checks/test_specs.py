@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from course_utils import checks
-from course_utils.checks import core, expected, probe, spec
+from course_utils.checks import core, expected, layouts, probe, spec
 from grader import course
 from tests.fixtures.answers import load
 from tests.support import harness
@@ -76,7 +76,7 @@ def _same(a, b) -> bool:
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
             a.device.type == b.device.type and (a.device.type == "meta" or torch.equal(a, b))
     if isinstance(a, torch.nn.Module):  # a module crosses as its layout (count_parameters' cases)
-        return isinstance(b, torch.nn.Module) and probe.module_layout(a) == probe.module_layout(b)
+        return isinstance(b, torch.nn.Module) and layouts.module_layout(a) == layouts.module_layout(b)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 import torch
 
-from course_utils.checks import probe, wire
+from course_utils.checks import layouts, probe, wire
 from grader import autograde, course, intake, judge
 from tests.fixtures.answers import load
 from tests.support import harness
@@ -48,16 +48,6 @@ _CA = ("class CausalAttention(nn.Module):\n"
        "        s = (q @ k.transpose(1, 2)).masked_fill(self.mask[:T, :T], -torch.inf)\n"
        "        w = self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1))\n"
        "        return w @ v\n")
-
-
-def _answers():
-    for notebook in NOTEBOOKS:
-        module = load(notebook)
-        for kind in ("WRONG", "RIGHT"):
-            for exercise, answers in getattr(module, kind).items():
-                if exercise in judge.JUDGED:
-                    for label, source in answers.items():
-                        yield pytest.param(notebook, exercise, source, id=f"{notebook[:2]}-{exercise}-{label}")
 
 
 #: Outputs of every kind the hand-off carries, each replayed to the same verdict and message.
@@ -158,7 +148,7 @@ EDGES = {
 
 @pytest.mark.parametrize("notebook, exercise, source", EDGES.values(), ids=EDGES.keys())
 def test_every_kind_of_output_replays_to_the_same_verdict(notebook, exercise, source, monkeypatch, capsys):
-    test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypatch, capsys)
+    _same_verdict_outside(notebook, exercise, source, monkeypatch, capsys)
 
 
 def _inside(notebook: str, exercise: str, source: str) -> dict[str, tuple[str | None, str]]:
@@ -192,8 +182,42 @@ def _handed_out(notebook: str, exercise: str, source: str, monkeypatch) -> tuple
     return handoff, cells
 
 
-@pytest.mark.parametrize("notebook, exercise, source", list(_answers()))
-def test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypatch, capsys):
+def _honest(notebook: str, exercise: str, answer: str, test: str):
+    """What an honest ``answer`` hands out for its test cell: ``(records, sources)`` (a fixture's body)."""
+    monkeypatch = pytest.MonkeyPatch()
+    handoff, _ = _handed_out(notebook, exercise, answer, monkeypatch)
+    try:
+        yield judge.load_handed_out(handoff.outputs, test)[:2]
+    finally:
+        handoff.remove()
+        monkeypatch.undo()
+
+
+def _verdict_of(tmp_path, notebook: str, test: str, records, sources) -> judge.Verdict:
+    """The verdict of ``test`` from ``records`` and ``sources`` written as a kernel would hand them out."""
+    _write(tmp_path, {"format": probe.FORMAT, "test": test, "records": records, "sources": sources}, test)
+    return judge.judge_handed_out(tmp_path, notebook, test, {})
+
+
+def _copy(records: list[dict]) -> list[dict]:
+    import copy
+
+    return copy.deepcopy(records)
+
+
+def _tries(records: list[dict]) -> list[list[dict]]:
+    """The records of each try of ``modules.alone``, in order: an exercise that builds on the notebook's other
+    exercises hands out both tries from a kernel with the reference (the first with its helpers swapped in),
+    each record marked with its ``attempt``, and passes when either try passes (``modules.check_alone``). A
+    forger controls every try, so a forgery that is to cost points is made in each. One list for an exercise
+    with a single try."""
+    marks = list(dict.fromkeys(r.get("attempt") for r in records))
+    return [[r for r in records if r.get("attempt") == mark] for mark in marks]
+
+
+def _same_verdict_outside(notebook, exercise, source, monkeypatch, capsys=None):
+    """Each test cell's verdict, handed out as a grading kernel does and judged outside, is the one the
+    test cell gives in this process."""
     want = _inside(notebook, exercise, source)
     handoff, cells = _handed_out(notebook, exercise, source, monkeypatch)
     try:
@@ -205,6 +229,14 @@ def test_the_verdict_outside_is_the_kernels(notebook, exercise, source, monkeypa
         handoff.remove()
 
 
+def _load1(folder, test):
+    return judge.load_handed_out(folder, test)[0]
+
+
+def _load2(folder, test):
+    return judge.load_handed_out(folder, test)[:2]
+
+
 # --------------------------------------------------------------------------------------------
 # The hand-off is untrusted
 # --------------------------------------------------------------------------------------------
@@ -212,12 +244,11 @@ TEST = "test_dot"
 
 
 def _record(value=None, **changes) -> dict:
-    record = {"exercise": "dot", "inputs": probe.inputs_of((torch.ones(2), torch.ones(2)), {}),
-              "result": {"kind": "tensor", "value": torch.tensor(1.0)}}
-    if value is not None:
-        record["result"] = value
-    record.update(changes)
-    return record
+    """A plan's outcomes as a kernel hands them out: ``dot``'s first visible call, ``value`` its result,
+    ``changes`` made to that outcome."""
+    outcome = {"result": value if value is not None else {"kind": "tensor", "value": torch.tensor(1.0)}}
+    outcome.update(changes)
+    return {"exercise": "dot", "plan": "visible", "outcomes": [["book: x^1 . x^2", outcome]]}
 
 
 def _path(folder, test=TEST):
@@ -230,13 +261,13 @@ def _write(folder, data, test=TEST):
 
 def _refused(folder, words: str) -> None:
     with pytest.raises(judge.BadHandOff) as info:
-        judge.load_results(folder, TEST)
+        _load1(folder, TEST)
     assert words in str(info.value), str(info.value)
 
 
 def test_a_well_formed_hand_off_is_read(tmp_path):
     _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record()]})
-    assert judge.load_results(tmp_path, TEST)[0]["exercise"] == "dot"
+    assert _load1(tmp_path, TEST)[0]["exercise"] == "dot"
 
 
 def test_missing_file(tmp_path):
@@ -317,7 +348,7 @@ def _file_of(value, blob: bytes) -> bytes:
     import json
 
     return _forged(json.dumps({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [
-        _record(value, inputs=probe.inputs_of((), {}))]}).encode(), blob)
+        _record(value)]}).encode(), blob)
 
 
 def _tensor_file(spec, blob=bytes(16)) -> bytes:
@@ -373,7 +404,7 @@ def test_tensors_cannot_share_bytes_to_take_more_memory_than_the_file(tmp_path):
     _refused(tmp_path, "more tensor bytes than the file holds")
     value["items"] = value["items"][:1]  # one is fine
     _path(tmp_path).write_bytes(_file_of(value, bytes(16)))
-    assert torch.equal(judge.load_results(tmp_path, TEST)[0]["result"]["items"][0]["value"], torch.zeros(4))
+    assert torch.equal(_load1(tmp_path, TEST)[0]["outcomes"][0][1]["result"]["items"][0]["value"], torch.zeros(4))
 
 
 @pytest.mark.parametrize("data, words", [
@@ -382,7 +413,6 @@ def test_tensors_cannot_share_bytes_to_take_more_memory_than_the_file(tmp_path):
     ({"format": probe.FORMAT, "test": "test_other", "sources": {}, "records": []}, "not this test's"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs="x")]}, "no inputs"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": [1.0, 2.0]})]},
      "not a plain torch.Tensor"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
@@ -392,10 +422,10 @@ def test_tensors_cannot_share_bytes_to_take_more_memory_than_the_file(tmp_path):
      "a number whose type"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "other", "type": "not a name"})]},
      "without a type name"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "inputs": probe.inputs_of((), {}),
-                                                         "error": {"type": "ValueError"}}]}, "an error without"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(inputs={"args": {"kind": "list", "items": [
-        {"kind": "tensor", "value": "ones(2)"}]}, "kwargs": {}})]}, "its inputs hold"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "plan": "visible", "outcomes": [
+        ["book: x^1 . x^2", {"error": {"type": "ValueError"}}]]}]}, "an error without"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "inputs": {}, "result": {}}]},
+     "not the outcomes of a plan"),
 ])
 def test_malformed_or_mistyped_records(tmp_path, data, words):
     _write(tmp_path, data)
@@ -424,45 +454,13 @@ def test_rules_read_the_function_the_kernel_checked(monkeypatch, capsys):
     assert "torch.softmax" in verdict.evalue and "does not allow" in verdict.evalue
 
 
-def test_an_output_of_other_inputs_or_one_too_many_scores_zero(tmp_path):
-    from course_utils.data import book_inputs
-
-    x = book_inputs()
-    right = {"exercise": "dot", "inputs": probe.inputs_of((x[0], x[1]), {}),
-             "result": {"kind": "tensor", "value": x[0] @ x[1]}}
-    forged = dict(right, inputs=probe.inputs_of((x[1], x[0] * 2), {}))
-    verdict = judge.judge_test("01_dot_products", TEST, [forged], {})
-    assert verdict.ename == judge.HANDOFF_ERROR and "not computed from the inputs" in verdict.evalue
-    verdict = judge.judge_test("01_dot_products", TEST, [right], {})
-    assert verdict.ename == judge.HANDOFF_ERROR and "no output came back for input 2" in verdict.evalue
-
-
-def test_inputs_are_compared_up_to_another_cpus_rounding():
-    """The kernel and the grader may round the same float32 arithmetic differently (another CPU, other
-    threads): inputs a few ulp apart are the same inputs; other values, shapes or dtypes are not."""
-    x = torch.linspace(-3, 3, 12).reshape(3, 4)
-    given = probe.inputs_of((x,), {"dim": -1})
-    noisy = x * (1 + 3 * torch.finfo(torch.float32).eps)
-    assert judge.same_inputs(probe.inputs_of((noisy,), {"dim": -1}), given)
-    assert not judge.same_inputs(probe.inputs_of((x + 1e-3,), {"dim": -1}), given)
-    assert not judge.same_inputs(probe.inputs_of((x.double(),), {"dim": -1}), given)
-    assert not judge.same_inputs(probe.inputs_of((x.T,), {"dim": -1}), given)
-    assert not judge.same_inputs(probe.inputs_of((x,), {"dim": 0}), given)
-    assert not judge.same_inputs(probe.inputs_of((x,), {}), given)
-    assert not judge.same_inputs(probe.inputs_of((x, x), {"dim": -1}), given)
-    with_nan = x.clone()
-    with_nan[0, 0] = float("nan")
-    assert judge.same_inputs(probe.inputs_of((with_nan,), {}), probe.inputs_of((with_nan.clone(),), {}))
-    assert not judge.same_inputs(probe.inputs_of((with_nan,), {}), probe.inputs_of((x,), {}))
-
-
-def test_the_replay_raises_what_the_student_code_raised():
-    error = judge._exception({"type": "IndexError", "message": "index 6 is out of bounds"})
+def test_an_error_comes_back_as_what_the_student_code_raised():
+    error = wire.error_of("IndexError", "index 6 is out of bounds")
     assert isinstance(error, IndexError) and type(error).__name__ == "IndexError"
     assert str(error) == "index 6 is out of bounds"
-    odd = judge._exception({"type": "SystemExit", "message": "bye"})  # never an escape from the check engine
+    odd = wire.error_of("SystemExit", "bye")  # never an escape from the check engine
     assert isinstance(odd, Exception) and type(odd).__name__ == "SystemExit"
-    mine = judge._exception({"type": "MyOwnError", "message": "boom"})
+    mine = wire.error_of("MyOwnError", "boom")
     assert isinstance(mine, Exception) and type(mine).__name__ == "MyOwnError"
 
 
@@ -472,190 +470,6 @@ def test_the_replay_raises_what_the_student_code_raised():
 _RIGHT_V1 = _V1_INIT + ("\n    def forward(self, x):\n        q, k, v = x @ self.W_query, x @ self.W_key, x @ self.W_value\n"
                         "        return torch.softmax(q @ k.mT / k.shape[-1] ** 0.5, dim=-1) @ v\n")
 V1_TEST = "test_SelfAttention_v1"
-
-
-def _honest(notebook: str, exercise: str, answer: str, test: str):
-    """What an honest ``answer`` hands out for its test cell: ``(records, sources)`` (a fixture's body)."""
-    monkeypatch = pytest.MonkeyPatch()
-    handoff, _ = _handed_out(notebook, exercise, answer, monkeypatch)
-    try:
-        yield judge.load_hand_off(handoff.outputs, test)
-    finally:
-        handoff.remove()
-        monkeypatch.undo()
-
-
-def _verdict_of(tmp_path, notebook: str, test: str, records, sources) -> judge.Verdict:
-    """The verdict of ``test`` from ``records`` and ``sources`` written as a kernel would hand them out."""
-    _write(tmp_path, {"format": probe.FORMAT, "test": test, "records": records, "sources": sources}, test)
-    return judge.judge_handed_out(tmp_path, notebook, test, {})
-
-
-@pytest.fixture(scope="module")
-def honest_v1():
-    """What an honest SelfAttention_v1 hands out for its test cell: ``(records, sources)``."""
-    yield from _honest(NB03, "SelfAttention_v1", _RIGHT_V1, V1_TEST)
-
-
-def _v1_verdict(tmp_path, records, sources) -> judge.Verdict:
-    return _verdict_of(tmp_path, NB03, V1_TEST, records, sources)
-
-
-def _copy(records: list[dict]) -> list[dict]:
-    import copy
-
-    return copy.deepcopy(records)
-
-
-def _tries(records: list[dict]) -> list[list[dict]]:
-    """The records of each try of ``modules.alone``, in order: an exercise that builds on the notebook's other
-    exercises hands out both tries from a kernel with the reference (the first with its helpers swapped in),
-    each record marked with its ``attempt``, and passes when either try passes (``modules.check_alone``). A
-    forger controls every try, so a forgery that is to cost points is made in each. One list for an exercise
-    with a single try."""
-    marks = list(dict.fromkeys(r.get("attempt") for r in records))
-    return [[r for r in records if r.get("attempt") == mark] for mark in marks]
-
-
-def test_an_honest_module_hand_off_passes(tmp_path, honest_v1):
-    records, sources = honest_v1
-    kinds = [("construction" if "mode" not in r else "forward") for r in records]
-    assert kinds[:4] == ["construction", "forward", "construction", "forward"], kinds
-    assert records[0]["module"]["attributes"] == {"W_query": "Parameter", "W_key": "Parameter", "W_value": "Parameter"}
-    assert [n for n, _ in records[0]["module"]["parameters"]] == ["W_query", "W_key", "W_value"]
-    verdict = _v1_verdict(tmp_path, records, sources)
-    assert verdict.ename is None and "module outputs agree" in verdict.text
-
-
-@pytest.mark.parametrize("forge, words", [
-    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", [[1.0, 1.0]] * 3]), "not a plain torch.Tensor"),
-    (lambda c: c["module"]["parameters"].__setitem__(0, ["W query", torch.ones(3, 2)]), "malformed or repeated name"),
-    (lambda c: c["module"]["parameters"].append(["W_key", torch.ones(3, 2)]), "malformed or repeated name"),
-    (lambda c: c["module"]["parameters"].__setitem__(0, ["W_query", torch.zeros(judge.MAX_ELEMENTS + 1, dtype=torch.uint8)]),
-     "over the limit"),
-    (lambda c: c["module"].__setitem__("state", {}), "parameters and attributes (and nothing else)"),
-    (lambda c: c["module"]["attributes"].__setitem__("W_query", "SelfAttention_v1"), "kinds from"),
-    (lambda c: c["module"]["attributes"].__setitem__("forward", "Parameter"), "kinds from"),
-    (lambda c: c.__setitem__("verdict", "pass"), "expected a module, a result or an error of the construction"),
-    (lambda c: c.__setitem__("error", {"type": "ValueError", "message": "x"}), "expected a module, a result or an error"),
-    (lambda c: c.pop("cls"), "without the name of the class built"),
-    (lambda c: c.__setitem__("build", "(3, 2)"), "its constructor arguments"),
-])
-def test_a_forged_construction_is_refused(tmp_path, honest_v1, forge, words):
-    records, sources = honest_v1
-    records = _copy(records)
-    forge(records[0])
-    with pytest.raises(judge.BadHandOff) as info:
-        _v1_verdict(tmp_path, records, sources)
-    assert words in str(info.value), str(info.value)
-
-
-def test_a_forward_pass_record_is_checked(tmp_path, honest_v1):
-    records, sources = honest_v1
-    for forge, words in [(lambda f: f.__setitem__("mode", "test"), "a mode other than eval or train"),
-                         (lambda f: f.__setitem__("changed_inputs", [0]), "expected a forward pass's result or error")]:
-        forged = _copy(records)
-        forge(forged[1])
-        with pytest.raises(judge.BadHandOff) as info:
-            _v1_verdict(tmp_path, forged, sources)
-        assert words in str(info.value), str(info.value)
-
-
-def test_a_state_dict_that_does_not_rebuild_scores_zero(tmp_path, honest_v1):
-    records, sources = honest_v1
-    forged = _copy(records)
-    forged[0]["module"]["parameters"] = [["W_query", torch.ones(3, 2)], ["W_query.weight", torch.ones(3, 2)]]
-    verdict = _v1_verdict(tmp_path, forged, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "cannot be rebuilt" in verdict.evalue, verdict.evalue
-
-
-def test_a_forged_state_dict_earns_nothing(tmp_path, honest_v1):
-    """Parameters of the wrong shapes fail as the kernel's own would; the outputs are what is judged."""
-    records, sources = honest_v1
-    forged = _copy(records)
-    for run in _tries(forged):
-        run[0]["module"]["parameters"] = [[n, t.T.contiguous()] for n, t in run[0]["module"]["parameters"]]
-    verdict = _v1_verdict(tmp_path, forged, sources)
-    assert verdict.ename == "CheckFailed" and "expected parameters of shapes" in verdict.evalue
-
-
-def test_a_module_output_from_other_inputs_or_one_too_many_scores_zero(tmp_path, honest_v1):
-    records, sources = honest_v1
-    other = _copy(records)
-    x = other[1]["inputs"]["args"]["items"][0]["value"]
-    other[1]["inputs"] = probe.inputs_of((x + 1,), {})
-    verdict = _v1_verdict(tmp_path, other, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass the grader asked for" in verdict.evalue
-    built = _copy(records)
-    built[1]["build"] = probe.inputs_of((4, 3), {})  # an output of another construction
-    verdict = _v1_verdict(tmp_path, built, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass" in verdict.evalue
-    extra = _copy(records)
-    extra.append(_copy(records)[1])
-    verdict = _v1_verdict(tmp_path, extra, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "more outputs came back than the test asked for" in verdict.evalue
-    missing = [r for r in _copy(records) if "mode" not in r]  # constructions only
-    verdict = _v1_verdict(tmp_path, missing, sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "not the forward pass" in verdict.evalue
-    verdict = _v1_verdict(tmp_path, _copy(records)[:1], sources)
-    assert verdict.ename == judge.HANDOFF_ERROR and "no forward pass came back" in verdict.evalue
-
-
-def test_what_a_copy_leaves_is_checked(tmp_path, monkeypatch):
-    source = ("def copy_v2_weights_to_v1(sa_v2, sa_v1):\n    with torch.no_grad():\n"
-              "        for n in ('W_query', 'W_key', 'W_value'):\n"
-              "            getattr(sa_v1, n).copy_(getattr(sa_v2, n).weight.T)\n")
-    handoff, _ = _handed_out(NB03, "copy_v2_weights_to_v1", source, monkeypatch)
-    try:
-        records, sources = judge.load_hand_off(handoff.outputs, "test_copy_v2_weights_to_v1")
-    finally:
-        handoff.remove()
-    assert records[0]["after"][0] == {n: {"kind": "unchanged"} for n in ("W_query", "W_key", "W_value")}
-    assert records[0]["inputs"]["args"]["items"][0]["kind"] == "module"
-
-    def verdict(forged):
-        _write(tmp_path, {"format": probe.FORMAT, "test": "test_copy_v2_weights_to_v1", "records": forged,
-                          "sources": sources}, "test_copy_v2_weights_to_v1")
-        return judge.judge_handed_out(tmp_path, NB03, "test_copy_v2_weights_to_v1", {})
-
-    assert verdict(records).ename is None
-    for forge, words in [
-        (lambda r: r["after"].pop(), "one entry per argument"),
-        (lambda r: r["after"][1].__setitem__("W_query", {"kind": "Parameter", "type": "Parameter", "value": "x"}),
-         "holds a tensor value that is not"),
-        (lambda r: r["after"][1].__setitem__("W_query", {"kind": "Evil", "type": "Evil"}), "without a kind"),
-        (lambda r: r["after"][1].__setitem__("_parameters", {"kind": "unchanged"}), "mapping of attribute names"),
-        (lambda r: r["inputs"]["args"]["items"][0].__setitem__("parameters", [["w", "x"]]), "its inputs hold"),
-    ]:
-        forged = _copy(records)
-        forge(forged[0])
-        with pytest.raises(judge.BadHandOff) as info:
-            verdict(forged)
-        assert words in str(info.value), str(info.value)
-    other = _copy(records)  # what the copy left, handed out for other modules than the grader's
-    other[0]["inputs"]["args"]["items"][1]["parameters"][0][1] += 1
-    assert "not computed from the inputs" in verdict(other).evalue
-
-
-def test_hidden_module_configs_reach_the_kernel_as_data(monkeypatch):
-    """A module exercise's hidden ``(constructor_args, cases)`` go into the grader's inputs file and come
-    back out of it in the kernel as they were."""
-    from course_utils.checks import expected
-
-    handoff = judge.prepare(NB03)
-    try:
-        monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
-        monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
-        monkeypatch.setattr(probe, "_inputs", None)
-        for exercise in ("SelfAttention_v1", "SelfAttention_v2"):
-            got, want = probe.hidden_cases(exercise), expected.instructor().hidden(exercise)
-            assert [b for b, _ in got] == [b for b, _ in want]
-            for (_, mine), (_, theirs) in zip(got, want):
-                assert [c.name for c in mine] == [c.name for c in theirs]
-                assert all(torch.equal(a, b) for c, d in zip(mine, theirs) for a, b in zip(c.args, d.args))
-    finally:
-        handoff.remove()
-        monkeypatch.setattr(probe, "_inputs", None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -694,7 +508,7 @@ def test_hidden_modules_reach_the_kernel_as_layouts(monkeypatch):
         want = expected.instructor().hidden("count_parameters")
         assert [c.name for c in got] == [c.name for c in want]
         for mine, theirs in zip(got, want):
-            assert probe.module_layout(mine.args[0]) == probe.module_layout(theirs.args[0])
+            assert layouts.module_layout(mine.args[0]) == layouts.module_layout(theirs.args[0])
             assert type(mine.args[0]) is torch.nn.Module
     finally:
         handoff.remove()
@@ -950,7 +764,7 @@ def test_a_second_sdpa_call_is_counted_outside_as_in_the_kernel(monkeypatch, cap
     pass, and the replay outside gives the check the same count, so the verdict is the kernel's."""
     want = _inside(NB06, "MHAPyTorchSDPA", _SDPA_TWICE)
     assert "called F.scaled_dot_product_attention 2 times" in want[SDPA_TEST][1], want
-    test_the_verdict_outside_is_the_kernels(NB06, "MHAPyTorchSDPA", _SDPA_TWICE, monkeypatch, capsys)
+    _same_verdict_outside(NB06, "MHAPyTorchSDPA", _SDPA_TWICE, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -1048,7 +862,7 @@ _TIMER_RIGHT = _NB06._TIMER
     _TIMER_RIGHT.replace("    for _ in range(warmup):\n        fn()\n", "    for _ in range(warmup):\n        fn(1)\n"),
 ], ids=["numpy's float64", "a 0-dim tensor", "a string", "calls fn with an argument"])
 def test_every_kind_of_timer_outcome_replays_to_the_same_verdict(source, monkeypatch, capsys):
-    test_the_verdict_outside_is_the_kernels(NB06, "time_cuda_aware", source, monkeypatch, capsys)
+    _same_verdict_outside(NB06, "time_cuda_aware", source, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -1334,7 +1148,7 @@ def test_apply_rope_is_judged_outside_with_either_helper(source, monkeypatch, ca
     assert "apply_rope" in judge.JUDGED
     want = _inside(NB08, "apply_rope", source)
     assert want and all(ename is None for ename, _ in want.values()), want
-    test_the_verdict_outside_is_the_kernels(NB08, "apply_rope", source, monkeypatch, capsys)
+    _same_verdict_outside(NB08, "apply_rope", source, monkeypatch, capsys)
 
 
 def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
@@ -1342,7 +1156,7 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
     the first try's message; a second try left out scores 0 when the verdict needs it."""
     handoff, _ = _handed_out(NB08, "apply_rope", _OWN_LAYOUT, monkeypatch)
     try:
-        records, sources = judge.load_hand_off(handoff.outputs, "test_apply_rope")
+        records, sources = _load2(handoff.outputs, "test_apply_rope")
     finally:
         handoff.remove()
     # one record per try and per check call: the visible plan's two tries, then the hidden plan's
@@ -1380,7 +1194,7 @@ def test_gqa_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
     assert "GroupedQueryAttention" in judge.spec_of_each()
     want = _inside(NB08, "GroupedQueryAttention", source)
     assert want and all(ename is None for ename, _ in want.values()), want
-    test_the_verdict_outside_is_the_kernels(NB08, "GroupedQueryAttention", source, monkeypatch, capsys)
+    _same_verdict_outside(NB08, "GroupedQueryAttention", source, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -1587,11 +1401,6 @@ def honest_flash():
 def honest_triton():
     """What an honest flash_attention_triton hands out for its test cell: ``(records, sources)``."""
     yield from _honest(NB07, "flash_attention_triton", _NB07._kernel(_NB07._LOOP), TRITON_TEST)
-
-
-def _outcomes(record: dict) -> dict[str, dict]:
-    """A spec's record (``spec.Spec.hand_out``): key -> outcome, as handed out."""
-    return dict((key, outcome) for key, outcome in record["outcomes"])
 
 
 def _forged(records: list[dict], key: str, value: dict | None = None, error: dict | None = None) -> list[dict]:
@@ -1927,7 +1736,7 @@ STEP_TEST, LEARNED_TEST, SINUSOID_TEST = "test_train_step", "test_LearnedPositio
                         "    if answer_mask.all(dim=1).any():\n        raise KeyError('all answers')\n"),
 ], ids=["numpy's float64", "a tuple", "raises on one spec only"])
 def test_every_kind_of_step_outcome_replays_to_the_same_verdict(source, monkeypatch, capsys):
-    test_the_verdict_outside_is_the_kernels(NB09, "train_step", source, monkeypatch, capsys)
+    _same_verdict_outside(NB09, "train_step", source, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -2099,7 +1908,7 @@ GENERATE_TEST = "test_generate"
                             "        raise RuntimeError('too many tokens')\n"),
 ], ids=["a list", "an error on some specs"])
 def test_every_kind_of_generation_replays_to_the_same_verdict(source, monkeypatch, capsys):
-    test_the_verdict_outside_is_the_kernels(NB09, "generate", source, monkeypatch, capsys)
+    _same_verdict_outside(NB09, "generate", source, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")
