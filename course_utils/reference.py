@@ -1294,3 +1294,113 @@ def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, s
              mask=offs_n[:, None] < T)
     tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=offs_n[:, None] < T)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: serving: a paged KV cache and paged attention
+# --------------------------------------------------------------------------------------------
+__all__ += ["PagedKVCache", "paged_attention"]
+
+
+class PagedKVCache:
+    """A KV cache in fixed-size blocks, as vLLM keeps it: one pool of blocks shared by every sequence.
+
+    ``key_blocks`` and ``value_blocks`` are ``(num_blocks, num_kv_heads, block_size, head_dim)``. Each
+    sequence owns a list of blocks, its **block table**: token ``t`` of the sequence sits in block
+    ``table[t // block_size]`` at slot ``t % block_size``. A block is taken from the free list (the
+    lowest-numbered free block first) only when a sequence's tokens reach it, and goes back when the
+    sequence is freed.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32):
+        self.block_size = block_size
+        self.key_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype)
+        self.value_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype)
+        self.free_list = list(range(num_blocks))  # block numbers, lowest first
+        self.tables: dict[int, list[int]] = {}  # seq_id -> its blocks, in token order
+        self.lengths: dict[int, int] = {}  # seq_id -> tokens written
+
+    @property
+    def num_free_blocks(self) -> int:
+        """How many blocks no sequence holds."""
+        return len(self.free_list)
+
+    def allocate(self, seq_id: int) -> None:
+        """Start an empty sequence: no block is taken until its first token arrives."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        self.tables[seq_id] = []
+        self.lengths[seq_id] = 0
+
+    def _table(self, seq_id: int) -> list[int]:
+        if seq_id not in self.tables:
+            raise KeyError(f"sequence {seq_id} is not allocated (or was freed)")
+        return self.tables[seq_id]
+
+    def append(self, seq_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k`` and ``v``, each ``(num_kv_heads, T_new, head_dim)``, after the sequence's tokens,
+        taking new blocks as the tokens cross block boundaries. Out of blocks: a ``RuntimeError`` naming
+        the sequence and the blocks it needed, and nothing changed."""
+        table = self._table(seq_id)
+        length, new = self.lengths[seq_id], k.shape[1]
+        needed = -(-(length + new) // self.block_size) - len(table)  # blocks the new tokens start
+        if needed > len(self.free_list):
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more blocks for its {new} new "
+                               f"tokens, but only {len(self.free_list)} are free")
+        for _ in range(needed):
+            table.append(self.free_list.pop(0))  # the lowest-numbered free block
+        for t in range(new):
+            position = length + t
+            block, slot = table[position // self.block_size], position % self.block_size
+            self.key_blocks[block, :, slot] = k[:, t]  # (num_kv_heads, head_dim)
+            self.value_blocks[block, :, slot] = v[:, t]
+        self.lengths[seq_id] = length + new
+
+    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence's keys and values in token order, each ``(num_kv_heads, T, head_dim)``."""
+        table = self._table(seq_id)
+        length = self.lengths[seq_id]
+        num_kv_heads, head_dim = self.key_blocks.shape[1], self.key_blocks.shape[3]
+        k = self.key_blocks[table]  # (n, num_kv_heads, block_size, head_dim)
+        v = self.value_blocks[table]
+        k = k.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]  # (num_kv_heads, T, head_dim)
+        v = v.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]
+        return k, v
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The sequence's blocks, in token order (a copy)."""
+        return list(self._table(seq_id))
+
+    def free(self, seq_id: int) -> None:
+        """Give the sequence's blocks back to the free list and forget the sequence."""
+        table = self._table(seq_id)
+        self.free_list = sorted(self.free_list + table)
+        del self.tables[seq_id], self.lengths[seq_id]
+
+
+def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """One decode step of a ragged batch, reading keys and values from the blocks of a paged cache.
+
+    ``q`` is ``(b, num_heads, head_dim)``: one new token per sequence. ``key_blocks`` and
+    ``value_blocks`` are ``(num_blocks, num_kv_heads, block_size, head_dim)``; ``block_tables`` is
+    ``(b, max_blocks)`` int64, each row a sequence's blocks padded with -1; ``seq_lens`` ``(b,)`` how many
+    tokens each sequence holds. Query head ``h`` reads key/value head ``h // (num_heads // num_kv_heads)``
+    (grouped-query attention), without copying the cache per head. Returns ``(b, num_heads, head_dim)``.
+    """
+    b, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = key_blocks.shape[1], key_blocks.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)  # (b, num_heads, head_dim)
+    for i in range(b):
+        length = int(seq_lens[i])
+        blocks = block_tables[i, : -(-length // block_size)]  # this sequence's blocks only, no padding
+        k = key_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]  # (kv, T, D)
+        v = value_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]
+        qi = q[i].view(num_kv_heads, group, head_dim)  # (kv, group, D): heads g*group .. share kv head g
+        scores = qi @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (kv, group, T)
+        out[i] = (torch.softmax(scores, dim=-1) @ v).reshape(num_heads, head_dim)  # (H, D)
+    return out

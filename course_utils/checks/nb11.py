@@ -1,0 +1,366 @@
+"""Self-checks for notebook 11 (serving): a paged KV cache and paged attention, each declared as a spec
+(:mod:`course_utils.checks.spec`).
+
+``PagedKVCache`` is a stateful object: each of its cases is a **session**, a list of operations
+(``allocate``, ``append``, ``gather``, ``block_table``, ``free``, ``num_free_blocks``, the pool itself) run in
+order on one cache by the runner :func:`run_session`, which returns what each operation gave as plain data.
+The judge runs the same session on the reference (``expected.expect``: live, or recorded in the student
+edition) and compares operation by operation; the first difference is the message, with a hint read from
+the symptom (a token at a block boundary, a freed sequence's blocks, two sequences in one block).
+
+``paged_attention`` is a function: each case is one call, compared with the reference's output; a wrong
+output that matches a known mistake (``course_utils.instructor.nb11``) is named by it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from course_utils.checks import core
+from course_utils.checks.core import Case
+from course_utils.checks.spec import Outcomes, Spec, Step, declare, function_spec, refuse, with_hidden
+
+__all__ = ["check_PagedKVCache", "check_paged_attention"]
+
+
+# --------------------------------------------------------------------------------------------
+# PagedKVCache: sessions of operations
+# --------------------------------------------------------------------------------------------
+def kv(num_kv_heads: int, tokens: int, head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of ``tokens`` new tokens, each ``(num_kv_heads, tokens, head_dim)``, from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(num_kv_heads, tokens, head_dim, generator=g),
+            torch.randn(num_kv_heads, tokens, head_dim, generator=g))
+
+
+def session(name: str, build: tuple[int, int, int, int], ops: Sequence[tuple]) -> Case:
+    """A case of ``PagedKVCache``: the constructor's ``(num_blocks, block_size, num_kv_heads, head_dim)``
+    and the operations run in order, each a tuple: ``("allocate", s)``, ``("append", s, k, v)``,
+    ``("gather", s)``, ``("block_table", s)``, ``("free", s)``, ``("num_free_blocks",)``, ``("pool",)``."""
+    if len(ops) > 60:
+        raise ValueError(f"a session has at most 60 operations (the hand-off's lists hold 64), got {len(ops)}")
+    return Case(name, (tuple(build), tuple(tuple(op) for op in ops)))
+
+
+def appended(s: int, seed: int, tokens: int, num_kv_heads: int, head_dim: int) -> tuple:
+    """The operation ``("append", s, k, v)`` with ``tokens`` new tokens drawn from ``seed``."""
+    return ("append", s, *kv(num_kv_heads, tokens, head_dim, seed))
+
+
+def run_session(cache_class: Any, case: Case) -> list:
+    """Run ``case``'s session on a new ``cache_class(*build)``: ``[pool shapes, outcome of each operation]``.
+
+    The pool shapes are ``[key_blocks' shape, value_blocks' shape]``; each operation's outcome is
+    ``["ok", value]`` (``value``: ``(k, v)`` for ``gather``, a list of ints for ``block_table``, an int for
+    ``num_free_blocks``, ``(key_blocks, value_blocks)`` for ``pool``, ``None`` otherwise) or ``["error",
+    type name, message]``. The session goes on after an error, as a server would."""
+    build, ops = case.args
+    torch.manual_seed(core.BUILD_SEED)
+    cache = cache_class(*build)
+    found: list = [[list(cache.key_blocks.shape), list(cache.value_blocks.shape)]]
+    for op in ops:
+        name, args = op[0], op[1:]
+        try:
+            if name == "gather":
+                k, v = cache.gather(*args)
+                value: Any = (k.detach().clone(), v.detach().clone())
+            elif name == "block_table":
+                value = [int(b) for b in cache.block_table(*args)]
+            elif name == "num_free_blocks":
+                count = cache.num_free_blocks
+                value = int(count() if callable(count) else count)
+            elif name == "pool":
+                value = (cache.key_blocks.detach().clone(), cache.value_blocks.detach().clone())
+            else:
+                getattr(cache, name)(*args)
+                value = None
+            found.append(["ok", value])
+        except Exception as exc:  # noqa: BLE001 - an error is an outcome, and the session goes on
+            found.append(["error", type(exc).__name__, str(exc)[:300]])
+    return found
+
+
+def _describe(op: tuple) -> str:
+    name, args = op[0], op[1:]
+    if name == "append":
+        return f"append({args[0]}, k, v) of {args[1].shape[1]} tokens"
+    if name in ("num_free_blocks", "pool"):
+        return "num_free_blocks" if name == "num_free_blocks" else "the pool (key_blocks, value_blocks)"
+    return f"{name}({args[0]})"
+
+
+def _well_formed(exercise: str, got: Any, ops: Sequence[tuple]) -> None:
+    """Refuse a session's outcome that no run of :func:`run_session` gives (a forged hand-off)."""
+    if not (isinstance(got, list) and len(got) <= len(ops) + 1 and got and isinstance(got[0], list)):
+        refuse(exercise, "session")
+    for item in got[1:]:
+        if not (isinstance(item, list) and item and item[0] in ("ok", "error")
+                and (len(item) == 2 if item[0] == "ok" else len(item) == 3 and all(isinstance(x, str) for x in item[1:]))):
+            refuse(exercise, "session")
+
+
+def _lengths_before(ops: Sequence[tuple], index: int) -> dict[int, int]:
+    """How many tokens each live sequence holds before operation ``index`` (as the reference runs it)."""
+    lengths: dict[int, int] = {}
+    for op in ops[:index]:
+        if op[0] == "allocate":
+            lengths[op[1]] = 0
+        elif op[0] == "append" and op[1] in lengths:
+            lengths[op[1]] += op[2].shape[1]
+        elif op[0] == "free":
+            lengths.pop(op[1], None)
+    return lengths
+
+
+BOUNDARY_HINT = ("check the block boundaries: token t of a sequence goes to block table[t // block_size], slot "
+                 "t % block_size, and a new block is taken exactly when the length reaches a multiple of block_size "
+                 "(an off-by-one there overwrites a slot or skips one)")
+FREED_HINT = ("after free(seq_id) the sequence's blocks go back to the free list and the sequence is forgotten: "
+              "a freed block must not stay listed (in its table, or twice in the free list)")
+SHARED_HINT = ("two sequences hold the same block: each block belongs to one sequence at a time, so take a block "
+               "off the free list when you hand it out")
+OUT_OF_BLOCKS_HINT = ("when the free list is too short, append must raise an error that names the sequence and how "
+                      "many blocks it needed, and change nothing (check before taking any block)")
+
+
+def _session_hint(ops: Sequence[tuple], index: int, got: list, want_all: list, build: tuple) -> str | None:
+    """The likely mistake behind the first difference, at operation ``index`` (0-based in ``ops``): ``got`` and
+    ``want_all`` are the student's and the reference's whole sessions."""
+    want = want_all[index + 1]
+    block_size = build[1]
+    tables = {}  # seq_id -> its table as the student's session showed it last
+    for op, outcome in zip(ops[: index + 1], got[1: index + 2]):
+        if op[0] == "block_table" and outcome[0] == "ok":
+            tables[op[1]] = outcome[1]
+        if op[0] == "free":
+            tables.pop(op[1], None)
+    owners: dict[int, int] = {}
+    for seq, table in tables.items():
+        for block in table:
+            if block in owners and owners[block] != seq:
+                return SHARED_HINT
+            owners[block] = seq
+    op = ops[index]
+    freed_before = any(o[0] == "free" for o in ops[:index])
+    failed_before = any(o[0] == "append" and w[0] == "error" for o, w in zip(ops[:index], want_all[1:index + 1]))
+    if op[0] == "block_table" and want[0] == "error" and freed_before:
+        return FREED_HINT
+    if op[0] == "append" and want[0] == "error":
+        return OUT_OF_BLOCKS_HINT
+    mine = got[index + 1]
+    if op[0] == "num_free_blocks" and mine[0] == "ok" and want[0] == "ok" and isinstance(mine[1], int):
+        if mine[1] > want[1]:
+            return "blocks you handed out are still counted as free: " + SHARED_HINT
+        return OUT_OF_BLOCKS_HINT if failed_before else FREED_HINT if freed_before else BOUNDARY_HINT
+    if failed_before:
+        return OUT_OF_BLOCKS_HINT
+    lengths = _lengths_before(ops, index)
+    if op[0] == "gather" and op[1] in lengths and lengths[op[1]] > block_size:
+        other_writes = [o for o in ops[:index] if o[0] == "append" and o[1] != op[1]]
+        return SHARED_HINT if _shared_symptom(got, want, index, ops) else BOUNDARY_HINT if not other_writes \
+            else f"{BOUNDARY_HINT}; or {SHARED_HINT}"
+    if op[0] == "append" and got[index + 1][0] == "error" and op[1] in lengths:
+        start, new = lengths[op[1]], op[2].shape[1]
+        if (start + new - 1) // block_size != start // block_size or start % block_size == 0:
+            return BOUNDARY_HINT
+    return None
+
+
+def _shared_symptom(got: list, want: list, index: int, ops: Sequence[tuple]) -> bool:
+    """Whether a wrong ``gather`` holds keys that another sequence appended (its block was shared)."""
+    outcome = got[index + 1]
+    if outcome[0] != "ok" or not isinstance(outcome[1], tuple) or not isinstance(outcome[1][0], torch.Tensor):
+        return False
+    k = outcome[1][0]
+    others = [o[2] for o in ops[:index] if o[0] == "append" and o[1] != ops[index][1]]
+    for other in others:
+        for t in range(other.shape[1]):
+            column = other[:, t]  # (num_kv_heads, head_dim)
+            if k.dim() == 3 and k.shape[0] == column.shape[0] and k.shape[2] == column.shape[1] \
+                    and any(torch.equal(k[:, i], column) for i in range(k.shape[1])):
+                return True
+    return False
+
+
+def _same_value(want: Any, got: Any) -> str | None:
+    if isinstance(want, tuple):
+        if not (isinstance(got, (tuple, list)) and len(got) == len(want)):
+            return f"it returned {core.describe_shape(got)}, not a pair (k, v) of tensors"
+        for name, w, g in zip(("k", "v"), want, got):
+            problem = core.tensor_difference(w, g)
+            if problem:
+                return f"{name}: {problem}"
+        return None
+    if want != got:
+        return f"it gave {got!r}, expected {want!r}"
+    return None
+
+
+def live_slots(cache_class: Any, case: Case) -> list[torch.Tensor]:
+    """For each ``("pool",)`` operation of ``case``'s session, run on ``cache_class`` (the reference): the
+    ``(num_blocks, block_size)`` bool of the slots that hold a live sequence's token at that moment."""
+    build, ops = case.args
+    cache = cache_class(*build)
+    found = []
+    for index, op in enumerate(ops):
+        if op[0] == "pool":
+            live = torch.zeros(build[0], build[1], dtype=torch.bool)
+            for seq in _lengths_before(ops, index):
+                table = cache.block_table(seq)
+                for t in range(cache.gather(seq)[0].shape[1]):
+                    live[table[t // build[1]], t % build[1]] = True
+            found.append(live)
+            continue
+        try:
+            getattr(cache, op[0])(*op[1:]) if op[0] not in ("num_free_blocks",) else None
+        except Exception:  # noqa: BLE001 - the reference's expected errors (out of blocks, a freed sequence)
+            pass
+    return found
+
+
+def _judge_sessions(plan: list[Step], outcomes: Outcomes) -> str:
+    exercise = "PagedKVCache"
+    from course_utils.checks import expected
+
+    for step in plan:
+        case = step.case
+        build, ops = case.args
+        got = outcomes[step.key]
+        if isinstance(got, BaseException):
+            failed = core.CheckFailed(f"❌ {exercise} on case '{case.name}': building {exercise}{tuple(build)} or "
+                                      f"reading its key_blocks and value_blocks raised {type(got).__name__}: {got}")
+            if isinstance(got, NotImplementedError):
+                failed = core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
+            raise failed
+        _well_formed(exercise, got, ops)
+        want = expected.expect(exercise, case.key(), lambda: run_session(expected.reference(exercise), case))
+        num_blocks, block_size, num_kv_heads, head_dim = build
+        shape = [num_blocks, num_kv_heads, block_size, head_dim]
+        if got[0] != [shape, shape]:
+            core.fail(exercise, f"key_blocks and value_blocks must each be (num_blocks, num_kv_heads, block_size, "
+                                f"head_dim) = {tuple(shape)}; yours are {got[0]}", case)
+        if len(got) != len(want):
+            refuse(exercise, "session")
+        lives = iter(expected.expect(exercise, f"live slots: {case.key()}",
+                                     lambda: live_slots(expected.reference(exercise), case)))
+        for index, (op, g, w) in enumerate(zip(ops, got[1:], want[1:])):
+            where = f"operation {index + 1}, {_describe(op)}"
+            problem = None
+            if w[0] == "error" and g[0] == "ok":
+                problem = f"it should raise an error ({w[1]}: {w[2]}), but it ran"
+            elif w[0] == "ok" and g[0] == "error":
+                problem = f"it raised {g[1]}: {g[2]}"
+            elif w[0] == "error":
+                if op[0] == "append":
+                    needed = w[2].split(" needs ")[1].split(" ")[0]
+                    if str(op[1]) not in g[2] or needed not in g[2]:
+                        problem = (f"the error must name the sequence ({op[1]}) and the {needed} blocks it needed; "
+                                   f"yours says: {g[1]}: {g[2]}")
+                elif g[1] != w[1]:
+                    problem = f"it should raise {w[1]}, not {g[1]}: {g[2]}"
+            elif op[0] == "pool":
+                live = next(lives)
+                if not (isinstance(g[1], tuple) and len(g[1]) == 2 and all(isinstance(t, torch.Tensor) for t in g[1])):
+                    refuse(exercise, "pool")
+                for name, w_pool, g_pool in zip(("key_blocks", "value_blocks"), w[1], g[1]):
+                    if g_pool.shape != w_pool.shape or not torch.allclose(g_pool.transpose(1, 2)[live], w_pool.transpose(1, 2)[live], atol=1e-6):
+                        problem = (f"{name} does not hold each token at block table[t // block_size], slot "
+                                   f"t % block_size, where paged attention will read it")
+                        break
+            else:
+                problem = _same_value(w[1], g[1])
+            if problem:
+                hint = _session_hint(ops, index, got, want, build)
+                message = f"{where}: {problem}" + (f". Hint: {hint}" if hint else "")
+                core.fail(exercise, message, case)
+    return f"{len(plan)} sessions of allocate, append, gather, block_table and free agree with the reference " \
+           f"({'; '.join(s.case.name for s in plan)})"
+
+
+def _visible_sessions() -> list[Case]:
+    a = lambda s, seed, n: appended(s, seed, n, 2, 3)  # noqa: E731 - (2 kv heads, head_dim 3)
+    one = session("one sequence, block_size 4: 3, then 6, then 1 tokens", (4, 4, 2, 3), [
+        ("allocate", 0), ("block_table", 0), a(0, 1101, 3), ("block_table", 0), ("gather", 0),
+        a(0, 1102, 6), ("block_table", 0), ("gather", 0), a(0, 1103, 1), ("gather", 0), ("num_free_blocks",),
+        ("pool",), ("free", 0), ("num_free_blocks",), ("block_table", 0)])
+    two = session("two sequences taking turns, block_size 2; one freed, its blocks reused", (6, 2, 2, 3), [
+        ("allocate", 1), ("allocate", 2), a(1, 1111, 3), a(2, 1112, 2), a(1, 1113, 1), a(2, 1114, 3),
+        ("block_table", 1), ("block_table", 2), ("gather", 1), ("gather", 2), ("pool",), ("free", 1),
+        ("num_free_blocks",), ("allocate", 3), a(3, 1115, 4), ("block_table", 3), ("block_table", 2),
+        ("gather", 2), ("gather", 3), ("pool",), ("num_free_blocks",)])
+    out = session("out of blocks: 3 blocks of 2, a second sequence wants 2 of them", (3, 2, 2, 3), [
+        ("allocate", 5), a(5, 1121, 3), ("allocate", 6), a(6, 1122, 3), ("num_free_blocks",), ("gather", 6),
+        ("block_table", 6), a(6, 1123, 2), ("block_table", 6), ("gather", 6), ("gather", 5), ("num_free_blocks",)])
+    return [one, two, out]
+
+
+check_PagedKVCache = declare(
+    Spec("PagedKVCache",
+         lambda hidden: [Step(c.key(), c, "session") for c in with_hidden("PagedKVCache", _visible_sessions)(hidden)],
+         _judge_sessions, runners={"session": run_session}),
+    """Run sessions of ``allocate``, ``append``, ``gather``, ``block_table``, ``free`` and ``num_free_blocks`` on
+    your ``PagedKVCache`` and on ours: the same results after every operation, the tokens in the pool where the
+    block tables say, and a clear error when the blocks run out.""")
+
+
+# --------------------------------------------------------------------------------------------
+# paged_attention: a ragged batch read from the blocks
+# --------------------------------------------------------------------------------------------
+def paged_case(name: str, seq_lens: Sequence[int], num_heads: int, num_kv_heads: int, head_dim: int,
+               block_size: int, seed: int, *, nan: bool = False, spare_columns: int = 0,
+               dtype: torch.dtype = torch.float32) -> Case:
+    """A decode step of ``len(seq_lens)`` sequences whose blocks are scattered over a pool (block 0 and the
+    last block belong to no sequence). Slots no sequence holds (free blocks, a last block's tail) hold
+    random numbers, or inf with ``nan=True`` (garbage that poisons any sum it enters). ``spare_columns``: more -1 padding on every row."""
+    g = torch.Generator().manual_seed(seed)
+    needs = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needs) + 2
+    order = (torch.randperm(num_blocks - 2, generator=g) + 1).tolist()  # blocks 1 .. num_blocks-2, shuffled
+    width = max(needs) + spare_columns
+    tables = torch.full((len(seq_lens), width), -1, dtype=torch.int64)
+    shape = (num_blocks, num_kv_heads, block_size, head_dim)
+    keys, values = torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
+    live = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+    for i, (n, need) in enumerate(zip(seq_lens, needs)):
+        blocks = [order.pop() for _ in range(need)]
+        tables[i, :need] = torch.tensor(blocks)
+        for t in range(n):
+            live[blocks[t // block_size], t % block_size] = True
+    if nan:  # inf, not NaN: the check's test for an input changed in place tells inf from inf, not NaN from NaN
+        keys[~live[:, None, :, None].expand(shape)] = float("inf")
+        values[~live[:, None, :, None].expand(shape)] = float("inf")
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=g, dtype=dtype)
+    return Case(name, (q, keys, values, tables, torch.tensor(list(seq_lens), dtype=torch.int64)))
+
+
+NAN_HINT = ("your output holds NaN or inf. In this case the slots that belong to no sequence (free blocks, and a "
+            "last block's slots past seq_lens) hold inf, as unwritten memory may hold anything: read only each "
+            "sequence's own blocks (block_tables[i, :number of its blocks], never a -1) and its first seq_lens[i] "
+            "slots. A score masked to -inf does not help: its weight 0 times an inf value is NaN.")
+
+
+def _paged_diagnose(case: Case, got: object, want: object) -> str | None:
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and not torch.isfinite(got).all() \
+            and torch.isinf(case.args[1]).any():
+        return NAN_HINT
+    if isinstance(got, IndexError) or (isinstance(got, BaseException) and "index -1" in str(got)):
+        return "a -1 in block_tables is padding, not a block: read only a sequence's first ceil(seq_len / block_size) entries."
+    return None
+
+
+def _paged_cases() -> list[Case]:
+    return [
+        paged_case("3 sequences of 5, 1 and 8 tokens, 2 heads, block_size 4", (5, 1, 8), 2, 2, 4, 4, seed=1131),
+        paged_case("GQA: 4 query heads share 2 kv heads, block_size 3, lengths 7, 2, 3, 9", (7, 2, 3, 9), 4, 2, 5, 3,
+                   seed=1132),
+        paged_case("free slots hold inf: 6 query heads, 2 kv heads, block_size 4, lengths 6, 9, 1", (6, 9, 1), 6, 2, 4,
+                   4, seed=1133, nan=True, spare_columns=1),
+    ]
+
+
+check_paged_attention = declare(
+    function_spec("paged_attention", _paged_cases, diagnose=_paged_diagnose),
+    """Compare ``paged_attention(q, key_blocks, value_blocks, block_tables, seq_lens)`` with the reference on
+    ragged batches, grouped-query heads, and a pool whose free slots hold NaN.""")

@@ -1,0 +1,486 @@
+# %% [markdown]
+# # 11 · Serving many users at once: a paged KV cache and paged attention
+#
+# Notebook 08 cached the keys and values of **one** sequence in one contiguous tensor, and notebook 09
+# generated one batch whose rows all had the same length. A server for a language model does neither:
+# thousands of users send prompts of every length, each answer stops at its own time, and new requests
+# arrive while others are half written. The KV cache is most of the GPU memory such a server uses, so how
+# it stores that cache decides how many users it can serve at once.
+#
+# This notebook builds the idea at the heart of vLLM (Kwon et al., "Efficient Memory Management for Large
+# Language Model Serving with PagedAttention", SOSP 2023): keep the cache in **fixed-size blocks**, like an
+# operating system keeps memory in pages, and give each sequence a **block table** that lists its blocks.
+#
+# **In this notebook you will**
+# 1. see how much memory a cache of one maximum-length tensor per sequence wastes;
+# 2. write a KV cache made of blocks, with a free list and a block table per sequence: `PagedKVCache`;
+# 3. draw its pool of blocks, and **measure** the memory it wastes on a realistic mix of lengths,
+#    against one maximum-length tensor per sequence;
+# 4. write the attention of one decoding step for a batch of sequences of different lengths, reading
+#    the keys and values straight from their blocks, with grouped-query heads: `paged_attention`;
+# 5. read what a real server adds: continuous batching, prefix sharing, speculative decoding.
+#
+# Shapes use these letters: `b` = number of sequences in a batch, `H` = number of query heads,
+# `kv` = number of key/value heads (`H` is a multiple of it, notebook 08's grouped-query attention),
+# `D` = size of one head, `T` = number of tokens of a sequence, `B` = block size (tokens per block),
+# `N` = number of blocks in the pool.
+#
+# How to work: fill in each cell that says `# YOUR CODE HERE`, run it, then run the check cell
+# below it. A ✅ means your code agrees with ours on several inputs; a ❌ tells you what differs.
+
+# %% setup=true
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from course_utils import checks, serving
+
+torch.manual_seed(123)
+torch.set_num_threads(1)  # small tensors: one thread is as fast, and steady on a busy machine
+print("torch", torch.__version__)
+
+# %% [markdown]
+# ## 0. Where notebook 08 left us
+#
+# Notebook 08's `MultiHeadAttentionKVCache` keeps, in every layer, two tensors `cache_k` and `cache_v`
+# of shape `(b, H, T, D)` and concatenates each new token's key and value to them. That is fine for one
+# sequence. A server that holds many sequences at once has two bad choices with contiguous tensors:
+#
+# - **grow each sequence's tensor** as it writes: every `torch.cat` copies the whole cache, and the
+#   memory fragments into pieces of every size;
+# - **reserve the maximum length up front** (what servers did before vLLM): a request that may write up
+#   to 2,048 tokens gets 2,048 slots at once, even if it stops after 50.
+#
+# The second wastes most of the memory. How much, for requests of these lengths?
+
+# %%
+lengths = serving.request_lengths(200, seed=0)  # prompt + answer of 200 requests, in tokens
+MAX_LEN = 2048
+used = sum(lengths)
+reserved = serving.reserved_contiguous(lengths, MAX_LEN)
+print(f"200 requests: median {sorted(lengths)[100]} tokens, longest {max(lengths)}, {used:,} tokens in all")
+print(f"one {MAX_LEN}-slot tensor per request reserves {reserved:,} slots: {1 - used / reserved:.1%} of them unused")
+
+# %% [markdown]
+# The lengths are made up but shaped like chat traffic: log-normal, a median of about 200 tokens, a few
+# requests ten times longer. Reserving the maximum for each leaves 85 % of the slots empty. The
+# vLLM paper measured real systems of 2022 storing tokens in only 20 % to 38 % of their KV cache memory;
+# the rest was reserved and never used, or lost between allocations.
+
+# %% [markdown]
+# ## 1. A KV cache in blocks
+#
+# The fix comes from operating systems. Cut the memory into **blocks** of `B` token slots each, all the
+# same size, in one big **pool**: `key_blocks` and `value_blocks`, each `(N, kv, B, D)`. A sequence gets
+# a block only when its tokens reach it, and its **block table** lists its blocks in order:
+#
+# ```
+# sequence 7's block table: [4, 1, 6]      B = 4
+# token t of sequence 7  ->  block table[t // B], slot t % B
+# tokens 0..3 in block 4, tokens 4..7 in block 1, tokens 8..9 in block 6 (slots 2, 3 free)
+# ```
+#
+# The blocks of one sequence need not be next to each other, nor in order, so any free block will do:
+# a **free list** holds the numbers of the blocks no sequence owns. When a sequence finishes, its blocks
+# go back on the free list for the next request. A sequence wastes at most the unused slots of its last
+# block, fewer than `B`.
+
+# %% [markdown]
+# ### Exercise 1: `PagedKVCache`
+#
+# Write `PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim)`:
+# - `__init__`: the pool, `self.key_blocks` and `self.value_blocks`, each a float32 tensor of zeros
+#   `(num_blocks, num_kv_heads, block_size, head_dim)`; a free list holding every block; an empty
+#   block table for each sequence to come (a `dict` from sequence id to a list of block numbers is
+#   simplest), and the number of tokens each sequence holds.
+# - `allocate(seq_id)`: start an empty sequence. It takes **no** block yet.
+# - `append(seq_id, k, v)`: `k` and `v` are `(num_kv_heads, T_new, head_dim)`, the keys and values of
+#   `T_new` new tokens (one token while decoding, a whole prompt at once). Take the blocks the new tokens
+#   reach from the free list, **the lowest-numbered free block first** (so that your block tables match
+#   ours), then write token `t` (counted from the sequence's start) into block `table[t // block_size]`,
+#   slot `t % block_size`. `T_new` may cross several block boundaries.
+# - If the free list is too short, `append` raises a `RuntimeError` whose message names the sequence and
+#   the number of blocks it needed (e.g. `"out of blocks: sequence 6 needs 2 more blocks ..."`), and
+#   changes **nothing**: check before you take any block.
+# - `gather(seq_id)`: the sequence's keys and values in token order, `(k, v)`, each
+#   `(num_kv_heads, T, head_dim)`.
+# - `block_table(seq_id)`: the list of the sequence's blocks, in order (a copy, as a `list` of `int`).
+# - `free(seq_id)`: its blocks go back to the free list, and the sequence is forgotten.
+# - `num_free_blocks`: how many blocks are free, a **property** (`@property`).
+# - A `seq_id` that is not allocated (or was freed) raises a `KeyError` in `append`, `gather`,
+#   `block_table` and `free`.
+#
+# Hint: `gather` can index the pool with the whole table at once: `self.key_blocks[table]` is
+# `(n, kv, B, D)` for a table of `n` blocks; bring the blocks next to each other along the tokens
+# (`transpose(0, 1)`, then `reshape` to `(kv, n * B, D)`) and keep the first `T` tokens.
+
+# %% grade_id="PagedKVCache"
+class PagedKVCache:
+    """A pool of key/value blocks (num_blocks, num_kv_heads, block_size, head_dim), a free list, and a
+    block table per sequence."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        ### BEGIN SOLUTION
+        self.block_size = block_size
+        self.key_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim)  # (N, kv, B, D)
+        self.value_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim)
+        self.free_list = list(range(num_blocks))  # free block numbers, lowest first
+        self.tables = {}  # seq_id -> its blocks, in token order
+        self.lengths = {}  # seq_id -> tokens written
+        ### END SOLUTION
+
+    @property
+    def num_free_blocks(self) -> int:
+        ### BEGIN SOLUTION
+        return len(self.free_list)
+        ### END SOLUTION
+
+    def allocate(self, seq_id: int) -> None:
+        ### BEGIN SOLUTION
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        self.tables[seq_id] = []
+        self.lengths[seq_id] = 0
+        ### END SOLUTION
+
+    def append(self, seq_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        ### BEGIN SOLUTION
+        if seq_id not in self.tables:
+            raise KeyError(f"sequence {seq_id} is not allocated (or was freed)")
+        table = self.tables[seq_id]
+        length, new = self.lengths[seq_id], k.shape[1]
+        needed = math.ceil((length + new) / self.block_size) - len(table)  # blocks the new tokens start
+        if needed > len(self.free_list):
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more blocks for its {new} "
+                               f"new tokens, but only {len(self.free_list)} are free")
+        for _ in range(needed):
+            table.append(self.free_list.pop(0))  # the lowest-numbered free block
+        for t in range(new):
+            position = length + t
+            block, slot = table[position // self.block_size], position % self.block_size
+            self.key_blocks[block, :, slot] = k[:, t]  # (kv, D)
+            self.value_blocks[block, :, slot] = v[:, t]
+        self.lengths[seq_id] = length + new
+        ### END SOLUTION
+
+    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ### BEGIN SOLUTION
+        table = self.block_table(seq_id)
+        num_kv_heads, head_dim = self.key_blocks.shape[1], self.key_blocks.shape[3]
+        length = self.lengths[seq_id]
+        k = self.key_blocks[table].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)  # (kv, n * B, D)
+        v = self.value_blocks[table].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)
+        return k[:, :length], v[:, :length]  # (kv, T, D) each
+        ### END SOLUTION
+
+    def block_table(self, seq_id: int) -> list[int]:
+        ### BEGIN SOLUTION
+        if seq_id not in self.tables:
+            raise KeyError(f"sequence {seq_id} is not allocated (or was freed)")
+        return list(self.tables[seq_id])
+        ### END SOLUTION
+
+    def free(self, seq_id: int) -> None:
+        ### BEGIN SOLUTION
+        table = self.block_table(seq_id)
+        self.free_list = sorted(self.free_list + table)
+        del self.tables[seq_id], self.lengths[seq_id]
+        ### END SOLUTION
+
+# %% grade_id="test_PagedKVCache" points=4
+# Check: sessions of allocate, append, gather, block_table, free and num_free_blocks on your cache and on
+# ours: the same results after every operation, each token in the pool where the block table says, and
+# the error when the blocks run out.
+checks.check_PagedKVCache(PagedKVCache)
+### BEGIN HIDDEN TESTS
+checks.check_PagedKVCache(PagedKVCache, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 2. The pool, drawn
+#
+# A small pool of 12 blocks of 4 slots, and four requests as a server sees them: three arrive, the
+# second finishes and is freed, a fourth arrives and takes the freed blocks, and the first one writes on.
+# Each cell below is one block, labelled with its owner and its place in the owner's table (`s3:1` is
+# sequence 3's second block). Keys and values of one number each (`kv = 1`, `D = 1`) are enough to count.
+
+# %%
+pool = PagedKVCache(num_blocks=12, block_size=4, num_kv_heads=1, head_dim=1)
+one_token = torch.zeros(1, 1, 1)  # (kv, T_new, D): one token's key or value
+
+
+def write(cache, seq_id, tokens):
+    """Append `tokens` tokens of zeros to sequence `seq_id` (their values do not matter here)."""
+    zeros = torch.zeros(1, tokens, 1)
+    cache.append(seq_id, zeros, zeros)
+
+
+fig, axes = plt.subplots(3, 1, figsize=(10, 4.2))
+for seq, tokens in ((0, 6), (1, 9), (2, 3)):
+    pool.allocate(seq)
+    write(pool, seq, tokens)
+serving.plot_pool(pool, [0, 1, 2, 3], axes[0], "sequences 0, 1 and 2 hold 6, 9 and 3 tokens")
+pool.free(1)
+pool.allocate(3)
+write(pool, 3, 10)
+serving.plot_pool(pool, [0, 1, 2, 3], axes[1], "sequence 1 finished; sequence 3 (10 tokens) took its blocks")
+write(pool, 0, 5)
+serving.plot_pool(pool, [0, 1, 2, 3], axes[2], "sequence 0 wrote 5 more tokens: its blocks are not contiguous")
+fig.tight_layout()
+plt.show()
+print("block tables:", {seq: pool.block_table(seq) for seq in (0, 2, 3)})
+print("free blocks:", pool.num_free_blocks)
+
+# %% [markdown]
+# Sequence 3 took blocks 2, 3 and 4, which sequence 1 had just freed (the lowest-numbered free blocks
+# first). Sequence 0's table is then `[0, 1, 6]`: its third block is the lowest one still free. Attention
+# never needs a sequence's blocks to be side by side; it only needs the table, as section 4 shows.
+
+# %% [markdown]
+# ## 3. How much memory is wasted?
+#
+# Back to the 200 requests of section 0. Fill a pool with all of them using **your** `PagedKVCache`, and
+# count what it holds: `num_blocks - num_free_blocks` blocks in use, `B` slots each. The only waste is the
+# tail of each sequence's last block. The smaller the blocks, the less waste; real servers use 16 tokens
+# per block (vLLM's default), because tiny blocks make the tables long and the memory reads short.
+
+# %%
+block_sizes = [1, 4, 16, 64, 256]
+paged_waste = {}
+for block_size in block_sizes:
+    blocks_needed = sum(math.ceil(n / block_size) for n in lengths)
+    cache = PagedKVCache(num_blocks=blocks_needed, block_size=block_size, num_kv_heads=1, head_dim=1)
+    serving.fill(cache, lengths)
+    in_use = blocks_needed - cache.num_free_blocks
+    paged_waste[block_size] = 1 - used / (in_use * block_size)
+    print(f"block_size {block_size:3d}: {in_use:5d} blocks, {in_use * block_size:6,} slots, "
+          f"{paged_waste[block_size]:5.1%} unused")
+contiguous_waste = 1 - used / reserved
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.6))
+names = ["one tensor\nof 2,048 per request"] + [f"blocks of {B}" for B in block_sizes]
+values = [100 * contiguous_waste] + [100 * paged_waste[B] for B in block_sizes]
+bars = ax.bar(names, values, color=["tab:red"] + ["tab:blue"] * len(block_sizes))
+ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
+ax.set_ylabel("reserved KV cache slots unused (%)")
+ax.set_title("200 requests, median about 200 tokens")
+ax.set_ylim(0, 100)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# With blocks of 16, under 4 % of the slots are unused, against 85 % for one maximum-length tensor
+# per request: for the same memory, a server with paged blocks holds many times more sequences at once.
+# (The vLLM paper reports the same: under 4 % wasted.) Blocks of 256 leave 31 % unused, because most
+# requests are shorter than one block.
+
+# %% [markdown]
+# ## 4. Attention that reads the blocks
+#
+# At every decoding step, each sequence of the batch has **one** new query per head and attends to all
+# its cached keys. The sequences have different lengths, so the batch is **ragged**: a `(b, H, T, D)`
+# tensor of keys would need padding to the longest, and a copy of every cache, at every step. Paged
+# attention instead reads each sequence's keys and values from the pool through its block table.
+#
+# The batch arrives as plain tensors, as a GPU kernel would get them:
+# - `q`: `(b, H, D)`, the new token's query of every sequence;
+# - `key_blocks`, `value_blocks`: the pool, `(N, kv, B, D)`;
+# - `block_tables`: `(b, max_blocks)` int64, row `i` sequence `i`'s table, **padded with -1** up to the
+#   longest table;
+# - `seq_lens`: `(b,)` int64, how many tokens each sequence holds (its new token's key and value are
+#   already appended, as in notebook 08).
+#
+# Sequence `i` holds `ceil(seq_lens[i] / B)` blocks: the rest of its row is -1, padding, and the last
+# block's slots past `seq_lens[i]` hold no token of it. Neither may count.
+
+# %% [markdown]
+# ### Exercise 2: `paged_attention`
+#
+# Write `paged_attention(q, key_blocks, value_blocks, block_tables, seq_lens)` returning the attention
+# output `(b, H, D)`: for each sequence `i` and head `h`, `softmax(q[i, h] · K_i / sqrt(D)) · V_i` over the
+# sequence's `seq_lens[i]` keys (no causal mask: the new token sees all its past).
+# - **Grouped-query heads**: query head `h` reads key/value head `h // (H // kv)`, as notebook 08's
+#   `repeat_kv` arranged them. Do it without a copy of the cache per query head: view the `H` queries of
+#   a sequence as `(kv, H // kv, D)` and let the matrix product broadcast over the group.
+# - **Read only what is the sequence's own**: its first `ceil(seq_lens[i] / B)` blocks, never a `-1`, and
+#   its first `seq_lens[i]` slots. The check fills every other slot with `inf`, as unwritten memory may
+#   hold anything: masking a score to `-inf` is not enough, because weight 0 times `inf` is NaN.
+# - Raise a `ValueError` if `H` is not a multiple of `kv`.
+#
+# A loop over the `b` sequences is fine (a GPU kernel runs one program per sequence and head). Hint: the
+# keys of sequence `i` are `key_blocks[blocks]`, `(n, kv, B, D)`, arranged as in `gather`.
+#
+# **Rule** (the check and the grader apply it): `F.scaled_dot_product_attention`, FlexAttention,
+# `nn.MultiheadAttention` and copying the heads with `repeat_interleave` (or `repeat_kv`) are not allowed.
+
+# %% grade_id="paged_attention"
+def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """q (b, H, D), pools (N, kv, B, D), block_tables (b, max_blocks) padded with -1, seq_lens (b,) -> (b, H, D)."""
+    ### BEGIN SOLUTION
+    b, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = key_blocks.shape[1], key_blocks.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)  # (b, H, D)
+    for i in range(b):
+        length = int(seq_lens[i])
+        blocks = block_tables[i, : math.ceil(length / block_size)]  # its own blocks, no -1
+        k = key_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]  # (kv, T, D)
+        v = value_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]
+        queries = q[i].view(num_kv_heads, group, head_dim)  # (kv, group, D)
+        scores = queries @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (kv, group, T)
+        out[i] = (torch.softmax(scores, dim=-1) @ v).reshape(num_heads, head_dim)  # (H, D)
+    return out
+    ### END SOLUTION
+
+# %% grade_id="test_paged_attention" points=4
+# Check: ragged batches with the blocks scattered over the pool, grouped-query heads, and a pool whose
+# free slots hold inf.
+checks.check_paged_attention(paged_attention)
+### BEGIN HIDDEN TESTS
+checks.check_paged_attention(paged_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. One decoding step of a ragged batch, end to end
+#
+# Now both pieces together. Three sequences of 5, 13 and 2 tokens share a pool of blocks of 4 in your
+# `PagedKVCache`; each then gets a new token, whose key and value are appended first. `paged_attention`
+# reads the blocks; PyTorch's `F.scaled_dot_product_attention` (with `enable_gqa=True`, notebook 08) reads
+# each sequence's gathered keys and values, one sequence at a time. 4 query heads share 2 key/value heads.
+
+# %%
+H, KV, D, B = 4, 2, 8, 4
+cache = PagedKVCache(num_blocks=10, block_size=B, num_kv_heads=KV, head_dim=D)
+g = torch.Generator().manual_seed(0)
+prompt_lengths = {10: 5, 11: 13, 12: 2}  # seq_id -> tokens already there
+for seq, length in prompt_lengths.items():
+    cache.allocate(seq)
+for t in range(max(prompt_lengths.values()) + 1):  # the sequences take turns, as a server's steps do
+    for seq, length in prompt_lengths.items():
+        if t <= length:  # `length` tokens, then the new one
+            cache.append(seq, torch.randn(KV, 1, D, generator=g), torch.randn(KV, 1, D, generator=g))
+
+seq_ids = list(prompt_lengths)
+tables = [cache.block_table(seq) for seq in seq_ids]
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in tables])  # (b, max_blocks)
+seq_lens = torch.tensor([prompt_lengths[seq] + 1 for seq in seq_ids])  # (b,)
+q = torch.randn(len(seq_ids), H, D, generator=g)  # (b, H, D)
+print("block tables:\n", block_tables)
+print("seq_lens:", seq_lens.tolist())
+
+paged = paged_attention(q, cache.key_blocks, cache.value_blocks, block_tables, seq_lens)  # (b, H, D)
+one_by_one = torch.stack([
+    F.scaled_dot_product_attention(q[i, :, None], *cache.gather(seq), enable_gqa=True)[:, 0]  # (H, D)
+    for i, seq in enumerate(seq_ids)])
+print("paged attention == attention on each gathered sequence:", torch.allclose(paged, one_by_one, atol=1e-6))
+
+# %% [markdown]
+# The tables interleave, because the sequences took turns: sequence 10's blocks are 0 and 3, sequence
+# 11's are 1, 4, 5 and 6. The output is the same: attention does not care where the blocks are, only what the table says.
+#
+# What this Python version does not show is why it is fast. A GPU kernel such as vLLM's runs one
+# program per (sequence, head) that walks the block table and loads each block straight from the pool
+# into on-chip memory, as notebook 07's FlashAttention loads tiles: no gathered copy, no padding to the
+# longest sequence. Your loop gathers each sequence's blocks into a new tensor first; the kernel never
+# does.
+
+# %% [markdown]
+# ## 6. What a real server adds
+#
+# The pool and the tables make three more things possible, each a part of every modern server (vLLM,
+# SGLang, TensorRT-LLM):
+#
+# - **Continuous batching** (Yu et al., "Orca", OSDI 2022). A static batch waits until its longest
+#   request is finished before the next batch starts; the short requests' places sit idle. A continuous
+#   batcher checks at **every step**: finished requests leave and their blocks return to the free list at
+#   once, waiting requests join when enough blocks are free (their prompt is read in one *prefill*
+#   pass), and one batched forward pass then decodes one token for every running request, with paged
+#   attention over their ragged lengths. When the blocks run out mid-answer, a request is *preempted*:
+#   its blocks are freed and it is recomputed later.
+# - **Prefix sharing**. Requests that start with the same system prompt can share its blocks: a block
+#   table may list a block that another table lists too, with a count of its users, and a block is copied
+#   only when one of them writes into it ("copy on write"). Your `PagedKVCache` forbids that on purpose.
+# - **Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft model proposes `k`
+#   tokens, one at a time, cheaply; the large target model checks all `k` in **one** forward pass (a
+#   prefill of `k` tokens costs about as much as a decoding step, because decoding is memory-bound:
+#   notebook 08, section 7). Each draft token is accepted with probability `min(1, p(x) / q(x))`, `p` the
+#   target's and `q` the draft's probability; at the first rejection, a token is drawn from the
+#   **residual** `max(0, p - q)`, normalised; if all `k` are accepted, the target's last distribution
+#   gives one more token for free. This rule makes the output's distribution exactly the target's, while
+#   the target runs once for up to `k + 1` tokens.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# Click a question to see the answer.
+#
+# <details><summary>1. Predict the output: a pool of blocks of 16. A request holds 33 tokens. How many
+# blocks does it own, and how many of their slots are unused? Run the cell below to check.</summary>
+#
+# `ceil(33 / 16) = 3` blocks, 48 slots, 15 of them unused: the first token of the third block took a
+# whole block. At most `B - 1` slots per sequence are ever unused.
+# </details>
+
+# %%
+check = PagedKVCache(num_blocks=4, block_size=16, num_kv_heads=1, head_dim=1)
+check.allocate(0)
+write(check, 0, 33)
+print("blocks owned:", len(check.block_table(0)), "unused slots:", 16 * len(check.block_table(0)) - 33)
+
+# %% [markdown]
+# <details><summary>2. Find the bug: <code>free</code> puts the blocks back on the free list but leaves
+# the sequence's table in the dict. What goes wrong, and when?</summary>
+#
+# Nothing at first. Then a new request takes those blocks and writes into them, and any later read of
+# the freed sequence (a late `gather`, a stale entry in the batch) sees the new request's keys; worse, an
+# `append` to the freed sequence overwrites the new request's tokens. A freed block must be listed in
+# exactly one place: the free list. The check asks `block_table` of a freed sequence and expects a
+# `KeyError`.
+# </details>
+#
+# <details><summary>3. Why does <code>append</code> check that enough blocks are free before it takes
+# any?</summary>
+#
+# A server that runs out of blocks preempts a request and tries again later. If the failed `append` had
+# taken some blocks and written some tokens, the sequence would hold half a prompt and blocks that no
+# retry frees: memory leaks, and a corrupted cache that a later read would trust. All or nothing.
+# </details>
+#
+# <details><summary>4. In <code>paged_attention</code>, why is masking the padding's scores to
+# <code>-inf</code> not enough?</summary>
+#
+# The weight of a masked score is `exp(-inf) = 0`, but the output is a sum of weights times **values**,
+# and `0 × inf` and `0 × NaN` are NaN. Memory that no sequence wrote may hold anything, so the values of
+# padding slots must never enter the product: slice them away (or zero them with `torch.where`).
+# </details>
+#
+# <details><summary>5. With 32 query heads and 8 key/value heads, how many times does your
+# <code>paged_attention</code> read each cached key?</summary>
+#
+# Once per sequence, for 4 query heads at a time: viewing the 32 queries as `(8, 4, D)` lets one matrix
+# product serve the 4 heads of a group. `repeat_kv` would first copy every key 4 times, which is the
+# memory traffic grouped-query attention exists to avoid.
+# </details>
+
+# %% [markdown]
+# ## Recap
+#
+# - A server holds many sequences of unknown length. One maximum-length tensor per sequence leaves about
+#   85 % of the slots unused on our chat-like mix of lengths.
+# - A **paged KV cache** keeps one pool of blocks, `(N, kv, B, D)`, a free list, and a **block table** per
+#   sequence: token `t` lives in block `table[t // B]`, slot `t % B`. Blocks are taken when the tokens
+#   reach them and given back when the sequence finishes. The waste is the tail of each last block: under
+#   4 % with blocks of 16 here.
+# - **Paged attention** decodes a ragged batch straight from the pool: each sequence's own blocks, its
+#   first `seq_lens[i]` slots, grouped-query heads sharing each key without a copy.
+# - With these, a server batches continuously, shares prefixes between requests, and can check a draft
+#   model's guesses in one pass: the rest of modern LLM serving builds on the block table.
