@@ -1404,3 +1404,84 @@ def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: tor
         scores = qi @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (kv, group, T)
         out[i] = (torch.softmax(scores, dim=-1) @ v).reshape(num_heads, head_dim)  # (H, D)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: speculative decoding
+# --------------------------------------------------------------------------------------------
+__all__ += ["speculative_generate"]
+
+
+@torch.no_grad()
+def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int,
+                         k: int = 4, temperature: float = 0.0) -> tuple[torch.Tensor, dict[str, int]]:
+    """Write ``max_new_tokens`` tokens after ``prompt_ids`` ``(1, T0)`` with ``target``, ``draft`` proposing.
+
+    Each round the draft proposes ``n = min(k, tokens still to write - 1)`` tokens one at a time, with its
+    KV cache; the target reads them all in one cached forward pass, which gives its distribution ``p`` at
+    each proposal and one more after the last. Proposal ``d`` (the draft's probability ``q``) is accepted
+    with probability ``min(1, p(d) / q(d))``; at the first rejection a token is drawn from the residual
+    ``max(0, p - q)``, normalised, and the round ends; if all ``n`` are accepted, a bonus token is drawn from
+    the target's last distribution. At temperature 0 both distributions are one-hot on their argmax, so the
+    output is the target's greedy output. Both caches are then cut back (:func:`serving.truncate_cache`) to
+    the tokens kept, less the last one, which the next round feeds.
+
+    Returns the tokens ``(1, T0 + max_new_tokens)`` and ``{"proposed", "accepted", "target_calls"}``: draft
+    tokens proposed and accepted, and the target's forward passes.
+    """
+    from course_utils.serving import truncate_cache
+
+    if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] == 0:
+        raise ValueError(f"prompt_ids must be (1, num_tokens): one sequence, got {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0 or k < 1 or temperature < 0:
+        raise ValueError(f"max_new_tokens >= 0, k >= 1 and temperature >= 0, got {max_new_tokens}, {k}, {temperature}")
+    stats = {"proposed": 0, "accepted": 0, "target_calls": 0}
+    target.eval()
+    draft.eval()
+    target.reset_cache()
+    draft.reset_cache()
+    tokens = prompt_ids  # (1, T)
+    end = prompt_ids.shape[1] + max_new_tokens
+    while tokens.shape[1] < end:
+        n = min(k, end - tokens.shape[1] - 1)  # proposals this round
+        proposals, draft_probs = [], []
+        for j in range(n):
+            new = tokens[:, draft.num_cached:] if j == 0 else proposals[-1].view(1, 1)  # what the draft has not read
+            logits = draft(new, use_cache=True)[0, -1]  # (V,)
+            if temperature == 0:
+                proposals.append(logits.argmax())
+            else:
+                q = torch.softmax(logits / temperature, dim=-1)  # (V,)
+                proposals.append(torch.multinomial(q, 1)[0])
+                draft_probs.append(q)
+        drafted = torch.stack(proposals).view(1, n) if n else tokens[:, :0]  # (1, n)
+        logits = target(torch.cat([tokens[:, target.num_cached:], drafted], dim=1), use_cache=True)[0, -(n + 1):]
+        stats["target_calls"] += 1
+        stats["proposed"] += n
+        kept = []
+        for j in range(n + 1):  # (n + 1, V): the target's view of each proposal, and of the bonus
+            if temperature == 0:
+                best = logits[j].argmax()
+                if j < n and best == proposals[j]:
+                    kept.append(proposals[j])  # accepted
+                    continue
+                kept.append(best)  # a rejection's replacement, or the bonus
+                break
+            p = torch.softmax(logits[j] / temperature, dim=-1)  # (V,)
+            if j == n:
+                kept.append(torch.multinomial(p, 1)[0])  # all accepted: the bonus token
+                break
+            d, q = proposals[j], draft_probs[j]
+            if torch.rand(()) < p[d] / q[d]:
+                kept.append(d)  # accepted with probability min(1, p(d) / q(d))
+                continue
+            residual = (p - q).clamp(min=0)  # (V,): where the target wants more than the draft gave
+            kept.append(torch.multinomial(residual / residual.sum(), 1)[0])
+            break
+        stats["accepted"] += len(kept) - 1
+        tokens = torch.cat([tokens, torch.stack(kept).view(1, -1)], dim=1)
+        truncate_cache(target, tokens.shape[1] - 1)  # drop the rejected proposals' keys and values
+        truncate_cache(draft, min(draft.num_cached, tokens.shape[1] - 1))
+    target.reset_cache()
+    draft.reset_cache()
+    return tokens, stats

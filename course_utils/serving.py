@@ -69,3 +69,22 @@ def plot_pool(cache: Any, seq_ids: Sequence[int], ax: "plt.Axes | None" = None, 
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+def truncate_cache(model: Any, num_tokens: int) -> None:
+    """Keep only the first ``num_tokens`` tokens of ``model``'s KV caches, as if it had read no more: a
+    notebook 09 ``TinyGPT`` (each block's ``att.cache_k`` and ``att.cache_v``, ``(b, H, T, D)``, and
+    ``model.num_cached``), or any model with a ``truncate_cache(num_tokens)`` method of its own. Cheap: a view
+    of the first ``num_tokens`` positions, nothing recomputed."""
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be at least 0, got {num_tokens}")
+    own = getattr(model, "truncate_cache", None)
+    if callable(own):
+        own(num_tokens)
+        return
+    for block in model.blocks:
+        att = block.att
+        if att.cache_k is not None:
+            att.cache_k = att.cache_k[:, :, :num_tokens]  # (b, H, num_tokens, D)
+            att.cache_v = att.cache_v[:, :, :num_tokens]
+    model.num_cached = min(model.num_cached, num_tokens)

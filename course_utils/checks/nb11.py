@@ -22,7 +22,7 @@ from course_utils.checks import core
 from course_utils.checks.core import Case
 from course_utils.checks.spec import Outcomes, Spec, Step, declare, function_spec, refuse, with_hidden
 
-__all__ = ["check_PagedKVCache", "check_paged_attention"]
+__all__ = ["check_PagedKVCache", "check_paged_attention", "check_speculative_generate"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,3 +364,318 @@ check_paged_attention = declare(
     function_spec("paged_attention", _paged_cases, diagnose=_paged_diagnose),
     """Compare ``paged_attention(q, key_blocks, value_blocks, block_tables, seq_lens)`` with the reference on
     ragged batches, grouped-query heads, and a pool whose free slots hold NaN.""")
+
+
+# --------------------------------------------------------------------------------------------
+# speculative_generate: stand-in models, greedy runs compared exactly, sampled runs tested for their law
+# --------------------------------------------------------------------------------------------
+class StandInLM:
+    """A tiny language model with a KV cache of its own, for the checks of ``speculative_generate``: the
+    next-token logits at position ``t`` are ``token[x_t] + previous[x_{t-1}] + position[t]`` (tables drawn
+    from ``seed``), so they depend on the cache (the token before, the position) as a transformer's do, and
+    cost one lookup. Its cache holds the token ids read so far; ``truncate_cache(n)`` keeps the first ``n``.
+    ``calls`` counts its forward passes. ``model(idx, use_cache=False)``, ``reset_cache()``, ``num_cached``,
+    ``context_length`` and ``eval()`` are those of notebook 09's ``TinyGPT``."""
+
+    def __init__(self, vocab_size: int, context_length: int, seed: int, scale: float = 1.0, noise_seed: int = 0,
+                 noise: float = 0.0):
+        g = torch.Generator().manual_seed(seed)
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.token = scale * torch.randn(vocab_size, vocab_size, generator=g)  # (V, V)
+        self.previous = scale * torch.randn(vocab_size + 1, vocab_size, generator=g)  # row V: no token before
+        self.position = 0.5 * scale * torch.randn(context_length, vocab_size, generator=g)  # (context, V)
+        if noise:  # a draft: the same tables, blurred (it agrees with the target often, not always)
+            n = torch.Generator().manual_seed(noise_seed)
+            for table in (self.token, self.previous, self.position):
+                table += noise * torch.randn(table.shape, generator=n)
+        self.calls = 0
+        #: Forward passes allowed before the model refuses (a loop that writes no token would never end).
+        self.max_calls = 10_000
+        self.reset_cache()
+
+    def eval(self) -> "StandInLM":
+        return self
+
+    def train(self, mode: bool = True) -> "StandInLM":
+        return self
+
+    def reset_cache(self) -> None:
+        self.cached = torch.zeros(1, 0, dtype=torch.int64)  # (b, tokens read)
+        self.num_cached = 0
+
+    def truncate_cache(self, num_tokens: int) -> None:
+        self.cached = self.cached[:, :num_tokens]
+        self.num_cached = self.cached.shape[1]
+
+    def __call__(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        return self.forward(idx, use_cache)
+
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """Logits ``(b, T, V)`` of token ids ``idx`` ``(b, T)``: with ``use_cache``, the NEXT tokens after the
+        cached ones."""
+        self.calls += 1
+        if self.calls > self.max_calls:
+            raise RuntimeError(f"the stand-in model was called more than {self.max_calls} times: does a round of "
+                               f"your loop write no token?")
+        if idx.dim() != 2:
+            raise ValueError(f"the stand-in model reads token ids (b, T), got {tuple(idx.shape)}")
+        if idx.shape[1] == 0:
+            raise ValueError(f"the stand-in model got no new token (input {tuple(idx.shape)}) while its cache holds "
+                             f"{self.num_cached} tokens: a cache that is not cut back after a rejection holds more "
+                             f"tokens than the sequence")
+        history = self.cached if use_cache and self.num_cached else idx[:, :0]
+        if history.shape[0] not in (0, idx.shape[0]) and self.num_cached:
+            raise ValueError(f"the stand-in's cache holds {history.shape[0]} sequences, the input {idx.shape[0]}")
+        full = torch.cat([history.expand(idx.shape[0], -1), idx.long()], dim=1)  # (b, cached + T)
+        if full.shape[1] > self.context_length:
+            raise ValueError(f"the stand-in model's cache holds {history.shape[1]} tokens and the input adds "
+                             f"{idx.shape[1]}: {full.shape[1]} > context_length={self.context_length}")
+        start = history.shape[1]
+        before = torch.cat([torch.full_like(full[:, :1], self.vocab_size), full[:, :-1]], dim=1)[:, start:]
+        logits = self.token[idx.long()] + self.previous[before] + self.position[start:full.shape[1]]
+        if use_cache:
+            self.cached, self.num_cached = full, full.shape[1]
+        return logits  # (b, T, V)
+
+
+#: The keys of the stats dict, in the order the runners hand them out.
+STATS = ("proposed", "accepted", "target_calls")
+
+
+def stand_ins(case: Case, calls_per_run: int = 1) -> tuple[StandInLM, StandInLM]:
+    """The case's target and draft (``case.args[0]`` and ``[1]``: :class:`StandInLM`'s arguments), each allowed
+    ``calls_per_run`` times what writing the case's tokens one at a time takes, plus a margin."""
+    target, draft = StandInLM(*case.args[0]), StandInLM(*case.args[1])
+    target.max_calls = draft.max_calls = calls_per_run * (4 * case.args[3] + 10)
+    return target, draft
+
+
+def _stats_of(stats: Any) -> list:
+    if not isinstance(stats, dict):
+        raise TypeError(f"stats must be a dict with the keys {', '.join(STATS)}, got {type(stats).__name__}")
+    missing = [name for name in STATS if name not in stats]
+    if missing:
+        raise KeyError(f"stats has no {', '.join(missing)}: it must have the keys {', '.join(STATS)}")
+    return [int(stats[name]) for name in STATS]
+
+
+def run_greedy(speculative_generate: Any, case: Case) -> list:
+    """One call at the case's temperature on fresh stand-ins: ``[tokens, [proposed, accepted, target_calls],
+    the target's forward passes counted, the draft's]``."""
+    target, draft = stand_ins(case)
+    prompt, max_new_tokens, k, temperature = case.args[2:6]
+    torch.manual_seed(core.FORWARD_SEED)
+    tokens, stats = speculative_generate(target, draft, prompt.clone(), max_new_tokens, k=k, temperature=temperature)
+    return [tokens, _stats_of(stats), target.calls, draft.calls]
+
+
+def run_sampled(speculative_generate: Any, case: Case) -> list:
+    """``runs`` calls (seeded once) at the case's temperature: ``[counts (V, V) of the first two new tokens,
+    the stats summed, the target's forward passes counted]``."""
+    prompt, max_new_tokens, k, temperature, runs, seed = case.args[2:8]
+    target, draft = stand_ins(case, runs)
+    V = target.vocab_size
+    counts = torch.zeros(V, V, dtype=torch.int64)
+    total = [0, 0, 0]
+    torch.manual_seed(seed)
+    for _ in range(runs):
+        tokens, stats = speculative_generate(target, draft, prompt.clone(), max_new_tokens, k=k, temperature=temperature)
+        T0 = prompt.shape[1]
+        if not (isinstance(tokens, torch.Tensor) and tokens.shape == (1, T0 + max_new_tokens)):
+            raise ValueError(f"speculative_generate returned {core.describe_shape(tokens)}, not tokens of shape "
+                             f"(1, {T0 + max_new_tokens})")
+        counts[int(tokens[0, T0]), int(tokens[0, T0 + 1])] += 1
+        total = [a + b for a, b in zip(total, _stats_of(stats))]
+    return [counts, total, target.calls]
+
+
+def greedy_case(name: str, target: tuple, draft: tuple, prompt: Sequence[int], max_new_tokens: int, k: int) -> Case:
+    """A call at temperature 0 on the stand-ins ``target`` and ``draft`` (:class:`StandInLM`'s arguments)."""
+    return Case(name, (tuple(target), tuple(draft), torch.tensor([list(prompt)]), max_new_tokens, k, 0.0))
+
+
+def sampled_case(name: str, target: tuple, draft: tuple, prompt: Sequence[int], k: int, temperature: float,
+                 runs: int, seed: int) -> Case:
+    """``runs`` calls writing 3 tokens at ``temperature``, the first two counted."""
+    return Case(name, (tuple(target), tuple(draft), torch.tensor([list(prompt)]), 3, k, temperature, runs, seed))
+
+
+def target_law(case: Case) -> torch.Tensor:
+    """``(V, V)`` float64: the target's probability of each pair of first two new tokens at the case's
+    temperature (the stand-in's logits, no sampling)."""
+    target = StandInLM(*case.args[0])
+    prompt, temperature = case.args[2], case.args[5]
+    first = torch.softmax(target(prompt)[0, -1].double() / temperature, dim=-1)  # (V,)
+    V = target.vocab_size
+    law = torch.zeros(V, V, dtype=torch.float64)
+    for x in range(V):
+        after = torch.cat([prompt, torch.tensor([[x]])], dim=1)
+        law[x] = first[x] * torch.softmax(target(after)[0, -1].double() / temperature, dim=-1)
+    return law
+
+
+def first_token_laws(case: Case) -> dict[str, torch.Tensor]:
+    """The law of the first new token ``(V,)``: the right one (the target's ``p``) and those two known mistakes
+    give, from ``p`` and the draft's ``q`` at the first proposal."""
+    target, draft = StandInLM(*case.args[0]), StandInLM(*case.args[1])
+    prompt, temperature = case.args[2], case.args[5]
+    p = torch.softmax(target(prompt)[0, -1].double() / temperature, dim=-1)
+    q = torch.softmax(draft(prompt)[0, -1].double() / temperature, dim=-1)
+    residual = (p - q).clamp(min=0)
+    residual = residual / residual.sum()
+    overlap = torch.minimum(p, q)
+    return {
+        "right": p,
+        ACCEPT_HINT: q * (p >= q) + (q * (p < q)).sum() * residual,
+        RESIDUAL_HINT: overlap + (1 - overlap.sum()) * p,
+    }
+
+
+#: A correct implementation fails the test of a sampled case with this probability (its false-alarm rate):
+#: the p-value of a chi-square test on the counts of the first two new tokens is below it 1 time in 10,000.
+ALPHA = 1e-4
+
+GREEDY_HINT = ("at temperature 0 the output must be the target's greedy output: accept a proposal only when it is "
+               "the target's argmax at that position, and at the first rejection write the target's argmax")
+BONUS_HINT = ("when all n proposals are accepted, the target's last distribution (after the last proposal) gives one "
+              "more token for free: the bonus token. Without it, every round writes one token fewer")
+ROLLBACK_HINT = ("the draft's cache was not rolled back after a rejection: cut it back (serving.truncate_cache) to the "
+                 "tokens kept, or its next proposals read tokens that were thrown away")
+ROUND_HINT = ("each round proposes n = min(k, tokens still to write - 1) tokens, the target reads them in one "
+              "forward pass, and stats counts the proposals, the accepted ones and every forward pass of the target")
+ACCEPT_HINT = ("accept a proposal d with probability min(1, p(d) / q(d)) (draw u = torch.rand(()) and accept if "
+               "u < p(d) / q(d)), not only when p(d) >= q(d)")
+RESIDUAL_HINT = ("after a rejection, draw from the residual max(0, p - q), normalised, not from p: the draft's accepted "
+                 "tokens already gave p's overlap with q its share")
+
+
+def _raised(case: Case, error: BaseException) -> core.CheckFailed:
+    exercise = "speculative_generate"
+    if isinstance(error, NotImplementedError):
+        return core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
+    message = f"❌ {exercise} on case '{case.name}': your code raised {type(error).__name__}: {error}"
+    if ("context_length" in str(error) and "cache" in str(error)) or "not cut back" in str(error):
+        message += f". Hint: {ROLLBACK_HINT}"
+    elif "called more than" in str(error):
+        message += f". Hint: {BONUS_HINT}"
+    return core.CheckFailed(message)
+
+
+def _judge_greedy(case: Case, got: list, want: list) -> None:
+    from course_utils.checks import expected
+
+    exercise = "speculative_generate"
+    tokens, stats, target_calls = got[0], got[1], got[2]
+    T0, max_new_tokens = case.args[2].shape[1], case.args[3]
+    if not isinstance(tokens, torch.Tensor) or tokens.shape != (1, T0 + max_new_tokens):
+        core.fail(exercise, f"tokens must be (1, T0 + max_new_tokens) = (1, {T0 + max_new_tokens}), as generate "
+                            f"returns; yours is {core.describe_shape(tokens)}", case)
+    greedy = expected.expect(exercise, f"greedy generate: {case.key()}", lambda: expected.reference("generate")(
+        StandInLM(*case.args[0]), case.args[2].clone(), max_new_tokens, temperature=0.0))
+    if not torch.equal(tokens.long(), greedy):
+        where = int((tokens.long() != greedy).nonzero()[0, 1]) - T0
+        core.fail(exercise, f"new token {where} is {int(tokens[0, T0 + where])}, the target's greedy generate writes "
+                            f"{int(greedy[0, T0 + where])}. Hint: {GREEDY_HINT}", case)
+    if stats[2] != target_calls:
+        core.fail(exercise, f"stats['target_calls'] is {stats[2]}, but the target ran {target_calls} forward passes",
+                  case)
+    if stats != want[1]:
+        shown = ", ".join(f"{name} {g} (expected {w})" for name, g, w in zip(STATS, stats, want[1]))
+        same_models = tuple(case.args[0]) == tuple(case.args[1])
+        hint = BONUS_HINT if same_models and stats[2] > want[1][2] else \
+            ROLLBACK_HINT if not same_models and stats[1] < want[1][1] else ROUND_HINT
+        core.fail(exercise, f"the right tokens, but stats are off: {shown}. Hint: {hint}", case)
+
+
+def _judge_sampled(case: Case, got: list) -> None:
+    exercise = "speculative_generate"
+    counts, stats, target_calls = got
+    runs, temperature = case.args[6], case.args[5]
+    law = target_law(case)
+    if not (isinstance(counts, torch.Tensor) and counts.shape == law.shape and counts.dtype == torch.int64
+            and int(counts.sum()) == runs and bool((counts >= 0).all())):
+        refuse(exercise, "sampled runs")
+    if stats[2] != target_calls:
+        core.fail(exercise, f"over {runs} runs, stats['target_calls'] adds up to {stats[2]}, but the target ran "
+                            f"{target_calls} forward passes", case)
+    expected_counts = runs * law  # (V, V)
+    statistic = float(((counts.double() - expected_counts) ** 2 / expected_counts).sum())
+    df = law.numel() - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                            torch.tensor(statistic / 2, dtype=torch.float64)))
+    if p_value >= ALPHA:
+        return
+    first = counts.sum(dim=1).double()  # (V,): the first new token's counts
+    scores = {name: float((first * torch.log(law_.clamp(min=1e-300))).sum())
+              for name, law_ in first_token_laws(case).items()}
+    best = max(scores, key=scores.get)
+    hint = f" Hint: {best}" if best != "right" else (
+        " Hint: check the acceptance test (probability min(1, p(d) / q(d))), the residual max(0, p - q) after a "
+        "rejection, and that p and q are softmax(logits / temperature)")
+    core.fail(exercise, f"over {runs} runs at temperature {temperature}, the first two new tokens do not follow the "
+                        f"target's distribution (chi-square test: {statistic:.1f} on {df} degrees of freedom, p-value "
+                        f"{p_value:.1e}, under {ALPHA:g}; a correct answer fails this test 1 time in "
+                        f"{round(1 / ALPHA):,}).{hint}", case)
+
+
+def _well_formed_run(exercise: str, step: Step, got: Any) -> None:
+    sizes = {"greedy": 4, "sampled": 3}
+    if not (isinstance(got, list) and len(got) == sizes[step.run] and isinstance(got[1], list) and len(got[1]) == 3
+            and all(type(n) is int for n in got[1]) and type(got[2]) is int):
+        refuse(exercise, f"{step.run} run")
+
+
+def _judge_speculative(plan: list[Step], outcomes: Outcomes) -> str:
+    from course_utils.checks import expected
+
+    exercise = "speculative_generate"
+    for step in plan:
+        got = outcomes[step.key]
+        if isinstance(got, BaseException):
+            raise _raised(step.case, got)
+        _well_formed_run(exercise, step, got)
+        if step.run == "greedy":
+            want = expected.expect(exercise, step.case.key(),
+                                   lambda: run_greedy(expected.reference(exercise), step.case))
+            _judge_greedy(step.case, got, want)
+        else:
+            _judge_sampled(step.case, got)
+    greedy = [s for s in plan if s.run == "greedy"]
+    sampled = [s for s in plan if s.run == "sampled"]
+    return (f"{len(greedy)} greedy runs write the target's greedy tokens with our stats; {len(sampled)} sampled "
+            f"cases of {sum(s.case.args[6] for s in sampled):,} runs follow the target's distribution (chi-square "
+            f"test, false-alarm rate {ALPHA:g} each)")
+
+
+#: The stand-ins of the visible cases: a target, a draft that often agrees with it, and one that is it.
+_TARGET = (8, 32, 1161, 2.0)
+_DRAFT = (8, 32, 1161, 2.0, 1162, 0.5)
+#: For the sampled runs: 3 tokens, a flat target (every pair of two tokens has a probability of 0.039 or more,
+#: so that each of the 9 cells expects 23 runs or more of 600, and the chi-square test's p-value is accurate),
+#: and a draft far from it (a mistake in the acceptance test or the residual then moves the first token's law
+#: by a chi-square divergence of 0.24 or more: a test statistic near 140 against a threshold near 32).
+_SMALL_TARGET = (3, 8, 1217, 0.6)
+_SMALL_DRAFT = (3, 8, 1217, 0.6, 2217, 3.0)
+
+
+def _speculative_cases() -> list[Case]:
+    return [
+        greedy_case("draft = target: every proposal accepted, k=3, 10 new tokens", _TARGET, _TARGET, [1, 2, 3], 10, 3),
+        greedy_case("a draft that often agrees, k=4, 16 new tokens", _TARGET, _DRAFT, [5, 0], 16, 4),
+        greedy_case("k=1, a one-token prompt, 7 new tokens", _TARGET, _DRAFT, [7], 7, 1),
+        sampled_case("temperature 1, 3 tokens, k=2: 600 runs", _SMALL_TARGET, _SMALL_DRAFT, [1, 2], 2, 1.0, 600, 1173),
+    ]
+
+
+def _speculative_plan(hidden: bool) -> list[Step]:
+    cases = with_hidden("speculative_generate", _speculative_cases)(hidden)
+    return [Step(c.key(), c, "greedy" if len(c.args) == 6 else "sampled") for c in cases]
+
+
+check_speculative_generate = declare(
+    Spec("speculative_generate", _speculative_plan, _judge_speculative,
+         runners={"greedy": run_greedy, "sampled": run_sampled}),
+    """Run ``speculative_generate(target, draft, prompt_ids, max_new_tokens, k, temperature)`` on stand-in models:
+    at temperature 0 the target's greedy tokens and our stats, exactly; at temperature 1, thousands of seeded
+    runs whose first two tokens must follow the target's distribution (a chi-square test whose false-alarm rate
+    is ``ALPHA``).""")

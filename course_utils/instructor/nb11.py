@@ -7,7 +7,7 @@ import math
 import torch
 
 from course_utils.checks.core import Case
-from course_utils.checks.nb11 import appended, paged_case, session
+from course_utils.checks.nb11 import _SMALL_DRAFT, _SMALL_TARGET, _TARGET, appended, greedy_case, paged_case, sampled_case, session
 from course_utils.instructor import Mistake
 
 
@@ -52,7 +52,20 @@ def _hidden_paged() -> list[Case]:
     ]
 
 
-HIDDEN = {"PagedKVCache": _hidden_sessions, "paged_attention": _hidden_paged}
+def _hidden_speculative() -> list[Case]:
+    far = (8, 32, 1161, 2.0, 11151, 3.0)  # a draft that is rarely right
+    close = (8, 32, 1161, 2.0, 11152, 0.3)
+    return [
+        greedy_case("max_new_tokens=0: the prompt back, nothing proposed", _TARGET, close, [4, 4, 1], 0, 4),
+        greedy_case("k=8 larger than the 5 tokens to write", _TARGET, close, [2, 6], 5, 8),
+        greedy_case("a draft that is rarely right, k=3, 12 new tokens", _TARGET, far, [3], 12, 3),
+        greedy_case("every position used: 3 + 30 tokens in a context of 32, k=2", _TARGET, close, [0, 1, 2], 30, 2),
+        greedy_case("draft = target, k=5, 17 new tokens", _TARGET, _TARGET, [6], 17, 5),
+        sampled_case("temperature 1.3, 3 tokens, k=3: 600 runs", _SMALL_TARGET, _SMALL_DRAFT, [2], 3, 1.3, 600, 11153),
+    ]
+
+
+HIDDEN = {"PagedKVCache": _hidden_sessions, "paged_attention": _hidden_paged, "speculative_generate": _hidden_speculative}
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,14 +132,25 @@ def _padding_free(q, key_blocks, value_blocks, block_tables, seq_lens):
     return _attend(q, k, v, keep, _heads(q, key_blocks))
 
 
+def _finite_pool(wrong):
+    """``wrong`` on a pool without inf only: where the free slots hold inf, every mistake that reads them gives
+    NaN alike, and the check's own diagnosis says which slots it read (``nb11.NAN_HINT``)."""
+    def on_finite(q, key_blocks, value_blocks, block_tables, seq_lens):
+        if torch.isinf(key_blocks).any():
+            return None
+        return wrong(q, key_blocks, value_blocks, block_tables, seq_lens)
+    on_finite.__doc__ = wrong.__doc__
+    return on_finite
+
+
 MISTAKES = {
     "paged_attention": [
         Mistake("the -1 padding of block_tables was read as block 0 and attended to: mask every slot past seq_lens, "
-                "in the padding too", _padding_as_block_zero),
+                "in the padding too", _finite_pool(_padding_as_block_zero)),
         Mistake("seq_lens was ignored in the last block: its slots past seq_lens[i] hold no token of the sequence "
-                "and must be masked", _last_block_unmasked),
+                "and must be masked", _finite_pool(_last_block_unmasked)),
         Mistake("query head h must read kv head h // (num_heads // num_kv_heads), as repeat_kv groups them; yours "
-                "reads kv head h % num_kv_heads", _heads_modulo),
-        Mistake("the scores are not divided by sqrt(head_dim)", _unscaled),
+                "reads kv head h % num_kv_heads", _finite_pool(_heads_modulo)),
+        Mistake("the scores are not divided by sqrt(head_dim)", _finite_pool(_unscaled)),
     ],
 }

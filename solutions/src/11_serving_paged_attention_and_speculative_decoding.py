@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 11 · Serving many users at once: a paged KV cache and paged attention
+# # 11 · Serving many users at once: a paged KV cache, paged attention and speculative decoding
 #
 # Notebook 08 cached the keys and values of **one** sequence in one contiguous tensor, and notebook 09
 # generated one batch whose rows all had the same length. A server for a language model does neither:
@@ -18,7 +18,10 @@
 #    against one maximum-length tensor per sequence;
 # 4. write the attention of one decoding step for a batch of sequences of different lengths, reading
 #    the keys and values straight from their blocks, with grouped-query heads: `paged_attention`;
-# 5. read what a real server adds: continuous batching, prefix sharing, speculative decoding.
+# 5. write **speculative decoding**: a small draft model proposes `k` tokens, the target checks them in
+#    one pass, and a rejection rule keeps the target's distribution exactly: `speculative_generate`;
+#    measure how the acceptance rate and the target passes saved change with `k` and the draft's quality;
+# 6. read what a real server adds: continuous batching and prefix sharing.
 #
 # Shapes use these letters: `b` = number of sequences in a batch, `H` = number of query heads,
 # `kv` = number of key/value heads (`H` is a multiple of it, notebook 08's grouped-query attention),
@@ -37,7 +40,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from course_utils import checks, serving
+from course_utils import checks, serving, tasks, training
 
 torch.manual_seed(123)
 torch.set_num_threads(1)  # small tensors: one thread is as fast, and steady on a busy machine
@@ -394,9 +397,267 @@ print("paged attention == attention on each gathered sequence:", torch.allclose(
 # does.
 
 # %% [markdown]
-# ## 6. What a real server adds
+# ## 6. Speculative decoding: a small model guesses, the large one checks
 #
-# The pool and the tables make three more things possible, each a part of every modern server (vLLM,
+# A decoding step of a large model is **memory-bound** (notebook 08, section 7): it reads every weight
+# and the whole KV cache to write one token, and the arithmetic units mostly wait. Reading `k + 1` new
+# tokens in one pass reads the same weights and costs about the same time. Speculative decoding
+# (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", 2023; Chen et al.,
+# "Accelerating Large Language Model Decoding with Speculative Sampling", 2023) turns that into speed:
+#
+# 1. a small, fast **draft** model writes `k` tokens, one at a time, as usual;
+# 2. the large **target** model reads all `k` in **one** forward pass with its KV cache. That pass gives
+#    the target's distribution `p` at each draft token, and one more after the last;
+# 3. draft token `d`, which the draft chose with probability `q(d)`, is **accepted** with probability
+#    `min(1, p(d) / q(d))`: always when the target likes it at least as much as the draft did;
+# 4. at the first rejection, the round writes one token drawn from the **residual** `max(0, p - q)`,
+#    normalised, and throws the later draft tokens away. If all `k` are accepted, the target's last
+#    distribution gives a **bonus** token for free.
+#
+# Every round runs the target once and writes between 1 and `k + 1` tokens. The rule in steps 3 and 4 is
+# what makes it exact: the probability of writing token `x` is `min(p(x), q(x))` (accepted) plus
+# `(1 - Σ min(p, q)) · max(0, p(x) - q(x)) / Σ max(0, p - q)` (rejected, then drawn from the residual), and
+# since `Σ max(0, p - q) = 1 - Σ min(p, q)`, that sum is exactly `p(x)`. The output has the **target's**
+# distribution, whatever the draft; a good draft only makes it faster.
+#
+# At temperature 0 both distributions put all their weight on their argmax: a draft token is accepted
+# exactly when it is the target's argmax, and a rejection writes the target's argmax. The output is then
+# the target's greedy output, token for token.
+
+# %% [markdown]
+# Our models are notebook 09's `TinyGPT`, trained on its digit-reversal task with 6 digits. Here are
+# `TinyGPT`, `generate` and `train_step` with their parts: our answers from notebooks 04, 05, 08 and 09,
+# shown so that nothing depends on your earlier answers. Run the cell.
+
+# %% shows="causal_mask split_heads merge_heads MultiHeadAttention MultiHeadAttentionKVCache sinusoidal_positions LearnedPositionalEmbedding TransformerBlock TinyGPT generate train_step"
+# Our answers from notebooks 04, 05, 08 and 09.
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_utils.validation import check_heads_divide, check_input_3d
+
+# %% [markdown]
+# The **target** has 2 blocks of `d_model = 32`; the **drafts** have 1 block of `d_model = 16`, about a
+# fifth of the target's parameters, trained for 0, 40 and 100 steps to give drafts of three qualities.
+# Training takes a few seconds (and is skipped while grading: `training.train` returns at once).
+
+# %%
+task = tasks.ReversalTask(num_digits=6, held_out_size=1000, seed=0)
+common = dict(vocab_size=tasks.VOCAB_SIZE, context_length=task.context_length, dropout=0.0)
+torch.manual_seed(0)
+target = TinyGPT(d_model=32, num_heads=2, num_layers=2, **common)
+drafts = {}
+for steps in (0, 40, 100):
+    torch.manual_seed(1)
+    drafts[steps] = TinyGPT(d_model=16, num_heads=2, num_layers=1, **common)
+print(f"target: {sum(p.numel() for p in target.parameters()):,} parameters; "
+      f"each draft: {sum(p.numel() for p in drafts[0].parameters()):,}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (nbval skips this cell's output: the progress bars depend on the machine)
+training.train(target, train_step, task, steps=100, seed=0, eval_every=50, desc="target")
+for steps, draft in drafts.items():
+    if steps:
+        training.train(draft, train_step, task, steps=steps, seed=1, eval_every=steps, desc=f"draft, {steps} steps")
+
+# %% [markdown]
+# Cutting a cache back is the one new tool: after a rejection, both models have read draft tokens that are
+# now thrown away. `serving.truncate_cache(model, n)` keeps the first `n` tokens of every block's
+# `cache_k` and `cache_v` (a view, nothing recomputed) and sets `model.num_cached = n`. Read it in
+# `course_utils/serving.py`.
+
+# %% [markdown]
+# ### Exercise 3: `speculative_generate`
+#
+# Write `speculative_generate(target, draft, prompt_ids, max_new_tokens, k=4, temperature=0.0)` returning
+# `(tokens, stats)`: `tokens` is `(1, T0 + max_new_tokens)`, as `generate` returns for a prompt of one
+# sequence `(1, T0)`; `stats` is the dict `{"proposed": ..., "accepted": ..., "target_calls": ...}`: draft
+# tokens proposed, draft tokens accepted, and the target's forward passes.
+#
+# Both models are used with their KV caches, as `generate` uses them: `reset_cache()` at the start and at
+# the end, and `model(new_ids, use_cache=True)` reads only the tokens the cache does not hold yet
+# (`tokens[:, model.num_cached:]`). Put `target.eval()` and `draft.eval()` first. Then, until
+# `max_new_tokens` tokens are written, one **round**:
+# 1. `n = min(k, tokens still to write - 1)` proposals (0 in the last round when one token is left).
+# 2. **Draft**: `n` times, read the tokens the draft has not read (the first time: everything after its
+#    cache; then the last proposal), take the last position's logits, and choose a proposal: the argmax
+#    at temperature 0, else draw from `q = softmax(logits / temperature)` with `torch.multinomial` (keep
+#    `q`).
+# 3. **Target**: one forward pass, `target(torch.cat([tokens[:, target.num_cached:], proposals], dim=1),
+#    use_cache=True)`; its last `n + 1` positions give the target's logits at each proposal and after the
+#    last one. Count the pass in `stats["target_calls"]`, and the `n` proposals in `stats["proposed"]`.
+# 4. **Accept** the proposals in order. At temperature 0: proposal `j` is accepted if it is the argmax of
+#    the target's logits `j`; else write that argmax instead and end the round. Above 0: with
+#    `p = softmax(logits / temperature)`, accept `d` if `torch.rand(())` is below `p[d] / q[d]`; else
+#    draw the token written instead from `max(0, p - q)`, normalised, and end the round. If all `n` are
+#    accepted, add the **bonus** token: the argmax of the target's last logits (temperature 0) or a draw
+#    from its `p`. Add the accepted proposals to `stats["accepted"]`.
+# 5. **Roll back**: the target has read the rejected proposals and the draft may have too. Cut the target's
+#    cache to all the tokens written but the last (`serving.truncate_cache(target, tokens.shape[1] - 1)`),
+#    and the draft's to that too if it holds more.
+#
+# Raise a `ValueError` for a prompt of more than one sequence (each sequence accepts a different number of
+# tokens; servers run speculation per sequence).
+#
+# The check runs your function on stand-in models with a cache of their own (they also have a
+# `truncate_cache`, which `serving.truncate_cache` calls): at temperature 0 it compares your tokens with
+# the target's greedy `generate` and your stats with ours; at temperature 1 it draws 600 runs and tests
+# whether your first two tokens follow the target's distribution (a chi-square test whose false-alarm rate
+# is 1 in 10,000: a correct answer fails it that rarely, and with the check's fixed seeds it gives the same
+# verdict every time).
+
+# %% grade_id="speculative_generate"
+@torch.no_grad()
+def speculative_generate(target, draft, prompt_ids: torch.Tensor, max_new_tokens: int, k: int = 4,
+                         temperature: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """prompt_ids (1, T0) -> (tokens (1, T0 + max_new_tokens), {"proposed", "accepted", "target_calls"})."""
+    ### BEGIN SOLUTION
+    if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
+        raise ValueError(f"prompt_ids must be (1, T0): one sequence, got {tuple(prompt_ids.shape)}")
+    stats = {"proposed": 0, "accepted": 0, "target_calls": 0}
+    target.eval()
+    draft.eval()
+    target.reset_cache()
+    draft.reset_cache()
+    tokens = prompt_ids  # (1, T)
+    end = prompt_ids.shape[1] + max_new_tokens
+    while tokens.shape[1] < end:
+        n = min(k, end - tokens.shape[1] - 1)
+        proposals, qs = [], []
+        for j in range(n):
+            new = tokens[:, draft.num_cached:] if j == 0 else proposals[-1].view(1, 1)
+            logits = draft(new, use_cache=True)[0, -1]  # (V,)
+            if temperature == 0:
+                proposals.append(logits.argmax())
+            else:
+                qs.append(torch.softmax(logits / temperature, dim=-1))  # (V,)
+                proposals.append(torch.multinomial(qs[-1], 1)[0])
+        drafted = torch.stack(proposals).view(1, n) if n else tokens[:, :0]  # (1, n)
+        logits = target(torch.cat([tokens[:, target.num_cached:], drafted], dim=1), use_cache=True)[0, -(n + 1):]
+        stats["target_calls"] += 1
+        stats["proposed"] += n
+        kept = []
+        for j in range(n + 1):  # logits (n + 1, V): one row per proposal, one for the bonus
+            if temperature == 0:
+                best = logits[j].argmax()
+                if j < n and best == proposals[j]:
+                    kept.append(best)
+                    continue
+                kept.append(best)  # the target's token instead of a rejected one, or the bonus
+                break
+            p = torch.softmax(logits[j] / temperature, dim=-1)  # (V,)
+            if j == n:
+                kept.append(torch.multinomial(p, 1)[0])  # the bonus
+                break
+            if torch.rand(()) < p[proposals[j]] / qs[j][proposals[j]]:
+                kept.append(proposals[j])
+                continue
+            residual = (p - qs[j]).clamp(min=0)
+            kept.append(torch.multinomial(residual / residual.sum(), 1)[0])
+            break
+        stats["accepted"] += len(kept) - 1
+        tokens = torch.cat([tokens, torch.stack(kept).view(1, -1)], dim=1)
+        serving.truncate_cache(target, tokens.shape[1] - 1)
+        serving.truncate_cache(draft, min(draft.num_cached, tokens.shape[1] - 1))
+    target.reset_cache()
+    draft.reset_cache()
+    return tokens, stats
+    ### END SOLUTION
+
+# %% grade_id="test_speculative_generate" points=4
+# Check: greedy runs on stand-in models (the target's greedy tokens, our stats), and 600 sampled runs whose
+# first two tokens must follow the target's distribution.
+checks.check_speculative_generate(speculative_generate)
+### BEGIN HIDDEN TESTS
+checks.check_speculative_generate(speculative_generate, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### The same tokens, fewer target passes
+#
+# Greedy, on 30 held-out prompts (6 digits and the separator, `(1, 7)` each): speculative decoding with the
+# best draft against the target's own `generate`.
+
+# %%
+held_out = task.held_out()
+prompts = held_out.inputs[:30, : task.num_digits + 1]  # (30, 7)
+same = all(
+    torch.equal(speculative_generate(target, drafts[100], prompt[None], task.num_digits, k=3)[0],
+                generate(target, prompt[None], task.num_digits, temperature=0.0))
+    for prompt in prompts)
+print("speculative decoding writes the target's greedy tokens for all 30 prompts:", same)
+
+# %% [markdown]
+# How often are the draft's tokens accepted, and how many target passes does each new token cost? For
+# each draft and `k` from 1 to 5, greedy, the 30 prompts, 6 new tokens each (`generate` pays 6 target
+# passes: 1 per token). Skipped while grading.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (nbval skips this cell's output: the trained models' numbers depend on the CPU's rounding)
+ks = [1, 2, 3, 5]
+sweep = {}
+if training.grading():
+    print("grading now: the sweep is skipped")
+else:
+    for steps, draft in drafts.items():
+        for k in ks:
+            totals = {"proposed": 0, "accepted": 0, "target_calls": 0}
+            for prompt in prompts:
+                _, stats = speculative_generate(target, draft, prompt[None], task.num_digits, k=k)
+                totals = {name: totals[name] + stats[name] for name in totals}
+            sweep[steps, k] = (totals["accepted"] / totals["proposed"],
+                               totals["target_calls"] / (len(prompts) * task.num_digits))
+            print(f"draft trained {steps:3d} steps, k={k}: {sweep[steps, k][0]:5.1%} of proposals accepted, "
+                  f"{sweep[steps, k][1]:.2f} target passes per new token")
+
+# %%
+if sweep:
+    fig, (ax_accept, ax_calls) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for steps in drafts:
+        ax_accept.plot(ks, [100 * sweep[steps, k][0] for k in ks], marker="o", label=f"draft, {steps} steps")
+        ax_calls.plot(ks, [sweep[steps, k][1] for k in ks], marker="o", label=f"draft, {steps} steps")
+    ax_calls.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="generate (no draft)")
+    ax_accept.set_xlabel("k (proposals per round)")
+    ax_accept.set_ylabel("proposals accepted (%)")
+    ax_accept.set_title("acceptance rate")
+    ax_calls.set_xlabel("k (proposals per round)")
+    ax_calls.set_ylabel("target forward passes per new token")
+    ax_calls.set_title("target passes (lower is faster)")
+    ax_calls.set_ylim(0, 1.1)
+    for ax in (ax_accept, ax_calls):
+        ax.set_xticks(ks)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+    print("the best draft with k=5 needs fewer target passes than with k=1:", sweep[100, 5][1] < sweep[100, 1][1])
+    print("the untrained draft saves almost nothing: over 0.8 target passes per token at every k:",
+          all(sweep[0, k][1] > 0.8 for k in ks))
+
+# %% [markdown]
+# The draft trained for 100 steps is right every time here, so a larger `k` writes more tokens per target
+# pass: with `k = 5` a whole answer of 6 digits costs one target pass and 5 draft passes. (`k = 2` and
+# `k = 3` tie: both need two rounds for 6 tokens, 3 + 3 or 4 + 2.) The draft trained for 40 steps gets
+# about one proposal in four right at `k = 1`, and fewer at larger `k`: after its first mistake in a round,
+# the rest of the round's proposals count as proposed but are thrown away. The untrained draft is
+# almost always rejected, and nearly every round pays one target pass for one token, plus the draft's
+# work: slower than no speculation at all. In a real system the draft is 10 to 100 times cheaper than the target,
+# `k` is 3 to 8, and the speed-up (2 to 3 times is common) depends on how often the draft agrees with the
+# target: on predictable text (code, repetition) more than on creative text.
+#
+# Three things this notebook leaves out: a **batch** of sequences, each accepting a different number of
+# tokens (a paged cache makes that easy: each sequence's cache is cut back on its own); drafts without a
+# second model (Medusa's extra heads, EAGLE, or n-grams looked up in the prompt); and a **tree** of
+# proposals checked in one pass with a tree-shaped attention mask.
+
+# %% [markdown]
+# ## 7. What a real server adds
+#
+# The pool and the tables make two more things possible, each a part of every modern server (vLLM,
 # SGLang, TensorRT-LLM):
 #
 # - **Continuous batching** (Yu et al., "Orca", OSDI 2022). A static batch waits until its longest
@@ -409,14 +670,6 @@ print("paged attention == attention on each gathered sequence:", torch.allclose(
 # - **Prefix sharing**. Requests that start with the same system prompt can share its blocks: a block
 #   table may list a block that another table lists too, with a count of its users, and a block is copied
 #   only when one of them writes into it ("copy on write"). Your `PagedKVCache` forbids that on purpose.
-# - **Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023). A small draft model proposes `k`
-#   tokens, one at a time, cheaply; the large target model checks all `k` in **one** forward pass (a
-#   prefill of `k` tokens costs about as much as a decoding step, because decoding is memory-bound:
-#   notebook 08, section 7). Each draft token is accepted with probability `min(1, p(x) / q(x))`, `p` the
-#   target's and `q` the draft's probability; at the first rejection, a token is drawn from the
-#   **residual** `max(0, p - q)`, normalised; if all `k` are accepted, the target's last distribution
-#   gives one more token for free. This rule makes the output's distribution exactly the target's, while
-#   the target runs once for up to `k + 1` tokens.
 
 # %% [markdown]
 # ## Check your understanding
@@ -470,6 +723,26 @@ print("blocks owned:", len(check.block_table(0)), "unused slots:", 16 * len(chec
 # product serve the 4 heads of a group. `repeat_kv` would first copy every key 4 times, which is the
 # memory traffic grouped-query attention exists to avoid.
 # </details>
+#
+# <details><summary>6. Find the bug: after a rejection, <code>speculative_generate</code> cuts back the
+# target's cache but not the draft's. The output at temperature 0 is still the target's greedy output.
+# Why, and what gets worse?</summary>
+#
+# The target checks every token, so a confused draft can only be rejected more often: the output stays
+# right. But the draft's cache still holds the rejected proposals, so its next proposals continue a text
+# that was thrown away (at the wrong positions, too): fewer are accepted, and each round pays a target
+# pass for fewer tokens. Only the stats show the bug, which is why the check compares them.
+# </details>
+#
+# <details><summary>7. A draft proposes <code>d</code> with <code>q(d) = 0.5</code>; the target gives it
+# <code>p(d) = 0.2</code>. With what probability is it accepted? Why not reject it outright, since the
+# target likes it less?</summary>
+#
+# `min(1, 0.2 / 0.5) = 0.4`. Rejecting it outright would make `d` impossible, while the target writes it 1
+# time in 5. Accepting it with probability 0.4 gives `d` exactly `0.5 × 0.4 = 0.2` of the time from
+# accepted proposals; a rejection then never draws `d` again, because the residual `max(0, p - q)` is 0 at
+# `d`.
+# </details>
 
 # %% [markdown]
 # ## Recap
@@ -482,5 +755,10 @@ print("blocks owned:", len(check.block_table(0)), "unused slots:", 16 * len(chec
 #   4 % with blocks of 16 here.
 # - **Paged attention** decodes a ragged batch straight from the pool: each sequence's own blocks, its
 #   first `seq_lens[i]` slots, grouped-query heads sharing each key without a copy.
-# - With these, a server batches continuously, shares prefixes between requests, and can check a draft
-#   model's guesses in one pass: the rest of modern LLM serving builds on the block table.
+# - **Speculative decoding**: a draft proposes `n = min(k, left - 1)` tokens, the target reads them in one
+#   pass, each is accepted with probability `min(1, p/q)`, the first rejection draws from `max(0, p - q)`
+#   normalised, and full acceptance earns a bonus token; both caches are cut back after every round. The
+#   output has the target's distribution exactly (its greedy tokens at temperature 0), and a good draft
+#   writes several tokens per target pass.
+# - With the block table, a server also batches continuously and shares prefixes between requests: the
+#   rest of modern LLM serving builds on it.
