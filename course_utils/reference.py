@@ -1485,3 +1485,96 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: torch.
     target.reset_cache()
     draft.reset_cache()
     return tokens, stats
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: continuous batching
+# --------------------------------------------------------------------------------------------
+__all__ += ["ContinuousBatcher"]
+
+
+class ContinuousBatcher:
+    """Greedy generation for many requests at once, each joining and leaving the batch at any step.
+
+    ``model(cache, seq_ids, tokens, positions)`` is a paged model (``serving.PagedTinyGPT``): it reads each
+    sequence's new tokens at the given positions against what ``cache`` holds of it, appends their keys and
+    values, and returns each sequence's next-token logits. Each :meth:`step`: admit waiting requests in order
+    while the batch has room and the cache has the blocks for a request's tokens (prefill: its prompt, and
+    after a preemption what it had written too, at positions from 0), then decode every other running request
+    in one forward pass (its last token at position = tokens it holds), preempting the newest running requests
+    while the decode needs more new blocks than are free, and free each finished request's blocks at once.
+    """
+
+    def __init__(self, model: object, cache: object, max_batch_size: int):
+        self.model, self.cache, self.max_batch_size = model, cache, max_batch_size
+        self.num_blocks, self.block_size = cache.key_blocks.shape[0], cache.key_blocks.shape[2]
+        self.prompts: dict[int, list[int]] = {}
+        self.limits: dict[int, int] = {}
+        self.written: dict[int, list[int]] = {}  # request id -> the tokens it wrote
+        self.waiting: list[int] = []  # admitted in this order
+        self.running: list[int] = []  # in the order they were admitted
+
+    def add_request(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> int:
+        """Queue a request: ``prompt_ids`` ``(T0,)`` token ids; returns its id (0, 1, 2, ...)."""
+        prompt = [int(t) for t in prompt_ids.flatten()]
+        if not prompt or max_new_tokens < 1:
+            raise ValueError(f"a request needs a prompt and max_new_tokens >= 1, got {len(prompt)} and {max_new_tokens}")
+        need = math.ceil((len(prompt) + max_new_tokens - 1) / self.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"the request needs {need} blocks, but the cache has only {self.num_blocks}")
+        rid = len(self.prompts)
+        self.prompts[rid], self.limits[rid], self.written[rid] = prompt, max_new_tokens, []
+        self.waiting.append(rid)
+        return rid
+
+    def _next(self, rid: int, logits: torch.Tensor) -> int:
+        token = int(logits.argmax())
+        self.written[rid].append(token)
+        return token
+
+    def _preempt(self, rid: int) -> None:
+        """Give the request's blocks back and queue it first: it will be recomputed from its tokens."""
+        self.cache.free(rid)
+        self.running.remove(rid)
+        self.waiting.insert(0, rid)
+
+    def step(self) -> dict[int, int]:
+        """One step: ``{request id: the token it wrote}`` for every request that wrote one."""
+        written: dict[int, int] = {}
+        while self.waiting and len(self.running) < self.max_batch_size:
+            rid = self.waiting[0]
+            tokens = self.prompts[rid] + self.written[rid]  # a preempted request recomputes what it wrote
+            if math.ceil(len(tokens) / self.block_size) > self.cache.num_free_blocks:
+                break
+            self.waiting.pop(0)
+            self.cache.allocate(rid)
+            self.running.append(rid)
+            logits = self.model(self.cache, [rid], [torch.tensor(tokens)], [0])  # prefill
+            written[rid] = self._next(rid, logits[0])
+        while True:
+            decode = [rid for rid in self.running if rid not in written]
+            held = {rid: len(self.prompts[rid]) + len(self.written[rid]) - 1 for rid in decode}  # tokens cached
+            new_blocks = sum(1 for n in held.values() if n % self.block_size == 0)
+            if new_blocks <= self.cache.num_free_blocks:
+                break
+            self._preempt(self.running[-1])
+        if decode:
+            logits = self.model(self.cache, decode, [torch.tensor(self.written[rid][-1:]) for rid in decode],
+                                [held[rid] for rid in decode])  # (len(decode), V): one forward pass
+            for rid, row in zip(decode, logits):
+                written[rid] = self._next(rid, row)
+        for rid in list(self.running):
+            if len(self.written[rid]) == self.limits[rid]:
+                self._finish(rid)
+        return written
+
+    def _finish(self, rid: int) -> None:
+        """A finished request leaves the batch, and its blocks are free for the next request at once."""
+        self.cache.free(rid)
+        self.running.remove(rid)
+
+    def run(self) -> dict[int, list[int]]:
+        """Step until every request is finished; ``{request id: the tokens it wrote}``."""
+        while self.waiting or self.running:
+            self.step()
+        return {rid: list(tokens) for rid, tokens in self.written.items()}

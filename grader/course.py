@@ -78,7 +78,7 @@ EXERCISES: dict[str, tuple[str, ...]] = {
         "sinusoidal_positions", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT", "train_step", "generate"),
     "10_flash_attention_backward": (
         "attention_backward_reference", "flash_attention_backward", "FlashAttention", "flash_attention_backward_triton"),
-    "11_serving_paged_attention_and_speculative_decoding": ("PagedKVCache", "paged_attention", "speculative_generate"),
+    "11_serving_paged_attention_and_speculative_decoding": ("PagedKVCache", "paged_attention", "ContinuousBatcher", "speculative_generate"),
 }
 
 

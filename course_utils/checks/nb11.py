@@ -22,7 +22,7 @@ from course_utils.checks import core
 from course_utils.checks.core import Case
 from course_utils.checks.spec import Outcomes, Spec, Step, declare, function_spec, refuse, with_hidden
 
-__all__ = ["check_PagedKVCache", "check_paged_attention", "check_speculative_generate"]
+__all__ = ["check_PagedKVCache", "check_paged_attention", "check_speculative_generate", "check_ContinuousBatcher"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -679,3 +679,260 @@ check_speculative_generate = declare(
     at temperature 0 the target's greedy tokens and our stats, exactly; at temperature 1, thousands of seeded
     runs whose first two tokens must follow the target's distribution (a chi-square test whose false-alarm rate
     is ``ALPHA``).""")
+
+
+# --------------------------------------------------------------------------------------------
+# ContinuousBatcher: a stand-in paged model and cache, runs step by step
+# --------------------------------------------------------------------------------------------
+class StandInBlockCache:
+    """A cache with ``PagedKVCache``'s interface for the batcher's checks: it counts blocks as a paged cache
+    does (a sequence of ``n`` tokens holds ``ceil(n / block_size)`` of ``num_blocks``) but keeps each
+    sequence's keys and values in a list of its own. ``key_blocks`` is a meta tensor, for its shape.
+    ``peak`` is the most blocks ever held at once."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int = 1, head_dim: int = 2):
+        self.key_blocks = torch.empty(num_blocks, num_kv_heads, block_size, head_dim, device="meta")
+        self.value_blocks = self.key_blocks
+        self.block_size, self.total = block_size, num_blocks
+        self.seqs: dict[int, list[list[torch.Tensor]]] = {}
+        self.peak = 0
+        #: How many times the cache may be asked for its free blocks (a batcher whose requests wait for blocks
+        #: that are never freed would ask forever).
+        self.max_asks, self._asks = 20_000, 0
+
+    def _held(self) -> int:
+        return sum(-(-len(k) // self.block_size) for k, _ in self.seqs.values())
+
+    @property
+    def num_free_blocks(self) -> int:
+        self._asks += 1
+        if self._asks > self.max_asks:
+            raise RuntimeError(f"the batcher asked the cache for its free blocks {self.max_asks:,} times without "
+                               f"finishing: are requests waiting for blocks that are never freed?")
+        return self.total - self._held()
+
+    def allocate(self, seq_id: int) -> None:
+        if seq_id in self.seqs:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        self.seqs[seq_id] = [[], []]
+
+    def _seq(self, seq_id: int) -> list:
+        if seq_id not in self.seqs:
+            raise KeyError(f"sequence {seq_id} is not allocated (or was freed)")
+        return self.seqs[seq_id]
+
+    def append(self, seq_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        keys, values = self._seq(seq_id)
+        more = -(-(len(keys) + k.shape[1]) // self.block_size) - -(-len(keys) // self.block_size)
+        if more > self.total - self._held():
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {more} more blocks, "
+                               f"{self.total - self._held()} are free")
+        keys.extend(k.unbind(1))
+        values.extend(v.unbind(1))
+        self.peak = max(self.peak, self._held())
+
+    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._seq(seq_id)
+        h, d = self.key_blocks.shape[1], self.key_blocks.shape[3]
+        if not keys:
+            return torch.zeros(h, 0, d), torch.zeros(h, 0, d)
+        return torch.stack(keys, dim=1), torch.stack(values, dim=1)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(range(-(-len(self._seq(seq_id)[0]) // self.block_size)))  # how many, not which
+
+    def free(self, seq_id: int) -> None:
+        self._seq(seq_id)
+        del self.seqs[seq_id]
+
+
+class StandInPagedLM:
+    """A paged model with ``serving.PagedTinyGPT``'s call for the batcher's checks: each new token's key is
+    ``(token, position)``, appended to the cache, and a sequence's next-token logits are
+    ``token[last token] + position[its position] + total[sum of every token in the cache, mod V]`` (tables
+    from ``seed``): the tokens written depend on every token the cache holds and on the positions given."""
+
+    def __init__(self, vocab_size: int, context_length: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.token = torch.randn(vocab_size, vocab_size, generator=g)
+        self.position = torch.randn(context_length, vocab_size, generator=g)
+        self.total = torch.randn(vocab_size, vocab_size, generator=g)
+        self.calls: list[int] = []  # the batch size of each call
+        self.max_calls = 5_000
+
+    def __call__(self, cache: Any, seq_ids: Sequence[int], tokens: Sequence[torch.Tensor],
+                 positions: Sequence[int]) -> torch.Tensor:
+        seq_ids, positions = list(seq_ids), [int(p) for p in positions]
+        if not (len(seq_ids) == len(tokens) == len(positions)) or not seq_ids:
+            raise ValueError("seq_ids, tokens and positions must be lists of the same length, at least 1")
+        self.calls.append(len(seq_ids))
+        if len(self.calls) > self.max_calls:
+            raise RuntimeError(f"the stand-in model was called more than {self.max_calls:,} times: does the batcher "
+                               f"never finish?")
+        rows = []
+        for seq, new, start in zip(seq_ids, tokens, positions):
+            new = torch.as_tensor(new).long().flatten()
+            if not len(new) or start < 0 or start + len(new) > self.context_length:
+                raise ValueError(f"sequence {seq}: positions {start}..{start + len(new) - 1} are outside "
+                                 f"0..{self.context_length - 1}")
+            keys = torch.stack([new.float(), torch.arange(start, start + len(new)).float()], dim=1)  # (T, 2)
+            cache.append(seq, keys[None], keys[None])
+            held = cache.gather(seq)[0][0]  # (tokens held, 2)
+            total = int(held[:, 0].sum()) % self.vocab_size
+            rows.append(self.token[new[-1]] + self.position[start + len(new) - 1] + self.total[total])
+        return torch.stack(rows)  # (n, V)
+
+
+def serve_case(name: str, model: tuple, cache: tuple, max_batch_size: int,
+               requests: Sequence[tuple[Sequence[int], int]]) -> Case:
+    """A batcher's case: the stand-in model's ``(V, context_length, seed)``, the stand-in cache's
+    ``(num_blocks, block_size)``, the batch size, and the requests ``(prompt, max_new_tokens)`` in order."""
+    return Case(name, (tuple(model), tuple(cache), max_batch_size,
+                       tuple((torch.tensor(list(p)), n) for p, n in requests)))
+
+
+def alone(case: Case) -> list[list[int]]:
+    """Each request's greedy tokens, written alone on the stand-in model (what any batching must give)."""
+    found = []
+    for prompt, max_new_tokens in case.args[3]:
+        model = StandInPagedLM(*case.args[0])
+        cache = StandInBlockCache(1000, 4)
+        cache.allocate(0)
+        tokens = [int(t) for t in prompt]
+        logits = model(cache, [0], [prompt], [0])
+        written = []
+        while True:
+            written.append(int(logits[0].argmax()))
+            if len(written) == max_new_tokens:
+                break
+            logits = model(cache, [0], [torch.tensor(written[-1:])], [len(tokens) + len(written) - 1])
+        found.append(written)
+    return found
+
+
+def run_steps(batcher_class: Any, case: Case) -> list:
+    """The batcher on fresh stand-ins, step by step until every request wrote its tokens (at most 60 steps):
+    ``[request ids, [(n, 2) tensor of [id, token] rows, free blocks after it] per step, the model's batch sizes,
+    the cache's peak of blocks held, run()'s result on a second batcher]``."""
+    model, cache = StandInPagedLM(*case.args[0]), StandInBlockCache(*case.args[1])
+    batcher = batcher_class(model, cache, case.args[2])
+    ids = [batcher.add_request(prompt.clone(), n) for prompt, n in case.args[3]]
+    left, steps = sum(n for _, n in case.args[3]), []
+    while left > 0 and len(steps) < 60:
+        wrote = batcher.step()
+        pairs = sorted([int(r), int(t)] for r, t in dict(wrote).items())
+        steps.append([torch.tensor(pairs, dtype=torch.int64).view(-1, 2), cache.total - cache._held()])
+        left -= len(pairs)
+    again = batcher_class(StandInPagedLM(*case.args[0]), StandInBlockCache(*case.args[1]), case.args[2])
+    for prompt, n in case.args[3]:
+        again.add_request(prompt.clone(), n)
+    result = again.run()
+    ran = [[int(r), [int(t) for t in tokens][:64]] for r, tokens in sorted(dict(result).items())][:64]
+    return [[int(i) for i in ids], steps, model.calls[:64], cache.peak, ran]
+
+
+def _run_or_none(batcher_class: Any, case: Case) -> list | None:
+    """:func:`run_steps` of a known mistake, or ``None`` where it raises (its message says enough then)."""
+    try:
+        return run_steps(batcher_class, case)
+    except Exception:  # noqa: BLE001 - a mistake that raises on this case is named by the error's words
+        return None
+
+
+BATCH_FREED_HINT = ("a finished request's blocks must go back to the cache at once (cache.free(request id) in the "
+                    "step it writes its last token), so that waiting requests can join")
+BATCH_STATIC_HINT = ("admit waiting requests at every step, as soon as the batch has room and the cache has the "
+                     "blocks for their tokens: a batch that waits for all its requests to finish is static batching")
+BATCH_POSITION_HINT = ("a request's positions continue from its prompt: its first decoded token is read at position "
+                       "len(prompt), the next at len(prompt) + 1, whatever step it joined at")
+BATCH_ONE_PASS_HINT = ("decode every running request in one forward pass per step: model(cache, ids, tokens, "
+                       "positions) with all of them")
+
+
+def _judge_batcher(plan: list[Step], outcomes: Outcomes) -> str:
+    from course_utils.checks import expected
+
+    exercise = "ContinuousBatcher"
+    for step in plan:
+        case = step.case
+        got = outcomes[step.key]
+        if isinstance(got, BaseException):
+            if isinstance(got, NotImplementedError):
+                raise core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
+            hint = BATCH_POSITION_HINT if "positions" in str(got) and "outside" in str(got) else \
+                BATCH_FREED_HINT if "out of blocks" in str(got) or "never freed" in str(got) else None
+            core.fail(exercise, f"your code raised {type(got).__name__}: {got}" + (f". Hint: {hint}" if hint else ""),
+                      case)
+        if not (isinstance(got, list) and len(got) == 5 and isinstance(got[1], list) and all(
+                isinstance(s, list) and len(s) == 2 and isinstance(s[0], torch.Tensor) and s[0].dim() == 2
+                and s[0].shape[1] == 2 for s in got[1])):
+            refuse(exercise, "steps")
+        ids, steps, calls, peak, ran = got
+        steps = [[pairs.tolist(), free] for pairs, free in steps]
+        want = expected.expect(exercise, case.key(), lambda: run_steps(expected.reference(exercise), case))
+        want_steps = [[pairs.tolist(), free] for pairs, free in want[1]]
+        tokens_alone = expected.expect(exercise, f"alone: {case.key()}", lambda: alone(case))
+        mistakes = expected.expect(exercise, f"mistakes: {case.key()}", lambda: [
+            [m.hint, _run_or_none(m.wrong, case)] for m in expected.instructor().mistakes(exercise)])
+        known = next((hint for hint, outcome in mistakes
+                      if outcome is not None and expected.same_value(outcome, got)), None)
+        say = (lambda text: core.fail(exercise, f"{text}. Hint: {known}" if known else text, case))
+        if ids != list(range(len(case.args[3]))):
+            say(f"add_request must return the ids 0, 1, 2, ... in order; yours returned {ids}")
+        wrote: dict[int, list[int]] = {i: [] for i in ids}
+        for number, (pairs, _) in enumerate(steps):
+            if len(pairs) > case.args[2]:
+                say(f"step {number + 1} wrote {len(pairs)} tokens, more than max_batch_size={case.args[2]}")
+            for rid, token in pairs:
+                wrote.setdefault(rid, []).append(token)
+        for rid, right in enumerate(tokens_alone):
+            if wrote.get(rid, [])[:len(right)] != right[:len(wrote.get(rid, []))] or len(wrote.get(rid, [])) > len(right):
+                say(f"request {rid} wrote {wrote.get(rid)}, but alone it writes {right}: batching must not change "
+                    f"a request's greedy tokens")
+        if [len(wrote.get(rid, [])) for rid in range(len(tokens_alone))] != [len(r) for r in tokens_alone]:
+            say(f"after {len(steps)} steps the requests wrote {[len(wrote.get(r, [])) for r in range(len(tokens_alone))]} "
+                f"tokens, not {[len(r) for r in tokens_alone]}")
+        if [[r, t] for r, t in ran] != [[r, tokens] for r, tokens in enumerate(tokens_alone)]:
+            say(f"run() returned {ran}, not each request's tokens {dict(enumerate(tokens_alone))}")
+        if len(steps) != len(want_steps):
+            hint = known or (BATCH_STATIC_HINT if len(steps) > len(want_steps) else None)
+            core.fail(exercise, f"the requests took {len(steps)} steps, ours {len(want_steps)}"
+                                + (f". Hint: {hint}" if hint else ""), case)
+        for number, ((pairs, free), (want_pairs, want_free)) in enumerate(zip(steps, want_steps)):
+            if pairs != want_pairs:
+                say(f"step {number + 1} wrote {pairs} ([request, token] pairs), ours {want_pairs}: admit in order "
+                    f"while there is room, and preempt the newest request when the blocks run out")
+            if free != want_free:
+                hint = known or (BATCH_FREED_HINT if free < want_free else None)
+                core.fail(exercise, f"after step {number + 1} the cache has {free} free blocks, ours {want_free}"
+                                    + (f". Hint: {hint}" if hint else ""), case)
+        if calls != want[2]:
+            say(f"the model was called with batches of {calls}, ours {want[2]}. Hint: {BATCH_ONE_PASS_HINT}")
+    return f"{len(plan)} runs: every request writes its own greedy tokens, with our steps, blocks and forward passes " \
+           f"({'; '.join(s.case.name for s in plan)})"
+
+
+_SERVE_MODEL = (12, 64, 1181)
+
+
+def _batcher_cases() -> list[Case]:
+    return [
+        serve_case("4 requests of different lengths, batch of 2, plenty of blocks", _SERVE_MODEL, (40, 4), 2,
+                   [([1, 2, 3], 5), ([4], 2), ([5, 6], 7), ([7, 8, 9, 10, 11], 3)]),
+        serve_case("6 requests, batch of 3, blocks of 2: requests wait for blocks", _SERVE_MODEL, (9, 2), 3,
+                   [([3, 1], 4), ([2], 6), ([9, 9, 9], 2), ([0, 5], 5), ([6], 3), ([1, 1, 1, 1], 4)]),
+        serve_case("3 long requests in 6 blocks of 4: preempted and recomputed", _SERVE_MODEL, (6, 4), 3,
+                   [([1, 2, 3, 4, 5], 7), ([6, 7], 9), ([8, 9, 10], 8)]),
+    ]
+
+
+check_ContinuousBatcher = declare(
+    Spec("ContinuousBatcher",
+         lambda hidden: [Step(c.key(), c, "steps")
+                         for c in with_hidden("ContinuousBatcher", _batcher_cases)(hidden)],
+         _judge_batcher, runners={"steps": run_steps}),
+    """Run your ``ContinuousBatcher`` on a stand-in paged model and cache, step by step and with ``run()``: each
+    request's tokens equal its greedy tokens alone, and the steps, the free blocks after each and the model's
+    batches equal ours (admission in order, one decode pass per step, finished requests freed at once, the newest
+    preempted when the blocks run out).""")

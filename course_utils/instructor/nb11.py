@@ -7,8 +7,10 @@ import math
 import torch
 
 from course_utils.checks.core import Case
-from course_utils.checks.nb11 import _SMALL_DRAFT, _SMALL_TARGET, _TARGET, appended, greedy_case, paged_case, sampled_case, session
+from course_utils.checks.nb11 import (_SERVE_MODEL, _SMALL_DRAFT, _SMALL_TARGET, _TARGET, appended, greedy_case,
+                                      paged_case, sampled_case, serve_case, session)
 from course_utils.instructor import Mistake
+from course_utils.reference import ContinuousBatcher
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,3 +156,56 @@ MISTAKES = {
         Mistake("the scores are not divided by sqrt(head_dim)", _finite_pool(_unscaled)),
     ],
 }
+
+
+
+# --------------------------------------------------------------------------------------------
+# ContinuousBatcher: hidden cases and known mistakes (each a batcher class, run on the check's stand-ins)
+# --------------------------------------------------------------------------------------------
+def _hidden_batcher() -> list[Case]:
+    return [
+        serve_case("one request, batch of 1, 1 new token", _SERVE_MODEL, (4, 4), 1, [([3, 3, 3], 1)]),
+        serve_case("5 requests, batch of 4, blocks of 1", _SERVE_MODEL, (14, 1), 4,
+                   [([1], 3), ([2, 3], 4), ([4], 1), ([5, 6, 7], 2), ([8], 5)]),
+        serve_case("2 requests that each fill the whole cache: one waits", _SERVE_MODEL, (3, 3), 2,
+                   [([1, 2, 3, 4], 6), ([5, 6], 8)]),
+        serve_case("7 short requests, batch of 3, tight blocks of 3", _SERVE_MODEL, (5, 3), 3,
+                   [([i, i + 1], 3 + i % 3) for i in range(7)]),
+    ]
+
+
+def _batcher_mistakes() -> list[Mistake]:
+    class NeverFrees(ContinuousBatcher):
+        def _finish(self, rid):
+            self.running.remove(rid)  # the blocks stay taken
+
+    class PositionsRestarted(ContinuousBatcher):
+        def __init__(self, model, cache, max_batch_size):
+            super().__init__(model, cache, max_batch_size)
+            real = model
+
+            def restarted(cache, seq_ids, tokens, positions):  # decode positions counted from the admission
+                positions = [p if len(t) > 1 or p == 0 else len(self.written[r]) - 1
+                             for r, t, p in zip(seq_ids, tokens, positions)]
+                return real(cache, seq_ids, tokens, positions)
+            self.model = restarted
+
+    class Static(ContinuousBatcher):
+        def step(self):
+            if self.running:  # no one joins until the whole batch has finished
+                waiting, self.waiting = self.waiting, []
+                try:
+                    return super().step()
+                finally:
+                    self.waiting = waiting + self.waiting
+            return super().step()
+
+    return [
+        Mistake("a finished request's blocks must go back to the cache at once", NeverFrees),
+        Mistake("a request's positions continue from its prompt", PositionsRestarted),
+        Mistake("a batch that waits for all its requests to finish is static batching", Static),
+    ]
+
+
+HIDDEN["ContinuousBatcher"] = _hidden_batcher
+MISTAKES["ContinuousBatcher"] = _batcher_mistakes()
