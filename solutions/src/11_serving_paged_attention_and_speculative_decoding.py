@@ -927,7 +927,16 @@ print("blocks owned:", len(check.block_table(0)), "unused slots:", 16 * len(chec
 # memory traffic grouped-query attention exists to avoid.
 # </details>
 #
-# <details><summary>6. Find the bug: after a rejection, <code>speculative_generate</code> cuts back the
+# <details><summary>6. A continuous batcher admits a request, then has to preempt it two steps later. What
+# does the request lose, and what does the server lose?</summary>
+#
+# The request loses nothing: the tokens it wrote are kept, and when it is admitted again it reads its
+# prompt and those tokens in one prefill and goes on with the same next token. The server loses the work of
+# its keys and values, computed twice. vLLM can also *swap* a preempted request's blocks to CPU memory
+# and back, which costs transfers instead of computation.
+# </details>
+#
+# <details><summary>7. Find the bug: after a rejection, <code>speculative_generate</code> cuts back the
 # target's cache but not the draft's. The output at temperature 0 is still the target's greedy output.
 # Why, and what gets worse?</summary>
 #
@@ -937,7 +946,7 @@ print("blocks owned:", len(check.block_table(0)), "unused slots:", 16 * len(chec
 # pass for fewer tokens. Only the stats show the bug, which is why the check compares them.
 # </details>
 #
-# <details><summary>7. A draft proposes <code>d</code> with <code>q(d) = 0.5</code>; the target gives it
+# <details><summary>8. A draft proposes <code>d</code> with <code>q(d) = 0.5</code>; the target gives it
 # <code>p(d) = 0.2</code>. With what probability is it accepted? Why not reject it outright, since the
 # target likes it less?</summary>
 #
