@@ -635,7 +635,7 @@ else:
     fig, (ax_steps, ax_rate) = plt.subplots(1, 2, figsize=(9, 3.2))
     ax_steps.bar(["continuous", "static"], [continuous_steps, static_steps], color=["tab:blue", "tab:red"])
     ax_steps.set_ylabel("steps for the 24 requests")
-    ax_steps.set_title("steps (one forward pass of the batch each)")
+    ax_steps.set_title("steps (each: the prefills, then one decoding pass)")
     ax_rate.bar(list(rate), list(rate.values()), color=["tab:blue", "tab:red"])
     ax_rate.set_ylabel("tokens per second (this CPU)")
     ax_rate.set_title("throughput, median of 3 runs")
