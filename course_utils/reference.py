@@ -1294,3 +1294,287 @@ def flash_attention_backward_triton(Q, K, V, DO, LSE, DELTA, DK, DV, stride_b, s
              mask=offs_n[:, None] < T)
     tl.store(DV + base + offs_n[:, None] * stride_t + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=offs_n[:, None] < T)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: serving: a paged KV cache and paged attention
+# --------------------------------------------------------------------------------------------
+__all__ += ["PagedKVCache", "paged_attention"]
+
+
+class PagedKVCache:
+    """A KV cache in fixed-size blocks, as vLLM keeps it: one pool of blocks shared by every sequence.
+
+    ``key_blocks`` and ``value_blocks`` are ``(num_blocks, num_kv_heads, block_size, head_dim)``. Each
+    sequence owns a list of blocks, its **block table**: token ``t`` of the sequence sits in block
+    ``table[t // block_size]`` at slot ``t % block_size``. A block is taken from the free list (the
+    lowest-numbered free block first) only when a sequence's tokens reach it, and goes back when the
+    sequence is freed.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32):
+        self.block_size = block_size
+        self.key_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype)
+        self.value_blocks = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype)
+        self.free_list = list(range(num_blocks))  # block numbers, lowest first
+        self.tables: dict[int, list[int]] = {}  # seq_id -> its blocks, in token order
+        self.lengths: dict[int, int] = {}  # seq_id -> tokens written
+
+    @property
+    def num_free_blocks(self) -> int:
+        """How many blocks no sequence holds."""
+        return len(self.free_list)
+
+    def allocate(self, seq_id: int) -> None:
+        """Start an empty sequence: no block is taken until its first token arrives."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        self.tables[seq_id] = []
+        self.lengths[seq_id] = 0
+
+    def _table(self, seq_id: int) -> list[int]:
+        if seq_id not in self.tables:
+            raise KeyError(f"sequence {seq_id} is not allocated (or was freed)")
+        return self.tables[seq_id]
+
+    def append(self, seq_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k`` and ``v``, each ``(num_kv_heads, T_new, head_dim)``, after the sequence's tokens,
+        taking new blocks as the tokens cross block boundaries. Out of blocks: a ``RuntimeError`` naming
+        the sequence and the blocks it needed, and nothing changed."""
+        table = self._table(seq_id)
+        length, new = self.lengths[seq_id], k.shape[1]
+        needed = -(-(length + new) // self.block_size) - len(table)  # blocks the new tokens start
+        if needed > len(self.free_list):
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more blocks for its {new} new "
+                               f"tokens, but only {len(self.free_list)} are free")
+        for _ in range(needed):
+            table.append(self.free_list.pop(0))  # the lowest-numbered free block
+        for t in range(new):
+            position = length + t
+            block, slot = table[position // self.block_size], position % self.block_size
+            self.key_blocks[block, :, slot] = k[:, t]  # (num_kv_heads, head_dim)
+            self.value_blocks[block, :, slot] = v[:, t]
+        self.lengths[seq_id] = length + new
+
+    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence's keys and values in token order, each ``(num_kv_heads, T, head_dim)``."""
+        table = self._table(seq_id)
+        length = self.lengths[seq_id]
+        num_kv_heads, head_dim = self.key_blocks.shape[1], self.key_blocks.shape[3]
+        k = self.key_blocks[table]  # (n, num_kv_heads, block_size, head_dim)
+        v = self.value_blocks[table]
+        k = k.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]  # (num_kv_heads, T, head_dim)
+        v = v.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]
+        return k, v
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The sequence's blocks, in token order (a copy)."""
+        return list(self._table(seq_id))
+
+    def free(self, seq_id: int) -> None:
+        """Give the sequence's blocks back to the free list and forget the sequence."""
+        table = self._table(seq_id)
+        self.free_list = sorted(self.free_list + table)
+        del self.tables[seq_id], self.lengths[seq_id]
+
+
+def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """One decode step of a ragged batch, reading keys and values from the blocks of a paged cache.
+
+    ``q`` is ``(b, num_heads, head_dim)``: one new token per sequence. ``key_blocks`` and
+    ``value_blocks`` are ``(num_blocks, num_kv_heads, block_size, head_dim)``; ``block_tables`` is
+    ``(b, max_blocks)`` int64, each row a sequence's blocks padded with -1; ``seq_lens`` ``(b,)`` how many
+    tokens each sequence holds. Query head ``h`` reads key/value head ``h // (num_heads // num_kv_heads)``
+    (grouped-query attention), without copying the cache per head. Returns ``(b, num_heads, head_dim)``.
+    """
+    b, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = key_blocks.shape[1], key_blocks.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)  # (b, num_heads, head_dim)
+    for i in range(b):
+        length = int(seq_lens[i])
+        blocks = block_tables[i, : -(-length // block_size)]  # this sequence's blocks only, no padding
+        k = key_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]  # (kv, T, D)
+        v = value_blocks[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :length]
+        qi = q[i].view(num_kv_heads, group, head_dim)  # (kv, group, D): heads g*group .. share kv head g
+        scores = qi @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (kv, group, T)
+        out[i] = (torch.softmax(scores, dim=-1) @ v).reshape(num_heads, head_dim)  # (H, D)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: speculative decoding
+# --------------------------------------------------------------------------------------------
+__all__ += ["speculative_generate"]
+
+
+@torch.no_grad()
+def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int,
+                         k: int = 4, temperature: float = 0.0) -> tuple[torch.Tensor, dict[str, int]]:
+    """Write ``max_new_tokens`` tokens after ``prompt_ids`` ``(1, T0)`` with ``target``, ``draft`` proposing.
+
+    Each round the draft proposes ``n = min(k, tokens still to write - 1)`` tokens one at a time, with its
+    KV cache; the target reads them all in one cached forward pass, which gives its distribution ``p`` at
+    each proposal and one more after the last. Proposal ``d`` (the draft's probability ``q``) is accepted
+    with probability ``min(1, p(d) / q(d))``; at the first rejection a token is drawn from the residual
+    ``max(0, p - q)``, normalised, and the round ends; if all ``n`` are accepted, a bonus token is drawn from
+    the target's last distribution. At temperature 0 both distributions are one-hot on their argmax, so the
+    output is the target's greedy output. Both caches are then cut back (:func:`serving.truncate_cache`) to
+    the tokens kept, less the last one, which the next round feeds.
+
+    Returns the tokens ``(1, T0 + max_new_tokens)`` and ``{"proposed", "accepted", "target_calls"}``: draft
+    tokens proposed and accepted, and the target's forward passes.
+    """
+    from course_utils.serving import truncate_cache
+
+    if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] == 0:
+        raise ValueError(f"prompt_ids must be (1, num_tokens): one sequence, got {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 0 or k < 1 or temperature < 0:
+        raise ValueError(f"max_new_tokens >= 0, k >= 1 and temperature >= 0, got {max_new_tokens}, {k}, {temperature}")
+    stats = {"proposed": 0, "accepted": 0, "target_calls": 0}
+    target.eval()
+    draft.eval()
+    target.reset_cache()
+    draft.reset_cache()
+    tokens = prompt_ids  # (1, T)
+    end = prompt_ids.shape[1] + max_new_tokens
+    while tokens.shape[1] < end:
+        n = min(k, end - tokens.shape[1] - 1)  # proposals this round
+        proposals, draft_probs = [], []
+        for j in range(n):
+            new = tokens[:, draft.num_cached:] if j == 0 else proposals[-1].view(1, 1)  # what the draft has not read
+            logits = draft(new, use_cache=True)[0, -1]  # (V,)
+            if temperature == 0:
+                proposals.append(logits.argmax())
+            else:
+                q = torch.softmax(logits / temperature, dim=-1)  # (V,)
+                proposals.append(torch.multinomial(q, 1)[0])
+                draft_probs.append(q)
+        drafted = torch.stack(proposals).view(1, n) if n else tokens[:, :0]  # (1, n)
+        logits = target(torch.cat([tokens[:, target.num_cached:], drafted], dim=1), use_cache=True)[0, -(n + 1):]
+        stats["target_calls"] += 1
+        stats["proposed"] += n
+        kept = []
+        for j in range(n + 1):  # (n + 1, V): the target's view of each proposal, and of the bonus
+            if temperature == 0:
+                best = logits[j].argmax()
+                if j < n and best == proposals[j]:
+                    kept.append(proposals[j])  # accepted
+                    continue
+                kept.append(best)  # a rejection's replacement, or the bonus
+                break
+            p = torch.softmax(logits[j] / temperature, dim=-1)  # (V,)
+            if j == n:
+                kept.append(torch.multinomial(p, 1)[0])  # all accepted: the bonus token
+                break
+            d, q = proposals[j], draft_probs[j]
+            if torch.rand(()) < p[d] / q[d]:
+                kept.append(d)  # accepted with probability min(1, p(d) / q(d))
+                continue
+            residual = (p - q).clamp(min=0)  # (V,): where the target wants more than the draft gave
+            kept.append(torch.multinomial(residual / residual.sum(), 1)[0])
+            break
+        stats["accepted"] += len(kept) - 1
+        tokens = torch.cat([tokens, torch.stack(kept).view(1, -1)], dim=1)
+        truncate_cache(target, tokens.shape[1] - 1)  # drop the rejected proposals' keys and values
+        truncate_cache(draft, min(draft.num_cached, tokens.shape[1] - 1))
+    target.reset_cache()
+    draft.reset_cache()
+    return tokens, stats
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 11: continuous batching
+# --------------------------------------------------------------------------------------------
+__all__ += ["ContinuousBatcher"]
+
+
+class ContinuousBatcher:
+    """Greedy generation for many requests at once, each joining and leaving the batch at any step.
+
+    ``model(cache, seq_ids, tokens, positions)`` is a paged model (``serving.PagedTinyGPT``): it reads each
+    sequence's new tokens at the given positions against what ``cache`` holds of it, appends their keys and
+    values, and returns each sequence's next-token logits. Each :meth:`step`: admit waiting requests in order
+    while the batch has room and the cache has the blocks for a request's tokens (prefill: its prompt, and
+    after a preemption what it had written too, at positions from 0), then decode every other running request
+    in one forward pass (its last token at position = tokens it holds), preempting the newest running requests
+    while the decode needs more new blocks than are free, and free each finished request's blocks at once.
+    """
+
+    def __init__(self, model: object, cache: object, max_batch_size: int):
+        self.model, self.cache, self.max_batch_size = model, cache, max_batch_size
+        self.num_blocks, self.block_size = cache.key_blocks.shape[0], cache.key_blocks.shape[2]
+        self.prompts: dict[int, list[int]] = {}
+        self.limits: dict[int, int] = {}
+        self.written: dict[int, list[int]] = {}  # request id -> the tokens it wrote
+        self.waiting: list[int] = []  # admitted in this order
+        self.running: list[int] = []  # in the order they were admitted
+
+    def add_request(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> int:
+        """Queue a request: ``prompt_ids`` ``(T0,)`` token ids; returns its id (0, 1, 2, ...)."""
+        prompt = [int(t) for t in prompt_ids.flatten()]
+        if not prompt or max_new_tokens < 1:
+            raise ValueError(f"a request needs a prompt and max_new_tokens >= 1, got {len(prompt)} and {max_new_tokens}")
+        need = math.ceil((len(prompt) + max_new_tokens - 1) / self.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"the request needs {need} blocks, but the cache has only {self.num_blocks}")
+        rid = len(self.prompts)
+        self.prompts[rid], self.limits[rid], self.written[rid] = prompt, max_new_tokens, []
+        self.waiting.append(rid)
+        return rid
+
+    def _next(self, rid: int, logits: torch.Tensor) -> int:
+        token = int(logits.argmax())
+        self.written[rid].append(token)
+        return token
+
+    def _preempt(self, rid: int) -> None:
+        """Give the request's blocks back and queue it first: it will be recomputed from its tokens."""
+        self.cache.free(rid)
+        self.running.remove(rid)
+        self.waiting.insert(0, rid)
+
+    def step(self) -> dict[int, int]:
+        """One step: ``{request id: the token it wrote}`` for every request that wrote one."""
+        written: dict[int, int] = {}
+        while self.waiting and len(self.running) < self.max_batch_size:
+            rid = self.waiting[0]
+            tokens = self.prompts[rid] + self.written[rid]  # a preempted request recomputes what it wrote
+            if math.ceil(len(tokens) / self.block_size) > self.cache.num_free_blocks:
+                break
+            self.waiting.pop(0)
+            self.cache.allocate(rid)
+            self.running.append(rid)
+            logits = self.model(self.cache, [rid], [torch.tensor(tokens)], [0])  # prefill
+            written[rid] = self._next(rid, logits[0])
+        while True:
+            decode = [rid for rid in self.running if rid not in written]
+            held = {rid: len(self.prompts[rid]) + len(self.written[rid]) - 1 for rid in decode}  # tokens cached
+            new_blocks = sum(1 for n in held.values() if n % self.block_size == 0)
+            if new_blocks <= self.cache.num_free_blocks:
+                break
+            self._preempt(self.running[-1])
+        if decode:
+            logits = self.model(self.cache, decode, [torch.tensor(self.written[rid][-1:]) for rid in decode],
+                                [held[rid] for rid in decode])  # (len(decode), V): one forward pass
+            for rid, row in zip(decode, logits):
+                written[rid] = self._next(rid, row)
+        for rid in list(self.running):
+            if len(self.written[rid]) == self.limits[rid]:
+                self._finish(rid)
+        return written
+
+    def _finish(self, rid: int) -> None:
+        """A finished request leaves the batch, and its blocks are free for the next request at once."""
+        self.cache.free(rid)
+        self.running.remove(rid)
+
+    def run(self) -> dict[int, list[int]]:
+        """Step until every request is finished; ``{request id: the tokens it wrote}``."""
+        while self.waiting or self.running:
+            self.step()
+        return {rid: list(tokens) for rid, tokens in self.written.items()}

@@ -160,6 +160,16 @@ RULES.update({
     ),
 })
 
+# Notebook 11: paged attention reads the blocks itself, and shares each key/value head without copying it.
+RULES.update({
+    "paged_attention": Rule(
+        forbidden_calls=("scaled_dot_product_attention", "flex_attention", "MultiheadAttention",
+                         "multi_head_attention_forward", "repeat_interleave", "repeat_kv"),
+        why="read each sequence's blocks and share every key/value head across its query heads yourself (a view "
+            "of the queries as (kv, H // kv, D)); the fused kernels and a copy of the cache per head skip the point.",
+    ),
+})
+
 
 # --------------------------------------------------------------------------------------------
 # The rules on what ran: each forbidden name -> the ATen operations it dispatches

@@ -20,6 +20,7 @@ NOTEBOOKS: tuple[str, ...] = (
     "08_kv_cache_gqa_and_windows",
     "09_capstone_tiny_transformer",
     "10_flash_attention_backward",
+    "11_serving_paged_attention_and_speculative_decoding",
 )
 
 

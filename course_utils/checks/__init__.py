@@ -17,6 +17,7 @@ from course_utils.checks.nb07 import *  # noqa: F401,F403
 from course_utils.checks.nb08 import *  # noqa: F401,F403
 from course_utils.checks.nb09 import *  # noqa: F401,F403
 from course_utils.checks.nb10 import *  # noqa: F401,F403
+from course_utils.checks.nb11 import *  # noqa: F401,F403
 
 #: exercise -> its spec (``course_utils.checks.spec.Spec``), for every check declared by one: the grader
 #: builds each plan from it, and the tests hold every judge against its plan.

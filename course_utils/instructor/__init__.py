@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from course_utils.checks.core import Case, construct, module_output
 
-NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10")
+NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10", "nb11")
 
 
 @dataclass(frozen=True)
