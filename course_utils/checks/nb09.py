@@ -1391,6 +1391,9 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
                     "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
         return ("torch.multinomial takes probabilities (each row non-negative, not all zero), not logits: sample from "
                 "torch.softmax(logits / temperature, dim=-1).")
+    if spec.get("top_k") and spec["top_k"] > spec["vocab_size"] and "out of range" in message:
+        return (f"top_k = {spec['top_k']} is larger than the vocabulary ({spec['vocab_size']} tokens): then every token "
+                f"is kept, torch.topk(logits, min(top_k, logits.shape[-1])).")
     if "must have same number of dimensions" in message or "Tensors must have same" in message:
         return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
                 "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
@@ -1492,13 +1495,82 @@ def _generate_specs() -> list[dict]:
 
 
 def _generate_plan(hidden: bool) -> list[_spec.Step]:
-    """One step per spec of :func:`generate_trace`: every call of ``generate`` on a fresh stand-in model."""
+    """One step per spec of :func:`generate_trace`: every call of ``generate`` on a fresh stand-in model; then
+    what the exercise states beyond the tokens (:func:`_leaves_run`)."""
     specs = _generate_specs() + (list(hidden_cases("generate")) if hidden else [])
-    return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs]
+    return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs] + \
+        [_spec.Step(s["name"], Case(s["name"], (), dict(s)), LEAVES) for s in _LEAVES_SPECS]
+
+
+#: The runner of the steps that check what the exercise states beyond the tokens (:func:`_leaves_run`).
+LEAVES = "leaves"
+_LEAVES_SPECS = [
+    {"name": "generate on a model in train() mode", "vocab_size": 7, "d": 6, "context_length": 12, "b": 2, "T0": 3,
+     "n": 4, "temperature": 0.0, "top_k": None, "seed": 9059},
+    {"name": "top_k larger than the vocabulary", "vocab_size": 7, "d": 6, "context_length": 12, "b": 2, "T0": 3,
+     "n": 4, "temperature": 1.0, "top_k": 10, "seed": 9059},
+]
+
+
+class _WatchedLM(CachedStandInLM):
+    """:class:`CachedStandInLM` that also writes down whether it was in ``train()`` mode at each call."""
+
+    def __init__(self, vocab_size: int, d: int, context_length: int):
+        super().__init__(vocab_size, d, context_length)
+        self.modes: list[bool] = []
+
+    def forward(self, idx: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        self.modes.append(self.training)
+        return super().forward(idx, use_cache=use_cache)
+
+
+def _leaves_run(generate: Callable, case: Case) -> list:
+    """``generate`` with the cache on a stand-in model left in ``train()`` mode, as plain data: ``[whether the
+    model was in train() mode at each call, the tokens still cached afterwards, the output's shape]`` (issue 36:
+    what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a ``top_k`` larger than the
+    vocabulary that keeps every token)."""
+    spec = case.kwargs
+    manual_seed(spec["seed"])
+    model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    model.train()
+    prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
+    out = generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=spec["top_k"], use_cache=True)
+    return [[bool(m) for m in model.modes], int(model.num_cached),
+            list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__]
+
+
+def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> None:
+    """What the exercise states beyond the tokens (:func:`_leaves_run`): the model in eval() mode while it
+    generates, its cache emptied at the end, and a top_k larger than the vocabulary keeping every token."""
+    for step in (s for s in plan if s.run == LEAVES):
+        spec, case = step.case.kwargs, Case(step.case.name, ())
+        found = outcomes[step.key]
+        if isinstance(found, NotImplementedError):
+            fail(exercise, NOT_IMPLEMENTED)
+        if isinstance(found, BaseException):
+            said = f"generate(model, prompt ({spec['b']}, {spec['T0']}), max_new_tokens={spec['n']}, temperature=" \
+                   f"{spec['temperature']}, top_k={spec['top_k']}) with a vocabulary of {spec['vocab_size']} raised " \
+                   f"{type(found).__name__}: {found}."
+            if spec["top_k"] and spec["top_k"] > spec["vocab_size"]:
+                said += (" A top_k larger than the vocabulary keeps every token: torch.topk(logits, min(top_k, "
+                         "logits.shape[-1])).")
+            fail(exercise, said, case)
+        if not (isinstance(found, list) and len(found) == 3 and isinstance(found[0], list)
+                and all(isinstance(m, bool) for m in found[0]) and type(found[1]) is int):
+            _spec.refuse(exercise, "calls on a model in train() mode")
+        modes, cached, _ = found
+        if any(modes):
+            fail(exercise, "the model was in train() mode while generate called it: call model.eval() first, as the "
+                           "exercise says (dropout must be off while generating).", case)
+        if cached:
+            fail(exercise, f"after generate the model's cache still holds {cached} tokens: call model.reset_cache() at "
+                           f"the end too, as the exercise says, so that the model's next call starts a new sequence.",
+                 case)
 
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "generate"
+    leaves, plan = plan, [step for step in plan if step.run != LEAVES]
     specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
@@ -1550,12 +1622,13 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 fail(exercise, f"{where}: {call}{text}.", case)
             except CheckFailed as error:
                 raise _hinted(error, hint) from None
+    _judge_leaves(exercise, leaves, outcomes)
     return (f"{len(plan)} cases agree with the reference: {compared} "
             f"with and without the cache, the model read once per new token, reset_cache between calls, "
             f"and a ValueError before any model call for too long an output or a bad argument")
 
 
 check_generate = _spec.declare(_spec.Spec("generate", _generate_plan, _judge_generate,
-                                          runners={"generate": _generate_run}),
+                                          runners={"generate": _generate_run, LEAVES: _leaves_run}),
                                """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k,
     use_cache)`` on a stand-in model.""")
