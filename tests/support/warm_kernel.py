@@ -158,7 +158,7 @@ class WarmProvisioner(LocalProvisioner):
         env = dict(kwargs.get("env") or os.environ)
         if not kwargs.get("independent"):
             env["JPY_PARENT_PID"] = str(os.getpid())  # as jupyter_client.launcher.launch_kernel sets it
-        cwd = str(kwargs.get("cwd") or os.getcwd())
+        cwd = os.path.abspath(kwargs.get("cwd") or os.getcwd())  # as Popen takes it, from here
         self.forked = False
         if cmd[1:4] == ["-m", "ipykernel_launcher", "-f"] and len(cmd) == 5:
             parent = _parent(cmd[0], env, cwd)
