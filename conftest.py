@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import other_cpu
+from tests.support import other_cpu, warm_kernel
 
 _KERNELS: list[Path] = []
 
@@ -15,8 +15,13 @@ _KERNELS: list[Path] = []
 def pytest_configure(config):
     # nbval runs every solution notebook in a kernel that computes as another CPU would
     # (tests/support/other_cpu.py): the spec lives in a folder of this run's own, put first on JUPYTER_PATH.
+    # Its kernels are forked from a pre-imported parent (tests/support/warm_kernel.py) where that is sound;
+    # COURSE_COLD_KERNELS=1 starts every one cold.
     data_dir = Path(tempfile.mkdtemp(prefix="course-kernels-"))
-    other_cpu.install_kernel(data_dir)
+    cold = os.environ.get("COURSE_COLD_KERNELS", "") not in ("", "0")
+    if not cold:
+        warm_kernel.register()
+    other_cpu.install_kernel(data_dir, provisioner="" if cold else warm_kernel.PROVISIONER)
     _KERNELS.append(data_dir)
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(data_dir), os.environ.get("JUPYTER_PATH")) if p)
 

@@ -143,6 +143,21 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def ignored_signals() -> list[int]:
+    """The signals this process ignores: a kernel it starts ignores them too (an ignored signal stays
+    ignored through ``execve``; ``subprocess`` resets only SIGPIPE and SIGXFSZ), so a forked one must."""
+    found = []
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                found.append(int(sig))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 def adopt_hand_off(handoff, parent: "WarmParent") -> None:
     """Move a notebook's hand-off folders (``grader.judge.HandOff``) into ``parent``'s staging folder,
     where the notebook's forked kernels can have them bound; the judge reads them from there."""
@@ -157,12 +172,15 @@ def adopt_hand_off(handoff, parent: "WarmParent") -> None:
 
 class KernelProcess:
     """A forked kernel's PID 1 as seen from here (not this process's child): what a ``Popen`` is to the
-    kernel manager. Killing it ends every process of the kernel's PID namespace."""
+    kernel manager. Killing it ends every process of the kernel's PID namespace. With ``init=False``, a
+    kernel forked as it is (the tests' warm kernels, ``tests/support/warm_kernel.py``), which takes every
+    signal."""
 
     stdin = stdout = stderr = None
 
-    def __init__(self, pid: int, group: "cgroups.Group | None", kernel_pid: int = 0):
+    def __init__(self, pid: int, group: "cgroups.Group | None", kernel_pid: int = 0, *, init: bool = True):
         self.pid = pid
+        self.init = init
         self.kernel_pid = kernel_pid  # the kernel itself (PID 2 of its namespace)
         self.returncode: int | None = None
         self._fd = os.pidfd_open(pid)
@@ -190,7 +208,7 @@ class KernelProcess:
     def send_signal(self, signum: int) -> None:
         # PID 1 of a namespace takes only SIGKILL (and SIGSTOP) from outside it: every stop is a kill.
         if self.returncode is None and self._fd >= 0 and signum:
-            signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+            signal.pidfd_send_signal(self._fd, signal.SIGKILL if self.init else signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -291,7 +309,8 @@ class WarmParent:
 
         request = {"warm_root": str(self.folder), "stash": STASH_INSIDE, "fonts_dir": FONTS_INSIDE, "fonts": self.fonts,
                    "tmp_size": sandbox.TMP_SIZE, "socket_dir": str(stage / "sockets"), "sources": {},
-                   "connection_file": connection_file, "env": env, "keep": self.keep, "old_tmp": OLD_TMP_INSIDE}
+                   "connection_file": connection_file, "env": env, "keep": self.keep, "old_tmp": OLD_TMP_INSIDE,
+                   "ignored": ignored_signals()}
         request["sources"]["sockets"] = rel(str(stage / "sockets"))
         if probe_dir and probe_inputs:
             request.update(probe_dir=sandbox.PROBE_DIR_INSIDE, probe_inputs_dir=sandbox.PROBE_INPUTS_INSIDE)

@@ -19,6 +19,11 @@ For each kernel the grader asks for, over the one socket it inherited (file desc
 
 Nothing here imports from a place a kernel can write after :func:`serve` has preloaded, and this
 module imports nothing of ``grader`` (the sandbox does not show it; the grader binds this one file).
+
+Run as ``zygote.py FD plain-fork`` (the tests' kernels, ``tests/support/warm_kernel.py``: the course's own
+notebooks, no sandbox), the parent forks each kernel straight away, in a session of its own, with the
+working folder and umask the kernel manager asks for; it ends when the process that started it closes its
+channel (or ends), and each kernel dies with it.
 """
 
 from __future__ import annotations
@@ -44,8 +49,12 @@ PRELOAD = ["numpy", "torch", "matplotlib", "matplotlib.pyplot", "IPython", "ipyk
            "ipykernel.ipkernel", "ipykernel.zmqshell", "zmq", "tornado.ioloop", "course_utils"]
 #: Never imported here: the kernel sees its own (the stub or the first try's cut-down reference).
 NEVER = ("course_utils.reference", "course_utils.instructor")
+#: The backend ipykernel gives matplotlib where the environment names none (``IPKernelApp.init_gui_pylab``):
+#: matplotlib reads it once, at its import, which here comes before the kernel's.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_IMPORTED_ENV: dict[str, str] = {}
 
 
 def _check(result: int, what: str) -> None:
@@ -65,14 +74,46 @@ def _bind(source: str, target: str, read_only: bool) -> None:
         _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def _preload(meta: bool) -> dict:
+def _preload(meta: bool, plain: bool = False) -> dict:
+    """Import what every kernel imports, as a kernel started in this environment would (matplotlib with the
+    backend the environment or ipykernel names). Any warning shown meanwhile is listed in ``warned``: a
+    kernel forked from here would not show it again (Python and PyTorch warn once). ``plain``: the tests'
+    parent, of the instructor edition, whose kernels import the reference anyway."""
     import importlib
     import pkgutil
+    import warnings
 
     started = time.perf_counter()
-    import matplotlib
+    if not os.environ.get("MPLBACKEND"):
+        os.environ["MPLBACKEND"] = INLINE_BACKEND
+    before = dict(os.environ)
+    # Warnings shown are recorded, not printed; the filters the imports add stay (catch_warnings would drop them).
+    shown: list = []
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, category, *_, **__: shown.append(f"{category.__name__}: {message}")
+    try:
+        skipped = _imports(meta, importlib, pkgutil)
+    finally:
+        warnings.showwarning = show
+    # What the imports set in the environment (torch._dynamo: TORCHINDUCTOR_CACHE_DIR): set in each kernel
+    # too, as in a kernel that imported them itself.
+    _IMPORTED_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    leaked = [m for m in sys.modules if m.startswith(NEVER)]
+    if leaked and not plain:
+        raise RuntimeError(f"the warm parent imported {leaked}: a kernel must import its own reference")
+    tasks = len(os.listdir("/proc/self/task"))
+    if tasks != 1:
+        raise RuntimeError(f"the warm parent runs {tasks} threads after its imports: forking it is unsafe")
+    # Where each top-level package imported here was found: a kernel whose working folder (first on its
+    # path) would find another must not be forked from here.
+    origins = {name: getattr(module, "__file__", None) for name, module in sys.modules.items()
+               if "." not in name and getattr(module, "__file__", None)}
+    return {"ready": True, "seconds": round(time.perf_counter() - started, 2), "modules": len(sys.modules),
+            "skipped": skipped, "warned": shown,
+            "origins": origins}
 
-    matplotlib.use("Agg")
+
+def _imports(meta: bool, importlib, pkgutil) -> list[str]:
     for name in PRELOAD:
         importlib.import_module(name)
     import course_utils
@@ -100,26 +141,23 @@ def _preload(meta: bool) -> dict:
         pass
     except Exception as exc:  # noqa: BLE001
         skipped.append(f"meta warm-up: {type(exc).__name__}")
-    leaked = [m for m in sys.modules if m.startswith(NEVER)]
-    if leaked:
-        raise RuntimeError(f"the warm parent imported {leaked}: a kernel must import its own reference")
-    tasks = len(os.listdir("/proc/self/task"))
-    if tasks != 1:
-        raise RuntimeError(f"the warm parent runs {tasks} threads after its imports: forking it is unsafe")
-    return {"ready": True, "seconds": round(time.perf_counter() - started, 2), "modules": len(sys.modules),
-            "skipped": skipped}
+    return skipped
 
 
-def serve(fd: int, meta: bool = True) -> None:
+def serve(fd: int, meta: bool = True, plain: bool = False) -> None:
     """Preload (with ``meta``, the meta device's lazy imports too), then answer the grader's requests on
-    ``fd`` (one JSON line each) until it closes."""
+    ``fd`` (one JSON line each) until it closes. ``plain``: fork each kernel as it is, no namespaces
+    (:func:`_fork`)."""
     import socket
 
     _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")  # no kernel reads or traces us
+    # Its own folder off the path, as ipykernel_launcher takes the working folder off a cold kernel's before
+    # it imports (IPython puts '' back, after the standard library, when the kernel starts).
+    del sys.path[0]
     channel = socket.socket(fileno=fd)
     reader = channel.makefile("r", encoding="utf-8")
     try:
-        hello = _preload(meta)
+        hello = _preload(meta, plain)
     except Exception as exc:  # noqa: BLE001 - the grader falls back to cold kernels and says why
         hello = {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
     channel.sendall((json.dumps(hello) + "\n").encode())
@@ -128,7 +166,7 @@ def serve(fd: int, meta: bool = True) -> None:
     for line in reader:
         _reap()
         try:
-            reply = {"pid": _spawn(json.loads(line), fd)}
+            reply = {"pid": _fork(json.loads(line)) if plain else _spawn(json.loads(line), fd)}
         except Exception as exc:  # noqa: BLE001 - one request's failure: the grader uses a cold kernel
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         channel.sendall((json.dumps(reply) + "\n").encode())
@@ -142,6 +180,29 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+
+
+def _fork(request: dict) -> int:
+    """A kernel forked as it is (``plain-fork``): the leader of a session of its own (the kernel manager
+    signals its process group, as a cold kernel's), dying with this parent. Its PID once it leads."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.setsid()
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+            os.write(ready_w, b"ok")
+            _kernel(request)
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        os._exit(1)
+    os.close(ready_w)
+    word = os.read(ready_r, 8)
+    os.close(ready_r)
+    if word != b"ok":
+        raise RuntimeError("the forked kernel did not start")
+    return pid
 
 
 def _spawn(request: dict, channel_fd: int) -> int:
@@ -321,21 +382,28 @@ def _max_fd() -> int:
 
 
 def _kernel(request: dict) -> None:
-    """C: the kernel, in-process, as ``python -m ipykernel_launcher -f CONNECTION_FILE`` would be."""
+    """C: the kernel, in-process, as ``python -m ipykernel_launcher -f CONNECTION_FILE`` would be, in
+    ``request``'s ``cwd`` (the sandbox's /tmp/work by default), under its ``umask``, with the signals the
+    kernel manager's process ignores (``ignored``) ignored."""
     os.closerange(3, _max_fd())
+    # Signals: as a program the kernel manager starts has them (those it ignores stay ignored through exec),
+    # then as Python sets them at start.
+    ignored = set(request.get("ignored", []))
     for sig in range(1, signal.NSIG):
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         try:
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
         except (OSError, ValueError, RuntimeError):
             pass
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Python sets them at start (a write past the file size
+        signal.signal(sig, signal.SIG_IGN)      # limit raises OSError, it does not kill the kernel)
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own processes may trace it, as in a cold kernel
     os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir("/tmp/work")
-    os.umask(0o022)
+    os.environ.update({**_IMPORTED_ENV, **request["env"]})
+    cwd = request.get("cwd", "/tmp/work")
+    os.chdir(cwd)
+    os.umask(request.get("umask", 0o022))
     import random
 
     import numpy
@@ -351,12 +419,13 @@ def _kernel(request: dict) -> None:
 
     launcher = importlib.util.find_spec("ipykernel_launcher")
     sys.argv = [launcher.origin if launcher else "ipykernel_launcher", "-f", request["connection_file"]]
-    sys.path[0] = "/tmp/work"
-    app = ipykernel.kernelapp.IPKernelApp.instance()
+    # Traits whose defaults ipykernel reads from the environment when it is imported (here: the parent's).
+    app = ipykernel.kernelapp.IPKernelApp.instance(parent_handle=int(os.environ.get("JPY_PARENT_PID") or 0),
+                                                   interrupt=int(os.environ.get("JPY_INTERRUPT_EVENT") or 0))
     app.initialize(["-f", request["connection_file"]])
     app.start()
     os._exit(0)
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), meta=sys.argv[2:] != ["plain"])
+    serve(int(sys.argv[1]), meta=sys.argv[2:] != ["plain"], plain=sys.argv[2:] == ["plain-fork"])

@@ -13,7 +13,9 @@ import asyncio
 import csv
 import json
 import os
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import nbformat
@@ -447,3 +449,172 @@ def test_a_parent_that_cannot_import_means_cold_kernels(monkeypatch, capsys):
     finally:
         warm.disable()
         warm._state["said"] = False
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests' own warm kernels (tests/support/warm_kernel.py): nbval's kernel of every solution notebook
+# is forked from a pre-imported parent (grader/zygote.py, plain-fork) and must start as a cold one would.
+
+_FINGERPRINT = r"""
+import json, os, random, signal, sys, threading
+import matplotlib, matplotlib.pyplot as plt, numpy, torch
+import sympy, torch._dynamo  # what a notebook's first meta-device operation imports (the parent did)
+mask = os.umask(0); os.umask(mask)
+plt.figure(); plt.plot([1, 2]); plt.show()
+print(json.dumps({
+    "env": {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "PYTEST_CURRENT_TEST"))},
+    "cwd": os.getcwd(), "path": sys.path, "argv": sys.argv[1:-1] + [os.path.dirname(sys.argv[-1])], "argv0": os.path.basename(sys.argv[0]),
+    "executable": sys.executable, "umask": mask, "session_leader": os.getsid(0) == os.getpid(),
+    "threads": sorted(type(t).__name__ for t in threading.enumerate()),
+    "signals": {s.name: str(signal.getsignal(s)) for s in signal.valid_signals()
+                if s not in (signal.SIGKILL, signal.SIGSTOP) and isinstance(s, signal.Signals)},
+    "backend": matplotlib.get_backend(),
+    "rc": {k: str(v) for k, v in sorted(matplotlib.rcParams.items())},
+    "capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
+    "warnings": sorted(str(f) for f in __import__("warnings").filters),
+    "leak": [hasattr(torch, "leaked"), "LEAKED" in os.environ, "leaked_module" in sys.modules],
+    "draws": [random.random(), float(numpy.random.rand()), torch.rand(1).item(), torch.initial_seed()],
+}))
+torch.leaked = 1; os.environ["LEAKED"] = "1"; sys.modules["leaked_module"] = sys
+"""
+
+
+def _tests_kernel(code: str, *, cold: bool = False, cwd: str | None = None, env: dict | None = None,
+                  during=None) -> tuple[dict | str, list[str], bool]:
+    """Run ``code`` in a kernel of the tests' spec (nbval's; in ``solutions/`` unless ``cwd``), with the
+    spec's provisioner unless ``cold``: (its last line of stdout read as JSON where it is, else its stdout
+    and errors; its output messages' types; whether it was forked)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    from tests.support.other_cpu import KERNEL_NAME
+
+    class ColdSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            spec = super().get_kernel_spec(kernel_name)
+            spec.metadata = {k: v for k, v in spec.metadata.items() if k != "kernel_provisioner"}
+            return spec
+
+    km = KernelManager(kernel_name=KERNEL_NAME, **({"kernel_spec_manager": ColdSpecs()} if cold else {}))
+    km.start_kernel(cwd=cwd or str(Path(__file__).resolve().parents[2] / "solutions"),
+                    **({"env": env} if env is not None else {}))
+    kc = km.client()
+    kc.start_channels()
+    out: list[str] = []
+    kinds: list[str] = []
+
+    def hook(msg):
+        kinds.append(msg["msg_type"])
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}\n")
+    forked = bool(getattr(km.provisioner, "forked", False))
+    try:
+        kc.wait_for_ready(timeout=120)
+        if during is not None:
+            during(km, kc)
+        kc.execute_interactive(code, timeout=120, output_hook=hook)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    text = "".join(out)
+    try:
+        return json.loads(text.strip().splitlines()[-1]), kinds, forked
+    except (ValueError, IndexError):
+        return text, kinds, forked
+
+
+def _need_tests_warm():
+    from tests.support import warm_kernel
+
+    if os.environ.get("COURSE_COLD_KERNELS", "") not in ("", "0"):
+        pytest.skip("COURSE_COLD_KERNELS is set: the tests' kernels start cold")
+    if sys.platform != "linux":
+        pytest.skip("the tests' warm kernels need Linux")
+    return warm_kernel
+
+
+def test_a_tests_kernel_is_forked_and_starts_as_a_cold_one():
+    """Everything a notebook's output could depend on reads the same in a forked kernel as in a cold one
+    (environment, working folder and path, signal handlers, threads, matplotlib's backend and settings,
+    the CPU's setting, warning filters), but the random generators, seeded afresh in each; and nothing
+    one forked kernel changes reaches the next. (The warning filters are the same but in another order:
+    the parent imports torch before ipykernel; none of them match the same warning.)"""
+    _need_tests_warm()
+    import signal
+
+    # A signal this process ignores stays ignored in a kernel it starts (through execve): in a fork too.
+    before = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        cold, cold_kinds, cold_forked = _tests_kernel(_FINGERPRINT, cold=True)
+        first, first_kinds, first_forked = _tests_kernel(_FINGERPRINT)
+        second, _, second_forked = _tests_kernel(_FINGERPRINT)
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert isinstance(cold, dict), cold
+    assert isinstance(first, dict), first
+    assert (cold_forked, first_forked, second_forked) == (False, True, True)
+    for name in ("env", "cwd", "path", "argv", "argv0", "executable", "umask", "session_leader", "threads",
+                 "signals", "backend", "rc", "capability", "torch_threads", "warnings"):
+        assert first[name] == cold[name], name
+    assert first["capability"] == "DEFAULT" and first["torch_threads"] == 1
+    assert first["signals"]["SIGUSR2"] == str(int(signal.SIG_IGN)) != first["signals"]["SIGUSR1"]
+    assert "display_data" in first_kinds and first_kinds.count("display_data") == cold_kinds.count("display_data")
+    assert first["leak"] == second["leak"] == [False, False, False]
+    for a, b, c in zip(cold["draws"], first["draws"], second["draws"]):
+        assert len({a, b, c}) == 3  # Python's, numpy's and torch's generators: each kernel its own draws
+
+
+def test_a_tests_kernel_starts_cold_where_a_fork_would_differ(tmp_path):
+    """nbval's kernels (the spec names the provisioner) are forked, from a parent of their own environment;
+    one whose working folder holds another copy of a package the parent imported starts cold."""
+    warm_kernel = _need_tests_warm()
+    from jupyter_client.manager import KernelManager
+
+    from tests.support.other_cpu import KERNEL_NAME
+
+    spec = KernelManager(kernel_name=KERNEL_NAME).kernel_spec
+    assert spec.metadata["kernel_provisioner"]["provisioner_name"] == warm_kernel.PROVISIONER
+    assert _tests_kernel("print(1)")[2]
+    assert _tests_kernel("print(1)", cwd=str(Path(__file__).resolve().parents[2]))[2]  # its course_utils is the parent's
+    parents = set(warm_kernel._state["parents"])
+    text, _, forked = _tests_kernel("import os; print(os.environ['COURSE_SOMETHING'])",
+                                    env={**os.environ, "COURSE_SOMETHING": "else"})
+    assert (text, forked) == ("else\n", True)
+    added = set(warm_kernel._state["parents"]) - parents  # imported in that environment
+    assert len(added) == 1
+    warm_kernel._state["parents"].pop(added.pop()).close()
+    (tmp_path / "course_utils").mkdir()
+    (tmp_path / "course_utils" / "__init__.py").write_text("")
+    text, _, forked = _tests_kernel("import course_utils; print(course_utils.__file__)", cwd=str(tmp_path))
+    assert (text, forked) == (f"{tmp_path / 'course_utils' / '__init__.py'}\n", False)
+
+
+def test_a_forked_tests_kernel_is_interrupted_and_killed_with_what_it_started(tmp_path):
+    """The kernel manager interrupts a forked kernel (SIGINT to its process group, as a cold one) and its
+    shutdown kills what the kernel started in its session."""
+    _need_tests_warm()
+    marker = tmp_path / "child.pid"
+    code = (f"import subprocess, time\np = subprocess.Popen(['sleep', '300'])\n"
+            f"open({str(marker)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n")
+
+    def interrupt_soon(km, kc):
+        import threading
+
+        threading.Timer(3, km.interrupt_kernel).start()
+
+    text, _, forked = _tests_kernel(code, during=interrupt_soon)
+    assert forked
+    assert "KeyboardInterrupt" in text, text
+    child = int(marker.read_text())
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().split(") ")[1][0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the kernel's child outlived its kernel")

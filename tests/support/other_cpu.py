@@ -24,13 +24,16 @@ OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_
 KERNEL_NAME = "course-other-cpu"
 
 
-def install_kernel(data_dir: Path) -> Path:
+def install_kernel(data_dir: Path, provisioner: str = "") -> Path:
     """Write the kernel spec :data:`KERNEL_NAME` under ``data_dir`` (a folder for ``JUPYTER_PATH``):
-    this Python, computing as another CPU would. Returns the spec's folder."""
+    this Python, computing as another CPU would, started by the kernel provisioner named ``provisioner``
+    (default: jupyter_client's own). Returns the spec's folder."""
     folder = data_dir / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python (computing as another CPU)", "language": "python",
             "env": dict(OTHER_CPU), "metadata": {"debugger": False}}
+    if provisioner:
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": provisioner}
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
     return folder

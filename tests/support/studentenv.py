@@ -75,14 +75,18 @@ def run(python: Path, code: str, cwd: Path, **env: str) -> subprocess.CompletedP
 
 
 def add_kernel(root: Path, python: Path, name: str, env: dict[str, str] | None = None) -> Path:
-    """A kernel spec ``name`` that runs ``python``; returns the folder to put on ``JUPYTER_PATH``."""
+    """A kernel spec ``name`` that runs ``python``, each kernel forked from a parent that has imported what
+    kernels import (tests/support/warm_kernel.py); returns the folder to put on ``JUPYTER_PATH``."""
+    from tests.support import warm_kernel
+
     folder = root / "jupyter"
     spec = folder / "kernels" / name
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": name, "language": "python",
-        "env": {"PYTHONPATH": "", "MPLBACKEND": "module://matplotlib_inline.backend_inline", **(env or {})}}))
+        "env": {"PYTHONPATH": "", "MPLBACKEND": "module://matplotlib_inline.backend_inline", **(env or {})},
+        "metadata": warm_kernel.spec_metadata()}))
     return folder
 
 
