@@ -38,7 +38,7 @@ def student_edition(tmp_path_factory):
 #: save in nbval and the student environment); the rest follow in order. A file whose graded class
 #: keeps both cores busy counts as long as its CPU says, not as its wall time on a busy machine.
 LONGEST_FIRST = [
-    "tests/grader_answers/test_judge.py",  # about 200 CPU-s with test_hidden_tests.py and test_parity.py (conftest.py)
+    "tests/grader_answers/test_judge.py",  # with test_hidden_tests.py, test_parity.py, test_specs.py... (conftest.py)
     "tests/grader_messy/test_cheats.py",  # 175
     "tests/grader_answers/test_autograde.py",  # 110
     "tests/release/test_editions.py",  # 75
