@@ -19,7 +19,10 @@ every call before them (the cache): each session, a module built and then its ca
 with and without the cache, ``reset_cache()``, ``.to``, converted copies), is one step (:func:`session_step`,
 :func:`_run_session`), whose outcome lists each call's outcome and the cache's shape after it
 (:class:`SessionView`). ``apply_rope``, ``GroupedQueryAttention`` and ``MultiHeadAttentionKVCache`` run with
-our versions of the notebook's other exercises they call (``modules.alone``: both tries, also under the grader).
+our versions of the notebook's other exercises they call (``modules.alone``, ``HELPERS``). Under the grader,
+08's kernel has the student edition, as every notebook's: it makes the second tries alone (the student's own
+helpers), and where one fails the grader makes the first in a kernel whose reference holds only those
+helpers (``grader.judge.JudgeOutside.first_tries``; ``docs/threat-model.md``).
 """
 
 from __future__ import annotations
