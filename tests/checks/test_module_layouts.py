@@ -184,6 +184,3 @@ def test_a_module_argument_travels_as_its_layout_in_the_hand_in():
     assert encoded[0]["args"] == [None, 3] and encoded[0]["module_args"] == [[0, layouts.module_layout(tied)]]
     (case,) = probe._decode_cases(encoded)
     assert case.args[1] == 3 and layouts.module_layout(case.args[0]) == layouts.module_layout(tied)
-    assert probe.inputs_of((tied,), {}, layouts=True)["args"]["items"][0] == {
-        "kind": "layout", "layout": layouts.module_layout(tied)}
-    assert probe.inputs_of((tied,), {})["args"]["items"][0]["kind"] == "module"  # the values, as before

@@ -1464,7 +1464,7 @@ def test_a_whole_row_reduced_is_judged_outside(tmp_path, honest_online):
     not make, or a plan's outcomes missing, are refused."""
     records, sources = honest_online
     key = _watched(records)[0]
-    whole = _forged(records, key, probe.encode(["amax", 12, "line 3: `m = x.amax(dim=-1, keepdim=True)`"]))
+    whole = _forged(records, key, wire.encode(["amax", 12, "line 3: `m = x.amax(dim=-1, keepdim=True)`"]))
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, whole, sources)
     assert verdict.ename == "CheckFailed" and "reduced a whole row of 12 columns at once at line 3" in verdict.evalue \
         and "the blocks have only 4" in verdict.evalue, verdict.evalue
@@ -1498,8 +1498,8 @@ def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
     {"kind": "list", "items": [{"kind": "none"}, {"kind": "number", "type": "int", "value": -1}]},
     {"kind": "list", "items": [{"kind": "none"}, {"kind": "number", "type": "bool", "value": True}]},
     {"kind": "list", "items": [{"kind": "none"}]},
-    {"kind": "list", "items": [probe.encode([[37, 37.5], False, ""]), {"kind": "number", "type": "int", "value": 0}]},
-    {"kind": "list", "items": [probe.encode([[37, 37], "mask", ""]), {"kind": "number", "type": "int", "value": 0}]},
+    {"kind": "list", "items": [wire.encode([[37, 37.5], False, ""]), {"kind": "number", "type": "int", "value": 0}]},
+    {"kind": "list", "items": [wire.encode([[37, 37], "mask", ""]), {"kind": "number", "type": "int", "value": 0}]},
     {"kind": "none"},
 ], ids=["a negative count", "a bool count", "no count", "a shape of floats", "a mask flag that is text", "None"])
 def test_a_malformed_structure_outcome_scores_zero(tmp_path, honest_flash, seen):
@@ -1517,7 +1517,7 @@ def test_what_the_watcher_saw_is_judged_outside(tmp_path, honest_flash):
     key = "watched: (1, 2, 37, 8), block_q=8, block_k=16, causal: T not a multiple of the blocks"
     honest = _outcomes(records[0])[key]["result"]
     big = _copy(honest)
-    big["items"][0] = probe.encode([[37, 37], True, "line 9: `mask = torch.ones(T, T)`"])
+    big["items"][0] = wire.encode([[37, 37], True, "line 9: `mask = torch.ones(T, T)`"])
     verdict = _verdict_of(tmp_path, NB07, FA_TEST, _forged(records, key, big), sources)
     assert verdict.ename == "CheckFailed" and "made a tensor of shape (37, 37) at line 9" in verdict.evalue \
         and "a mask" in verdict.evalue, verdict.evalue
@@ -1634,10 +1634,10 @@ def test_an_honest_function_hand_off_passes(tmp_path, honest_function):
 
 @pytest.mark.parametrize("key, value, words", [
     ("kind", {"kind": "number", "type": "int", "value": 1}, "FlashAttention's kind"),
-    ("kept", probe.encode([None, [[[1, 2, 24, 4], "P"]], [], None]), "record of what it keeps"),
-    ("kept", probe.encode([None, [], [["not a name", [24]]], None]), "record of what it keeps"),
-    ("kept", probe.encode([["Oops", "no"], [], []]), "record of what it keeps"),
-    ("gradcheck", probe.encode(["agrees", ""]), "FlashAttention's gradcheck"),
+    ("kept", wire.encode([None, [[[1, 2, 24, 4], "P"]], [], None]), "record of what it keeps"),
+    ("kept", wire.encode([None, [], [["not a name", [24]]], None]), "record of what it keeps"),
+    ("kept", wire.encode([["Oops", "no"], [], []]), "record of what it keeps"),
+    ("gradcheck", wire.encode(["agrees", ""]), "FlashAttention's gradcheck"),
 ], ids=["a count for a kind", "a saved tensor of another name", "an attribute that is not a name", "too short",
         "gradcheck's word off the list"])
 def test_a_malformed_function_outcome_scores_zero(tmp_path, honest_function, key, value, words):
@@ -1651,14 +1651,14 @@ def test_what_the_function_is_and_keeps_is_judged_outside(tmp_path, honest_funct
     gradcheck disagreeing; a missing plan's outcomes score 0 with the reason."""
     records, sources = honest_function
     said = {
-        "not a Function": (_forged(records, "kind", probe.encode(False)), "subclasses torch.autograd.Function"),
-        "P saved": (_forged(records, "kept", probe.encode([None, [[[1, 2, 24, 24], None]], [], None])),
+        "not a Function": (_forged(records, "kind", wire.encode(False)), "subclasses torch.autograd.Function"),
+        "P saved": (_forged(records, "kept", wire.encode([None, [[[1, 2, 24, 24], None]], [], None])),
                     "ctx.save_for_backward keeps a tensor of shape (1, 2, 24, 24)"),
-        "lse on ctx": (_forged(records, "kept", probe.encode([None, [], [["lse", [1, 2, 24]]], None])),
+        "lse on ctx": (_forged(records, "kept", wire.encode([None, [], [["lse", [1, 2, 24]]], None])),
                        "tensors are kept as attributes of ctx (ctx.lse)"),
-        "lse missing": (_forged(records, "kept", probe.encode([None, [[[1, 2, 24, 4], n] for n in "qkvo"], [], None])),
+        "lse missing": (_forged(records, "kept", wire.encode([None, [[[1, 2, 24, 4], n] for n in "qkvo"], [], None])),
                         "missing lse"),
-        "gradcheck": (_forged(records, "gradcheck", probe.encode(["disagrees", "Jacobian mismatch for output 0"])),
+        "gradcheck": (_forged(records, "gradcheck", wire.encode(["disagrees", "Jacobian mismatch for output 0"])),
                       "gradcheck disagrees"),
     }
     for label, (forged, words) in said.items():
@@ -1689,7 +1689,7 @@ def test_an_honest_backward_hand_off_passes_and_its_watcher_outcome_is_judged_ou
     verdict = _verdict_of(tmp_path, NB10, FB_TEST, _forged(records, key, every), sources)
     assert verdict.ename == "CheckFailed" and "no tile was skipped" in verdict.evalue, verdict.evalue
     big = _copy(honest)
-    big["items"][0] = probe.encode([[2, 40, 40], False, ""])
+    big["items"][0] = wire.encode([[2, 40, 40], False, ""])
     verdict = _verdict_of(tmp_path, NB10, FB_TEST, _forged(records, key, big), sources)
     assert verdict.ename == "CheckFailed" and "FlashAttention's backward never" in verdict.evalue, verdict.evalue
     malformed = _copy(honest)
