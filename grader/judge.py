@@ -129,9 +129,8 @@ def prepare(notebook: str | None, reference: str = "") -> HandOff | None:
     specs = spec_of_each()
     with expected.using(expected.LIVE):  # the plans and hidden cases: inputs, never an expected output
         plans = {e: {"visible": probe.encode_plan(specs[e].steps(False)),
-                     "hidden": probe.encode_plan(specs[e].steps(True))} for e in exercises if e in specs}
-        hidden = {e: probe.encode_cases(expected.instructor().hidden(e)) for e in exercises if e not in specs}
-    torch.save({"format": probe.FORMAT, "exercises": hidden, "plans": plans}, inputs)
+                     "hidden": probe.encode_plan(specs[e].steps(True))} for e in exercises}
+    torch.save({"format": probe.FORMAT, "plans": plans}, inputs)
     return HandOff(notebook or "", outputs, str(inputs), exercises,
                    bool(reference) or student_edition_kernel(notebook), reference)
 

@@ -944,7 +944,7 @@ _GQA_INPUTS = {"causal": (2, 6, 6, 825), "dropout": (2, 6, 4, 826), "moves": (2,
 
 def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Probe]]]:
     """Every construction and forward pass :func:`_check_gqa` makes (its diagnoses' included), per
-    construction, for the kernel to hand out under the grader (``probe.record_module_probes``)."""
+    construction: the passes of its probed steps (``spec.probe_step``)."""
     from course_utils.checks.modules import ProbePlan, causal_probes
 
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
@@ -1079,7 +1079,7 @@ def mask_from_mod(mask_mod: Callable, num_tokens: int) -> tuple[torch.Tensor, st
     return create_mask(mask_mod, None, None, num_tokens, num_tokens, device="cpu")[0, 0], "FlexAttention's create_mask"
 
 
-#: The name the kernel hands the mask_mod's outcomes out under (``grader.judge.COMPANIONS``).
+#: The name of the companion the test cell passes beside ``sliding_window_mask`` (its masks are steps of that plan).
 MASK_MOD = "sliding_window_mask_mod"
 
 
@@ -1087,8 +1087,8 @@ def _mask_mod_outcome(mask_mod_factory: Callable, case: Case, keep_error: bool =
     """What ``mask_mod_factory(window)``'s ``mask_mod`` gives on case ``(T, window)``, as plain data:
     ``["mask", (T, T) tensor, how it was made]``, ``["not_callable", type name]``, or
     ``["factory_error" | "mod_error", type name, message]`` (with ``keep_error``, the exception too,
-    for the traceback a student sees in JupyterLab). Under the grader the kernel hands this out
-    (``probe.record_runs``) and the verdict is computed outside on it."""
+    for the traceback a student sees in JupyterLab). The runner of a ``mask_mod`` step: under the grader the
+    kernel hands this out and the verdict is computed outside on it."""
     T, window = case.args
 
     def error(kind: str, exc: Exception) -> list:

@@ -64,7 +64,8 @@ def enabled() -> bool:
 
 
 def _grader_inputs() -> dict[str, Any]:
-    """``{"format": 1, "exercises": {exercise: [case, ...]}}`` as the grader wrote it (read once)."""
+    """``{"format", "plans": {exercise: {"visible": [step, ...], "hidden": [...]}}}`` as the grader wrote it
+    (read once; :func:`plan`)."""
     global _inputs
     if _inputs is None:
         _inputs = torch.load(os.environ[INPUTS_VARIABLE], map_location="cpu", weights_only=True)
@@ -73,8 +74,7 @@ def _grader_inputs() -> dict[str, Any]:
 
 def judged(exercise: str) -> bool:
     """Whether the grader judges ``exercise`` itself (so the kernel only hands outputs out)."""
-    return enabled() and (exercise in _grader_inputs().get("exercises", {})
-                          or exercise in _grader_inputs().get("plans", {}))
+    return enabled() and exercise in _grader_inputs().get("plans", {})
 
 
 def plan(exercise: str, hidden: bool) -> list[tuple[str, Any, str]]:
@@ -373,7 +373,7 @@ MAX_CALLS = 1000
 class CallCounter(TorchFunctionMode):
     """Counts the calls of the torch function named ``name`` (one of :data:`COUNTED`) made while active.
 
-    In the kernel, a check's spy; under the grader, :func:`record_module_probes` hands each forward
+    In the kernel, a check's spy; under the grader, ``spec.run_module`` hands each forward
     pass's count out. In the grader's replay (``grader/judge.py``) no student code runs: a replayed
     forward pass adds the calls the kernel counted for it to every counter active then
     (:func:`add_replayed_calls`), so the check reads the count it would have read in the kernel.

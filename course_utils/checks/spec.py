@@ -449,7 +449,7 @@ def module_spec(exercise: str, visible: Callable[[], list[tuple[tuple, list[Case
                 diagnose: core.Diagnose | None = None,
                 diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None,
                 helpers: Callable[[], dict[str, Callable]] | None = None) -> Spec:
-    """The spec of a module exercise (``core.compare_module``'s check): each ``(constructor arguments,
+    """The spec of a module exercise (a module compared case by case): each ``(constructor arguments,
     cases)`` of ``visible()`` (and the hidden ones), built under the course's seed and described, then run
     on each case (:func:`module_plan`, :func:`compare_module_outcomes`). ``attributes``: the attributes
     whose kinds the diagnoses read (:func:`describe_build`)."""

@@ -1,4 +1,4 @@
-"""``modules.check_alone``'s first try under the grader (docs/design.md, "Decided: the first try in a kernel
+"""``modules.check_alone``'s first try under the grader (docs/threat-model.md, "Decided: the first try in a kernel
 of its own"): a kernel without the reference's helpers hands out no first try; one that has them, the
 instructor edition's or the cut-down reference of ``grader/reference_subset.py``, hands out both."""
 

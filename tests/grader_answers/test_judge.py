@@ -1,11 +1,11 @@
-"""The verdict outside the kernel (grader/judge.py) is the verdict the kernel gave, and the hand-off is
-read as untrusted data.
+"""The hand-off is read as untrusted data, and what each notebook's specs hand out is judged outside as the
+test cell judges it in the kernel.
 
-In this process, for every known answer (right and wrong) of every exercise judged outside: the
-answer and its test cells run once the old way (the check compares, instructor edition) and once as
-under the grader (the check only hands the outputs out, ``course_utils.checks.probe``; then
-``judge.judge_test`` replays them against the reference). Both give the same pass or fail and the same
-message. Then each way a hand-off can be bad is refused with its reason, and nothing is unpickled.
+Each way a hand-off file or record can be bad is refused with its reason, and nothing is unpickled; then,
+notebook by notebook, honest hand-offs pass, and outcomes forged in the plan's form are refused (a runner's
+data no run gives) or judged as they are. Every known answer's plan and judge are held together by
+``tests/checks/test_specs.py``; a right and a wrong answer per exercise cross the hand-off in
+``tests/grader_answers/test_handed_out.py``.
 """
 
 from __future__ import annotations
