@@ -132,7 +132,7 @@ def _value_outcome(call: Callable[[], object]) -> list:
 def cached_trace(exercise: str, model: nn.Module, x: torch.Tensor) -> list:
     """What :func:`check_cached_path` reads of ``model`` (the block or the model, test weights loaded) fed ``x``
     (``(b, T, d_model)`` or ids ``(b, T)``) in pieces with ``use_cache=True``, as plain data (under the grader the
-    kernel hands it out, ``probe.record_runs``, and the check judges it outside): ``[first, num_cached, whole,
+    kernel hands it out, a step's outcome, and the check judges it outside): ``[first, num_cached, whole,
     again, end, hints]``:
 
     - ``first``, ``again``: the pieces after a reset, then once more after the whole input

@@ -415,7 +415,7 @@ def _kv_cases() -> list[DecodeCase]:
 
 
 def _kv_setup(exercise: str, hidden: bool) -> tuple[list[DecodeCase], tuple, tuple]:
-    """The decoded cases (visible, then hidden) and the two whole-sequence configs of :func:`_check_kv_cache`."""
+    """The decoded cases (visible, then hidden) and the two whole-sequence configs of :func:`_judge_kv`."""
     extra = hidden_cases(exercise) if hidden else []
     cases = _kv_cases() + [c if isinstance(c, DecodeCase) else  # handed in as data under the grader
                            DecodeCase(c.name, c.args, build=c.build, chunks=c.chunks, dtype=c.dtype) for c in extra]
@@ -938,13 +938,13 @@ def _gqa_configs() -> list[tuple[tuple, list[Case]]]:
 
 _GQA_DROPOUT_BUILD = (4, 8, 6, 0.5, 4, 2)
 _GQA_NOT_DIVIDING = [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)]
-#: The inputs of :func:`_check_gqa`'s own probes of the first construction: causality, too long, the moves.
+#: The inputs of :func:`_judge_gqa`'s own probes of the first construction: causality, too long, the moves.
 _GQA_INPUTS = {"causal": (2, 6, 6, 825), "dropout": (2, 6, 4, 826), "moves": (2, 5, 6, 827)}
 
 
 def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Probe]]]:
-    """Every construction and forward pass :func:`_check_gqa` makes (its diagnoses' included), per
-    construction: the passes of its probed steps (``spec.probe_step``)."""
+    """Every construction and forward pass :func:`_judge_gqa` reads (its diagnoses' included), per
+    construction: the probed steps of the plan (:func:`_gqa_steps`)."""
     from course_utils.checks.modules import ProbePlan, causal_probes
 
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
@@ -1087,8 +1087,8 @@ def _mask_mod_outcome(mask_mod_factory: Callable, case: Case, keep_error: bool =
     """What ``mask_mod_factory(window)``'s ``mask_mod`` gives on case ``(T, window)``, as plain data:
     ``["mask", (T, T) tensor, how it was made]``, ``["not_callable", type name]``, or
     ``["factory_error" | "mod_error", type name, message]`` (with ``keep_error``, the exception too,
-    for the traceback a student sees in JupyterLab). The runner of a ``mask_mod`` step: under the grader the
-    kernel hands this out and the verdict is computed outside on it."""
+    for the traceback a student sees in JupyterLab). Under the grader the kernel hands this out
+    (a step of the plan) and the verdict is computed outside on it."""
     T, window = case.args
 
     def error(kind: str, exc: Exception) -> list:

@@ -294,7 +294,7 @@ def _too_long_raises(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, c
 # ------------------------------------------------------------------------------------------
 def _cached_case(build: tuple, x: torch.Tensor) -> Case:
     """The cached path of the module built with ``build`` on ``x``, as a case whose inputs are plain data: what
-    the kernel hands out beside each trace (``probe.record_runs``), and what the replay checks it against."""
+    the case of a step of the plan (:func:`_cached_steps`)."""
     return Case("the cached path", (x,), {"build": tuple(build)})
 
 
@@ -428,7 +428,7 @@ def _learned_plan(configs: Sequence[tuple[tuple, Sequence[Case]]], too_long: Seq
     """Every forward pass :func:`check_LearnedPositionalEmbedding` makes, per construction (each with the test
     weights loaded, under seed 7): the compared cases in ``eval()`` mode, then, built with ``(8, 4)``, the
     inputs that are too long and :func:`moves_with_module`'s three (as built, a float64 copy, a meta copy).
-    What the kernel hands out under the grader (``probe.record_module_probes``)."""
+    The probed steps of the plan (:func:`_probe_steps`)."""
     plan = modules.ProbePlan()
     for build, cases in configs:
         plan.add(build, *[_probe.Probe("eval", 7, case.args[0], kwargs=dict(case.kwargs) or None) for case in cases])
@@ -974,7 +974,7 @@ def _step_case(spec: dict) -> Case:
 def _step_run(train_step: Callable, case: Case) -> list:
     """:func:`step_trace` of ``case``'s spec as plain data: ``[losses, returned, grads, params]`` (a loss that is
     a ``float`` or ``int`` of another type, numpy's ``float64``, as a Python number). Under the grader what the
-    kernel hands out (``probe.record_runs``): the verdict is computed outside."""
+    kernel hands out (a step's outcome): the verdict is computed outside."""
     trace = step_trace(train_step, case.kwargs)
     losses = [float(v) if isinstance(v, float) else int(v) if isinstance(v, int) and not isinstance(v, bool) else v
               for v in trace["loss"]]
@@ -1306,7 +1306,7 @@ def _generate_run(generate: Callable, case: Case) -> list:
     """:func:`generate_trace` of ``case``'s spec as plain data: per call of ``generate``, ``[out, error,
     calls]``, the model's calls as an ``(n, 3)`` integer tensor (tokens read, use_cache, tokens cached
     before) and an error's message cut to ``probe.MAX_MESSAGE``. Under the grader what the kernel hands out
-    (``probe.record_runs``): the verdict is computed outside."""
+    (a step's outcome): the verdict is computed outside."""
     trace = generate_trace(generate, case.kwargs)
     return [[run["out"], None if run["error"] is None else [run["error"][0], run["error"][1][:_probe.MAX_MESSAGE]],
              torch.tensor(run["calls"], dtype=torch.int64).reshape(-1, 3)] for run in trace["runs"]]

@@ -311,7 +311,7 @@ def test_notebook_08s_kv_cache_is_judged_outside(graded):
     runs the sessions' steps), and a check replaced in the kernel hands no session out."""
     said = {
         "MultiHeadAttentionKVCache: return the expected outputs, read from the checker's frames": "values differ",
-        "MultiHeadAttentionKVCache: replace the check through sys.modules": "did not come back",
+        "MultiHeadAttentionKVCache: replace the check through sys.modules": "no outcomes came back",
     }
     _assert_said(graded, said)
 
