@@ -14,7 +14,7 @@ and, under the grader, outside the kernel. The functions' plans hold their compa
 must raise (:data:`MUST_RAISE`); ``sliding_window_mask``'s holds, beside them, the masks made by the test
 cell's ``sliding_window_mask_mod`` (:data:`MOD_STEP`, a runner bound to it by the check);
 ``GroupedQueryAttention``'s is one probed construction per build (``spec.probe_step``, read through
-``spec.ModuleView`` by :mod:`course_utils.checks.viewed`). ``MultiHeadAttentionKVCache``'s outputs depend on
+``spec.ModuleView`` by :mod:`course_utils.checks.probed`). ``MultiHeadAttentionKVCache``'s outputs depend on
 every call before them (the cache): each session, a module built and then its calls in order (forward passes
 with and without the cache, ``reset_cache()``, ``.to``, converted copies), is one step (:func:`session_step`,
 :func:`_run_session`), whose outcome lists each call's outcome and the cache's shape after it
@@ -39,11 +39,12 @@ from course_utils import rules
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
-from course_utils.checks import spec, viewed, wire
+from course_utils.checks import probed, spec, wire
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
+    call_student,
     check,
     check_rules,
     construct,
@@ -520,7 +521,7 @@ def _run_session(cls: Callable, case: Case) -> dict:
 class SessionView:
     """A session as the judge reads it (:func:`_run_session`'s outcome for a :func:`session_step`): :attr:`built`,
     each operation's outcome by position (:meth:`step`, :meth:`value`), and, as ``spec.ModuleView`` offers them,
-    :meth:`forward`, :meth:`index` and :meth:`ran` (so that ``viewed``'s checks read a session too)."""
+    :meth:`forward`, :meth:`index` and :meth:`ran` (so that ``probed``'s checks read a session too)."""
 
     def __init__(self, exercise: str, step: spec.Step, outcome: object):
         ops = step.case.args[0]
@@ -634,7 +635,7 @@ def _called(exercise: str, got: object, case: Case, missing: bool = False) -> ob
     ``AttributeError`` as it is (the check in hand looks the method up before calling it)."""
     if missing and isinstance(got, BaseException):
         raise got
-    return viewed.called(exercise, got, case)
+    return call_student(exercise, probed.replayed(got), case)
 
 
 def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int, what: str) -> torch.Tensor:
@@ -665,7 +666,7 @@ def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: boo
     """Decode ``case``, and with ``again`` a second time after ``reset_cache()``: each pass must give the
     full forward's outputs."""
     want = _full_forward(exercise, case)
-    viewed.built(exercise, view, case.build)
+    probed.built(exercise, view, case.build)
     converted = view.value(0)
     if isinstance(converted, BaseException):
         raise converted
@@ -691,7 +692,7 @@ def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: boo
 def _judge_left_alone(exercise: str, view: SessionView, case: DecodeCase) -> None:
     """A ``forward(x)`` without the cache between two cached calls must not change what they give."""
     want = _full_forward(exercise, case)
-    viewed.built(exercise, view, case.build)
+    probed.built(exercise, view, case.build)
     if isinstance(view.value(0), BaseException):
         raise view.value(0)
     _called(exercise, view.value(1), Case("reset_cache()"), view.step(1).get("missing", False))
@@ -758,19 +759,19 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
 
 def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionKVCache"
-    cases, full, full_rope = _kv_setup(exercise, viewed.hidden_plan(plan, lambda: _kv_steps(False)))
+    cases, full, full_rope = _kv_setup(exercise, probed.is_hidden(plan, _kv_steps(False)))
     views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
     by_build: dict[tuple, SessionView] = {}
     for step in plan:
         by_build.setdefault(tuple(step.case.build), views[step.key])
     for build in dict.fromkeys([c.build for c in cases] + [full[0]]):
-        viewed.check_shapes(exercise, by_build[tuple(build)], build)
+        probed.check_shapes(exercise, by_build[tuple(build)], build)
     for build, checked in (full, full_rope):  # finite, then the values
         view = views[f"values {build}"]
-        causal = viewed.not_causal(exercise, lambda b: views[f"values {tuple(b)}"])
-        viewed.built(exercise, view, build)
+        causal = probed.not_causal(exercise, {tuple(b): views[f"values {tuple(b)}"] for b, _ in (full, full_rope)})
+        probed.built(exercise, view, build)
         for case in checked:
-            viewed.check_finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
+            probed.finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
         for case in checked:
             mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
             want = reference_output(exercise, mcase)
@@ -781,15 +782,15 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
         _judge_decode(exercise, views[f"decode {k}: {case.key()}"], case, again=k == 0 or case.name.startswith("hidden"))
     _judge_left_alone(exercise, views["a forward without the cache between cached calls"], cases[0])
     main = views["the main module"]
-    viewed.built(exercise, main, full[0])
+    probed.built(exercise, main, full[0])
     _judge_main(exercise, main, full[0])
     inputs = _kv_inputs()
-    viewed.check_causal(exercise, main, inputs["causal"])
+    probed.causal_module(exercise, main, inputs["causal"])
     _too_long_view(exercise, main, full[0])
     dropout = views["dropout"]
-    viewed.built(exercise, dropout, cases[2].build)
-    viewed.check_dropout_modes(exercise, dropout, inputs["dropout"], f"built with {cases[2].build}")
-    viewed.check_moves_with_module(exercise, main, full[0], inputs["moves"], f"built with {full[0]}")
+    probed.built(exercise, dropout, cases[2].build)
+    probed.dropout_modes(exercise, dropout, inputs["dropout"], f"built with {cases[2].build}")
+    probed.moves_with_module(exercise, main, full[0], inputs["moves"], f"built with {full[0]}")
     return (f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
             f"outputs of one forward over the whole sequence, again after reset_cache(); the cache is in "
             f"buffers, not in state_dict; past context_length and an empty prompt raise a ValueError")
@@ -894,7 +895,7 @@ _INVALID_VIEW = re.compile(r"shape '\[([\d, -]+)\]' is invalid for input of size
 
 def _gqa_error_hint(causal: Callable) -> Callable:
     """A ``diagnose`` that names a shape error between query heads and key/value heads, then falls back
-    on ``causal`` (``viewed.not_causal``)."""
+    on ``causal`` (``probed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException) and case.build is not None:
@@ -978,33 +979,33 @@ def _gqa_steps(hidden: bool) -> list[spec.Step]:
 
 def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "GroupedQueryAttention"
-    hidden = viewed.hidden_plan(plan, lambda: _gqa_steps(False))
+    hidden = probed.is_hidden(plan, _gqa_steps(False))
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
-    views = viewed.views_of(exercise, plan, outcomes)
+    views = probed.views(exercise, plan, outcomes)
 
     def view(build: tuple) -> spec.ModuleView:
         return views[tuple(build)]
 
     dropout_build = _GQA_DROPOUT_BUILD
     for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
-        viewed.check_shapes(exercise, view(build), build, _gqa_shapes)
-    diagnose = _gqa_error_hint(viewed.not_causal(exercise, view))
+        probed.check_shapes(exercise, view(build), build, _gqa_shapes)
+    diagnose = _gqa_error_hint(probed.not_causal(exercise, views))
     for build, cases in configs:
-        viewed.built(exercise, view(build), build)  # the runs without a seed of their own
+        probed.built(exercise, view(build), build)  # the runs without a seed of their own
         for case in cases:
-            got = view(build).forward("eval", None, case.args[0])
-            if isinstance(got, BaseException):
-                error = viewed.student_error(exercise, got, Case(f"{case.name}, built with {build}"))
+            try:
+                probed.output(exercise, view(build), "eval", None, case.args[0], f"{case.name}, built with {build}")
+            except CheckFailed as error:
                 hint = diagnose(Case(case.name, case.args, build=build), getattr(error, "student_error", None) or error,
                                 None)
                 if not hint:
-                    raise error
+                    raise
                 hinted = CheckFailed(f"{error} Hint: {hint}")
                 hinted.student_error = getattr(error, "student_error", None)
                 raise hinted from None
         for case in cases:  # finite, then the values
-            viewed.check_finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
+            probed.finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
         for case in cases:
             mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
             want = reference_output(exercise, mcase)
@@ -1020,15 +1021,15 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
                            f"does not divide num_heads={build[4]}: the query heads cannot be shared evenly by the "
                            f"groups. Raise a ValueError in __init__ that says so.")
     first = configs[0][0]
-    viewed.built(exercise, view(first), first)
+    probed.built(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["causal"]
-    viewed.check_causal(exercise, view(first), rand(b, t, d, seed=seed))
+    probed.causal_module(exercise, view(first), rand(b, t, d, seed=seed))
     _too_long_view(exercise, view(first), first)
     b, t, d, seed = _GQA_INPUTS["dropout"]
-    viewed.built(exercise, view(dropout_build), dropout_build)
-    viewed.check_dropout_modes(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
+    probed.built(exercise, view(dropout_build), dropout_build)
+    probed.dropout_modes(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
     b, t, d, seed = _GQA_INPUTS["moves"]
-    viewed.check_moves_with_module(exercise, view(first), first, rand(b, t, d, seed=seed), f"built with {first}")
+    probed.moves_with_module(exercise, view(first), first, rand(b, t, d, seed=seed), f"built with {first}")
     return (f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "
             f"position sees the future, num_kv_groups that do not divide num_heads raise, and so does an "
             f"input past context_length")

@@ -46,7 +46,7 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import modules
 from course_utils.checks import probe as _probe
 from course_utils.checks import spec as _spec
-from course_utils.checks import viewed, wire
+from course_utils.checks import probed, wire
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -174,7 +174,7 @@ def compare_modules(exercise: str, views: dict, configs: Sequence[tuple[tuple, S
     count = 0
     for build, cases in configs:
         view = views[tuple(build)]
-        viewed.built(exercise, view, build)
+        probed.built(exercise, view, build)
         dropout = next((a for a in build if isinstance(a, float)), 0.0)  # the one float argument, if any
         for mode in modes_to_compare(exercise, dropout > 0):
             for case in cases:
@@ -246,7 +246,7 @@ def moves_with_module(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, 
 def _shape_check(exercise: str, view: "_spec.ModuleView", build: tuple,
                  name: Callable[[list, list, tuple], "str | None"]) -> None:
     want = expected_parameter_shapes(exercise, build)
-    got = viewed.shapes(exercise, view)
+    got = probed.student_shapes(exercise, view)
     if got is None or got == want:
         return
     problem = name(got, want, build)
@@ -407,14 +407,14 @@ def _learned_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_learned(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "LearnedPositionalEmbedding"
-    configs = _learned_all(viewed.hidden_plan(plan, lambda: _learned_steps(False)))
+    configs = _learned_all(probed.is_hidden(plan, _learned_steps(False)))
     too_long, moved = _learned_inputs()
-    views = viewed.views_of(exercise, plan, outcomes)
+    views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
         _shape_check(exercise, views[build], build, _learned_shapes)
     count = compare_modules(exercise, views, configs, diagnose=_learned_diagnose)
     first = views[(8, 4)]
-    viewed.built(exercise, first, (8, 4))
+    probed.built(exercise, first, (8, 4))
     for x, kwargs in too_long:
         _too_long_raises(exercise, first, x, 8, "built with (8, 4)", **kwargs)
     moves_with_module(exercise, first, moved, "built with (8, 4)")
@@ -478,7 +478,7 @@ _BLOCK_TRAIN_HINT = ("eval() mode agrees but train() mode does not: dropout goes
 
 
 def _block_diagnose(causal: Callable) -> Callable:
-    """The block's diagnose, then ``causal`` (``viewed.not_causal``)."""
+    """The block's diagnose, then ``causal`` (``probed.not_causal``)."""
 
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, TypeError) and "use_cache" in str(got):
@@ -529,20 +529,20 @@ def _block_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "TransformerBlock"
-    configs = _block_all(viewed.hidden_plan(plan, lambda: _block_steps(False)))
+    configs = _block_all(probed.is_hidden(plan, _block_steps(False)))
     x, moved = _block_inputs()
-    views = viewed.views_of(exercise, plan, outcomes)
+    views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
         _sharing_check(exercise, views[build], build)
         _shape_check(exercise, views[build], build, _block_shapes)
-    diagnose = _block_diagnose(viewed.not_causal(exercise, lambda build: views[tuple(build)]))
+    diagnose = _block_diagnose(probed.not_causal(exercise, views))
     first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
-    viewed.built(exercise, views[first], first)
-    viewed.check_finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
+    probed.built(exercise, views[first], first)
+    probed.finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
     count = compare_modules(exercise, views, configs, diagnose=diagnose)
-    viewed.check_causal(exercise, views[first], x)
-    viewed.built(exercise, views[dropped], dropped)
-    viewed.check_dropout_modes(exercise, views[dropped], x, "built with (8, 2, 6, 0.25)")
+    probed.causal_module(exercise, views[first], x)
+    probed.built(exercise, views[dropped], dropped)
+    probed.dropout_modes(exercise, views[dropped], x, "built with (8, 2, 6, 0.25)")
     moves_with_module(exercise, views[first], moved, "built with (8, 2, 6, 0.0)")
     _cached_views(exercise, views, plan, outcomes, configs)
     return (f"{count} outputs agree with the reference in eval() and train() mode; the block is causal, "
@@ -647,7 +647,7 @@ def _sharing_check(exercise: str, view: "_spec.ModuleView", build: tuple) -> Non
     if "error" in built:
         if built["error"][0] == "NotImplementedError":
             fail(exercise, NOT_IMPLEMENTED)
-        return  # viewed.built reports construction errors with the arguments
+        return  # probed.built reports construction errors with the arguments
     if not built.get("module"):
         return
     pairs = built.get("tied", [])
@@ -726,10 +726,10 @@ def _gpt_causal_inputs(idx: torch.Tensor) -> list[torch.Tensor]:
 def _causal_problem(exercise: str, view: "_spec.ModuleView", idx: torch.Tensor) -> str | None:
     """Where the logits at some position change when only later tokens change, or ``None`` (its passes: eval, no
     seed, ``idx`` then :func:`_gpt_causal_inputs`)."""
-    base = viewed.called(exercise, view.forward("eval", None, idx), Case("causality", (idx,)))
+    base = probed.output(exercise, view, "eval", None, idx, "causality")
     T = idx.shape[1]
     for t, changed in enumerate(_gpt_causal_inputs(idx)):
-        out = viewed.called(exercise, view.forward("eval", None, changed), Case("causality", (changed,)))
+        out = probed.output(exercise, view, "eval", None, changed, "causality")
         if not isinstance(out, torch.Tensor) or not isinstance(base, torch.Tensor) or out.shape != base.shape:
             return None
         diff = (out[:, : t + 1] - base[:, : t + 1]).abs()
@@ -776,7 +776,7 @@ def _cached_views(exercise: str, views: dict, plan: Sequence[_spec.Step], outcom
     steps = {s.key: s for s in plan if s.run == CACHED}
     for build, cases in configs:
         case = cases[0]
-        viewed.built(exercise, views[tuple(build)], build)
+        probed.built(exercise, views[tuple(build)], build)
         want = expected_output(exercise, Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
         key = f"cached {tuple(build)}: {case.name}"
         if key not in steps:
@@ -832,8 +832,8 @@ def _gpt_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_gpt(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "TinyGPT"
-    configs = _gpt_configs(viewed.hidden_plan(plan, lambda: _gpt_steps(False)))
-    views = viewed.views_of(exercise, plan, outcomes)
+    configs = _gpt_configs(probed.is_hidden(plan, _gpt_steps(False)))
+    views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
         _sharing_check(exercise, views[build], build)
         _shape_check(exercise, views[build], build, _gpt_shapes)
@@ -841,12 +841,12 @@ def _judge_gpt(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     diagnose = _gpt_diagnose(exercise, views)
     count = compare_modules(exercise, views, configs, diagnose=diagnose)
     first, dropped = (11, 8, 2, 2, 6, 0.0), (11, 8, 2, 2, 6, 0.2)
-    viewed.built(exercise, views[first], first)
+    probed.built(exercise, views[first], first)
     leak = _causal_problem(exercise, views[first], tokens(2, 6, 11, seed=9035))
     if leak:
         fail(exercise, f"the future leaks: {leak}")
-    viewed.built(exercise, views[dropped], dropped)
-    viewed.check_dropout_modes(exercise, views[dropped], tokens(2, 6, 11, seed=9033),
+    probed.built(exercise, views[dropped], dropped)
+    probed.dropout_modes(exercise, views[dropped], tokens(2, 6, 11, seed=9033),
                                "built with (11, 8, 2, 2, 6, 0.2)")
     _too_long_raises(exercise, views[first], tokens(1, 7, 11, seed=9036), 6, "built with (11, 8, 2, 2, 6, 0.0)")
     moves_with_module(exercise, views[first], tokens(2, 4, 11, seed=9037), "built with (11, 8, 2, 2, 6, 0.0)")

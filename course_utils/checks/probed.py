@@ -1,4 +1,4 @@
-"""Causal attention classes judged from their probed constructions (notebooks 04, 05 and 06).
+"""Attention modules judged from their probed constructions (notebooks 04, 05, 06, 08 and 09).
 
 A module exercise is more than its outputs: its output must be finite, its mask a registered buffer
 cut to the input's length, dropout active only in ``train()``, no position may see the future, a
@@ -8,7 +8,9 @@ The kernel builds each construction once and runs every forward pass the check m
 (:func:`steps`: ``spec.probe_step`` and ``spec.run_module``); the judges here read what came back
 (``spec.ModuleView``, :func:`views`) and never hold the student's module. Each names the mistake it
 finds, in the words the checks have always used; :func:`module_class` runs them all in an order where a
-symptom is never blamed on the wrong cause (NaN is looked at first).
+symptom is never blamed on the wrong cause (NaN is looked at first). Notebooks 08 and 09 call the same
+checks one by one, on a ``spec.ModuleView`` or on anything that offers its ``built``, ``forward``, ``index``
+and ``ran`` (08's ``SessionView``).
 """
 
 from __future__ import annotations
@@ -60,9 +62,13 @@ def steps(items: Sequence[tuple[tuple, Sequence[Probe]]]) -> list[spec.Step]:
 
 
 def is_hidden(plan: Sequence[spec.Step], visible: Sequence[spec.Step]) -> bool:
-    """Whether ``plan`` is the one with the hidden cases: it makes more passes than the ``visible`` plan (a
-    judge of probed constructions reads the hidden cases' inputs again to look their passes up)."""
-    return sum(len(s.case.args[0]) for s in plan) != sum(len(s.case.args[0]) for s in visible)
+    """Whether ``plan`` is the one with the hidden cases: it differs from the ``visible`` plan in its keys or in its
+    probed steps' passes. A judge of probed constructions then reads the hidden cases' names and groups from the
+    instructor edition (the grader's, or a self-check with ``hidden=True``), which has them: the steps carry only
+    the inputs."""
+    def shape(steps: Sequence[spec.Step]) -> list:
+        return [(s.key, len(s.case.args[0]) if s.run == spec.MODULE else 0) for s in steps]
+    return shape(plan) != shape(visible)
 
 
 def _named(value: Any, size: int) -> bool:
@@ -115,9 +121,10 @@ def views(exercise: str, plan: Sequence[spec.Step], outcomes: spec.Outcomes) -> 
 # ------------------------------------------------------------------------------------------
 # One pass read back as a call (the engine's words for what it raised)
 # ------------------------------------------------------------------------------------------
-def _as_call(got: Any) -> Callable[..., Any]:
-    """A function that gives ``got`` back, or raises it when it is what the pass raised."""
-    def call(*_: Any) -> Any:
+def replayed(got: Any) -> Callable[..., Any]:
+    """A function that gives ``got`` back, or raises it when it is what the pass raised: an outcome read back
+    as a call, for ``core.call_student`` (which gives a student's error the engine's words)."""
+    def call(*_: Any, **__: Any) -> Any:
         if isinstance(got, BaseException):
             raise got
         return got
@@ -127,13 +134,13 @@ def _as_call(got: Any) -> Callable[..., Any]:
 def passes(view: spec.ModuleView, mode: str, seed: int | None, copy: str | None = None) -> Callable[[torch.Tensor], Any]:
     """``x -> the output of the pass (mode, seed, copy) on x``, raising what it raised: the module as a
     check calls it (``core.check_causal`` takes one)."""
-    return lambda x: _as_call(view.forward(mode, seed, x, copy))()
+    return lambda x: replayed(view.forward(mode, seed, x, copy))()
 
 
 def output(exercise: str, view: spec.ModuleView, mode: str, seed: int | None, x: torch.Tensor, what: str,
            copy: str | None = None) -> Any:
     """The output of one pass, or ``core.call_student``'s failure on the case ``what`` when it raised."""
-    return call_student(exercise, _as_call(view.forward(mode, seed, x, copy)), Case(what))
+    return call_student(exercise, replayed(view.forward(mode, seed, x, copy)), Case(what))
 
 
 def _raised(exercise: str, view: spec.ModuleView, x: torch.Tensor) -> BaseException | None:
@@ -148,25 +155,28 @@ def _copy_made(view: spec.ModuleView, x: torch.Tensor, copy: str) -> None:
     """Raise what converting the module into ``copy`` raised, where the pass on that copy did not run
     (as ``.to`` raised it in the kernel)."""
     if not view.ran(view.index("eval", 7, x, copy)):
-        if "copy_error" not in view.built:
+        error = view.built.get("copy_error")
+        if not (isinstance(error, list) and len(error) == 2 and all(isinstance(s, str) for s in error)):
             spec.refuse(view.exercise, "passes (fewer than the plan's without a copy that failed)")
-        raise wire.error_of(*view.built["copy_error"])
+        raise wire.error_of(*error)
 
 
 # ------------------------------------------------------------------------------------------
 # A construction
 # ------------------------------------------------------------------------------------------
-def built(exercise: str, view: spec.ModuleView, build: tuple) -> None:
+def built(exercise: str, view: spec.ModuleView, build: tuple, *, reference: str | None = None) -> None:
     """``core.build_student``'s verdict on the construction: fail unless it is an ``nn.Module`` whose
-    parameters have the reference's shapes, in the reference's order."""
+    parameters have the reference's shapes (``reference``'s, where given), in the reference's order."""
     found = view.built
-    want = expected_parameter_shapes(exercise, build)
+    if not isinstance(found, dict) or not isinstance(found.get("name"), str):
+        spec.refuse(exercise, "description of a construction")
+    want = expected_parameter_shapes(exercise, build, reference=reference)
     if "error" in found:
         kind, message = found["error"]
         if kind == "NotImplementedError":
             fail(exercise, NOT_IMPLEMENTED)
         fail(exercise, f"constructing {found['name']}{build} raised {kind}: {message}")
-    if not found["module"]:
+    if not found.get("module"):
         fail(exercise, f"{found['name']} must be an nn.Module subclass")
     got = [tuple(s) for s in found["shapes"]]
     if got != want:
@@ -182,7 +192,7 @@ def student_shapes(exercise: str, view: spec.ModuleView) -> list[tuple[int, ...]
         if found["error"][0] == "NotImplementedError":
             fail(exercise, NOT_IMPLEMENTED)
         return None
-    return [tuple(s) for s in found["shapes"]] if found["module"] else None
+    return [tuple(s) for s in found["shapes"]] if found.get("module") else None
 
 
 def check_shapes(exercise: str, view: spec.ModuleView, build: tuple,
@@ -296,7 +306,9 @@ def causal_module(exercise: str, view: spec.ModuleView, x: torch.Tensor) -> None
         check_causal(exercise, run, x)
     except CheckFailed as err:
         if "at position 0 " in str(err) and x.shape[1] > 2:
-            moved = (run(_later_tokens_changed(x))[:, 1] - run(x)[:, 1]).abs().max().item()
+            changed = output(exercise, view, "eval", None, _later_tokens_changed(x), "x")
+            base = output(exercise, view, "eval", None, x, "x")
+            moved = (changed[:, 1] - base[:, 1]).abs().max().item()
             if moved < 1e-5:
                 raise CheckFailed(f"{err} Only position 0 leaks: the diagonal is masked too, so row 0 has no "
                                   f"allowed key left and spreads its weight over every token. Use triu with "
@@ -322,7 +334,11 @@ def moves_with_module(exercise: str, view: spec.ModuleView, build: tuple, x: tor
                        f"Do not fix a dtype inside forward; let the buffers and parameters follow the module")
     x_meta = x.to("meta")
     _copy_made(view, x_meta, "meta")
-    left = [f"{n} ({device})" for n, device in view.built.get("meta_left", [])]
+    found = view.built.get("meta_left")
+    if not (isinstance(found, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+                                            for p in found)):
+        spec.refuse(exercise, "tensors left behind by .to('meta')")
+    left = [f"{n} ({device})" for n, device in found]
     if left:
         fail(exercise, f"{where}: after module.to('meta') these tensors stayed behind: {left}. On a GPU they would stay "
                        f"on the CPU. Make them parameters or buffers")
