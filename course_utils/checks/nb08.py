@@ -41,6 +41,7 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
 from course_utils.checks import probed, spec, wire
 from course_utils.checks.core import (
+    FORWARD_SEED,
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
@@ -601,7 +602,7 @@ def _kv_steps(hidden: bool) -> list[spec.Step]:
     inputs = _kv_inputs()
     steps = []
     for build, checked in (full, full_rope):
-        ops = [op for c in checked for op in (_forward(c.args[0], seed=7), _forward(c.args[0]),
+        ops = [op for c in checked for op in (_forward(c.args[0], seed=FORWARD_SEED), _forward(c.args[0]),
                                              *[_forward(v) for v in causal_inputs(c.args[0])])]
         steps.append(session_step(f"values {build}", build, ops))
     for k, case in enumerate(cases):

@@ -26,7 +26,7 @@ def _hand_out(monkeypatch, module) -> list[dict]:
     monkeypatch.setitem(sys.modules, "course_utils.reference", module)
     handoff, _ = _handed_out(NB08, "GroupedQueryAttention", _OWN_REPEAT, monkeypatch)
     try:
-        return judge.load_hand_off(handoff.outputs, _GQA_TEST)[0]
+        return judge.load_handed_out(handoff.outputs, _GQA_TEST)[0]
     finally:
         handoff.remove()
 
@@ -49,7 +49,7 @@ def test_without_the_reference_an_answer_without_helpers_hands_out_no_first_try_
     monkeypatch.setitem(sys.modules, "course_utils.reference", None)
     handoff, _ = _handed_out(NB08, "GroupedQueryAttention", inline, monkeypatch)
     try:
-        assert _tries(judge.load_hand_off(handoff.outputs, _GQA_TEST)[0]) == {2}
+        assert _tries(judge.load_handed_out(handoff.outputs, _GQA_TEST)[0]) == {2}
     finally:
         handoff.remove()
 

@@ -498,7 +498,7 @@ def test_hidden_modules_reach_the_kernel_as_layouts(monkeypatch):
     handoff = judge.prepare(NB05)
     try:
         data = torch.load(handoff.inputs, weights_only=True)  # plain data: no module, no class
-        assert "count_parameters" not in data["exercises"]  # its hidden cases travel in its plan only
+        assert set(data) == {"format", "plans"}  # its hidden cases travel in its plan only
         encoded = [s["case"] for s in data["plans"]["count_parameters"]["hidden"]]
         assert all(c["args"] == [None] and [i for i, _ in c["module_args"]] == [0] for c in encoded)
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
@@ -728,7 +728,7 @@ def test_hidden_groups_of_cases_reach_the_kernel_in_the_plan(monkeypatch):
     handoff = judge.prepare(NB04)
     try:
         data = torch.load(handoff.inputs, weights_only=True)
-        assert "CausalAttention" not in data["exercises"]
+        assert set(data) == {"format", "plans"}
         monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
         monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
         monkeypatch.setattr(probe, "_inputs", None)
@@ -988,7 +988,7 @@ def honest_decode():
 
 def _window_sources(sources: dict) -> dict:
     """The answer cell's two functions, as the grader reads them from the submission (``judge.answer_sources``)."""
-    return {**sources, "sliding_window_mask_mod": autograde._def_source(_NB08._WINDOW, "sliding_window_mask_mod")[0]}
+    return {**sources, "sliding_window_mask_mod": intake.definition_of(_NB08._WINDOW, "sliding_window_mask_mod")[0]}
 
 
 def test_an_honest_window_hand_off_passes(tmp_path, honest_window):
@@ -1145,7 +1145,7 @@ _OWN_LAYOUT = (_NB08._ANGLES.replace("inv_freq[None, :]", "inv_freq[None, :]).T 
                          ids=["a wrong rope_angles of its own", "a rope_angles of its own layout"])
 def test_apply_rope_is_judged_outside_with_either_helper(source, monkeypatch, capsys):
     """Both of check_alone's tries are handed out: the verdict outside is the kernel's, full marks here."""
-    assert "apply_rope" in judge.JUDGED
+    assert "apply_rope" in judge.spec_of_each()
     want = _inside(NB08, "apply_rope", source)
     assert want and all(ename is None for ename, _ in want.values()), want
     _same_verdict_outside(NB08, "apply_rope", source, monkeypatch, capsys)
