@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from course_utils import checks
-from course_utils.checks import probe, wire
+from course_utils.checks import wire
 from grader import course, intake, judge
 from tests.fixtures.answers import load
+from tests.grader_answers.test_judge import _handed_out
 from tests.support import harness
 
 
@@ -36,28 +37,8 @@ def _pairs():
 
 def _hand_out(notebook: str, exercise: str, source: str, monkeypatch) -> tuple[judge.HandOff, list[str]]:
     """Run ``source`` and the exercise's test cells as the grading kernel does; the hand-off and test ids."""
-    handoff = judge.prepare(notebook)
-    base, cells = harness._executed(notebook)
-    namespace = dict(base)
-    monkeypatch.setenv(probe.DIR_VARIABLE, handoff.outputs)
-    monkeypatch.setenv(probe.INPUTS_VARIABLE, handoff.inputs)
-    monkeypatch.setattr(probe, "_inputs", None)
-    tests = harness.test_ids_for(exercise, cells, notebook)
-    try:
-        harness.run_source(str(source), namespace, f"{notebook}:{exercise}:answer")
-        for gid in tests:
-            probe.begin(gid)
-            try:
-                harness.run_source(cells[gid], namespace, f"{notebook}:{gid}")
-            except Exception:  # noqa: BLE001 - what the kernel shows decides nothing
-                pass
-            finally:
-                probe._end()
-    finally:
-        monkeypatch.delenv(probe.DIR_VARIABLE)
-        monkeypatch.delenv(probe.INPUTS_VARIABLE)
-        monkeypatch.setattr(probe, "_inputs", None)
-    return handoff, tests
+    handoff, cells = _handed_out(notebook, exercise, str(source), monkeypatch)
+    return handoff, harness.test_ids_for(exercise, cells, notebook)
 
 
 @pytest.mark.parametrize("notebook, exercise, source", list(_pairs()))
