@@ -243,7 +243,7 @@ def _load2(folder, test):
 TEST = "test_dot"
 
 
-def _record(value=None, **changes) -> dict:
+def _dot_record(value=None, **changes) -> dict:
     """A plan's outcomes as a kernel hands them out: ``dot``'s first visible call, ``value`` its result,
     ``changes`` made to that outcome."""
     outcome = {"result": value if value is not None else {"kind": "tensor", "value": torch.tensor(1.0)}}
@@ -266,7 +266,7 @@ def _refused(folder, words: str) -> None:
 
 
 def test_a_well_formed_hand_off_is_read(tmp_path):
-    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record()]})
+    _write(tmp_path, {"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record()]})
     assert _load1(tmp_path, TEST)[0]["exercise"] == "dot"
 
 
@@ -339,7 +339,7 @@ def test_every_dtype_and_plain_value_comes_back_as_it_went_out(tmp_path):
         got.add_(1) if got.dtype != torch.bool else got.logical_not_()  # its own memory, writable
 
 
-def _forged(text: bytes, blob: bytes = b"", length: int | None = None) -> bytes:
+def _file_bytes(text: bytes, blob: bytes = b"", length: int | None = None) -> bytes:
     return probe.HAND_OFF_MAGIC + (len(text) if length is None else length).to_bytes(8, "little") + text + blob
 
 
@@ -347,8 +347,8 @@ def _file_of(value, blob: bytes) -> bytes:
     """A hand-off file of one record whose result is ``value``, tensors written as placeholders by hand."""
     import json
 
-    return _forged(json.dumps({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [
-        _record(value)]}).encode(), blob)
+    return _file_bytes(json.dumps({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [
+        _dot_record(value)]}).encode(), blob)
 
 
 def _tensor_file(spec, blob=bytes(16)) -> bytes:
@@ -356,7 +356,7 @@ def _tensor_file(spec, blob=bytes(16)) -> bytes:
 
 
 def _deep(n: int) -> bytes:
-    return _forged(b"[" * n + b"]" * n)
+    return _file_bytes(b"[" * n + b"]" * n)
 
 
 @pytest.mark.parametrize("data, words", [
@@ -364,11 +364,11 @@ def _deep(n: int) -> bytes:
     (b"PK\x03\x04" + bytes(100), "does not start with the hand-off's header"),
     (probe.HAND_OFF_MAGIC[:5], "truncated within its header"),
     (probe.HAND_OFF_MAGIC + bytes(3), "truncated within its header"),
-    (_forged(b"{}", length=3), "runs past the end of the file"),
-    (_forged(b"{}", length=2**64 - 1), "runs past the end of the file"),
-    (_forged(b'{"format": 2, "test": '), "Expecting value"),
-    (_forged(b'{"a": 1, "a": 2}'), "a key appears twice"),
-    (_forged(b"\xff\xfe{}"), "utf-8"),
+    (_file_bytes(b"{}", length=3), "runs past the end of the file"),
+    (_file_bytes(b"{}", length=2**64 - 1), "runs past the end of the file"),
+    (_file_bytes(b'{"format": 2, "test": '), "Expecting value"),
+    (_file_bytes(b'{"a": 1, "a": 2}'), "a key appears twice"),
+    (_file_bytes(b"\xff\xfe{}"), "utf-8"),
     (_deep(100_000), "nests too deep"),
     (_tensor_file(["float8_e4m3fn", [2], 0, 2]), "unsupported dtype 'float8_e4m3fn'"),
     (_tensor_file(["object", [2], 0, 2]), "unsupported dtype"),
@@ -412,15 +412,15 @@ def test_tensors_cannot_share_bytes_to_take_more_memory_than_the_file(tmp_path):
     ({"format": 99, "test": TEST, "sources": {}, "records": []}, "not this test's"),
     ({"format": probe.FORMAT, "test": "test_other", "sources": {}, "records": []}, "not this test's"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": "all good"}, "not a list"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record(verdict="pass")]}, "expected a result or an error"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor", "value": [1.0, 2.0]})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record(verdict="pass")]}, "expected a result or an error"),
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record({"kind": "tensor", "value": [1.0, 2.0]})]},
      "not a plain torch.Tensor"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "tensor",
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record({"kind": "tensor",
                                                                  "value": torch.zeros(judge.MAX_ELEMENTS + 1, dtype=torch.uint8)})]},
      "over the limit"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "number", "type": "int", "value": 1.5})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record({"kind": "number", "type": "int", "value": 1.5})]},
      "a number whose type"),
-    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_record({"kind": "other", "type": "not a name"})]},
+    ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [_dot_record({"kind": "other", "type": "not a name"})]},
      "without a type name"),
     ({"format": probe.FORMAT, "test": TEST, "sources": {}, "records": [{"exercise": "dot", "plan": "visible", "outcomes": [
         ["book: x^1 . x^2", {"error": {"type": "ValueError"}}]]}]}, "an error without"),
