@@ -454,7 +454,7 @@ def _ca_plan(hidden: bool) -> list[spec.Step]:
 def _ca_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "CausalAttention"
     views = probed.views(exercise, plan, outcomes)
-    configs, more = _ca_configs(), _ca_hidden(probed.is_hidden(plan, _ca_plan(False)))
+    configs, more = _ca_configs(), _ca_hidden(outcomes.hidden)
     _known_mistake_first(exercise, views[configs[0][0]], configs[0])
     text = probed.module_class(exercise, views, configs + more["configs"], diagnose=_module_diagnosis)
     for case in more["causal"]:

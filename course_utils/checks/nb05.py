@@ -131,7 +131,7 @@ def _wrapper_plan(hidden: bool) -> list[spec.Step]:
 def _wrapper_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionWrapper"
     views = probed.views(exercise, plan, outcomes)
-    more = _hidden_modules(exercise, probed.is_hidden(plan, _wrapper_plan(False)))
+    more = _hidden_modules(exercise, outcomes.hidden)
     configs = _wrapper_configs(more)
     probed.module_checks(exercise, views, [_WRAPPER_SHAPES] + [build for build, _ in configs], _wrapper_shapes)
     first = configs[0][0]
@@ -254,7 +254,7 @@ def _mha_plan(hidden: bool) -> list[spec.Step]:
 
 def _mha_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttention"
-    more = _hidden_modules(exercise, probed.is_hidden(plan, _mha_plan(False)))
+    more = _hidden_modules(exercise, outcomes.hidden)
     values, configs = _mha_values(), _mha_configs(more)
     return probed.attention_class(exercise, probed.views(exercise, plan, outcomes),
                                   [values[0]] + [build for build, _ in configs], values, configs, more["causal"],

@@ -89,7 +89,7 @@ def _combined_plan(hidden: bool) -> list[spec.Step]:
 
 def _combined_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionCombinedQKV"
-    more = _combined_hidden(probed.is_hidden(plan, _combined_plan(False)))
+    more = _combined_hidden(outcomes.hidden)
     configs = _combined_configs(more)
     return probed.attention_class(exercise, probed.views(exercise, plan, outcomes), [build for build, _ in configs],
                                   _values_config(), configs, more["causal"], _qkv_shapes)
@@ -161,7 +161,7 @@ def _sdpa_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MHAPyTorchSDPA"
     views = probed.views(exercise, plan, outcomes)
     _counted(exercise, plan, outcomes)
-    extra = _sdpa_hidden(probed.is_hidden(plan, _sdpa_plan(False)))
+    extra = _sdpa_hidden(outcomes.hidden)
     configs, dropout = _configs() + extra["configs"], [_dropout_config()] + extra["dropout"]
     main_build, x_causal, x_calls = _sdpa_inputs()
     probed.module_checks(exercise, views, [build for build, _ in configs + dropout], _qkv_shapes)

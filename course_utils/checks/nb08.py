@@ -760,7 +760,7 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
 
 def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionKVCache"
-    cases, full, full_rope = _kv_setup(exercise, probed.is_hidden(plan, _kv_steps(False)))
+    cases, full, full_rope = _kv_setup(exercise, outcomes.hidden)
     views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
     by_build: dict[tuple, SessionView] = {}
     for step in plan:
@@ -980,7 +980,7 @@ def _gqa_steps(hidden: bool) -> list[spec.Step]:
 
 def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "GroupedQueryAttention"
-    hidden = probed.is_hidden(plan, _gqa_steps(False))
+    hidden = outcomes.hidden
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
     views = probed.views(exercise, plan, outcomes)

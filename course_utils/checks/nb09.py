@@ -407,7 +407,7 @@ def _learned_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_learned(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "LearnedPositionalEmbedding"
-    configs = _learned_all(probed.is_hidden(plan, _learned_steps(False)))
+    configs = _learned_all(outcomes.hidden)
     too_long, moved = _learned_inputs()
     views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
@@ -529,7 +529,7 @@ def _block_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "TransformerBlock"
-    configs = _block_all(probed.is_hidden(plan, _block_steps(False)))
+    configs = _block_all(outcomes.hidden)
     x, moved = _block_inputs()
     views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
@@ -832,7 +832,7 @@ def _gpt_steps(hidden: bool) -> list[_spec.Step]:
 
 def _judge_gpt(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "TinyGPT"
-    configs = _gpt_configs(probed.is_hidden(plan, _gpt_steps(False)))
+    configs = _gpt_configs(outcomes.hidden)
     views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
         _sharing_check(exercise, views[build], build)

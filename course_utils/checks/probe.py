@@ -258,9 +258,6 @@ def _start(exercise: str, student: Any) -> list[dict] | None:
     return store
 
 
-#: How a probed forward pass's module was converted first: ``None`` (as built), ``"float64"``
-#: (``copy.deepcopy(module).to(torch.float64)``) or ``"meta"`` (``copy.deepcopy(module).to("meta")``).
-COPIES = (None, "float64", "meta")
 #: Most buffers, plain tensor attributes or tensors left behind handed out for one module.
 MAX_STRUCTURE = 64
 
@@ -323,7 +320,7 @@ def _mark(entry: dict, attempt: int | None = None) -> dict:
 class Probe:
     """One forward pass a module check makes: in ``mode``, right after ``torch.manual_seed(seed)``
     (``None``: the check sets no seed of its own before it), on ``x``, of the module as built or of a
-    converted copy (:data:`COPIES`)."""
+    converted copy (``spec.COPIES``)."""
 
     mode: str
     seed: int | None

@@ -61,16 +61,6 @@ def steps(items: Sequence[tuple[tuple, Sequence[Probe]]]) -> list[spec.Step]:
             for build, probes in items]
 
 
-def is_hidden(plan: Sequence[spec.Step], visible: Sequence[spec.Step]) -> bool:
-    """Whether ``plan`` is the one with the hidden cases: it differs from the ``visible`` plan in its keys or in its
-    probed steps' passes. A judge of probed constructions then reads the hidden cases' names and groups from the
-    instructor edition (the grader's, or a self-check with ``hidden=True``), which has them: the steps carry only
-    the inputs."""
-    def shape(steps: Sequence[spec.Step]) -> list:
-        return [(s.key, len(s.case.args[0]) if s.run == spec.MODULE else 0) for s in steps]
-    return shape(plan) != shape(visible)
-
-
 def _named(value: Any, size: int) -> bool:
     """Whether ``value`` is a list of ``size`` items, a name first."""
     return isinstance(value, list) and len(value) == size and isinstance(value[0], str)

@@ -93,6 +93,9 @@ class Outcomes(Mapping):
         #: The student's code (or the grader's stand-in for it, which carries its source): for the
         #: diagnoses that read the code, never to be called.
         self.student: Any = None
+        #: Whether these are the outcomes of the hidden plan (set with the plan they answer): a judge that reads
+        #: the hidden cases' names or groups asks for them again from the instructor edition, which has them.
+        self.hidden = False
         #: key -> the traceback of the error a step raised, where the step ran in this process (a self-check):
         #: the failure then shows the student's own lines (``core.CheckFailed._render_traceback_``).
         self.tracebacks: dict[str, Any] = {}
@@ -231,7 +234,7 @@ class Spec:
             tracebacks: dict[str, Any] = {}
             outcomes = Outcomes(exercise, execute(exercise, plan, student, self.runners, tracebacks))
             outcomes.tracebacks = tracebacks
-        outcomes.student = student
+        outcomes.student, outcomes.hidden = student, hidden
         core.passed(exercise, self.judge(plan, outcomes))
 
 

@@ -55,7 +55,7 @@ def test_the_judge_reads_only_what_the_plan_makes(notebook, exercise, source, ca
         student = _student(notebook, exercise, source)
         plan = declared.steps(hidden=True)
         outcomes = spec.Outcomes(exercise, spec.execute(exercise, plan, student, declared.runners))
-        outcomes.student = student
+        outcomes.student, outcomes.hidden = student, True
         try:
             core.check_rules(exercise, student)
             text = declared.judge(plan, outcomes)
