@@ -997,13 +997,13 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    if workers > 0:
-        start_fork_server()  # its imports overlap everything up to the first notebook graded
     try:
         sandbox, message = sandbox_settings(allow_unsandboxed)
     except PermissionError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if workers > 0:
+        start_fork_server()  # its imports overlap everything up to the first notebook graded
     if not sandbox:
         print(message, file=sys.stderr)
     warm_kernels = False
