@@ -8,7 +8,13 @@ For each notebook, builds a class of ``--students`` copies of the released noteb
 answers filled in (so every test runs in full) and grades it with ``--workers`` processes twice: with warm
 kernels (each forked from a pre-imported parent, grader/warm.py) and with ``--cold-kernels``; for the
 ``--plain`` notebooks also with plain ``nbgrader autograde`` (one process, no sandbox, no hand-off, every
-verdict in the kernel). Prints notebooks per minute for each, and the ratios. Then grades ``--breakdown``
+verdict in the kernel). Prints notebooks per minute for each, and the ratios, and for ours the serial
+start-up (from the run's start to the first cell of any kernel: the checks, intake, the course's gradebook,
+the grading processes and their warm parents) and the serial finish (from the last cell's reply to the end:
+merging, the CSVs, copy detection, the reports), read from the cell timings nbclient keeps in the graded
+notebooks. The first warm run also pays for the grading processes' fork server (later runs of the same
+process reuse it), and registers each notebook unless its gradebook is cached from an earlier run
+(``grader.autograde.prepare_course``). Then grades ``--breakdown``
 notebooks of each one in this process, warm and cold, and prints where a notebook's time goes: the
 kernel's start (a fork, or a fresh interpreter and its imports: these then fall in the cells), the cells,
 the hand-off (hidden inputs written, folders made) and the judging outside the kernel.
