@@ -42,6 +42,7 @@ grades and a newer file from a student replaces the earlier grade.
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import hashlib
 import json
@@ -61,7 +62,7 @@ from traitlets.config import Config
 from course_utils import rules
 from grader import cells as nbcells
 from grader import course, intake, integrity, lms, similarity
-from grader.config import SETTINGS, Settings, ensure_venv_on_path, gradebook_url, make_api, safe_name
+from grader.config import SETTINGS, Settings, cache_dir, ensure_venv_on_path, gradebook_url, make_api, safe_name
 from grader.intake import IntakeError, Submission
 
 GRADES_COLUMNS = ["student_id", "notebook", "score", "max_score", "status", "file", "late", "student_name",
@@ -174,30 +175,101 @@ def autograde_config(settings: Settings | None = None) -> Config:
     return config
 
 
-def prepare_course(root: Path, notebooks: list[str], settings: Settings | None = None) -> None:
+def prepare_course(root: Path, notebooks: list[str]) -> None:
     """A fresh nbgrader course folder at ``root``: the solution notebooks as its sources, each
-    registered as an assignment in the folder's SQLite gradebook."""
+    registered as an assignment in the folder's SQLite gradebook.
+
+    The registered gradebook is kept in :func:`grader.config.cache_dir` under a hash of everything
+    registration reads (:func:`_registration_key`): a later run with the same solution notebooks, nbgrader
+    and configuration copies it instead of running nbgrader's ``generate_assignment`` again (seconds);
+    any change to one of them gives a new key, so a cached gradebook is never a stale one."""
     if root.exists():
         shutil.rmtree(root)
     for name in notebooks:
         src = course.solutions_dir() / f"{name}.ipynb"
         (root / "source" / name).mkdir(parents=True)
         shutil.copy2(src, root / "source" / name / src.name)
-    register_assignments(root, notebooks, config=autograde_config(settings))
+    if not notebooks:
+        register_assignments(root, notebooks)
+        return
+    folder = _gradebook_cache()
+    cached = folder / f"{_registration_key(root, notebooks)}.db" if folder is not None else None
+    if cached is not None and cached.is_file():
+        shutil.copyfile(cached, root / "gradebook.db")
+        if _assignments(root / "gradebook.db") == set(notebooks):
+            return
+        (root / "gradebook.db").unlink()  # damaged: registered again below, and the cache rewritten
+    register_assignments(root, notebooks)
+    if cached is None:
+        return
+    partial = cached.with_name(f"{cached.stem}.{os.getpid()}.partial")
+    try:  # written whole, then renamed: a run beside this one reads a complete file or none
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(cached.parent, 0o700)  # it holds the hidden tests, as the course's gradebook does
+        shutil.copyfile(root / "gradebook.db", partial)
+        os.replace(partial, cached)
+    except OSError:  # no cache where it cannot be written: the next run registers again
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
-def register_assignments(root: Path, notebooks: list[str], db_url: str | None = None,
-                         config: Config | None = None) -> None:
+def _gradebook_cache() -> Path | None:
+    """The folder of registered gradebooks, or ``None`` (no cache) where a kernel could read it: inside
+    Python's, the virtual environment's or ``course_utils``' folder, which the sandbox shows."""
+    from grader.sandbox import readable_paths
+
+    folder = cache_dir() / "gradebooks"
+    if any(folder.resolve().is_relative_to(path) for path in readable_paths()):
+        return None
+    return folder
+
+
+def _assignments(db: Path) -> set[str]:
+    """The assignments a SQLite gradebook registers (empty where it cannot be read)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            return {name for (name,) in connection.execute("SELECT name FROM assignment")}
+    except sqlite3.Error:
+        return set()
+
+
+#: Bump when registration changes in a way the key below does not see.
+REGISTRATION_VERSION = 1
+
+
+def _registration_key(root: Path, notebooks: list[str]) -> str:
+    """A hash of what a registered gradebook depends on: each source notebook as copied to ``root/source``
+    (its bytes), the course id, the nbgrader configuration file, nbgrader's version and its gradebook
+    schema's, and :data:`REGISTRATION_VERSION`."""
+    import nbgrader
+
+    from grader.config import CONFIG_FILE, alembic_head
+
+    digest = hashlib.sha256()
+    for part in (f"v{REGISTRATION_VERSION}", nbgrader.__version__, alembic_head(), SETTINGS.course_id,
+                 CONFIG_FILE.read_text(encoding="utf-8")):
+        digest.update(part.encode() + b"\0")
+    for name in sorted(notebooks):
+        for path in sorted((root / "source" / name).iterdir()):
+            digest.update(f"{name}/{path.name}".encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def register_assignments(root: Path, notebooks: list[str], db_url: str | None = None) -> None:
     """Make a gradebook know the course's assignments (their cells and points) from the sources in
     ``root/source``: the SQLite one in ``root``, or the one at ``db_url`` (e.g. PostgreSQL). With no
-    notebooks (an empty class or shard), an empty gradebook that nbgrader's tools open as usual."""
+    notebooks (an empty class or shard), an empty gradebook that nbgrader's tools open as usual. Only
+    nbgrader's own configuration is needed (not :func:`autograde_config`, whose preprocessors import
+    torch): registration reads none of the grading pipeline."""
     if not notebooks:
         root.mkdir(parents=True, exist_ok=True)
         ensure_venv_on_path()  # nbgrader stamps a new database with the `alembic` command
         with Gradebook(gradebook_url(root, db_url), SETTINGS.course_id):
             pass
         return
-    api = make_api(root, config, db_url=db_url)
+    api = make_api(root, db_url=db_url)
     for name in notebooks:
         result = api.generate_assignment(name, force=True, create=True)
         if not result["success"]:
@@ -706,6 +778,16 @@ def pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+def start_fork_server() -> None:
+    """Start the grading processes' fork server (:func:`pool_context`) now, without waiting for it: it
+    imports :data:`PRELOAD` (seconds) while this process checks the sandbox, reads the submissions and
+    prepares the course, instead of after. Nothing where there is no fork server, or it already runs."""
+    if pool_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def grading_pool(workers: int, sandboxed: bool = True, warm_memory: int | None = None,
                  warm_meta: bool = True) -> ProcessPoolExecutor:
     """``workers`` grading processes (:func:`pool_context`), each with this process's environment as it
@@ -825,7 +907,7 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
     code runs in the kernel, not in the worker) breaks the whole pool; its students are then graded
     again one at a time, each in a fresh pool. Returns the rows by job and the work folder."""
     root = out / "nbgrader"
-    prepare_course(root, sorted({j.notebook for j in jobs}), settings)
+    prepare_course(root, sorted({j.notebook for j in jobs}))
     work_root = out / "work"
     if not jobs:  # an empty class or shard: an empty gradebook, nothing to grade
         return {}, work_root
@@ -920,6 +1002,8 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     except PermissionError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if workers > 0:
+        start_fork_server()  # its imports overlap everything up to the first notebook graded
     if not sandbox:
         print(message, file=sys.stderr)
     warm_kernels = False

@@ -63,6 +63,15 @@ def safe_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
 
 
+def cache_dir() -> Path:
+    """Where the grader keeps what it can build again (a registered gradebook, :func:`grader.autograde.prepare_course`):
+    ``$GRADER_CACHE_DIR``, else ``attention-course-grader`` in ``$XDG_CACHE_HOME`` (default ``~/.cache``)."""
+    if os.environ.get("GRADER_CACHE_DIR"):
+        return Path(os.environ["GRADER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attention-course-grader"
+
+
 def load_config(root: Path, db_url: str | None = None) -> Config:
     """The course's nbgrader config with ``CourseDirectory.root`` set to ``root``."""
     config = PyFileConfigLoader(CONFIG_FILE.name, path=str(CONFIG_FILE.parent)).load_config()

@@ -248,15 +248,33 @@ def course_originals(notebook: str, exercise: str) -> dict[str, str]:
         lines = [line for line in solution.splitlines()
                  if not line.strip().startswith(("### BEGIN SOLUTION", "### END SOLUTION"))]
         out[SOLUTION] = "\n".join(lines)
+    source = _reference_source(exercise)
+    if source is not None:
+        out[REFERENCE] = source
+    return out
+
+
+def _reference_source(name: str) -> str | None:
+    """The source of ``course_utils.reference.<name>``: read from the file where it is defined there (no
+    import of torch in the grading run's own process), else through an import, as ``inspect.getsource``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("course_utils.reference")
+    if spec is not None and spec.origin:
+        text = open(spec.origin, encoding="utf-8").read()
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                return "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
     from course_utils import reference
 
-    obj = getattr(reference, exercise, None)
-    if obj is not None:
-        try:
-            out[REFERENCE] = inspect.getsource(obj)
-        except (OSError, TypeError):
-            pass
-    return out
+    obj = getattr(reference, name, None)
+    if obj is None:
+        return None
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
 
 
 def find_similar(results: Iterable[Answered], *, max_share: int = MAX_SHARE, threshold: float = THRESHOLD,

@@ -182,25 +182,39 @@ def _reap() -> None:
             return
 
 
-def _fork(request: dict) -> int:
-    """A kernel forked as it is (``plain-fork``): the leader of a session of its own (the kernel manager
-    signals its process group, as a cold kernel's), dying with this parent. Its PID once it leads."""
+def _forked(child, *close: int) -> tuple[int, bool]:
+    """Fork a child that dies with this process (``PR_SET_PDEATHSIG``), closes ``close`` and runs
+    ``child(ready_w)``, which writes ``b"ok"`` to the pipe ``ready_w`` once it is ready and never returns (the
+    child leaves through ``os._exit``, whatever happens). ``(its PID, whether it said ok)``, once it has
+    said so or ended. The one fork-and-handshake of this module: ``plain-fork`` kernels, and A's fork of B."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(ready_r)
-            os.setsid()
+            for fd in close:
+                os.close(fd)
             _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-            os.write(ready_w, b"ok")
-            _kernel(request)
+            child(ready_w)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
         os._exit(1)
     os.close(ready_w)
     word = os.read(ready_r, 8)
     os.close(ready_r)
-    if word != b"ok":
+    return pid, word == b"ok"
+
+
+def _fork(request: dict) -> int:
+    """A kernel forked as it is (``plain-fork``): the leader of a session of its own (the kernel manager
+    signals its process group, as a cold kernel's), dying with this parent. Its PID once it leads."""
+    def kernel(ready_w: int) -> None:
+        os.setsid()
+        os.write(ready_w, b"ok")
+        _kernel(request)
+
+    pid, ok = _forked(kernel)
+    if not ok:
         raise RuntimeError("the forked kernel did not start")
     return pid
 
@@ -254,22 +268,9 @@ def _a(request: dict, report_w: int, go_r: int) -> None:
     if os.read(go_r, 1) != b"m":  # the parent has written this namespace's maps
         os._exit(1)
     os.close(go_r)
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # B
-        try:
-            os.close(ready_r)
-            os.close(report_w)
-            # If A goes, B goes, and with it every process of the kernel's namespaces.
-            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-            _b(request, ready_w)
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
-        os._exit(1)
-    os.close(ready_w)
-    word = os.read(ready_r, 8)
-    os.close(ready_r)
-    os.write(report_w, str(pid).encode() if word == b"ok" else b"B failed")
+    # B: if A goes, B goes, and with it every process of the kernel's namespaces.
+    pid, ok = _forked(lambda ready_w: _b(request, ready_w), report_w)
+    os.write(report_w, str(pid).encode() if ok else b"B failed")
     os.close(report_w)
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)

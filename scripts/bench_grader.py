@@ -8,7 +8,13 @@ For each notebook, builds a class of ``--students`` copies of the released noteb
 answers filled in (so every test runs in full) and grades it with ``--workers`` processes twice: with warm
 kernels (each forked from a pre-imported parent, grader/warm.py) and with ``--cold-kernels``; for the
 ``--plain`` notebooks also with plain ``nbgrader autograde`` (one process, no sandbox, no hand-off, every
-verdict in the kernel). Prints notebooks per minute for each, and the ratios. Then grades ``--breakdown``
+verdict in the kernel). Prints notebooks per minute for each, and the ratios, and for ours the serial
+start-up (from the run's start to the first cell of any kernel: the checks, intake, the course's gradebook,
+the grading processes and their warm parents) and the serial finish (from the last cell's reply to the end:
+merging, the CSVs, copy detection, the reports), read from the cell timings nbclient keeps in the graded
+notebooks. The first warm run also pays for the grading processes' fork server (later runs of the same
+process reuse it), and registers each notebook unless its gradebook is cached from an earlier run
+(``grader.autograde.prepare_course``). Then grades ``--breakdown``
 notebooks of each one in this process, warm and cold, and prints where a notebook's time goes: the
 kernel's start (a fork, or a fresh interpreter and its imports: these then fall in the cells), the cells,
 the hand-off (hidden inputs written, folders made) and the judging outside the kernel.
@@ -96,16 +102,40 @@ class CpuClock:
         return int((self.folder / "cpuacct.usage").read_text()) / 1e9
 
 
-def grade_ours(subs: Path, out: Path, workers: int, cold: bool, students: int) -> float:
+def grade_ours(subs: Path, out: Path, workers: int, cold: bool, students: int) -> tuple[float, float | None, float | None]:
+    """Seconds the run took, the serial start-up (from the run's start to the first cell's start in any
+    kernel) and the serial finish (from the last cell's reply to the run's end); ``None`` where the graded
+    notebooks hold no timing."""
     from grader.autograde import autograde
 
-    start = time.perf_counter()
+    start, clock = time.perf_counter(), time.time()
     code = autograde(subs, out, workers=workers, progress=False, cold_kernels=cold)
     seconds = time.perf_counter() - start
     text = (out / "grades.csv").read_text()
     if code != 0 or text.count(",ok") != students:
         print(f"  (not every notebook was graded: exit {code})\n{text}", file=sys.stderr)
-    return seconds
+    first, last = cell_times(out / "nbgrader" / "autograded")
+    return (seconds, None if first is None else first - clock,
+            None if last is None else clock + seconds - last)
+
+
+def cell_times(folder: Path) -> tuple[float | None, float | None]:
+    """The earliest start and the latest reply of any cell in the graded notebooks under ``folder``, as
+    nbclient records them (``metadata.execution``, UTC), in seconds since the epoch."""
+    from datetime import datetime
+
+    def seconds(stamp: str) -> float:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    starts, ends = [], []
+    for path in folder.glob("*/*/*.ipynb"):
+        for cell in nbformat.read(path, as_version=4).cells:
+            timing = cell.get("metadata", {}).get("execution", {})
+            if "iopub.execute_input" in timing:
+                starts.append(seconds(timing["iopub.execute_input"]))
+            if "shell.execute_reply" in timing:
+                ends.append(seconds(timing["shell.execute_reply"]))
+    return (min(starts) if starts else None), (max(ends) if ends else None)
 
 
 def grade_plain(subs: Path, work: Path, name: str, students: int) -> float:
@@ -213,12 +243,13 @@ def main() -> int:
             found, cpu_found = {}, {}
             for mode in ["warm", "cold"] + (["plain"] if name in args.plain else []):
                 cpu_start = clock.seconds()
+                serial = None
                 if mode == "plain":
                     seconds = grade_plain(subs, Path(tmp) / f"plain-{name}", name, args.students)
                     workers = 1
                 else:
-                    seconds = grade_ours(subs, Path(tmp) / f"out-{mode}-{name}", args.workers, mode == "cold",
-                                         args.students)
+                    seconds, *serial = grade_ours(subs, Path(tmp) / f"out-{mode}-{name}", args.workers,
+                                                  mode == "cold", args.students)
                     workers = args.workers
                 found[mode] = 60 * args.students / seconds
                 cpu = clock.seconds() - cpu_start if cpu_start is not None else None
@@ -232,6 +263,13 @@ def main() -> int:
                     cpu_found[mode] = idle
                     row.update(cpu_seconds=round(cpu, 1), idle_per_minute=round(idle, 1))
                     text += f"; {cpu:.1f} CPU-s ({cpu / args.students:.2f} per notebook) = {idle:.1f}/minute on idle cores"
+                if serial and None not in serial:
+                    # Before the first cell of any kernel (checks, intake, the course's gradebook, the grading
+                    # processes and their warm parents) and after the last (merging, the CSVs, the reports).
+                    row.update(startup_seconds=round(serial[0], 1), finish_seconds=round(serial[1], 1))
+                    text += f"; serial start-up {serial[0]:.1f} s (run start to first cell), finish {serial[1]:.1f} s"
+                row["load"] = round(os.getloadavg()[0], 1)
+                text += f"; load {row['load']}"
                 rows.append(row)
                 print(text, flush=True)
             line = f"{name}: warm is {found['warm'] / found['cold']:.2f}x cold"

@@ -47,3 +47,19 @@ def test_a_grading_process_reads_the_callers_font_list():
     assert seen == {str(sandbox.font_cache())}, "each grading process built a font list of its own"
     with autograde.grading_pool(1, sandboxed=False) as pool:  # no sandbox: no font list handed down
         assert pool.submit(_state, "PATH").result()["fonts"] != str(sandbox.font_cache())
+
+
+def test_the_fork_server_started_early_is_the_one_the_grading_processes_come_from():
+    """``autograde()`` starts the fork server before it reads the class (``start_fork_server``), so that the
+    server's imports overlap that work; the grading processes are then its forks, not a second server's."""
+    if autograde.pool_context().get_start_method() != "forkserver":
+        pytest.skip("no fork server on this platform: each grading process is a fresh interpreter")
+    from multiprocessing import forkserver
+
+    autograde.start_fork_server()
+    server = forkserver._forkserver._forkserver_pid  # noqa: SLF001 - the standard library's one fork server
+    assert server is not None, "start_fork_server started no fork server"
+    autograde.start_fork_server()  # already running: the same one
+    assert forkserver._forkserver._forkserver_pid == server  # noqa: SLF001
+    with autograde.grading_pool(1) as pool:
+        assert pool.submit(os.getppid).result() == server
