@@ -566,6 +566,9 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
                 if flaw == "top_k keeps the smallest":
                     kth = torch.topk(logits, k, dim=-1, largest=False).values[:, -1:]
                     logits = logits.masked_fill(logits > kth, float("-inf"))
+                elif flaw == "top_k keeps k + 1":
+                    kth = torch.topk(logits, min(k + 1, logits.shape[-1]), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
                 elif flaw == "top_k keeps k - 1":
                     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits <= kth, float("-inf"))
@@ -603,6 +606,9 @@ GENERATE_MISTAKES = [
             "largest, and every logit below it becomes -inf.", _generation("top_k keeps the smallest")),
     Mistake("top_k keeps only k - 1 tokens: the k-th largest logit itself stays, so mask logits < kth, not <= kth.",
             _generation("top_k keeps k - 1")),
+    Mistake("top_k keeps k + 1 candidates: the sampling kept one token too many. The threshold is the k-th largest "
+            "logit, torch.topk(logits, k).values[:, -1:] (or the sorted logits' column k - 1, not column k), and every "
+            "logit below it becomes -inf, so exactly k tokens stay.", _generation("top_k keeps k + 1")),
     Mistake("at temperature 0 you sample: temperature 0 means greedy, logits.argmax(dim=-1, keepdim=True), no "
             "sampling.", _generation("samples at temperature 0")),
     Mistake("you always take the argmax: with a temperature above 0, sample with torch.multinomial from the softmax "
