@@ -334,8 +334,16 @@ def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
                 f"blocks up to the end of the query block, and mask only the keys after each query.")
     last = (T // block_q) * block_q
     if 0 < last < T and bool(rows_off.any()) and torch.equal(rows_off, rows >= last):
-        return (f"only the rows of the last, shorter query block (rows {last}..{T - 1}) are wrong: does the loop over "
+        text = (f"only the rows of the last, shorter query block (rows {last}..{T - 1}) are wrong: does the loop over "
                 f"query blocks reach T, and does that block stop at q_end = min(q_start + block_q, T)?")
+        _, block_k = _blocks_of(case)
+        causal = case.kwargs.get("causal", True)
+        if causal and [qs for qs in range(0, T, block_q) if qs >= block_k] == [last]:
+            past = last // block_k * block_k
+            text += (f" It is also the only query block with key blocks wholly in the past (keys 0..{past - 1}, read "
+                     f"without a mask): is the update in that loop the same as in the masked one "
+                     f"(m_new, alpha, l, acc, and m = m_new after each block)?")
+        return text
     return None
 
 

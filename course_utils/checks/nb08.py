@@ -232,8 +232,27 @@ def _rope_cases() -> list[Case]:
     ]
 
 
+_OUT_OF_BOUNDS = re.compile(r"index (\d+) is out of bounds for dimension 0 with size (\d+)")
+
+
+def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
+    """An angle table with fewer rows than the largest position needs (issue 36): indexed with the positions,
+    it raises an IndexError naming a row past its end."""
+    found = _OUT_OF_BOUNDS.search(str(got)) if isinstance(got, IndexError) else None
+    positions = case.args[1] if len(case.args) > 1 else None
+    if not (found and isinstance(positions, torch.Tensor) and positions.numel()):
+        return None
+    size, largest = int(found.group(2)), int(positions.max())
+    if largest < size:
+        return None
+    counted = " (one row per position given, len(positions))" if size == positions.numel() else ""
+    return (f"the angle table has {size} rows{counted}, but the positions go up to {largest}: row p of "
+            f"rope_angles(head_dim, max_positions) is position p, so build it for max_positions = "
+            f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
+
+
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("apply_rope", plan, outcomes)
+    spec.compare_outcomes("apply_rope", plan, outcomes, diagnose=_rope_diagnosis)
     return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
             f"turned by its angle at its position")
 
@@ -349,9 +368,36 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
     return None
 
 
+def _cache_growth_hint(case: DecodeCase, caches: Sequence[object]) -> str | None:
+    """What ``cache_k``'s shape after each chunk (``_cache_shape``: a list where it is a tensor) says when the
+    decoded outputs differ (issue 36): a cache that stopped growing, or was replaced. The token dimension is
+    the one that holds the first chunk's tokens after it (dim 2 of (b, num_heads, t, head_dim))."""
+    spans = case.spans()
+    if len(caches) != len(spans) or len(spans) < 2:
+        return None
+    shapes = [c if isinstance(c, list) and len(c) == 4 and all(type(d) is int for d in c) else None for c in caches]
+    if shapes[0] is None or shapes[0][2] != spans[0][1]:
+        return None
+    for (start, end), before, after in zip(spans[1:], shapes, shapes[1:]):
+        if after is None or after[2] == end:
+            continue
+        if after[2] == before[2]:
+            return (f"the cache stopped growing: after the call that read tokens {start}..{end - 1} it still holds "
+                    f"{after[2]} tokens, not {end}. On every use_cache=True call, store the joined keys and values back, "
+                    f"self.cache_k = torch.cat([self.cache_k, keys], dim=2) (and cache_v), not only on the first call.")
+        if after[2] == end - start:
+            return (f"after the call that read tokens {start}..{end - 1} the cache holds only its {end - start} new "
+                    f"tokens: it was REPLACED by the new keys and values instead of growing. Append them, "
+                    f"torch.cat([self.cache_k, keys], dim=2), so that the new queries attend to all {end} tokens so far.")
+        return (f"after the call that read tokens {start}..{end - 1} the cache holds {after[2]} tokens, not the {end} "
+                f"read so far: each call appends exactly its new keys and values, torch.cat([self.cache_k, keys], dim=2).")
+    return None
+
+
 def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want: torch.Tensor, what: str,
-                       atol: float, rtol: float) -> None:
-    """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward."""
+                       atol: float, rtol: float, caches: Sequence[object] = ()) -> None:
+    """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward (``caches``:
+    ``cache_k``'s shape after each chunk, for :func:`_cache_growth_hint`)."""
     problem = tensor_difference(want, got, atol, rtol)
     if problem is None:
         return
@@ -366,6 +412,8 @@ def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want:
         if tensor_difference(output, got, atol, rtol) is None:
             hint = mistake_hint
             break
+    if hint is None and bad is not None and bad[0] > 0:
+        hint = _cache_growth_hint(case, caches)
     if hint is None and bad is not None:
         if bad[0] == 0:
             hint = ("with an empty cache, use_cache=True on the prompt must give what forward(prompt) gives: the "
@@ -676,7 +724,8 @@ def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: boo
     if _expected.is_recording():
         _decode_mistakes(exercise, case)
     got = _decode_pass(exercise, view, case, 1, "first sequence")
-    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol)
+    caches = [view.step(2 + k).get("cache") for k in range(len(case.spans()))]
+    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol, caches)
     if not again:
         return
     try:
@@ -925,7 +974,12 @@ def _gqa_error_hint(causal: Callable) -> Callable:
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
                         "(b, num_heads, T, head_dim). Were K and V repeated on the wrong dimension?")
             return None
-        return causal(case, got, want)
+        hint = causal(case, got, want)
+        if hint:
+            hint += (" If the mask is right, look at the split into heads: a view (or reshape) straight to (b, heads, "
+                     "T, head_dim) mixes tokens and heads, so the future leaks in through them: view(b, T, heads, "
+                     "head_dim), then transpose(1, 2), for the queries, the keys and the values.")
+        return hint
     return diagnose
 
 

@@ -155,7 +155,8 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
                 cols = torch.arange(k_start, k_end)[None, :]
                 if mask in ("local", "local all"):
                     rows, cols = rows - q_start, cols - k_start
-                s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
+                hide = {">=": cols >= rows, "<": cols < rows, "<=": cols <= rows}.get(mask, cols > rows)
+                s = s.masked_fill(hide, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = torch.exp(m - m_new) if alpha_kind == "right" else torch.exp(m_new - m)
             p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
@@ -205,6 +206,9 @@ TILE_LOCAL_MASK = ("the causal mask of a tile uses tile-local positions (0 .. bl
                    "with rows = q_start + arange(Bq), not arange(Bk) with arange(Bq).")
 DIAGONAL_MASKED_TOO = ("the mask also hides the diagonal (cols >= rows, an off-by-one): a query may see its own key, "
                        "so hide only cols > rows. Query 0 then sees no key at all, hence NaN.")
+MASK_REVERSED = ("the causal mask is reversed: it hides the keys BEFORE each query (the past) and keeps the later "
+                 "ones. Hide the future: fill the scores where key position > query position (cols > rows) with -inf "
+                 "(in a kernel's tl.where, keep cols <= rows).")
 LSE_BASE_2 = ("lse is in base 2 (log2 instead of the natural log): the log-sum-exp is m + log(l) with natural "
               "logs, as torch.logsumexp. If you use exp2 with log2(e) folded in, convert back: multiply by ln 2.")
 FLASH_MISTAKES = [
@@ -225,6 +229,8 @@ FLASH_MISTAKES = [
     Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local"))),
     Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local all"))),
     Mistake(DIAGONAL_MASKED_TOO, _when_it_shows(lambda *a: _flash(*a, mask=">="))),
+    Mistake(MASK_REVERSED, _when_it_shows(lambda *a: _flash(*a, mask="<"))),
+    Mistake(MASK_REVERSED, _when_it_shows(lambda *a: _flash(*a, mask="<="))),
     Mistake(LSE_BASE_2, _when_it_shows(lambda *a: _flash(*a, lse="base 2"))),
     Mistake("the running maximum m is kept in base-2 units (scores times log2(e), for exp2) but lse = m + log(l) "
             "needs natural units: keep m unscaled and use exp2((s - m) * log2(e)), or divide m by log2(e) at the end.",
@@ -273,7 +279,8 @@ def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_
     answer): per query block, the key blocks below ``lo`` unmasked, then those from ``lo`` to ``hi`` masked
     (``cols < T``, and ``cols <= rows`` when causal), the keys padded with zeros to a whole block as the
     masked loads give them. ``fill``: what the masked scores become; ``reversed_mask``: ``cols >= rows``;
-    ``update_m``: ``m_i = m_new`` after each block; ``drop_tail``: without causal, the last, shorter key
+    ``update_m``: ``m_i = m_new`` after each block (``"masked only"``: in the second loop only, ``"unmasked
+    only"``: in the first); ``drop_tail``: without causal, the last, shorter key
     block left out (``hi = lo``)."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / math.sqrt(D)
@@ -308,7 +315,7 @@ def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_
             p = torch.exp(s - m_new[..., None])
             l = l * alpha + p.sum(dim=-1)
             acc = acc * alpha[..., None] + p @ vp[..., ks:ks + block_n, :]
-            if update_m:
+            if update_m is True or update_m == ("masked only" if masked else "unmasked only"):
                 m = m_new
         out[..., qs:qe, :] = acc / l[..., None]
         lses[..., qs:qe] = m + torch.log(l)
@@ -325,6 +332,13 @@ KERNEL_MISTAKES += [
     Mistake("m_i is never updated: after each key block m_i = m_new, or alpha = exp(m_i - m_new) stays exp(-inf) = 0, "
             "every block wipes out what acc and l held, and lse = m_i + log(l_i) is -inf.",
             _when_it_shows(lambda *a: _kernel_like(*a, update_m=False))),
+    Mistake("m_i is not updated in the first loop, over the key blocks wholly in the past (stage 1, no mask): every "
+            "block there is rescaled against a stale maximum. Both loops make the same update, ending with "
+            "m_i = m_new after each key block.", _when_it_shows(lambda *a: _kernel_like(*a, update_m="masked only"))),
+    Mistake("m_i is not updated in the second loop, over the diagonal key blocks (stage 2, masked): every block "
+            "there is rescaled against a stale maximum, and lse = m_i + log(l_i) is off. Both loops make the same "
+            "update, ending with m_i = m_new after each key block.",
+            _when_it_shows(lambda *a: _kernel_like(*a, update_m="unmasked only"))),
 ]
 
 

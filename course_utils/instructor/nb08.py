@@ -442,6 +442,26 @@ class _GQAViewWithoutTranspose(_GQA):
         return t.reshape(b, self.num_kv_groups, T, self.head_dim)  # (b, T, G*D) read as (b, G, T, D): scrambled
 
 
+class _GQAKeysViewWithoutTranspose(_GQA):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(_GQAViewWithoutTranspose.split_kv(self, self.W_key(x)))
+        v = self.repeat(self.split_kv(self.W_value(x)))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(s / self.scale(), dim=-1)) @ v))
+
+
+class _GQAValuesViewWithoutTranspose(_GQA):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(self.split_kv(self.W_key(x)))
+        v = self.repeat(_GQAViewWithoutTranspose.split_kv(self, self.W_value(x)))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(s / self.scale(), dim=-1)) @ v))
+
+
 class _GQATokensInterleaved(_GQA):
     def repeat(self, t):
         return _tokens_interleaved(t, self.group_size)
@@ -456,6 +476,14 @@ GQA_MISTAKES = [
     Mistake("the keys and values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) "
             "straight from (b, T, num_kv_groups * head_dim), which mixes tokens and heads: view(b, T, num_kv_groups, "
             "head_dim), then transpose(1, 2).", _GQAViewWithoutTranspose),
+    Mistake("the keys are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) straight from "
+            "(b, T, num_kv_groups * head_dim), which mixes tokens and heads (and lets the future leak in): "
+            "view(b, T, num_kv_groups, head_dim), then transpose(1, 2), as for the queries.",
+            _GQAKeysViewWithoutTranspose),
+    Mistake("the values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) straight "
+            "from (b, T, num_kv_groups * head_dim), which mixes tokens and heads (and lets the future leak in): "
+            "view(b, T, num_kv_groups, head_dim), then transpose(1, 2), as for the queries.",
+            _GQAValuesViewWithoutTranspose),
     Mistake(TOKENS_INTERLEAVED.replace("x.repeat", "keys.repeat").replace("x[:, :, None]", "keys[:, :, None]"),
             _GQATokensInterleaved),
 ]
