@@ -331,6 +331,12 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
     text = str(error)
     b, T, _ = case.args[0].shape
     context_length = case.build[0] if case.build else None
+    start = case.kwargs.get("start", 0)
+    if isinstance(error, ValueError) and context_length is not None and isinstance(start, int) \
+            and start + T <= context_length:
+        return (f"positions {start}..{start + T - 1} fit: the table has context_length = {context_length} rows, "
+                f"positions 0..{context_length - 1}. Raise only when start + T > context_length (with >= the last "
+                f"position is refused: an off-by-one).")
     if "'indices'" in text or "Expected tensor for argument #1 'indices'" in text:
         return ("nn.Embedding looks up integer ids: give it the positions torch.arange(T, device=x.device), not x "
                 "(x holds the token vectors).")
@@ -1403,6 +1409,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
         return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
                 "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
     T0, n = spec["runs"][k]
+    if kind == "ValueError" and not calls and "context" not in message.lower():
+        said = message.lower()
+        if "temperature" in said and spec["temperature"] >= 0:
+            return (f"temperature = {spec['temperature']} was refused, but it is valid: 0 means greedy decoding (argmax, "
+                    f"no sampling). Raise a ValueError only for a negative temperature, temperature < 0.")
+        if "top_k" in said and (spec["top_k"] is None or spec["top_k"] >= 1):
+            return (f"top_k = {spec['top_k']} was refused, but it is valid: None means no top-k, and any top_k >= 1 is "
+                    f"allowed (one larger than the vocabulary keeps every token). Raise only when top_k < 1.")
+        if "max_new_tokens" in said and n >= 0:
+            return (f"max_new_tokens = {n} was refused, but it is valid (0 returns the prompt as it is): raise only "
+                    f"when max_new_tokens < 0.")
     if kind == "ValueError" and not calls and T0 + n - 1 <= spec["context_length"]:
         return (f"the model reads T0 + max_new_tokens - 1 = {T0 + n - 1} tokens (the last new token is never read), "
                 f"and context_length = {spec['context_length']} of them fit: raise only when T0 + max_new_tokens - 1 "

@@ -78,15 +78,16 @@ HIDDEN = {
 # Known mistakes: online_softmax (functions of x, block_size)
 # --------------------------------------------------------------------------------------------
 def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: str = "right",
-            full_blocks: bool = False) -> torch.Tensor:
+            full_blocks: bool = False, short_slices: bool = False) -> torch.Tensor:
     """An online softmax with one thing changed: how ``l`` is rescaled, or how the output is made;
-    ``full_blocks``: the last block, shorter than ``block_size``, left out."""
+    ``full_blocks``: the last block, shorter than ``block_size``, left out; ``short_slices``: each block's slice
+    stops one column early."""
     m = torch.full(x.shape[:-1] + (1,), _INF, dtype=x.dtype)
     l = torch.zeros_like(m)
     blocks = []
     n = x.shape[-1] - block_size + 1 if full_blocks else x.shape[-1]
     for start in range(0, n, block_size):
-        block = x[..., start:start + block_size]
+        block = x[..., start:start + block_size - (1 if short_slices else 0)]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         terms = torch.exp(block - shift).sum(dim=-1, keepdim=True)
@@ -96,6 +97,8 @@ def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: 
             l = l + terms
         elif rescale == "inverted":
             l = l * torch.exp(shift - torch.where(torch.isinf(m), shift, m)) + terms
+        elif rescale == "inverted raw":
+            l = l * torch.exp(shift - m) + terms
         blocks.append(torch.exp(block - shift) / (terms if final == "per block" else l))
         m = m_new
     if final in ("per block", "running"):
@@ -109,6 +112,12 @@ ONLINE_MISTAKES = [
     Mistake(NOT_RESCALED, lambda x, b: _online(x, b, rescale="none")),
     Mistake("l is rescaled by exp(m_new - m_old), the inverse: it must shrink when the maximum grows, "
             "l * exp(m_old - m_new).", lambda x, b: _online(x, b, rescale="inverted")),
+    Mistake("l is rescaled by exp(m_new - m_old), the inverse: it must shrink when the maximum grows, "
+            "l * exp(m_old - m_new). On the first block m is still -inf, so the inverse is exp(+inf) = inf, and "
+            "0 * inf turns l into NaN.", lambda x, b: _online(x, b, rescale="inverted raw")),
+    Mistake("each block's slice stops one column early, x[..., start:start + block_size - 1]: one column per block "
+            "never reaches m and l. Slice x[..., start:start + block_size] (the end is exclusive).",
+            lambda x, b: None if b == 1 else _online(x, b, short_slices=True)),
     Mistake("each block is normalised by its own sum, so every block sums to 1: the denominator is the sum over the "
             "whole row, l after the last block, and every entry uses the final maximum m.",
             lambda x, b: _online(x, b, final="per block")),
@@ -274,7 +283,7 @@ KERNEL_MISTAKES = [
 
 
 def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_mask=False, update_m=True,
-                 drop_tail=False):
+                 drop_tail=False, unscaled=None):
     """What the notebook's kernel computes, in its order, with one thing changed (all defaults: the right
     answer): per query block, the key blocks below ``lo`` unmasked, then those from ``lo`` to ``hi`` masked
     (``cols < T``, and ``cols <= rows`` when causal), the keys padded with zeros to a whole block as the
@@ -303,7 +312,9 @@ def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_
             hi = lo if drop_tail else T
         tiles = [(ks, False) for ks in range(0, lo, block_n)] + [(ks, True) for ks in range(lo, hi, block_n)]
         for ks, masked in tiles:
-            s = (qb @ kp[..., ks:ks + block_n, :].transpose(-2, -1)) * scale
+            s = qb @ kp[..., ks:ks + block_n, :].transpose(-2, -1)
+            if unscaled != ("masked" if masked else "unmasked"):  # unscaled: the loop that forgets the scale
+                s = s * scale
             if masked:
                 cols = torch.arange(ks, ks + block_n)[None, :]
                 keep = cols < T
@@ -332,6 +343,12 @@ KERNEL_MISTAKES += [
     Mistake("m_i is never updated: after each key block m_i = m_new, or alpha = exp(m_i - m_new) stays exp(-inf) = 0, "
             "every block wipes out what acc and l held, and lse = m_i + log(l_i) is -inf.",
             _when_it_shows(lambda *a: _kernel_like(*a, update_m=False))),
+    Mistake("the scores of the second loop, over the diagonal key blocks (stage 2, masked), are not multiplied by "
+            "scale: both loops compute s = tl.dot(q, tl.trans(k)) * scale.",
+            _when_it_shows(lambda *a: _kernel_like(*a, unscaled="masked"))),
+    Mistake("the scores of the first loop, over the key blocks wholly in the past (stage 1, no mask), are not "
+            "multiplied by scale: both loops compute s = tl.dot(q, tl.trans(k)) * scale.",
+            _when_it_shows(lambda *a: _kernel_like(*a, unscaled="unmasked"))),
     Mistake("m_i is not updated in the first loop, over the key blocks wholly in the past (stage 1, no mask): every "
             "block there is rescaled against a stale maximum. Both loops make the same update, ending with "
             "m_i = m_new after each key block.", _when_it_shows(lambda *a: _kernel_like(*a, update_m="masked only"))),
