@@ -12,7 +12,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from course_utils import reference
 from course_utils.checks.core import Case, rand
