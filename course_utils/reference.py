@@ -983,7 +983,7 @@ class LearnedPositionalEmbedding(nn.Module):
         """``x + position vectors start .. start+T-1``; ``start`` > 0 when decoding with a KV cache."""
         b, T, _ = check_input_3d(x, self.embedding.embedding_dim, self.context_length)
         if start < 0 or start + T > self.context_length:
-            raise ValueError(f"positions {start}..{start + T - 1} do not fit: context_length is {self.context_length}")
+            raise ValueError(f"positions {start}..{start + T - 1}, but context_length is {self.context_length}")
         positions = torch.arange(start, start + T, device=x.device)  # (T,)
         return x + self.embedding(positions)  # (b, T, d) + (T, d) -> (b, T, d)
 

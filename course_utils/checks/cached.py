@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from course_utils.checks import probe as _probe
 from course_utils.checks.core import NOT_IMPLEMENTED, Case, CheckFailed, call_student, describe_shape, fail, \
-    tensor_difference
+    _hinted, tensor_difference
 
 __all__ = ["piece_sizes", "cached_trace", "trace_has_form", "check_cached_path"]
 
@@ -286,7 +286,12 @@ def check_cached_path(exercise: str, trace: list, x: torch.Tensor, want: torch.T
 
         def whole_again(_: torch.Tensor) -> None:
             raise _raised(whole)
-        call_student(exercise, whole_again, Case("the whole input, after the cached pieces", (x.clone(),)))
+        try:
+            call_student(exercise, whole_again, Case("the whole input, after the cached pieces", (x.clone(),)))
+        except CheckFailed as error:  # issue 36: the cause, named
+            raise _hinted(error, "forward(x) without use_cache raised after cached calls: without use_cache, read x "
+                                 "as a whole sequence from position 0 (the cached position is the start only when "
+                                 "use_cache=True) and leave the cache alone.") from None
     problem = tensor_difference(want, whole[1])
     if problem:
         fail(exercise, f"{where}: after the cached pieces, forward(x) (use_cache=False) no longer gives the whole "

@@ -19,6 +19,7 @@ refused there (``spec.refuse``: the grader's ``HandOffError``).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -47,7 +48,7 @@ from course_utils.checks.tensors import Made, TensorWatcher
 from course_utils.data import book_inputs
 
 __all__ = ["check_online_softmax", "check_flash_attention_forward", "check_flash_attention_triton",
-           "full_matrix_problem", "skipped_blocks_problem"]
+           "full_matrix_problem", "skipped_blocks_problem", "short_block_hint"]
 
 _INF = float("-inf")
 
@@ -334,8 +335,51 @@ def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
                 f"blocks up to the end of the query block, and mask only the keys after each query.")
     last = (T // block_q) * block_q
     if 0 < last < T and bool(rows_off.any()) and torch.equal(rows_off, rows >= last):
-        return (f"only the rows of the last, shorter query block (rows {last}..{T - 1}) are wrong: does the loop over "
+        text = (f"only the rows of the last, shorter query block (rows {last}..{T - 1}) are wrong: does the loop over "
                 f"query blocks reach T, and does that block stop at q_end = min(q_start + block_q, T)?")
+        _, block_k = _blocks_of(case)
+        causal = case.kwargs.get("causal", True)
+        if causal and [qs for qs in range(0, T, block_q) if qs >= block_k] == [last]:
+            past = last // block_k * block_k
+            text += (f" It is also the only query block with key blocks wholly in the past (keys 0..{past - 1}, read "
+                     f"without a mask): is the update in that loop the same as in the masked one "
+                     f"(m_new, alpha, l, acc, and m = m_new after each block)?")
+        return text
+    return None
+
+
+_SIZES_DIFFER = (re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
+                 re.compile(r"Expected size (\d+) but got size (\d+)"))
+
+
+def short_block_hint(exercise: str, plan: list[Step], outcomes: Outcomes, step: Step, error: BaseException
+                     ) -> str | None:
+    """A last, shorter block taken as a full one (issue 36): ``error`` is a size mismatch between the block
+    size and the remainder ``T % block`` on ``step``'s case, while every case whose ``T`` both block sizes
+    divide ran without an error. Notebooks 07 and 10 (``case.args``: the tensors, then ``block_q, block_k``)."""
+    found = next((m for pattern in _SIZES_DIFFER if (m := pattern.search(str(error)))), None)
+    if found is None:
+        return None
+
+    def blocks(case: Case) -> tuple[int, int, int] | None:
+        sizes = [a for a in case.args if type(a) is int]
+        tensors = [a for a in case.args if isinstance(a, torch.Tensor)]
+        return (tensors[0].shape[-2], *sizes[:2]) if len(sizes) >= 2 and tensors else None
+
+    even = [s for s in plan if s.run == CALL and s is not step and (b := blocks(s.case)) and b[0] % b[1] == 0
+            and b[0] % b[2] == 0]
+    if not even or any(isinstance(outcomes[s.key], BaseException) for s in even) or blocks(step.case) is None:
+        return None
+    T, block_q, block_k = blocks(step.case)
+    sizes = {int(found.group(1)), int(found.group(2))}
+    for which, name, block in (("query", "q", block_q), ("key", "k", block_k)):
+        rest = T % block
+        if rest and sizes == {block, rest}:
+            return (f"the last, shorter {which} block is taken as a full one: T = {T} is not a multiple of "
+                    f"block_{name} = {block}, so the last {which} block holds only {rest} positions, but something of "
+                    f"it has {block} (its end {name}_start + block_{name}, or its mask's arange). End it at "
+                    f"{name}_end = min({name}_start + block_{name}, T) and build its slices and mask from "
+                    f"{name}_start..{name}_end: the cases whose T the blocks divide pass.")
     return None
 
 
@@ -448,7 +492,12 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         want = expect(exercise, case.key(), lambda: ref(exercise)(*_clone(case.args), **case.kwargs))
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        _compare_pair(exercise, case, outcome_of(exercise, outcomes, step), want, 1e-5, 1e-4)
+        found = outcomes[step.key]
+        if isinstance(found, BaseException):
+            failed = raised(exercise, found, case)
+            hint = short_block_hint(exercise, plan, outcomes, step, found) if failed.student_error is not None else None
+            raise _hinted(failed, hint) from None
+        _compare_pair(exercise, case, found, want, 1e-5, 1e-4)
     return (f"{len(calls)} cases agree with attention (out and lse), no (T, T) tensor is made, and causal tiles "
             f"wholly in the future are skipped ({'; '.join(s.case.name for s in calls)})")
 

@@ -45,6 +45,7 @@ from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     Case,
     CheckFailed,
+    _hinted,
     call_student,
     check,
     check_rules,
@@ -232,8 +233,27 @@ def _rope_cases() -> list[Case]:
     ]
 
 
+_OUT_OF_BOUNDS = re.compile(r"index (\d+) is out of bounds for dimension 0 with size (\d+)")
+
+
+def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
+    """An angle table with fewer rows than the largest position needs (issue 36): indexed with the positions,
+    it raises an IndexError naming a row past its end."""
+    found = _OUT_OF_BOUNDS.search(str(got)) if isinstance(got, IndexError) else None
+    positions = case.args[1] if len(case.args) > 1 else None
+    if not (found and isinstance(positions, torch.Tensor) and positions.numel()):
+        return None
+    size, largest = int(found.group(2)), int(positions.max())
+    if largest < size:
+        return None
+    counted = " (one row per position given, len(positions))" if size == positions.numel() else ""
+    return (f"the angle table has {size} rows{counted}, but the positions go up to {largest}: row p of "
+            f"rope_angles(head_dim, max_positions) is position p, so build it for max_positions = "
+            f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
+
+
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("apply_rope", plan, outcomes)
+    spec.compare_outcomes("apply_rope", plan, outcomes, diagnose=_rope_diagnosis)
     return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
             f"turned by its angle at its position")
 
@@ -345,13 +365,41 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
     if "context_length" in text or "num_tokens" in text:
         return (f"only {start + n} tokens have been given since the last reset_cache(): is the number of cached "
                 f"tokens read on the TOKEN dimension (cache_k.shape[2] for (b, num_heads, t, head_dim), not shape[1], "
-                f"the heads), and set back to 0 by reset_cache()?")
+                f"the heads), and set back to 0 by reset_cache()? And do context_length tokens in all pass: raise only "
+                f"when start + T > context_length (>= refuses the last position: an off-by-one)?")
+    return None
+
+
+def _cache_growth_hint(case: DecodeCase, caches: Sequence[object]) -> str | None:
+    """What ``cache_k``'s shape after each chunk (``_cache_shape``: a list where it is a tensor) says when the
+    decoded outputs differ (issue 36): a cache that stopped growing, or was replaced. The token dimension is
+    the one that holds the first chunk's tokens after it (dim 2 of (b, num_heads, t, head_dim))."""
+    spans = case.spans()
+    if len(caches) != len(spans) or len(spans) < 2:
+        return None
+    shapes = [c if isinstance(c, list) and len(c) == 4 and all(type(d) is int for d in c) else None for c in caches]
+    if shapes[0] is None or shapes[0][2] != spans[0][1]:
+        return None
+    for (start, end), before, after in zip(spans[1:], shapes, shapes[1:]):
+        if after is None or after[2] == end:
+            continue
+        if after[2] == before[2]:
+            return (f"the cache stopped growing: after the call that read tokens {start}..{end - 1} it still holds "
+                    f"{after[2]} tokens, not {end}. On every use_cache=True call, store the joined keys and values back, "
+                    f"self.cache_k = torch.cat([self.cache_k, keys], dim=2) (and cache_v), not only on the first call.")
+        if after[2] == end - start:
+            return (f"after the call that read tokens {start}..{end - 1} the cache holds only its {end - start} new "
+                    f"tokens: it was REPLACED by the new keys and values instead of growing. Append them, "
+                    f"torch.cat([self.cache_k, keys], dim=2), so that the new queries attend to all {end} tokens so far.")
+        return (f"after the call that read tokens {start}..{end - 1} the cache holds {after[2]} tokens, not the {end} "
+                f"read so far: each call appends exactly its new keys and values, torch.cat([self.cache_k, keys], dim=2).")
     return None
 
 
 def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want: torch.Tensor, what: str,
-                       atol: float, rtol: float) -> None:
-    """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward."""
+                       atol: float, rtol: float, caches: Sequence[object] = ()) -> None:
+    """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward (``caches``:
+    ``cache_k``'s shape after each chunk, for :func:`_cache_growth_hint`)."""
     problem = tensor_difference(want, got, atol, rtol)
     if problem is None:
         return
@@ -366,6 +414,8 @@ def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want:
         if tensor_difference(output, got, atol, rtol) is None:
             hint = mistake_hint
             break
+    if hint is None and bad is not None and bad[0] > 0:
+        hint = _cache_growth_hint(case, caches)
     if hint is None and bad is not None:
         if bad[0] == 0:
             hint = ("with an empty cache, use_cache=True on the prompt must give what forward(prompt) gives: the "
@@ -590,6 +640,19 @@ def _kv_inputs() -> dict:
             "moves": rand(2, 5, 6, seed=807), "other": 881}
 
 
+def _left_alone_cases(cases: Sequence[DecodeCase]) -> dict[str, DecodeCase]:
+    """The sessions with a forward without the cache between cached calls, by key: the first case's, and the
+    first rope=True case's (issue 36: where forward without the cache runs the module's own code)."""
+    rope = next(c for c in cases if len(c.build) > 6 and c.build[6])
+    return {"a forward without the cache between cached calls": cases[0],
+            "a forward without the cache between cached calls, rope=True": rope}
+
+
+def _left_alone_other(case: DecodeCase) -> torch.Tensor:
+    """The input of the forward without the cache in a :func:`_left_alone_cases` session, ``(b, 3, d_in)``."""
+    return rand(*case.x.shape[:1], 3, case.x.shape[2], seed=_kv_inputs()["other"]).to(case.dtype)
+
+
 def _kv_steps(hidden: bool) -> list[spec.Step]:
     """Every session of :func:`_judge_kv`, in its order: the whole-sequence values (with their causality
     diagnosis), each sequence decoded (twice for the first and the hidden ones), a forward without the cache
@@ -610,11 +673,11 @@ def _kv_steps(hidden: bool) -> list[spec.Step]:
         if k == 0 or case.name.startswith("hidden"):
             ops += [_RESET, *_decoded(case, case.spans())]
         steps.append(session_step(f"decode {k}: {case.key()}", case.build, ops, case.name))
-    first = cases[0]
-    other = rand(*first.x.shape[:1], 3, first.x.shape[2], seed=inputs["other"]).to(first.dtype)
-    steps.append(session_step("a forward without the cache between cached calls", first.build, [
-        ("to", str(first.dtype).removeprefix("torch.")), _RESET, *_decoded(first, first.spans()[:1]), _forward(other),
-        *_decoded(first, first.spans()[1:])]))
+    for key, first in _left_alone_cases(cases).items():
+        other = _left_alone_other(first)
+        steps.append(session_step(key, first.build, [
+            ("to", str(first.dtype).removeprefix("torch.")), _RESET, *_decoded(first, first.spans()[:1]),
+            _forward(other), *_decoded(first, first.spans()[1:])]))
     d_in, context_length = full[0][0], full[0][2]
     long = rand(1, context_length + 1, d_in, seed=882)
     x = inputs["causal"]
@@ -676,7 +739,8 @@ def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: boo
     if _expected.is_recording():
         _decode_mistakes(exercise, case)
     got = _decode_pass(exercise, view, case, 1, "first sequence")
-    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol)
+    caches = [view.step(2 + k).get("cache") for k in range(len(case.spans()))]
+    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol, caches)
     if not again:
         return
     try:
@@ -698,7 +762,21 @@ def _judge_left_alone(exercise: str, view: SessionView, case: DecodeCase) -> Non
         raise view.value(0)
     _called(exercise, view.value(1), Case("reset_cache()"), view.step(1).get("missing", False))
     outs = [_called(exercise, view.value(2), Case(case.name))]
-    _called(exercise, view.value(3), Case("a forward without the cache between two cached calls"))
+    alone_hint = ("Without use_cache, read x as a whole sequence from position 0 (start = 0: its positions and mask "
+                  "rows 0..T-1), whatever the cache holds, and leave the cache alone.")
+    try:
+        between = _called(exercise, view.value(3), Case("a forward without the cache between two cached calls"))
+    except CheckFailed as error:
+        if NOT_IMPLEMENTED in str(error):
+            raise
+        raise _hinted(error, "forward(x) without use_cache raised after a cached call. " + alone_hint) from None
+    other = _left_alone_other(case)
+    alone = DecodeCase(f"{case.name}: forward without the cache after its first chunk", (other,), build=case.build,
+                       chunks=[other.shape[1]], dtype=case.dtype)
+    problem = tensor_difference(_full_forward(exercise, alone), between)
+    if problem:
+        fail(exercise, f"case {case.describe()}: after the first chunk with use_cache=True, forward(other_x) without "
+                       f"the cache gives other outputs than on a fresh module: {problem} {alone_hint}")
     outs += [_called(exercise, view.value(4 + k), Case(case.name)) for k in range(len(case.spans()) - 1)]
     got = torch.cat(outs, dim=1)
     if tensor_difference(want, got) is not None:
@@ -733,8 +811,15 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
                        f"Register the cache buffers with persistent=False.")
     d_in, context_length = build[0], build[2]  # the context limit
     _called(exercise, view.value(3), Case("reset_cache()"), view.step(3).get("missing", False))
-    _called(exercise, view.value(4), Case(f"a prompt of context_length - 1 = {context_length - 1} tokens"))
-    _called(exercise, view.value(5), Case(f"token {context_length - 1}, the last that fits"))
+    for i, what in ((4, f"a prompt of context_length - 1 = {context_length - 1} tokens"),
+                    (5, f"token {context_length - 1}, the last that fits")):
+        found = view.value(i)
+        if isinstance(found, ValueError):
+            fail(exercise, f"built with {build}: {what}, with use_cache=True, raised ValueError: {found} It fits: the "
+                           f"mask covers positions 0..{context_length - 1}, so context_length = {context_length} tokens "
+                           f"in all are allowed. Raise only when the cached tokens plus the new ones exceed it, start + "
+                           f"T > context_length (>= refuses the last position: an off-by-one).")
+        _called(exercise, found, Case(what))
     exc = view.value(6)
     if isinstance(exc, NotImplementedError):
         raise exc
@@ -781,7 +866,8 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
             spec.judge_forward(exercise, view.forward("eval", 7, case.args[0]), want, mcase, diagnose=causal)
     for k, case in enumerate(cases):
         _judge_decode(exercise, views[f"decode {k}: {case.key()}"], case, again=k == 0 or case.name.startswith("hidden"))
-    _judge_left_alone(exercise, views["a forward without the cache between cached calls"], cases[0])
+    for key, case in _left_alone_cases(cases).items():
+        _judge_left_alone(exercise, views[key], case)
     main = views["the main module"]
     probed.built(exercise, main, full[0])
     _judge_main(exercise, main, full[0])
@@ -925,7 +1011,12 @@ def _gqa_error_hint(causal: Callable) -> Callable:
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
                         "(b, num_heads, T, head_dim). Were K and V repeated on the wrong dimension?")
             return None
-        return causal(case, got, want)
+        hint = causal(case, got, want)
+        if hint:
+            hint += (" If the mask is right, look at the split into heads: a view (or reshape) straight to (b, heads, "
+                     "T, head_dim) mixes tokens and heads, so the future leaks in through them: view(b, T, heads, "
+                     "head_dim), then transpose(1, 2), for the queries, the keys and the values.")
+        return hint
     return diagnose
 
 

@@ -331,6 +331,12 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
     text = str(error)
     b, T, _ = case.args[0].shape
     context_length = case.build[0] if case.build else None
+    start = case.kwargs.get("start", 0)
+    if isinstance(error, ValueError) and context_length is not None and isinstance(start, int) \
+            and start + T <= context_length:
+        return (f"positions {start}..{start + T - 1} fit: the table has context_length = {context_length} rows, "
+                f"positions 0..{context_length - 1}. Raise only when start + T > context_length (with >= the last "
+                f"position is refused: an off-by-one).")
     if "'indices'" in text or "Expected tensor for argument #1 'indices'" in text:
         return ("nn.Embedding looks up integer ids: give it the positions torch.arange(T, device=x.device), not x "
                 "(x holds the token vectors).")
@@ -1389,6 +1395,11 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
         if spec["temperature"] == 0:
             return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
                     "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
+        if spec.get("top_k"):
+            return ("torch.multinomial was given a row it cannot sample from: either it got the logits, not "
+                    "probabilities (sample from torch.softmax(logits / temperature, dim=-1)), or the top-k mask set "
+                    f"every logit of a row to -inf (top_k = {spec['top_k']}: the k-th largest logit itself stays, so "
+                    "mask logits < kth, not <= kth).")
         return ("torch.multinomial takes probabilities (each row non-negative, not all zero), not logits: sample from "
                 "torch.softmax(logits / temperature, dim=-1).")
     if spec.get("top_k") and spec["top_k"] > spec["vocab_size"] and "out of range" in message:
@@ -1398,6 +1409,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
         return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
                 "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
     T0, n = spec["runs"][k]
+    if kind == "ValueError" and not calls and "context" not in message.lower():
+        said = message.lower()
+        if "temperature" in said and spec["temperature"] >= 0:
+            return (f"temperature = {spec['temperature']} was refused, but it is valid: 0 means greedy decoding (argmax, "
+                    f"no sampling). Raise a ValueError only for a negative temperature, temperature < 0.")
+        if "top_k" in said and (spec["top_k"] is None or spec["top_k"] >= 1):
+            return (f"top_k = {spec['top_k']} was refused, but it is valid: None means no top-k, and any top_k >= 1 is "
+                    f"allowed (one larger than the vocabulary keeps every token). Raise only when top_k < 1.")
+        if "max_new_tokens" in said and n >= 0:
+            return (f"max_new_tokens = {n} was refused, but it is valid (0 returns the prompt as it is): raise only "
+                    f"when max_new_tokens < 0.")
     if kind == "ValueError" and not calls and T0 + n - 1 <= spec["context_length"]:
         return (f"the model reads T0 + max_new_tokens - 1 = {T0 + n - 1} tokens (the last new token is never read), "
                 f"and context_length = {spec['context_length']} of them fit: raise only when T0 + max_new_tokens - 1 "
@@ -1417,6 +1439,45 @@ def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -
                 f"ids. Map them back to the vocabulary (indices.gather(-1, choice)), or sample from the full (b, V) "
                 f"softmax with -inf outside the top k.")
     return None
+
+
+def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """With top_k and a temperature above 0, where a sampled token stands among the stand-in model's logits
+    at its step (issue 36): a token that is the (k+1)-th most likely, and none further down, says the
+    sampling kept k + 1 candidates; one further down, that the top-k mask let through tokens it must drop.
+    The stand-in model is rebuilt as :func:`generate_trace` builds it and reads the returned tokens (data,
+    not the student's code), without the cache: its logits are those of a cached read up to rounding."""
+    top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
+    if not (top_k and spec["temperature"] > 0 and isinstance(got, torch.Tensor) and got.shape == want.shape
+            and got.dtype == torch.int64 and got.shape[1] > T0 and top_k < spec["vocab_size"]
+            and bool(((got >= 0) & (got < spec["vocab_size"])).all())):
+        return None
+    with torch.random.fork_rng():
+        manual_seed(spec["seed"])
+        model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    with torch.no_grad():
+        logits = model(got[:, :-1]).double()[:, T0 - 1:]  # (b, n, V): the logits each new token was drawn from
+    new = got[:, T0:]  # (b, n)
+    chosen = logits.gather(-1, new.unsqueeze(-1))  # (b, n, 1)
+    ranks = (logits > chosen).sum(dim=-1)  # (b, n): 0 for the most likely token
+    worst = int(ranks.max())
+    if worst < top_k:
+        return None
+    row, step = (int(v) for v in (ranks == worst).nonzero()[0])
+    if worst == top_k:
+        return (f"top_k keeps k + 1 candidates: row {row}, new token {step + 1} is the model's "
+                f"{_ordinal(top_k + 1)} most likely token, and top_k = {top_k}. The threshold is the k-th largest "
+                f"logit, torch.topk(logits, k).values[:, -1:] (or the sorted logits' column k - 1, not column k), and "
+                f"every logit below it becomes -inf, so exactly k tokens stay.")
+    return (f"a token outside the top k was sampled: row {row}, new token {step + 1} is the model's "
+            f"{_ordinal(worst + 1)} most likely token, and top_k = {top_k}. Keep the k largest logits "
+            f"(torch.topk(logits, k).values[:, -1:] is the k-th largest) and set every logit below it to -inf "
+            f"before the softmax.")
+
+
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ..."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got: object) -> str | None:
@@ -1615,7 +1676,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                         hint = mistake_hint
                         break
             if hint is None:
-                hint = _top_k_positions_hint(spec, k, w["out"], g["out"])
+                hint = _top_k_positions_hint(spec, k, w["out"], g["out"]) or _top_k_rank_hint(spec, k, w["out"],
+                                                                                             g["out"])
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
                                f"expected: {_calls_text(w['calls'])}")
             try:

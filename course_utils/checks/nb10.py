@@ -51,6 +51,7 @@ from course_utils.checks.nb07 import (
     WATCHED,
     KernelSpec,
     kernel_rules,
+    short_block_hint,
     _first_full,
     _full_matrix_text,
     _full_ok,
@@ -358,7 +359,9 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             got = outcomes[step.key]
             if isinstance(got, BaseException):
                 failed = raised(exercise, got, case)
-                raise _hinted(failed, _backward_diagnose(got) if failed.student_error is not None else None) from None
+                hint = None if failed.student_error is None else (
+                    short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got))
+                raise _hinted(failed, hint) from None
             _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
             f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "

@@ -78,15 +78,16 @@ HIDDEN = {
 # Known mistakes: online_softmax (functions of x, block_size)
 # --------------------------------------------------------------------------------------------
 def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: str = "right",
-            full_blocks: bool = False) -> torch.Tensor:
+            full_blocks: bool = False, short_slices: bool = False) -> torch.Tensor:
     """An online softmax with one thing changed: how ``l`` is rescaled, or how the output is made;
-    ``full_blocks``: the last block, shorter than ``block_size``, left out."""
+    ``full_blocks``: the last block, shorter than ``block_size``, left out; ``short_slices``: each block's slice
+    stops one column early."""
     m = torch.full(x.shape[:-1] + (1,), _INF, dtype=x.dtype)
     l = torch.zeros_like(m)
     blocks = []
     n = x.shape[-1] - block_size + 1 if full_blocks else x.shape[-1]
     for start in range(0, n, block_size):
-        block = x[..., start:start + block_size]
+        block = x[..., start:start + block_size - (1 if short_slices else 0)]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         terms = torch.exp(block - shift).sum(dim=-1, keepdim=True)
@@ -96,6 +97,8 @@ def _online(x: torch.Tensor, block_size: int, *, rescale: str = "right", final: 
             l = l + terms
         elif rescale == "inverted":
             l = l * torch.exp(shift - torch.where(torch.isinf(m), shift, m)) + terms
+        elif rescale == "inverted raw":
+            l = l * torch.exp(shift - m) + terms
         blocks.append(torch.exp(block - shift) / (terms if final == "per block" else l))
         m = m_new
     if final in ("per block", "running"):
@@ -109,6 +112,12 @@ ONLINE_MISTAKES = [
     Mistake(NOT_RESCALED, lambda x, b: _online(x, b, rescale="none")),
     Mistake("l is rescaled by exp(m_new - m_old), the inverse: it must shrink when the maximum grows, "
             "l * exp(m_old - m_new).", lambda x, b: _online(x, b, rescale="inverted")),
+    Mistake("l is rescaled by exp(m_new - m_old), the inverse: it must shrink when the maximum grows, "
+            "l * exp(m_old - m_new). On the first block m is still -inf, so the inverse is exp(+inf) = inf, and "
+            "0 * inf turns l into NaN.", lambda x, b: _online(x, b, rescale="inverted raw")),
+    Mistake("each block's slice stops one column early, x[..., start:start + block_size - 1]: one column per block "
+            "never reaches m and l. Slice x[..., start:start + block_size] (the end is exclusive).",
+            lambda x, b: None if b == 1 else _online(x, b, short_slices=True)),
     Mistake("each block is normalised by its own sum, so every block sums to 1: the denominator is the sum over the "
             "whole row, l after the last block, and every entry uses the final maximum m.",
             lambda x, b: _online(x, b, final="per block")),
@@ -155,7 +164,8 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
                 cols = torch.arange(k_start, k_end)[None, :]
                 if mask in ("local", "local all"):
                     rows, cols = rows - q_start, cols - k_start
-                s = s.masked_fill(cols >= rows if mask == ">=" else cols > rows, _INF)
+                hide = {">=": cols >= rows, "<": cols < rows, "<=": cols <= rows}.get(mask, cols > rows)
+                s = s.masked_fill(hide, _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = torch.exp(m - m_new) if alpha_kind == "right" else torch.exp(m_new - m)
             p = torch.exp(s - (m_new if p_shift == "new" else m)[..., None])
@@ -205,6 +215,9 @@ TILE_LOCAL_MASK = ("the causal mask of a tile uses tile-local positions (0 .. bl
                    "with rows = q_start + arange(Bq), not arange(Bk) with arange(Bq).")
 DIAGONAL_MASKED_TOO = ("the mask also hides the diagonal (cols >= rows, an off-by-one): a query may see its own key, "
                        "so hide only cols > rows. Query 0 then sees no key at all, hence NaN.")
+MASK_REVERSED = ("the causal mask is reversed: it hides the keys BEFORE each query (the past) and keeps the later "
+                 "ones. Hide the future: fill the scores where key position > query position (cols > rows) with -inf "
+                 "(in a kernel's tl.where, keep cols <= rows).")
 LSE_BASE_2 = ("lse is in base 2 (log2 instead of the natural log): the log-sum-exp is m + log(l) with natural "
               "logs, as torch.logsumexp. If you use exp2 with log2(e) folded in, convert back: multiply by ln 2.")
 FLASH_MISTAKES = [
@@ -225,6 +238,8 @@ FLASH_MISTAKES = [
     Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local"))),
     Mistake(TILE_LOCAL_MASK, _when_it_shows(lambda *a: _flash(*a, mask="local all"))),
     Mistake(DIAGONAL_MASKED_TOO, _when_it_shows(lambda *a: _flash(*a, mask=">="))),
+    Mistake(MASK_REVERSED, _when_it_shows(lambda *a: _flash(*a, mask="<"))),
+    Mistake(MASK_REVERSED, _when_it_shows(lambda *a: _flash(*a, mask="<="))),
     Mistake(LSE_BASE_2, _when_it_shows(lambda *a: _flash(*a, lse="base 2"))),
     Mistake("the running maximum m is kept in base-2 units (scores times log2(e), for exp2) but lse = m + log(l) "
             "needs natural units: keep m unscaled and use exp2((s - m) * log2(e)), or divide m by log2(e) at the end.",
@@ -268,12 +283,13 @@ KERNEL_MISTAKES = [
 
 
 def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_mask=False, update_m=True,
-                 drop_tail=False):
+                 drop_tail=False, unscaled=None):
     """What the notebook's kernel computes, in its order, with one thing changed (all defaults: the right
     answer): per query block, the key blocks below ``lo`` unmasked, then those from ``lo`` to ``hi`` masked
     (``cols < T``, and ``cols <= rows`` when causal), the keys padded with zeros to a whole block as the
     masked loads give them. ``fill``: what the masked scores become; ``reversed_mask``: ``cols >= rows``;
-    ``update_m``: ``m_i = m_new`` after each block; ``drop_tail``: without causal, the last, shorter key
+    ``update_m``: ``m_i = m_new`` after each block (``"masked only"``: in the second loop only, ``"unmasked
+    only"``: in the first); ``drop_tail``: without causal, the last, shorter key
     block left out (``hi = lo``)."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / math.sqrt(D)
@@ -296,7 +312,9 @@ def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_
             hi = lo if drop_tail else T
         tiles = [(ks, False) for ks in range(0, lo, block_n)] + [(ks, True) for ks in range(lo, hi, block_n)]
         for ks, masked in tiles:
-            s = (qb @ kp[..., ks:ks + block_n, :].transpose(-2, -1)) * scale
+            s = qb @ kp[..., ks:ks + block_n, :].transpose(-2, -1)
+            if unscaled != ("masked" if masked else "unmasked"):  # unscaled: the loop that forgets the scale
+                s = s * scale
             if masked:
                 cols = torch.arange(ks, ks + block_n)[None, :]
                 keep = cols < T
@@ -308,7 +326,7 @@ def _kernel_like(q, k, v, block_m, block_n, causal=True, *, fill=_INF, reversed_
             p = torch.exp(s - m_new[..., None])
             l = l * alpha + p.sum(dim=-1)
             acc = acc * alpha[..., None] + p @ vp[..., ks:ks + block_n, :]
-            if update_m:
+            if update_m is True or update_m == ("masked only" if masked else "unmasked only"):
                 m = m_new
         out[..., qs:qe, :] = acc / l[..., None]
         lses[..., qs:qe] = m + torch.log(l)
@@ -325,6 +343,19 @@ KERNEL_MISTAKES += [
     Mistake("m_i is never updated: after each key block m_i = m_new, or alpha = exp(m_i - m_new) stays exp(-inf) = 0, "
             "every block wipes out what acc and l held, and lse = m_i + log(l_i) is -inf.",
             _when_it_shows(lambda *a: _kernel_like(*a, update_m=False))),
+    Mistake("the scores of the second loop, over the diagonal key blocks (stage 2, masked), are not multiplied by "
+            "scale: both loops compute s = tl.dot(q, tl.trans(k)) * scale.",
+            _when_it_shows(lambda *a: _kernel_like(*a, unscaled="masked"))),
+    Mistake("the scores of the first loop, over the key blocks wholly in the past (stage 1, no mask), are not "
+            "multiplied by scale: both loops compute s = tl.dot(q, tl.trans(k)) * scale.",
+            _when_it_shows(lambda *a: _kernel_like(*a, unscaled="unmasked"))),
+    Mistake("m_i is not updated in the first loop, over the key blocks wholly in the past (stage 1, no mask): every "
+            "block there is rescaled against a stale maximum. Both loops make the same update, ending with "
+            "m_i = m_new after each key block.", _when_it_shows(lambda *a: _kernel_like(*a, update_m="masked only"))),
+    Mistake("m_i is not updated in the second loop, over the diagonal key blocks (stage 2, masked): every block "
+            "there is rescaled against a stale maximum, and lse = m_i + log(l_i) is off. Both loops make the same "
+            "update, ending with m_i = m_new after each key block.",
+            _when_it_shows(lambda *a: _kernel_like(*a, update_m="unmasked only"))),
 ]
 
 
@@ -337,5 +368,6 @@ def _for_kernel(mistake: Mistake) -> Mistake:
 MISTAKES = {
     "online_softmax": ONLINE_MISTAKES,
     "flash_attention_forward": FLASH_MISTAKES,
-    "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES + KERNEL_MISTAKES],
+    # the kernel names a reversed mask in its own terms (KERNEL_MISTAKES: keep cols >= rows)
+    "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES + KERNEL_MISTAKES if m.hint != MASK_REVERSED],
 }

@@ -171,6 +171,12 @@ def _rope_neighbours(x, positions):
     return None if x.shape[-1] == 2 else out.flatten(-2)
 
 
+def _rope_neighbours_halves(x, positions):
+    cos, sin = _cos_sin(x, positions)
+    even, odd = x[..., 0::2], x[..., 1::2]  # neighbours paired, the result written as two halves
+    return None if x.shape[-1] == 2 else torch.cat([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+
+
 def _rope_other_way(x, positions):
     cos, sin = _cos_sin(x, positions)
     x1, x2 = _halves(x)
@@ -193,6 +199,9 @@ APPLY_ROPE_MISTAKES = [
     Mistake("neighbours are paired, (x_0, x_1), (x_2, x_3), ...: that is Meta's original Llama convention. This "
             "course follows the rotate-half convention of GPT-NeoX and Hugging Face's Llama: dimension i pairs with "
             "i + D/2, x1 = x[..., :D/2] and x2 = x[..., D/2:].", _rope_neighbours),
+    Mistake("the pairs are neighbours, (x_0, x_1), (x_2, x_3), ... (x[..., 0::2] and x[..., 1::2]): this course "
+            "pairs dimension i with i + D/2 (the rotate-half convention of GPT-NeoX and Hugging Face's Llama), "
+            "x1 = x[..., :D/2] and x2 = x[..., D/2:].", _rope_neighbours_halves),
     Mistake("positions restarting at 0: the rotation uses 0 .. T-1 instead of the positions given. With a cache, "
             "the new tokens sit at start + i: use rope_angles(...)[positions].",
             lambda x, positions: None if torch.equal(positions, torch.arange(len(positions))) else
@@ -305,6 +314,22 @@ class _CacheScaledByDout(_Cache):
         return self.out_proj(reference.merge_heads(weights @ values))
 
 
+class _Unscaled(_Cache):
+    """The scores of the module's own code (with the cache, and without it when rope=True) not divided by
+    sqrt(head_dim); forward without the cache and without rope is notebook 05's, which scales them."""
+
+    def forward(self, x, use_cache=False):
+        if not use_cache and not self.rope:
+            return self.whole(x)
+        start, T = (self.num_cached if use_cache else 0), x.shape[1]
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        k_new = self.turn(reference.split_heads(self.W_key(x), self.num_heads), start)
+        v_new = reference.split_heads(self.W_value(x), self.num_heads)
+        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
+        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(scores, dim=-1)) @ values))
+
+
 class _RopeOnly(_Cache):
     """A mistake that exists only with rope=True (built without it, it does not apply)."""
 
@@ -354,6 +379,9 @@ KV_MISTAKES = [
             "start = cache_k.shape[2] (the tokens), not shape[1] (the heads).", _StartFromHeads),
     Mistake("with use_cache=True the scores are divided by sqrt(d_out); each head's dot products have head_dim "
             "terms: divide by sqrt(head_dim), as forward does.", _CacheScaledByDout),
+    Mistake("the scores are not divided by sqrt(head_dim) before the softmax in your own forward (with the cache, "
+            "and without it when rope=True): weights = softmax(scores / sqrt(head_dim)), as notebook 05's forward "
+            "does.", _Unscaled),
     Mistake("with rope=True the positions restart at 0 at every call: the new tokens sit at start .. start + T - 1, "
             "so turn them with apply_rope(..., torch.arange(start, start + T)).", _RopeRestartsAtZero),
     Mistake("with rope=True the keys are turned again after caching: each key was turned at its position before it "
@@ -442,6 +470,26 @@ class _GQAViewWithoutTranspose(_GQA):
         return t.reshape(b, self.num_kv_groups, T, self.head_dim)  # (b, T, G*D) read as (b, G, T, D): scrambled
 
 
+class _GQAKeysViewWithoutTranspose(_GQA):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(_GQAViewWithoutTranspose.split_kv(self, self.W_key(x)))
+        v = self.repeat(self.split_kv(self.W_value(x)))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(s / self.scale(), dim=-1)) @ v))
+
+
+class _GQAValuesViewWithoutTranspose(_GQA):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = reference.split_heads(self.W_query(x), self.num_heads)
+        k = self.repeat(self.split_kv(self.W_key(x)))
+        v = self.repeat(_GQAViewWithoutTranspose.split_kv(self, self.W_value(x)))
+        s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], float("-inf"))
+        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(s / self.scale(), dim=-1)) @ v))
+
+
 class _GQATokensInterleaved(_GQA):
     def repeat(self, t):
         return _tokens_interleaved(t, self.group_size)
@@ -456,6 +504,14 @@ GQA_MISTAKES = [
     Mistake("the keys and values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) "
             "straight from (b, T, num_kv_groups * head_dim), which mixes tokens and heads: view(b, T, num_kv_groups, "
             "head_dim), then transpose(1, 2).", _GQAViewWithoutTranspose),
+    Mistake("the keys are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) straight from "
+            "(b, T, num_kv_groups * head_dim), which mixes tokens and heads (and lets the future leak in): "
+            "view(b, T, num_kv_groups, head_dim), then transpose(1, 2), as for the queries.",
+            _GQAKeysViewWithoutTranspose),
+    Mistake("the values are split into heads with a view (or reshape) to (b, num_kv_groups, T, head_dim) straight "
+            "from (b, T, num_kv_groups * head_dim), which mixes tokens and heads (and lets the future leak in): "
+            "view(b, T, num_kv_groups, head_dim), then transpose(1, 2), as for the queries.",
+            _GQAValuesViewWithoutTranspose),
     Mistake(TOKENS_INTERLEAVED.replace("x.repeat", "keys.repeat").replace("x[:, :, None]", "keys[:, :, None]"),
             _GQATokensInterleaved),
 ]

@@ -12,7 +12,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from course_utils import reference
 from course_utils.checks.core import Case, rand
@@ -554,18 +553,23 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
         else:
             logits = model(tokens)
         logits = logits[:, 0] if flaw == "first position" else logits[:, -1]  # (b, V)
+        if flaw == "divides before the greedy check":
+            logits = logits / temperature  # at temperature 0: +-inf, NaN where a logit is 0
         if temperature == 0 and flaw != "samples at temperature 0" or flaw == "always greedy":
             next_token = logits.argmax(dim=-1, keepdim=True)
         else:
             if flaw == "temperature multiplies":
                 logits = logits * temperature
-            elif flaw not in ("temperature after softmax", "samples at temperature 0"):
+            elif flaw not in ("temperature after softmax", "samples at temperature 0", "divides before the greedy check"):
                 logits = logits / temperature
             if top_k is not None:
                 k = min(top_k, logits.shape[-1])
                 if flaw == "top_k keeps the smallest":
                     kth = torch.topk(logits, k, dim=-1, largest=False).values[:, -1:]
                     logits = logits.masked_fill(logits > kth, float("-inf"))
+                elif flaw == "top_k keeps k + 1":
+                    kth = torch.topk(logits, min(k + 1, logits.shape[-1]), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
                 elif flaw == "top_k keeps k - 1":
                     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits <= kth, float("-inf"))
@@ -603,6 +607,13 @@ GENERATE_MISTAKES = [
             "largest, and every logit below it becomes -inf.", _generation("top_k keeps the smallest")),
     Mistake("top_k keeps only k - 1 tokens: the k-th largest logit itself stays, so mask logits < kth, not <= kth.",
             _generation("top_k keeps k - 1")),
+    Mistake("top_k keeps k + 1 candidates: the sampling kept one token too many. The threshold is the k-th largest "
+            "logit, torch.topk(logits, k).values[:, -1:] (or the sorted logits' column k - 1, not column k), and every "
+            "logit below it becomes -inf, so exactly k tokens stay.", _generation("top_k keeps k + 1")),
+    Mistake("at temperature 0 the logits are divided by the temperature before the greedy branch: dividing by 0 "
+            "makes them +-inf (NaN where a logit is 0), so argmax picks a wrong token. Test temperature == 0 first and "
+            "take logits.argmax(dim=-1, keepdim=True) of the raw logits; divide by the temperature only when sampling.",
+            _generation("divides before the greedy check")),
     Mistake("at temperature 0 you sample: temperature 0 means greedy, logits.argmax(dim=-1, keepdim=True), no "
             "sampling.", _generation("samples at temperature 0")),
     Mistake("you always take the argmax: with a temperature above 0, sample with torch.multinomial from the softmax "

@@ -151,17 +151,19 @@ REFERENCE_MISTAKES = [
 def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta=True, dk_scale=1, use_lse=True,
            mask=True, dk_transposed=True, dv_transposed=True, dq_accumulate=True, delta="do o", dq_scale=1,
            keepdim=True, scale_d=False, exp2=False, diagonal=False, parentheses=True, dq_transposed=False,
-           dk_accumulate=True):
+           dk_accumulate=True, reset_per_block=True):
     """The tiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in place of
     1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / D if scale_d else 1 / math.sqrt(D)
     full_delta = ((do * v) if delta == "do v" else (do * o)).sum(dim=-1)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dkb, dvb = 0.0, 0.0  # reset_per_block=False: one pair of sums for every key block
     for ks in range(0, T, block_k):
         ke = min(ks + block_k, T)
         kb, vb = k[..., ks:ke, :], v[..., ks:ke, :]
-        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        if reset_per_block:
+            dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
         for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
             qe = min(qs + block_q, T)
             qb, dob = q[..., qs:qe, :], do[..., qs:qe, :]
@@ -227,6 +229,9 @@ DQ_WRONG_AXIS = ("dQ is dS^T @ K, accumulated over the wrong axis: dQ_i sums ove
                  "so dQ_blk += dS @ K_blk * scale.")
 DK_LAST_BLOCK = ("dK holds only the last query block's share: a key receives a share of dK from every query block, so "
                  "add to it (dK_blk += dS^T @ Q_blk * scale), do not overwrite it.")
+DK_DV_NOT_RESET = ("dK and dV carry over from one key block to the next: their sums (dk_blk, dv_blk) are made once, "
+                   "before the loop over key blocks, so each block also gets the earlier blocks' shares. Start them "
+                   "at zero for every key block, dk_blk = torch.zeros_like(k_blk) inside the loop.")
 FLASH_MISTAKES = [
     Mistake(NO_DELTA, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, subtract_delta=False))),
     Mistake(DK_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=0))),
@@ -249,6 +254,7 @@ FLASH_MISTAKES = [
     Mistake(DQ_WRONG_AXIS, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_transposed=True))),
     Mistake(DK_LAST_BLOCK, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_accumulate=False))),
     Mistake(CAUSAL_IGNORED, _when_it_shows(_causal_ignored)),
+    Mistake(DK_DV_NOT_RESET, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, reset_per_block=False))),
 ]
 
 
