@@ -355,6 +355,20 @@ class _RopeNotWithoutCache(_RopeOnly):
         return reference.MultiHeadAttention.forward(self, x)
 
 
+class _RopeKeysNotTurned(_RopeOnly):
+    """RoPE turns the queries only, with the cache and without it."""
+
+    def forward(self, x, use_cache=False):
+        start, T = (self.num_cached if use_cache else 0), x.shape[1]
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        k_new = reference.split_heads(self.W_key(x), self.num_heads)
+        v_new = reference.split_heads(self.W_value(x), self.num_heads)
+        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
+        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        return self.out_proj(reference.merge_heads(weights @ values))
+
+
 class _RopeValuesTurned(_RopeOnly):
     def keys_for_scores(self, keys_new, values_new):
         return super().keys_for_scores(keys_new, self.turn(values_new, self.num_cached))
@@ -388,6 +402,9 @@ KV_MISTAKES = [
             "went into the cache; turn only the new queries and keys, once.", _RopeTurnedAgain),
     Mistake("with rope=True, forward without the cache must turn the queries and keys too (positions 0 .. T-1): "
             "super().forward(x) knows nothing of RoPE.", _RopeNotWithoutCache),
+    Mistake("with rope=True only the queries are turned: turn the keys too, at the same positions, "
+            "apply_rope(keys, positions): a score q . k compares the two angles, so both must be turned.",
+            _RopeKeysNotTurned),
     Mistake("with rope=True the values are turned too: RoPE turns only the queries and keys, never the values.",
             _RopeValuesTurned),
 ]
@@ -539,6 +556,9 @@ WINDOW_MISTAKES = [
             lambda T, w: (_distance(T) >= 0) & (_distance(T) < w)),
     Mistake("only the window is applied, not the causal part: keys after the query must be hidden too (j > i).",
             lambda T, w: None if T == 1 else _distance(T) >= w),
+    Mistake("the window is mirrored: the distance is computed as j - i, so the mask hides the past and opens the "
+            "window into the future. Key j lies i - j positions back from query i: torch.arange(T).view(-1, 1) - "
+            "torch.arange(T).view(1, -1).", lambda T, w: None if T == 1 else (_distance(T) > 0) | (_distance(T) <= -w)),
 ]
 
 
