@@ -256,6 +256,19 @@ class _Cache(reference.MultiHeadAttentionKVCache):
         return self.out_proj(reference.merge_heads(weights @ values))
 
 
+class _ValuesAfterKeys(_Cache):
+    """The new values concatenated to the cached KEYS (a copy-paste slip)."""
+
+    def keys_for_scores(self, keys_new, values_new):
+        if self.cache_k is None:
+            self.cache_k, self.cache_v = keys_new, values_new
+        else:
+            old_k = self.cache_k
+            self.cache_k = torch.cat([old_k, keys_new], dim=2)
+            self.cache_v = torch.cat([old_k, values_new], dim=2)
+        return self.cache_k, self.cache_v
+
+
 class _TopLeft(_Cache):
     def rows(self, start, end, num_keys):
         return self.mask[:end - start, :num_keys]
@@ -378,6 +391,9 @@ KV_MISTAKES = [
     Mistake(TOP_LEFT.replace("the mask is aligned", "with the cache, the mask is aligned").replace(
         "triu with diagonal = num_keys - num_queries + 1.", "use rows start..start+T-1 of the causal mask, "
         "decode_causal_mask(T, start + T)."), _TopLeft),
+    Mistake("the new values are concatenated to the cached KEYS: cache_v = torch.cat([self.cache_v, values], dim=2), "
+            "not [self.cache_k, values]. The prompt is right; from the second call on, the earlier tokens' values are "
+            "their keys.", _ValuesAfterKeys),
     Mistake("with use_cache=True no mask is applied: for one new token that hides nothing, but a prompt's queries "
             "then see the future. Mask the new queries with decode_causal_mask(T, start + T).", _NoMaskWithCache),
     Mistake("the new queries attend only to the new tokens' keys and values: they must attend to the whole cache "
