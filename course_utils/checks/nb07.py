@@ -56,9 +56,11 @@ _INF = float("-inf")
 # ------------------------------------------------------------------------------------------
 # online_softmax
 # ------------------------------------------------------------------------------------------
-_NO_KEEPDIM = ("m and l must keep their last dimension, shape (..., 1): a reduction without keepdim=True gives "
-               "(...,), which broadcasts against the wrong dimension of a block (..., block_size). Use "
-               "amax(dim=-1, keepdim=True) and sum(dim=-1, keepdim=True), or index m[..., None].")
+_NO_KEEPDIM = ("m and l must keep their last dimension, shape (..., 1), one number per row: reduce a block over its "
+               "LAST dimension and keep it. A reduction without keepdim=True gives (...,), and one over another "
+               "dimension (dim=0: across the rows) gives (1, block_size); either broadcasts against the wrong "
+               "dimension of a block (..., block_size). Use amax(dim=-1, keepdim=True) and sum(dim=-1, keepdim=True), "
+               "or index m[..., None].")
 
 
 def _online_diagnose(case: Case, got: object, want: object) -> str | None:
@@ -76,6 +78,10 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
             return ("a row whose first block is all -inf gives NaN: while the running maximum is still -inf, "
                     "m - m_new is -inf - (-inf) = NaN. Shift by 0 instead of by m_new while m_new is -inf "
                     "(torch.where), so that exp(m - shift) is exp(-inf) = 0.")
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
+            and bool((got == float("inf")).all()) and bool(torch.isfinite(x).all()):
+        return ("every entry is inf: exp(x - m) with m still -inf. The running maximum is never updated: set "
+                "m = m_new after each block, so that the final exp(x - m) / l uses the row's maximum.")
     if isinstance(got, torch.Tensor) and got.shape == x.shape and x.dim() >= 2 and torch.isfinite(got).all():
         g = got.detach().double()
         last = g.sum(dim=-1)

@@ -918,6 +918,9 @@ def _repeat_diagnosis(case: Case, got: object, want: object) -> str | None:
         if tuple(got.shape) in shapes:
             return (f"K and V are repeated on the wrong dimension: you repeated {shapes[tuple(got.shape)]}. Repeat "
                     f"the key/value HEADS, dim 1: (b, G, T, D) -> (b, G * n_rep, T, D).")
+        if got.dim() == 1 and got.numel() == want.numel():
+            return (f"the output is flat, {tuple(got.shape)}: repeat_interleave without dim flattens x and repeats each "
+                    f"NUMBER n_rep times. Give the head dimension: x.repeat_interleave(n_rep, dim=1).")
         return None
     return _which_heads(x, n_rep, got)
 

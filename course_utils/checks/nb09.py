@@ -1405,6 +1405,9 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     if spec.get("top_k") and spec["top_k"] > spec["vocab_size"] and "out of range" in message:
         return (f"top_k = {spec['top_k']} is larger than the vocabulary ({spec['vocab_size']} tokens): then every token "
                 f"is kept, torch.topk(logits, min(top_k, logits.shape[-1])).")
+    if "'indices'" in message and "Float" in message:
+        return ("the new token is a float: the model looks up integer token ids. logits.max(dim=-1).values is the largest "
+                "logit itself; the token is its index, logits.argmax(dim=-1, keepdim=True) (or max(...).indices).")
     if "must have same number of dimensions" in message or "Tensors must have same" in message:
         return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
                 "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")

@@ -28,6 +28,7 @@ kernel or, under the grader, outside it; a runner's outcome of the wrong form is
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -312,6 +313,10 @@ def _judge_backward_structure(exercise: str, outcomes: Outcomes, step: Step) -> 
 
 def _backward_diagnose(error: BaseException) -> str | None:
     """The hint for a tiled backward that raised ``error``: a row statistic sliced without its last dimension."""
+    if re.search(r"must match the size of tensor b \(0\)", str(error)):
+        return ("a row statistic's slice is empty (size 0): delta (or lse) holds fewer than T numbers per row. delta = "
+                "rowsum(dO * O) sums over the head dimension, (do * o).sum(dim=-1): one number per query, (..., T); a "
+                "sum over dim=-2, the tokens, gives (..., D).")
     if "must match the size of tensor" in str(error):
         return ("a row statistic (delta or lse) sliced without its last dimension: delta[..., q_start:q_end] is "
                 "(..., Bq), which does not broadcast against a (..., Bq, Bk) tile. Index it delta[..., q_start:q_end, "
@@ -404,6 +409,32 @@ def _function_cases() -> list[Case]:
     ]
 
 
+def _saved_order(cls: Any) -> tuple[list[str], list[str]] | None:
+    """The names given to ``ctx.save_for_backward`` in ``cls``'s source and those ``ctx.saved_tensors`` is unpacked
+    into, when both are plain names (``None`` if unread)."""
+    import ast
+    import textwrap
+
+    from course_utils import rules
+
+    try:
+        tree = ast.parse(textwrap.dedent(rules.source_of(cls) or ""))
+    except SyntaxError:
+        return None
+    saved = unpacked = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save_for_backward" \
+                and all(isinstance(a, ast.Name) for a in node.args):
+            saved = [a.id for a in node.args]
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr == "saved_tensors" \
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                and all(isinstance(e, ast.Name) for e in node.targets[0].elts):
+            unpacked = [e.id for e in node.targets[0].elts]
+    if saved is None or unpacked is None or sorted(saved) != sorted(unpacked):
+        return None
+    return saved, unpacked
+
+
 def _forward_parameters(cls: Any) -> list[str] | None:
     """The names of the parameters of ``cls``'s ``forward``, read from its source (``None`` if unread)."""
     import ast
@@ -437,6 +468,15 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
     if "different than None at position" in text:
         return ("causal, block_q and block_k are not tensors: backward returns None for each of them (a number such as "
                 "0 or False is refused), after dq, dk and dv: return dq, dk, dv, None, None, None.")
+    order = _saved_order(cls) if cls is not None else None
+    if order is not None and order[0] != order[1]:
+        saved, unpacked = ", ".join(order[0]), ", ".join(order[1])
+        return (f"ctx.saved_tensors gives the tensors in the order save_for_backward got them, ({saved}), but backward "
+                f"unpacks them as ({unpacked}): unpack them in that same order, {saved} = ctx.saved_tensors.")
+    if re.match(r"(o|lse) must have", text):
+        return ("o or lse has the other's shape, (..., T) against (..., T, D): ctx.saved_tensors gives the tensors in the "
+                "order save_for_backward got them, so unpack them in that same order: ctx.save_for_backward(q, k, v, o, "
+                "lse) in forward, q, k, v, o, lse = ctx.saved_tensors in backward.")
     if "save_for_backward can only save" in text or "saved_tensors" in text:
         return "ctx.save_for_backward(q, k, v, o, lse) in forward; q, k, v, o, lse = ctx.saved_tensors in backward."
     return None

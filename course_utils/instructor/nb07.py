@@ -138,7 +138,7 @@ ONLINE_MISTAKES = [
 # --------------------------------------------------------------------------------------------
 def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_l=True, scale=True,
            mask_diagonal=True, lse="right", normalise=True, mask="global", factor=None, stop="q_end",
-           p_shift="new", alpha="right"):
+           p_shift="new", alpha="right", k_step="block_k"):
     """The tiled forward with one thing changed (all defaults: the right answer).
 
     ``mask``: ``"global"`` (right), ``"local"`` (tile-local positions), ``">="`` (the diagonal masked
@@ -156,7 +156,8 @@ def _flash(q, k, v, block_q, block_k, causal=True, *, rescale_acc=True, rescale_
         m = torch.full(q_blk.shape[:-1], _INF, dtype=q.dtype)
         l = torch.zeros_like(m)
         acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-        for k_start in range(0, (q_end if stop == "q_end" else q_start) if causal else Tk, block_k):
+        for k_start in range(0, (q_end if stop == "q_end" else q_start) if causal else Tk,
+                             block_q if k_step == "block_q" else block_k):
             k_end = min(k_start + block_k, Tk)
             s = q_blk @ k[..., k_start:k_end, :].transpose(-2, -1)
             if causal and mask_diagonal and (k_end - 1 > q_start or mask == "local all"):
@@ -256,6 +257,9 @@ FLASH_MISTAKES = [
             "block, and the first query block sees none (0/0 = NaN). Run the key blocks up to q_end, and mask "
             "the ones that cross the diagonal.",
             _when_it_shows(lambda *a: _flash(*a, stop="q_start"))),
+    Mistake("the key loop steps by block_q, not block_k: when the two sizes differ, the key tiles (block_k keys each) "
+            "overlap, so some keys count twice, or leave keys out. Step over the keys by block_k: range(0, end, "
+            "block_k).", _when_it_shows(lambda *a: _flash(*a, k_step="block_q"))),
 ]
 
 FLASH_MISTAKES.append(Mistake(

@@ -256,6 +256,19 @@ class _Cache(reference.MultiHeadAttentionKVCache):
         return self.out_proj(reference.merge_heads(weights @ values))
 
 
+class _ValuesAfterKeys(_Cache):
+    """The new values concatenated to the cached KEYS (a copy-paste slip)."""
+
+    def keys_for_scores(self, keys_new, values_new):
+        if self.cache_k is None:
+            self.cache_k, self.cache_v = keys_new, values_new
+        else:
+            old_k = self.cache_k
+            self.cache_k = torch.cat([old_k, keys_new], dim=2)
+            self.cache_v = torch.cat([old_k, values_new], dim=2)
+        return self.cache_k, self.cache_v
+
+
 class _TopLeft(_Cache):
     def rows(self, start, end, num_keys):
         return self.mask[:end - start, :num_keys]
@@ -355,6 +368,20 @@ class _RopeNotWithoutCache(_RopeOnly):
         return reference.MultiHeadAttention.forward(self, x)
 
 
+class _RopeKeysNotTurned(_RopeOnly):
+    """RoPE turns the queries only, with the cache and without it."""
+
+    def forward(self, x, use_cache=False):
+        start, T = (self.num_cached if use_cache else 0), x.shape[1]
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
+        k_new = reference.split_heads(self.W_key(x), self.num_heads)
+        v_new = reference.split_heads(self.W_value(x), self.num_heads)
+        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
+        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
+        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        return self.out_proj(reference.merge_heads(weights @ values))
+
+
 class _RopeValuesTurned(_RopeOnly):
     def keys_for_scores(self, keys_new, values_new):
         return super().keys_for_scores(keys_new, self.turn(values_new, self.num_cached))
@@ -364,6 +391,9 @@ KV_MISTAKES = [
     Mistake(TOP_LEFT.replace("the mask is aligned", "with the cache, the mask is aligned").replace(
         "triu with diagonal = num_keys - num_queries + 1.", "use rows start..start+T-1 of the causal mask, "
         "decode_causal_mask(T, start + T)."), _TopLeft),
+    Mistake("the new values are concatenated to the cached KEYS: cache_v = torch.cat([self.cache_v, values], dim=2), "
+            "not [self.cache_k, values]. The prompt is right; from the second call on, the earlier tokens' values are "
+            "their keys.", _ValuesAfterKeys),
     Mistake("with use_cache=True no mask is applied: for one new token that hides nothing, but a prompt's queries "
             "then see the future. Mask the new queries with decode_causal_mask(T, start + T).", _NoMaskWithCache),
     Mistake("the new queries attend only to the new tokens' keys and values: they must attend to the whole cache "
@@ -388,6 +418,9 @@ KV_MISTAKES = [
             "went into the cache; turn only the new queries and keys, once.", _RopeTurnedAgain),
     Mistake("with rope=True, forward without the cache must turn the queries and keys too (positions 0 .. T-1): "
             "super().forward(x) knows nothing of RoPE.", _RopeNotWithoutCache),
+    Mistake("with rope=True only the queries are turned: turn the keys too, at the same positions, "
+            "apply_rope(keys, positions): a score q . k compares the two angles, so both must be turned.",
+            _RopeKeysNotTurned),
     Mistake("with rope=True the values are turned too: RoPE turns only the queries and keys, never the values.",
             _RopeValuesTurned),
 ]
@@ -539,6 +572,9 @@ WINDOW_MISTAKES = [
             lambda T, w: (_distance(T) >= 0) & (_distance(T) < w)),
     Mistake("only the window is applied, not the causal part: keys after the query must be hidden too (j > i).",
             lambda T, w: None if T == 1 else _distance(T) >= w),
+    Mistake("the window is mirrored: the distance is computed as j - i, so the mask hides the past and opens the "
+            "window into the future. Key j lies i - j positions back from query i: torch.arange(T).view(-1, 1) - "
+            "torch.arange(T).view(1, -1).", lambda T, w: None if T == 1 else (_distance(T) > 0) | (_distance(T) <= -w)),
 ]
 
 

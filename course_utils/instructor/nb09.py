@@ -570,6 +570,9 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
                 elif flaw == "top_k keeps k + 1":
                     kth = torch.topk(logits, min(k + 1, logits.shape[-1]), dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
+                elif flaw == "top_k keeps only the largest":
+                    kth = torch.topk(logits, k, dim=-1).values[:, :1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
                 elif flaw == "top_k keeps k - 1":
                     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits <= kth, float("-inf"))
@@ -581,7 +584,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
                 else:
                     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
+            probs = torch.softmax(logits, dim=0 if flaw == "softmax over the batch" else -1)
             if flaw == "temperature after softmax":
                 probs = probs / temperature
             next_token = torch.multinomial(probs, num_samples=1)
@@ -614,6 +617,11 @@ GENERATE_MISTAKES = [
             "makes them +-inf (NaN where a logit is 0), so argmax picks a wrong token. Test temperature == 0 first and "
             "take logits.argmax(dim=-1, keepdim=True) of the raw logits; divide by the temperature only when sampling.",
             _generation("divides before the greedy check")),
+    Mistake("top_k keeps only the largest logit: the threshold is the k-th largest, the LAST of the k values, "
+            "torch.topk(logits, k).values[:, -1:], not the first (values[:, :1], the maximum), which leaves one token "
+            "to sample, as if greedy.", _generation("top_k keeps only the largest")),
+    Mistake("the softmax is taken over dim=0, the batch: each row's probabilities must sum to 1 over the vocabulary, "
+            "torch.softmax(logits / temperature, dim=-1).", _generation("softmax over the batch")),
     Mistake("at temperature 0 you sample: temperature 0 means greedy, logits.argmax(dim=-1, keepdim=True), no "
             "sampling.", _generation("samples at temperature 0")),
     Mistake("you always take the argmax: with a temperature above 0, sample with torch.multinomial from the softmax "

@@ -151,7 +151,7 @@ REFERENCE_MISTAKES = [
 def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta=True, dk_scale=1, use_lse=True,
            mask=True, dk_transposed=True, dv_transposed=True, dq_accumulate=True, delta="do o", dq_scale=1,
            keepdim=True, scale_d=False, exp2=False, diagonal=False, parentheses=True, dq_transposed=False,
-           dk_accumulate=True, reset_per_block=True):
+           dk_accumulate=True, reset_per_block=True, q_tile=None):
     """The tiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in place of
     1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too."""
     T, D = q.shape[-2], q.shape[-1]
@@ -165,7 +165,7 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
         if reset_per_block:
             dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
         for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
-            qe = min(qs + block_q, T)
+            qe = min(qs + (q_tile or block_q), T)  # q_tile: the query tile's size, if not block_q
             qb, dob = q[..., qs:qe, :], do[..., qs:qe, :]
             s = qb @ kb.transpose(-2, -1) * scale
             shift = 1 if diagonal else 0  # the diagonal hidden too: key position >= query position
@@ -237,6 +237,10 @@ FLASH_MISTAKES = [
     Mistake(DK_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=0))),
     Mistake(DK_SCALE_TWICE, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=2))),
     Mistake(NO_LSE, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, use_lse=False))),
+    Mistake("a query tile ends at q_start + block_k, not q_start + block_q: when the two sizes differ, the query "
+            "tiles overlap (their rows counted twice) or leave rows out. q_end = min(q_start + block_q, T).",
+            _when_it_shows(lambda q, k, v, o, lse, do, bq, bk, *a, **kw: _tiled(q, k, v, o, lse, do, bq, bk, *a, **kw,
+                                                                               q_tile=bk))),
     Mistake(MASK_FORGOTTEN, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, mask=False))),
     Mistake(DK_WRONG_AXIS, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_transposed=False))),
     Mistake(DV_NOT_TRANSPOSED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dv_transposed=False))),
