@@ -150,7 +150,7 @@ def launch_backward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q3, k3, v3, do3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v, do))  # (BH, T, D)
     delta = (do.float() * o.float()).sum(dim=-1).reshape(-1, T).contiguous()  # (BH, T)
     lse2 = lse.float().reshape(-1, T).contiguous()  # (BH, T)
-    dk, dv = torch.empty_like(k3), torch.empty_like(v3)  # (BH, T, D)
+    dk, dv = (torch.full_like(t, float("nan")) for t in (k3, v3))  # (BH, T, D), NaN until written (flash.launch)
     grid = (-(-T // block_n), q3.shape[0])
     run[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1), T, 1.0 / D ** 0.5,
               HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal))

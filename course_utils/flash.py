@@ -206,8 +206,10 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     run = _jitted(kernel)
     batch = q.shape[:-2]
     q3, k3, v3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v))  # (BH, T, D)
-    out = torch.empty_like(q3)  # (BH, T, D)
-    lse = torch.empty(q3.shape[:-1], device=q.device, dtype=torch.float32)  # (BH, T)
+    # NaN until the kernel writes them: an entry a kernel never writes shows as NaN, never as whatever the
+    # memory held (which would differ from run to run, and from the GPU to the CPU).
+    out = torch.full_like(q3, float("nan"))  # (BH, T, D)
+    lse = torch.full(q3.shape[:-1], float("nan"), device=q.device, dtype=torch.float32)  # (BH, T)
     grid = (-(-T // block_m), q3.shape[0])
     run[grid](q3, k3, v3, out, lse, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0),
               v3.stride(1), out.stride(0), out.stride(1), T, 1.0 / D ** 0.5,

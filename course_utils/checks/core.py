@@ -159,7 +159,7 @@ def tensor_difference(expected: torch.Tensor, got: Any, atol: float = 1e-5, rtol
     if nan_got.any():
         i = nan_got.nonzero()[0].tolist()
         return (f"got NaN at {_format_index(i)} ({int(nan_got.sum())} NaNs in all) where {e[tuple(i)].item():.4g} "
-                f"was expected: an overflow, 0/0 or inf - inf somewhere?")
+                f"was expected: an overflow, 0/0 or inf - inf somewhere (or, in a kernel's output, an entry never written)?")
     nan_expected = torch.isnan(e) & ~torch.isnan(g)
     if nan_expected.any():
         i = nan_expected.nonzero()[0].tolist()

@@ -308,11 +308,30 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
             if isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and \
                     tensor_difference(want[0], out) is None and lse.shape == want[1].shape:
                 if tensor_difference(want[1], lse) is not None:
+                    own_rows = _lse_rows_hint(want[1], lse)
+                    if own_rows:
+                        return own_rows
                     return ("the output is right but lse is not: lse = m + log(l), the log of the sum of "
                             "exp(scaled scores) of each query, with the running maximum m added back.")
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
+
+
+def _lse_rows_hint(want: torch.Tensor, got: torch.Tensor) -> str | None:
+    """With several (batch, head) rows of lse ``(..., T)``: the rows after the first are all wrong while the
+    first holds some row's right values, which is what rows written at one place (the (batch, head) offset
+    forgotten) give."""
+    if want.dim() < 2 or want.shape[:-1].numel() < 2:
+        return None
+    w, g = want.reshape(-1, want.shape[-1]), got.reshape(-1, got.shape[-1])  # (B*H, T) each
+    if any(tensor_difference(w[i], g[i]) is None for i in range(1, len(w))):
+        return None
+    if not any(tensor_difference(w[j], g[0]) is None for j in range(len(w))):
+        return None
+    return ("the output is right, but lse is right at most for the first (batch, head) and wrong for every other: "
+            "each (batch, head) must store its lse in its own row. In a kernel, offset the pointer by the program's "
+            "(batch, head) as for Q, K, V and O: tl.store(LSE + bh * T + offs_m, ...), lse being (B*H, T).")
 
 
 def _blocks_of(case: Case) -> tuple[int, int]:
@@ -536,6 +555,11 @@ def _kernel_error_hint(error: BaseException) -> str | None:
                 "by (HEAD_DIM, BLOCK_N); tl.dot(q, k) without the transpose only runs when the tiles are square, "
                 "and then computes the wrong product. For p @ v: tl.dot(p, v), (BLOCK_M, BLOCK_N) by "
                 "(BLOCK_N, HEAD_DIM).")
+    if "make_shape_compatible" in text or "incompatible dimensions" in text:
+        return ("two tiles of different shapes met in one operation (a row of BLOCK_M queries against one of "
+                "BLOCK_N keys): is a reduction taken over the wrong axis? Each query's statistics reduce its "
+                "row of scores over the keys, axis 1: tl.max(s, 1) and tl.sum(p, 1) give (BLOCK_M,), as m_i and "
+                "l_i are. (With BLOCK_M == BLOCK_N the shapes agree and the values are wrong instead.)")
     return shape_error_hint(error)
 
 
