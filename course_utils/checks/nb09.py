@@ -1269,6 +1269,13 @@ def _spec_text(spec: dict) -> str:
         "; " + "; ".join(extra) if extra else "")
 
 
+def stand_in_model(spec: dict) -> CachedStandInLM:
+    """The stand-in model of a ``generate`` case (``spec``: ``vocab_size``, ``d``, ``context_length``, ``seed``),
+    its weights drawn after ``manual_seed(spec["seed"])``: the same model wherever it is built."""
+    manual_seed(spec["seed"])
+    return CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+
+
 def generate_trace(generate: Callable, spec: dict) -> dict:
     """Run ``generate`` on a fresh stand-in model as ``spec`` says; what came out of each call.
 
@@ -1278,8 +1285,7 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
     Returns ``{"runs": [{"out", "error", "calls"}, ...]}``: the returned tensor (or ``None``), the error
     raised as ``[type name, message]`` (or ``None``), and the model's calls.
     """
-    manual_seed(spec["seed"])
-    model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    model = stand_in_model(spec)
     if spec.get("prefill"):
         with torch.no_grad():
             model(tokens(spec["b"], spec["prefill"], spec["vocab_size"], spec["seed"] + 5), use_cache=True)
@@ -1448,16 +1454,16 @@ def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str
     """With top_k and a temperature above 0, where a sampled token stands among the stand-in model's logits
     at its step (issue 36): a token that is the (k+1)-th most likely, and none further down, says the
     sampling kept k + 1 candidates; one further down, that the top-k mask let through tokens it must drop.
-    The stand-in model is rebuilt as :func:`generate_trace` builds it and reads the returned tokens (data,
-    not the student's code), without the cache: its logits are those of a cached read up to rounding."""
+    The stand-in model is rebuilt (:func:`stand_in_model`, as :func:`generate_trace` builds it) and reads the
+    returned tokens (data, not the student's code), without the cache: its logits are those of a cached read up
+    to rounding."""
     top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
     if not (top_k and spec["temperature"] > 0 and isinstance(got, torch.Tensor) and got.shape == want.shape
             and got.dtype == torch.int64 and got.shape[1] > T0 and top_k < spec["vocab_size"]
             and bool(((got >= 0) & (got < spec["vocab_size"])).all())):
         return None
     with torch.random.fork_rng():
-        manual_seed(spec["seed"])
-        model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+        model = stand_in_model(spec)
     with torch.no_grad():
         logits = model(got[:, :-1]).double()[:, T0 - 1:]  # (b, n, V): the logits each new token was drawn from
     new = got[:, T0:]  # (b, n)
