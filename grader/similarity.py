@@ -254,18 +254,31 @@ def course_originals(notebook: str, exercise: str) -> dict[str, str]:
     return out
 
 
-def _reference_source(name: str) -> str | None:
-    """The source of ``course_utils.reference.<name>``: read from the file where it is defined there (no
-    import of torch in the grading run's own process), else through an import, as ``inspect.getsource``."""
+@lru_cache(maxsize=1)
+def _reference_definitions() -> dict[str, str]:
+    """Each top-level function and class of ``course_utils/reference.py`` -> its source, decorators included,
+    read from the file once (no import of torch in the grading run's own process)."""
     import importlib.util
+    from pathlib import Path
 
     spec = importlib.util.find_spec("course_utils.reference")
-    if spec is not None and spec.origin:
-        text = open(spec.origin, encoding="utf-8").read()
-        for node in ast.parse(text).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                return "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
+    if spec is None or not spec.origin:
+        return {}
+    text = Path(spec.origin).read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            found[node.name] = "".join(lines[start - 1:node.end_lineno])
+    return found
+
+
+def _reference_source(name: str) -> str | None:
+    """The source of ``course_utils.reference.<name>``: read from the file where it is defined there
+    (:func:`_reference_definitions`), else through an import, as ``inspect.getsource``."""
+    if name in _reference_definitions():
+        return _reference_definitions()[name]
     from course_utils import reference
 
     obj = getattr(reference, name, None)
