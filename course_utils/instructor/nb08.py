@@ -241,18 +241,29 @@ class _Cache(reference.MultiHeadAttentionKVCache):
         """forward(x) without the cache."""
         return reference.MultiHeadAttentionKVCache.forward(self, x)
 
+    def turn_keys(self, t: torch.Tensor, start: int) -> torch.Tensor:
+        """The keys' RoPE (as the queries')."""
+        return self.turn(t, start)
+
+    def scaled(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores / math.sqrt(self.head_dim)
+
+    def own_code_without_cache(self) -> bool:
+        """Whether forward without the cache runs the steps above (a mistake there too) or the reference's."""
+        return False
+
     def forward(self, x, use_cache=False):
-        if not use_cache:
+        if not use_cache and not self.own_code_without_cache():
             return self.whole(x)
-        b, T, _ = x.shape
-        start = self.num_cached
-        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
-        k_new = self.turn(reference.split_heads(self.W_key(x), self.num_heads), start)
+        T = x.shape[1]
+        start = self.num_cached if use_cache else 0
+        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)  # (b, heads, T, head_dim)
+        k_new = self.turn_keys(reference.split_heads(self.W_key(x), self.num_heads), start)
         v_new = reference.split_heads(self.W_value(x), self.num_heads)
-        keys, values = self.keys_for_scores(k_new, v_new)
-        scores = q @ keys.transpose(2, 3)
+        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
+        scores = q @ keys.transpose(2, 3)  # (b, heads, T, num_keys)
         scores = scores.masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
-        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
+        weights = self.dropout(torch.softmax(self.scaled(scores), dim=-1))
         return self.out_proj(reference.merge_heads(weights @ values))
 
 
@@ -331,16 +342,11 @@ class _Unscaled(_Cache):
     """The scores of the module's own code (with the cache, and without it when rope=True) not divided by
     sqrt(head_dim); forward without the cache and without rope is notebook 05's, which scales them."""
 
-    def forward(self, x, use_cache=False):
-        if not use_cache and not self.rope:
-            return self.whole(x)
-        start, T = (self.num_cached if use_cache else 0), x.shape[1]
-        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
-        k_new = self.turn(reference.split_heads(self.W_key(x), self.num_heads), start)
-        v_new = reference.split_heads(self.W_value(x), self.num_heads)
-        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
-        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
-        return self.out_proj(reference.merge_heads(self.dropout(torch.softmax(scores, dim=-1)) @ values))
+    def own_code_without_cache(self):
+        return self.rope
+
+    def scaled(self, scores):
+        return scores
 
 
 class _RopeOnly(_Cache):
@@ -371,15 +377,11 @@ class _RopeNotWithoutCache(_RopeOnly):
 class _RopeKeysNotTurned(_RopeOnly):
     """RoPE turns the queries only, with the cache and without it."""
 
-    def forward(self, x, use_cache=False):
-        start, T = (self.num_cached if use_cache else 0), x.shape[1]
-        q = self.turn(reference.split_heads(self.W_query(x), self.num_heads), start)
-        k_new = reference.split_heads(self.W_key(x), self.num_heads)
-        v_new = reference.split_heads(self.W_value(x), self.num_heads)
-        keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
-        scores = (q @ keys.transpose(2, 3)).masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
-        weights = self.dropout(torch.softmax(scores / math.sqrt(self.head_dim), dim=-1))
-        return self.out_proj(reference.merge_heads(weights @ values))
+    def own_code_without_cache(self):
+        return True
+
+    def turn_keys(self, t, start):
+        return t
 
 
 class _RopeValuesTurned(_RopeOnly):
