@@ -33,7 +33,7 @@ def pytest_unconfigure(config):
 
 #: Test files that run in one pytest-xdist worker (``make test``: ``--dist loadfile``), because they share
 #: what a process keeps: every solution notebook run in the process (``harness._executed``, 5 to 10 s each)
-#: and the in-process verdicts of every known answer (``harness.test_verdicts``).
+#: and the in-process verdicts of every known answer (``harness.test_verdicts``); or the graded class.
 SHARED_WORKER = {
     "tests/grader_answers/test_judge.py": "known-answers",
     "tests/grader_answers/test_hidden_tests.py": "known-answers",
@@ -41,6 +41,9 @@ SHARED_WORKER = {
     "tests/checks/test_specs.py": "known-answers",
     "tests/grader_answers/test_handed_out.py": "known-answers",
     "tests/checks/test_serving.py": "known-answers",
+    # The suite's one graded class (tests/support/graded_class.py), graded once for both.
+    "tests/grader_answers/test_autograde.py": "graded-class",
+    "tests/grader_messy/test_cheats.py": "graded-class",
 }
 
 

@@ -26,6 +26,15 @@ def student_edition(tmp_path_factory):
     return folder, studentenv.build_wheel(folder, root / "dist")
 
 
+@pytest.fixture(scope="session")
+def graded_class(tmp_path_factory):
+    """The class of every file that registered submissions (``tests/support/graded_class.py``), graded
+    in one sandboxed ``autograde`` run."""
+    from tests.support import graded_class
+
+    return graded_class.grade(tmp_path_factory.mktemp("class"))
+
+
 # ---------------------------------------------------------------------------------------------
 # `make test` runs pytest on two workers (`-n 2 --dist loadfile --no-loadscope-reorder`). Each test
 # file runs whole on one worker, so its module fixtures (a graded class, a JupyterLab, one notebook's
@@ -39,8 +48,8 @@ def student_edition(tmp_path_factory):
 #: keeps both cores busy counts as long as its CPU says, not as its wall time on a busy machine.
 LONGEST_FIRST = [
     "tests/grader_answers/test_judge.py",  # with test_hidden_tests.py, test_parity.py, test_specs.py... (conftest.py)
-    "tests/grader_messy/test_cheats.py",  # 175
-    "tests/grader_answers/test_autograde.py",  # 110
+    "tests/grader_messy/test_cheats.py",  # with test_autograde.py: the one graded class (conftest.py), 240
+    "tests/grader_answers/test_autograde.py",
     "tests/release/test_editions.py",  # 75
     "tests/grader_messy/test_warm.py",  # 75
     "tests/release/test_browser.py",  # 60

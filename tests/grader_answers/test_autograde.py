@@ -3,21 +3,20 @@
 For every notebook: the solution submitted as a student gets full marks; the untouched student
 notebook gets 0 on every test cell and still gets its rows; each set of known-wrong answers
 (tests/fixtures/answers) loses points on the exercises it breaks; correct alternatives get full marks.
-All submissions are graded in one ``autograde`` call, as an instructor would.
+All submissions are graded in one ``autograde`` call, as an instructor would: the suite's one graded class
+(``tests/support/graded_class.py``), where the cheats of ``tests/grader_messy/test_cheats.py`` are graded too.
 """
 
 from __future__ import annotations
 
-import csv
 import os
-from collections import defaultdict
 
 import nbformat
 import pytest
 
 from grader import course
-from grader.autograde import autograde
 from tests.support import harness
+from tests.support.graded_class import submissions
 from tests.fixtures.answers import load
 
 #: ``COURSE_E2E_NOTEBOOKS="07 08"`` grades only those notebooks (while writing one); default: all.
@@ -65,33 +64,30 @@ def _variants(kind: str, name: str) -> list[dict[str, str]]:
     return [{ex: v[k] for ex, v in per_exercise.items() if k < len(v)} for k in range(depth)]
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    subs = tmp_path_factory.mktemp("submissions")
-    out = tmp_path_factory.mktemp("grading")
-    plan: dict[tuple[str, str], dict] = {}
+@submissions("test_autograde")
+def _submissions(taken: set) -> dict:
+    """Per notebook: the solution, the untouched notebook, and the known answers (the depths above)."""
+    found = {}
     for name in NOTEBOOKS:
-        def put(student: str, nb, expect: dict) -> None:
-            folder = subs / student
-            folder.mkdir(exist_ok=True)
-            nbformat.write(nb, folder / f"{name}.ipynb")
-            plan[(student, name)] = expect
-
-        put("solution", nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4), {"full": True})
-        put("blank", nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4), {"zero": True})
+        found[("solution", name)] = (nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4),
+                                     {"full": True})
+        found[("blank", name)] = (nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4), {"zero": True})
         for k, answers in enumerate(_variants("WRONG", name)):
-            put(f"wrong_{k}", _student_version_with(name, answers), {"wrong": set(answers)})
+            found[(f"wrong_{k}", name)] = (_student_version_with(name, answers), {"wrong": set(answers)})
         for k, answers in enumerate(_variants("RIGHT", name)):
-            put(f"right_{k}", _student_version_with(name, answers), {"full": True})
-    originals = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
-    code = autograde(subs, out, workers=2)
-    with open(out / "grades.csv", newline="") as f:
-        grades = {(r["student_id"], r["notebook"]): r for r in csv.DictReader(f)}
-    cells = defaultdict(dict)
-    with open(out / "cells.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            cells[(r["student_id"], r["notebook"])][r["grade_id"]] = (float(r["score"]), float(r["max_score"]))
-    return {"code": code, "plan": plan, "grades": grades, "cells": cells, "originals": originals}
+            found[(f"right_{k}", name)] = (_student_version_with(name, answers), {"full": True})
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(graded_class):
+    """This file's submissions, graded in the suite's one class (``tests/support/graded_class.py``)."""
+    plan = graded_class.plans["test_autograde"]
+    cells = {key: {gid: (float(r["score"]), float(r["max_score"])) for gid, r in rows.items()}
+             for key, rows in graded_class.cells.items()}
+    return {"code": graded_class.code, "plan": plan, "cells": cells,
+            "grades": {key: row for key, row in graded_class.grades.items() if key in plan},
+            "originals": graded_class.originals}
 
 
 def test_every_submission_gets_a_row_and_exit_0(graded):

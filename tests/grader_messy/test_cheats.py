@@ -1,7 +1,8 @@
 """Cheats score 0 on their exercise under the real grader (issues 18 and 35), honest work keeps full marks.
 
-Every cheat of ``tests/fixtures/cheats.py`` goes into an otherwise solved notebook, and the class is
-graded in one sandboxed ``autograde`` run. Each cheat's exercise scores 0 by the verdict computed
+Every cheat of ``tests/fixtures/cheats.py`` goes into an otherwise solved notebook, graded in one sandboxed
+``autograde`` run with the rest of the suite's class (``tests/support/graded_class.py``: the solutions, untouched
+notebooks and wrong answers of ``tests/grader_answers/test_autograde.py`` beside them). Each cheat's exercise scores 0 by the verdict computed
 outside the kernel alone (the test cells' own scores, before the static rules' zeroes), and the
 notebook's other tests keep their points. The policy on machinery (issue 35) names the cheats that use
 it, and the rules checked on what ran name the operations of the ``ran`` cheats, those the policy does
@@ -22,22 +23,19 @@ import sys
 import types
 from pathlib import Path
 
-import json
-
 import nbformat
 import pytest
 
 from course_utils import rules
 from grader import cells as nbcells
 from grader import course, intake
-from grader.autograde import autograde
 from tests.fixtures import cheats
 from tests.support import harness
+from tests.support.graded_class import submissions
 
 NOTEBOOKS = sorted({c.notebook for c in cheats.CHEATS.values()})
 pytestmark = pytest.mark.skipif(any(n not in course.available_notebooks() for n in NOTEBOOKS),
                                 reason="notebooks 01 to 05 are not built")
-LIMITS = dict(cell_timeout=30, notebook_timeout=300, progress=False)
 
 
 def _slug(name: str) -> str:
@@ -121,28 +119,31 @@ def test_a_spec_runs_the_code_before_any_expected_value_exists(name, checks_rest
         harness.run_tests_with_answer(cheat.notebook, cheat.exercise, cheat.source)
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    subs = tmp_path_factory.mktemp("submissions")
-    out = tmp_path_factory.mktemp("grading")
+@submissions("test_cheats")
+def _submissions(taken: set) -> dict:
+    """Every cheat's submission: the solved notebook with the cheat's answer (and those of the cheats that
+    share it), and honest work beside them: the solution of each notebook that test_autograde.py submits in the
+    same class, or, where it does not (that file not run, or not for this notebook), a solved notebook here."""
     Path(cheats.PAYLOAD_MARKER).unlink(missing_ok=True)
-    plan = {}
-    for notebook in NOTEBOOKS:
-        (subs / f"honest_{notebook[:2]}").mkdir()
-        nbformat.write(_solved(notebook, {}), subs / f"honest_{notebook[:2]}" / f"{notebook}.ipynb")
-        plan[(f"honest_{notebook[:2]}", notebook)] = None
     answers: dict[tuple[str, str], dict[str, str]] = {}
     for name, cheat in cheats.CHEATS.items():  # a cheat that shares a submission puts its answer cell beside the other's
         answers.setdefault((_student(name), cheat.notebook), {})[cheat.exercise] = cheat.source
-        plan.setdefault((_student(name), cheat.notebook), cheat)
-    for (student, notebook), cells in answers.items():
-        (subs / student).mkdir()
-        nbformat.write(_solved(notebook, cells), subs / student / f"{notebook}.ipynb")
-    assert autograde(subs, out, workers=2, **LIMITS) == 0
-    grades, cells = harness.read_grading(out)
-    judged = {(r["student_id"], r["notebook"]): {c["grade_id"]: c for c in r["cells"]}
-              for r in json.loads((out / "results.json").read_text())}
-    return {"plan": plan, "grades": grades, "cells": cells, "out": out, "judged": judged}
+    found = {key: (_solved(key[1], cells), next(c for n, c in cheats.CHEATS.items()
+                                                  if (_student(n), c.notebook) == key))
+             for key, cells in answers.items()}
+    for notebook in NOTEBOOKS:
+        shared = ("solution", notebook) in taken
+        found[("solution" if shared else f"honest_{notebook[:2]}", notebook)] = (None if shared else _solved(notebook, {}), None)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(graded_class):
+    """This file's submissions and the solutions beside them, graded in the suite's one class
+    (``tests/support/graded_class.py``)."""
+    plan = dict(graded_class.plans["test_cheats"])
+    return {"plan": plan, "grades": graded_class.grades, "cells": graded_class.cells, "out": graded_class.out,
+            "judged": graded_class.judged}
 
 
 def _judged(graded, name: str, test: str | None = None) -> dict:
