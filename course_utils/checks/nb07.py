@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from course_utils import flash
-from course_utils.checks import core, wire
+from course_utils.checks import core, symptoms, wire
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
     Case,
@@ -305,12 +305,20 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
                     factor = transformation_hint(w, g)
                     if factor:
                         return f"{name}: {factor}"
+            tokens = tokens_of(case)
+            generic = symptoms.where_wrong(tokens, want[0], out) or symptoms.row_relation(want[0], out)
+            if generic:
+                return generic
             if isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and \
                     tensor_difference(want[0], out) is None and lse.shape == want[1].shape:
                 if tensor_difference(want[1], lse) is not None:
                     own_rows = _lse_rows_hint(want[1], lse)
                     if own_rows:
                         return own_rows
+                    generic = symptoms.lse_relation(want[1], lse, row_max(case)) or \
+                        symptoms.where_wrong(tokens, want[1], lse, "lse", vector=True)
+                    if generic:
+                        return generic
                     return ("the output is right but lse is not: lse = m + log(l), the log of the sum of "
                             "exp(scaled scores) of each query, with the running maximum m added back.")
     except Exception:  # noqa: BLE001 - a hint is a bonus
@@ -339,6 +347,35 @@ def _blocks_of(case: Case) -> tuple[int, int]:
     if "block_m" in case.kwargs:
         return case.kwargs["block_m"], case.kwargs["block_n"]
     return case.args[3], case.args[4]
+
+
+def tokens_of(case: Case) -> symptoms.Tokens:
+    """How the outputs of either check's case hold tokens (:mod:`symptoms`): rows of queries in blocks of
+    block_q (BLOCK_M), read against key blocks of block_k (BLOCK_N), under the flag ``causal``."""
+    block_q, block_k = _blocks_of(case)
+    return symptoms.Tokens(block_q, block_k, bool(case.kwargs.get("causal", True)))
+
+
+def sizes_of(case: Case) -> dict[str, int]:
+    """The sizes a raised error of either check's case can mention, by what they stand for."""
+    q = next(a for a in case.args if isinstance(a, torch.Tensor))
+    T, D = q.shape[-2], q.shape[-1]
+    block_q, block_k = _blocks_of(case)
+    return {"block_q": block_q, "block_k": block_k, "head_dim": D, "T": T,
+            **{f"T % block_{n}": T % b for n, b in (("q", block_q), ("k", block_k)) if T % b}}
+
+
+def row_max(case: Case) -> torch.Tensor | None:
+    """Each query's largest scaled score on ``case`` (``(..., T)``), the m of lse = m + log(l); ``None`` if the
+    case has no (q, k) pair."""
+    q, k = (a for a in case.args[:2])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+        return None
+    s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if case.kwargs.get("causal", True):
+        T = s.shape[-1]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return s.amax(-1)
 
 
 def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
@@ -404,7 +441,10 @@ def short_block_hint(exercise: str, plan: list[Step], outcomes: Outcomes, step: 
                     f"block_{name} = {block}, so the last {which} block holds only {rest} positions, but something of "
                     f"it has {block} (its end {name}_start + block_{name}, or its mask's arange). End it at "
                     f"{name}_end = min({name}_start + block_{name}, T) and build its slices and mask from "
-                    f"{name}_start..{name}_end: the cases whose T the blocks divide pass.")
+                    f"{name}_start..{name}_end: the cases whose T the blocks divide pass."
+                    + (f" Or, as block_q = {block_q} and block_k = {block_k} are these sizes too: a row statistic "
+                       f"of the queries met the key axis: reduce the scores over dim=-1, the keys (amax, sum), and "
+                       f"give each tile the slices of its own block." if sizes == {block_q, block_k} else ""))
     return None
 
 
@@ -520,7 +560,8 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         found = outcomes[step.key]
         if isinstance(found, BaseException):
             failed = raised(exercise, found, case)
-            hint = short_block_hint(exercise, plan, outcomes, step, found) if failed.student_error is not None else None
+            hint = (short_block_hint(exercise, plan, outcomes, step, found)
+                    or symptoms.error_hint(found, sizes_of(case))) if failed.student_error is not None else None
             raise _hinted(failed, hint) from None
         _compare_pair(exercise, case, found, want, 1e-5, 1e-4)
     return (f"{len(calls)} cases agree with attention (out and lse), no (T, T) tensor is made, and causal tiles "
@@ -620,7 +661,8 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        got, on_gpu = launch_outcome(exercise, outcomes, step, _kernel_error_hint)
+        got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: _kernel_error_hint(error) or
+                                     symptoms.error_hint(error, sizes_of(case)))
         devices.add(on_gpu)
         atol = rtol = 5e-3 if on_gpu else 1e-5
         _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)

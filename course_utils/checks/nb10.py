@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
-from course_utils.checks import wire
+from course_utils.checks import symptoms, wire
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -185,7 +185,51 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
-            raise _hinted(error, hint or _agreement_hint(want, got, names, atol, rtol)) from None
+            raise _hinted(error, hint or _joined(_agreement_hint(want, got, names, atol, rtol),
+                                                 _where_hint(case, want, got, names, atol, rtol))) from None
+
+
+def _joined(*hints: str | None) -> str | None:
+    return " ".join(h for h in hints if h) or None
+
+
+def tokens_of(case: Case, name: str) -> symptoms.Tokens:
+    """How gradient ``name`` of any of this notebook's cases holds tokens (:mod:`symptoms`): o and dq have a row
+    per query, in blocks of block_q (BLOCK_M); dk and dv a row per key, in blocks of block_k (BLOCK_N). A case
+    without blocks (the reference) declares none."""
+    if "block_m" in case.kwargs:
+        block_q, block_k, causal = case.kwargs["block_m"], case.kwargs["block_n"], case.kwargs["causal"]
+    else:
+        flags = [a for a in case.args if type(a) is bool]
+        sizes = [a for a in case.args if type(a) is int]
+        block_q, block_k = sizes[:2] if len(sizes) >= 2 else (None, None)
+        causal = case.kwargs.get("causal", flags[0] if flags else True)
+    if name in ("dk", "dv"):
+        return symptoms.Tokens(block_k, block_q, bool(causal), rows="key")
+    return symptoms.Tokens(block_q, block_k, bool(causal))
+
+
+def _where_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """Where the first gradient that differs is wrong (:func:`symptoms.where_wrong`), when that names code."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    for name, w, g in zip(names, want, got):
+        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape \
+                and tensor_difference(w, g, atol, rtol) is not None:
+            return symptoms.where_wrong(tokens_of(case, name), w, g, name, atol=atol, rtol=rtol)
+    return None
+
+
+def _sizes_of(case: Case) -> dict[str, int]:
+    """The sizes a raised error of a case can mention, by what they stand for."""
+    q = case.args[0]
+    T, D = q.shape[-2], q.shape[-1]
+    tokens = tokens_of(case, "dq")
+    sizes = {"block_q": tokens.block, "block_k": tokens.other_block} if tokens.block else {}
+    sizes.update({"head_dim": D, "T": T})
+    if tokens.block:
+        sizes.update({f"T % block_{n}": T % b for n, b in (("q", tokens.block), ("k", tokens.other_block)) if T % b})
+    return sizes
 
 
 def _record_mistakes(exercise: str, case: Case) -> None:
@@ -365,7 +409,8 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             if isinstance(got, BaseException):
                 failed = raised(exercise, got, case)
                 hint = None if failed.student_error is None else (
-                    short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got))
+                    short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
+                    or symptoms.error_hint(got, _sizes_of(case)))
                 raise _hinted(failed, hint) from None
             _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
@@ -716,7 +761,9 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(got, BaseException):
             failed = raised(exercise, got, case)
             raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed,
-                                                     outcomes.student)) from None
+                                                     outcomes.student)
+                          or (symptoms.error_hint(got, _sizes_of(case)) if failed.student_error is not None
+                              else None)) from None
         _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
     facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))
     if isinstance(facts, BaseException):
@@ -779,7 +826,8 @@ def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
-        got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: None)
+        got, on_gpu = launch_outcome(exercise, outcomes, step,
+                                     lambda error: symptoms.error_hint(error, _sizes_of(case)))
         devices.add(on_gpu)
         atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)

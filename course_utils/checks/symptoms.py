@@ -1,0 +1,260 @@
+"""Generic symptom diagnoses (issue 36): read WHERE and HOW an output is wrong, or what a raised error's sizes
+and dtypes stand for, and say it in terms of the code that causes it.
+
+Per-mistake hints (a known mistake's recorded output) name one mistake; these name a symptom that many
+mistakes share, so they also name mistakes nobody listed. Each exercise declares once how its outputs hold
+tokens (:class:`Tokens`: blocks of queries and keys, the leading batch and head dimensions, causal or not), and
+the sizes its errors can mention (:func:`error_hint`'s ``sizes``). Every function returns a sentence or
+``None`` and never raises (a hint is a bonus); numbers are rounded as the other messages round them.
+Used after the specific hints of notebooks 07 and 10 (and ``core.explain``'s fallback for dtype and index
+errors), so a known mistake keeps its own words.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+_ATOL, _RTOL = 1e-5, 1e-4
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """How an exercise's outputs hold tokens, declared once per exercise (and case).
+
+    An output is ``(*lead, T, D)``: ``lead`` names its leading dimensions (``("batch", "head")``), the
+    next-to-last holds tokens in blocks of ``block`` (``rows``: ``"query"`` for out, lse's and dq's rows,
+    ``"key"`` for dk's and dv's), the last the features. ``other_block`` is the block size of the other token
+    axis (the key blocks a query row runs through); ``causal`` whether the attention is."""
+
+    block: int | None = None
+    other_block: int | None = None
+    causal: bool = True
+    rows: str = "query"
+    lead: tuple[str, ...] = ("batch", "head")
+
+
+def _safe(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> str | None:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - a hint is a bonus
+            return None
+    return wrapper
+
+
+def _off(want: torch.Tensor, got: torch.Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> torch.Tensor:
+    w, g = want.detach().double().cpu(), got.detach().double().cpu()
+    return ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
+
+
+def _span(rows: list[int]) -> str:
+    return f"{rows[0]}..{rows[-1]}" if len(rows) > 1 else f"{rows[0]}"
+
+
+@_safe
+def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: bool = False,
+                atol: float = _ATOL, rtol: float = _RTOL) -> str | None:
+    """Which (batch, head) slices or which token rows of ``got`` (``(*lead, T, D)`` or ``(*lead, T)``) are wrong,
+    when that pattern points at code: only the first (batch, head) right (an offset that ignores them); NaN on
+    whole blocks (a tile never computed); rows from the first one that reads a second block on (the update
+    carried from block to block); every block but the first (state not started afresh per block); the last,
+    shorter block alone (its end). ``vector``: ``got`` has no feature dimension (lse: ``(*lead, T)``)."""
+    if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)) or got.shape != want.shape:
+        return None
+    w = want if not vector else want[..., None]
+    g = got if not vector else got[..., None]
+    if w.dim() < 2:
+        return None
+    off = _off(w, g, atol, rtol)
+    if not bool(off.any()):
+        return None
+    slices = off.flatten(0, -3) if off.dim() > 2 else off[None]  # (L, T, D)
+    if len(slices) >= 2:
+        bad = slices.flatten(1).any(1)
+        nan = torch.isnan(g.detach().double()).flatten(0, -3).flatten(1).all(1) if g.dim() > 2 else None
+        if nan is not None and not bool(nan[0]) and bool(nan[1:].all()):
+            dims = ", ".join(tokens.lead[-(off.dim() - 2):])
+            return (f"{name} is NaN (never written) for every ({dims}) slice but the first: every program or "
+                    f"iteration writes to the first slice. Offset the stores (and the loads) by the ({dims}) "
+                    f"index, with that dimension's stride.")
+        if not bool(bad[0]) and bool(bad[1:].all()):
+            dims = ", ".join(tokens.lead[-(off.dim() - 2):]) if off.dim() > 2 else "batch"
+            return (f"{name} is right for the first ({dims}) slice only and wrong for every other: an offset or a "
+                    f"stride that ignores the {dims} (each slice must read and write its own rows: in a kernel, "
+                    f"offset every pointer by the program's ({dims}) index, and the strides of that dimension).")
+    T = off.shape[-2]
+    rows_off = slices.any(0).any(-1)  # (T,)
+    rows_nan = torch.isnan(g.detach().double()).flatten(0, -3).any(0).any(-1) if g.dim() > 2 else \
+        torch.isnan(g.detach().double()).any(-1)
+    rows = torch.arange(T)
+    who, block = tokens.rows, tokens.block
+    if block and bool(rows_nan.any()):
+        blocks = sorted({int(r) // block for r in rows[rows_nan]})
+        whole = torch.zeros(T, dtype=torch.bool)
+        for b in blocks:
+            whole[b * block:(b + 1) * block] = True
+        if torch.equal(whole, rows_nan) and len(blocks) < math.ceil(T / block):
+            listed = ", ".join(str(b) for b in blocks)
+            return (f"{name} is NaN on whole {who} block{'s' if len(blocks) > 1 else ''} {listed} (rows "
+                    f"{_span([int(r) for r in rows[rows_nan]])}) and nowhere else: for those blocks no tile was "
+                    f"computed (or every one was wholly masked), so their sums stay 0 and 0/0 = NaN. Check the "
+                    f"loop's bounds for those blocks.")
+    if not block or bool(rows_off.all()):
+        return None
+    last = (T // block) * block
+    if 0 < last < T and torch.equal(rows_off, rows >= last):
+        return (f"only the last, shorter {who} block (rows {last}..{T - 1}; T = {T} is not a multiple of the block "
+                f"size {block}) is wrong: that block ends at min(start + block, T), and its slices, mask and "
+                f"stores must use that end.")
+    other = tokens.other_block
+    if name in ("out", "lse") and who == "query" and tokens.causal and other and other < T and torch.equal(rows_off, rows >= other):
+        return (f"{name} is right for queries 0..{other - 1}, which read one key block, and wrong from query {other} "
+                f"on, the first to read a second key block (block_k = {other}): look at what carries from one key "
+                f"block to the next: m_new, alpha = exp(m - m_new), l and acc rescaled by alpha, and m = m_new.")
+    if block < T and torch.equal(rows_off, rows >= block):
+        state = {"query": "m, l and acc (or dq's accumulator)", "key": "dk's and dv's accumulators"}.get(who, "state")
+        more = (" When causal, the later query blocks are also those that read more than one key tile: check the key "
+                "loop's range and step too (range(0, q_end, block_k), each tile k_start..min(k_start + block_k, "
+                "T)), so that each key is read once." if who == "query" and tokens.causal and name != "dq" else "")
+        return (f"{name} is right for the first {who} block (rows 0..{block - 1}) and wrong for every later one: "
+                f"something carries over from one {who} block to the next: {state} must start afresh (zeros, or "
+                f"-inf for a maximum) at the top of each {who} block's loop; or the later blocks overlap the earlier "
+                f"ones: each {who} block ends at min(start + its own block size, T).{more}")
+    if block < T and torch.equal(rows_off, rows < min(block, T)):
+        return (f"only the first {who} block (rows 0..{block - 1}) is wrong: what differs for it? It is the first "
+                f"iteration (a value used before it is set) and, when causal, the block with the fewest keys.")
+    return None
+
+
+@_safe
+def row_relation(want: Any, got: Any, name: str = "out") -> str | None:
+    """A factor or a shift of its own for each row of ``got`` (``(..., T, D)``), when it is not one for all:
+    each row multiplied by its own factor is a normalisation with a wrong sum; each row shifted by its own
+    constant, a maximum subtracted or added where it should not be."""
+    if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)) or got.shape != want.shape \
+            or want.dim() < 2 or want.shape[-1] < 2:
+        return None
+    w, g = want.detach().double().cpu(), got.detach().double().cpu()
+    if not (torch.isfinite(w).all() and torch.isfinite(g).all()) or not bool(_off(w, g).any()):
+        return None
+    shift = (g - w).mean(-1, keepdim=True)
+    if torch.allclose(g - w, shift.expand_as(w), atol=1e-6, rtol=1e-4) and shift.flatten().std() > 1e-6:
+        return (f"each row of {name} is the expected row plus a constant of its own (a per-row shift): a row "
+                f"statistic (the row maximum, or a log-sum) is subtracted or added where it should not be, or twice.")
+    if bool((w.abs() < 1e-9).any()):
+        return None
+    ratio = g / w
+    factor = ratio.mean(-1, keepdim=True)
+    if torch.allclose(ratio, factor.expand_as(ratio), atol=1e-6, rtol=1e-4) and factor.flatten().std() > 1e-6:
+        return (f"each row of {name} is the expected row times a factor of its own (a per-row factor, not one for "
+                f"all): the normalisation divides by the wrong sum: is l (the sum of exp) rescaled with alpha at "
+                f"every block, summed over the keys only, and is the output divided by it once, at the end?")
+    return None
+
+
+@_safe
+def lse_relation(want: Any, got: Any, row_max: torch.Tensor | None = None) -> str | None:
+    """How a wrong lse ``got`` (``(..., T)``) relates to the right one: a constant shift, the maximum missing,
+    alone or twice (``row_max``: each query's maximum scaled score, where the judge can compute it), the sum
+    itself instead of its log, or a base-2 log."""
+    if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)) or got.shape != want.shape:
+        return None
+    w, g = want.detach().double().cpu(), got.detach().double().cpu()
+    if not torch.isfinite(w).all() or not bool(_off(w, g).any()):
+        return None
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(torch.isfinite(a).all()) and torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+    if row_max is not None:
+        m = row_max.detach().double().cpu()
+        if m.shape == w.shape:
+            if close(g, w - m):
+                return "lse lacks the maximum: lse = m + log(l), and log(l) alone is the log-sum of exp(s - m)."
+            if close(g, m):
+                return "lse is only the maximum m: add log(l), the log of the sum of exp(s - m): lse = m + log(l)."
+            if close(g, w + m):
+                return "lse holds the maximum twice: lse = m + log(l), with l the sum of exp(s - m)."
+            if close(g, torch.exp(w - m)):
+                return "lse holds l, the sum of exp(s - m), not lse = m + log(l): take its log and add m back."
+    if close(g, torch.exp(w)):
+        return "lse holds the sum of exp(scores) itself, not its log: lse = m + log(l)."
+    if close(g, w / math.log(2)) or close(g, w * math.log(2)):
+        return "lse is in base 2 (a log2 or exp2 where the natural log is meant): lse = m + ln(l), in base e."
+    shift = float((g - w).mean())
+    if close(g, w + shift) and abs(shift) > 1e-4:
+        return (f"lse is off by the same constant everywhere ({shift:+.4g}): a term added to every row (a log of a "
+                f"count or of a block size, a constant in the scale), not a wrong row.")
+    return None
+
+
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
+                        r"(?: at non-singleton dimension (-?\d+))?|"
+                        r"incompatible dimensions at index (\d+): (\d+) and (\d+)")  # PyTorch's, Triton's
+_DTYPES = (re.compile(r"expected scalar type ([\w:]+) but found ([\w:]+)", re.I),
+           re.compile(r"same dtype,? but got:? (?:mat1 is )?([\w:]+) (?:and|!=) (?:mat2 is )?([\w:]+)", re.I),
+           re.compile(r"([\w:]+) != ([\w:]+)"),
+           re.compile(r"expected (?:both )?.*?dtype ([\w:]+).*?(?:got|but) ([\w:]+)", re.I))
+_FLOATS = {"float", "float32", "half", "float16", "bfloat16", "double", "float64", "c10::bfloat16", "c10::half"}
+_INDEX = re.compile(r"(?:'indices' to have one of the following scalar types: Long, Int; but got torch\.(\w+)Tensor)|"
+                    r"(?:tensors used as indices must be long, int(?:, byte)? or bool)|"
+                    r"(?:index_select\(\): Expected dtype int(?:32|64) for index)|(?:expected .*index.* Long)", re.I)
+
+
+@_safe
+def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str | None:
+    """A raised error translated: two tensors of different float dtypes meeting (a missing cast), a float
+    tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
+    named by what they stand for in the exercise (``sizes``: ``{"block_q": 2, "block_k": 4, "T": 6, ...}``)."""
+    text = str(error)
+    if _INDEX.search(text):
+        return ("a float tensor is used where indices are meant (token ids, positions, an index into a table): values "
+                "where indices were meant. torch.argmax, topk(...).indices and max(...).indices give indices; "
+                "max(...).values gives the values themselves.")
+    for pattern in _DTYPES:
+        found = pattern.search(text)
+        if found and {t.lower() for t in found.groups()} <= _FLOATS and found.group(1).lower() != found.group(2).lower():
+            one, two = (t.replace("c10::", "") for t in found.groups())
+            return (f"two tensors of different dtypes meet in one operation ({one} and {two}): a "
+                    f"cast is missing. Bring one to the other's dtype (x.to(y.dtype)) before the product, or compute "
+                    f"in float32 and cast the result back once, at the end.")
+    found = _BROADCAST.search(text)
+    if found and sizes:
+        a, b, dim = (found.group(1), found.group(2), found.group(3)) if found.group(1) else \
+            (found.group(5), found.group(6), found.group(4))
+        a, b = int(a), int(b)
+        names = {n: [k for k, s in sizes.items() if s == n] for n in (a, b)}
+        if a != b and names[a] and names[b]:
+            advice = list(dict.fromkeys(_PAIRS[pair] for na in names[a] for nb in names[b]
+                                        if (pair := frozenset((_kind(na), _kind(nb)))) in _PAIRS))
+            where = f" along dimension {dim}" if dim is not None else ""
+            return (f"a tensor sized by {' = '.join(names[a])} = {a} meets one sized by {' = '.join(names[b])} = {b}"
+                    f"{where}: on that line, one operand has the wrong extent. "
+                    f"{' Or: '.join(advice) if advice else 'Print both shapes there.'}")
+    return None
+
+
+def _kind(name: str) -> str:
+    return "rest" if "%" in name else name
+
+
+_PAIRS = {
+    frozenset(("block_q", "block_k")): ("Query rows and key columns met: a row statistic (m, l, lse, delta) goes "
+                                        "with the query rows (reduce the scores over the keys: dim=-1, or axis 1 of a "
+                                        "Triton tile), and a tile's slices use the block they belong to "
+                                        "(q_start..q_end, k_start..k_end)."),
+    frozenset(("block_q", "rest")): "The last, shorter block: end it at min(start + block, T).",
+    frozenset(("block_k", "rest")): "The last, shorter block: end it at min(start + block, T).",
+    frozenset(("T", "head_dim")): "Tokens met features: a missing transpose, or a sum over the wrong dimension?",
+    frozenset(("block_q", "head_dim")): "Tokens met features: a missing transpose, or a sum over the wrong dimension?",
+    frozenset(("block_k", "head_dim")): "Tokens met features: a missing transpose, or a sum over the wrong dimension?",
+    frozenset(("n_heads", "n_kv_heads")): "Query heads met key/value heads: repeat K and V to n_heads (repeat_kv).",
+    frozenset(("T", "context_length")): "A buffer of context_length met T tokens: slice it to [:T, :T].",
+}
