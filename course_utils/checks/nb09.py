@@ -47,6 +47,7 @@ from course_utils.checks import modules
 from course_utils.checks import probe as _probe
 from course_utils.checks import spec as _spec
 from course_utils.checks import probed, wire
+from course_utils.checks import symptoms
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -1484,6 +1485,47 @@ def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str
             f"before the softmax.")
 
 
+def _token_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """Generic (issue 36, after the specific hints): where the student's new tokens stand in the stand-in model's
+    distribution at their own steps. Greedy decoding (temperature 0) whose first differing token is not the most
+    likely one; sampling whose every new token is the most likely one (the argmax taken where a sample is
+    asked); every new token of a row the same while ours are not (the input never grows). The model is rebuilt
+    (:func:`stand_in_model`) and reads the returned tokens (data), as in :func:`_top_k_rank_hint`."""
+    T0 = spec["runs"][k][0]
+    if not (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == torch.int64
+            and got.shape[1] > T0 + 1 and bool(((got >= 0) & (got < spec["vocab_size"])).all())):
+        return None
+    new, ours = got[:, T0:], want[:, T0:]
+    same = (new == new[:, :1]).all(dim=1) & ~(ours == ours[:, :1]).all(dim=1)
+    if bool(same.any()):
+        row = int(same.nonzero()[0])
+        return (f"every new token of row {row} is the same token, {int(new[row, 0])}, where the model's are not: each "
+                f"step reads the same input. Append each new token (torch.cat along dim=1) and give the model what it "
+                f"has not read yet: the whole sequence without the cache, only the new token with it.")
+    with torch.random.fork_rng():
+        model = stand_in_model(spec)
+    with torch.no_grad():
+        logits = model(got[:, :-1]).double()[:, T0 - 1:]  # (b, n, V): the logits each new token was chosen from
+    chosen = logits.gather(-1, new.unsqueeze(-1))  # (b, n, 1)
+    ranks = (logits > chosen).sum(dim=-1)  # (b, n): 0 for the most likely token
+    differ = (new != ours).nonzero()
+    if not len(differ):
+        return None
+    row, step = (int(v) for v in differ[0])
+    if spec["temperature"] == 0 and int(ranks[row, step]) > 0:
+        return (f"greedy decoding (temperature 0) takes the most likely token at each step, but row {row}, new token "
+                f"{step + 1} is the model's {_ordinal(int(ranks[row, step]) + 1)} most likely: take "
+                f"torch.argmax(logits[:, -1, :], dim=-1) of the last position's logits, unchanged (no sampling, no "
+                f"division by temperature 0, no other position or dimension).")
+    if spec["temperature"] > 0 and bool((ranks == 0).all()) and not torch.equal(new, ours):
+        kept = (f" Or the top-k mask keeps only the largest logit: with top_k = {spec['top_k']}, the threshold is the "
+                f"k-th largest, torch.topk(logits, k).values[:, -1:], not values[:, :1]." if spec.get("top_k") else "")
+        return (f"temperature = {spec['temperature']:g} asks for sampling, but every new token is the model's most "
+                f"likely one: that is greedy decoding. Sample with torch.multinomial(torch.softmax(logits / "
+                f"temperature, dim=-1), 1) (after the top-k mask, if any).{kept}")
+    return None
+
+
 def _ordinal(n: int) -> str:
     """``1st``, ``2nd``, ``3rd``, ``4th``, ..."""
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
@@ -1668,7 +1710,9 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                     fail(exercise, f"{where}: {call}{found[0]}.", case)
                 continue
             if g["error"] is not None:
-                hint = _loop_error_hint(spec, k, g["error"], g["calls"]) or _calls_hint(spec, w["calls"], g["calls"])
+                hint = (_loop_error_hint(spec, k, g["error"], g["calls"])
+                        or symptoms.error_hint(RuntimeError(str(g["error"][1])))
+                        or _calls_hint(spec, w["calls"], g["calls"]))
                 try:
                     fail(exercise, f"{where}: {call}generate raised {g['error'][0]}: {g['error'][1]}; the model's "
                                    f"calls were: {_calls_text(g['calls'])}.", case)
@@ -1685,8 +1729,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                         hint = mistake_hint
                         break
             if hint is None:
-                hint = _top_k_positions_hint(spec, k, w["out"], g["out"]) or _top_k_rank_hint(spec, k, w["out"],
-                                                                                             g["out"])
+                hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
+                        or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"]))
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
                                f"expected: {_calls_text(w['calls'])}")
             try:
