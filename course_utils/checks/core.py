@@ -27,6 +27,7 @@ import torch
 from course_utils import rules, versions
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
+from course_utils.checks import symptoms as _symptoms
 from course_utils.checks.expected import expect
 
 
@@ -282,7 +283,7 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
             return transformation_hint(want, got)
         if isinstance(got, BaseException):
-            return shape_error_hint(got)
+            return shape_error_hint(got) or _symptoms.error_hint(got)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
