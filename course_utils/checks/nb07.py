@@ -357,10 +357,14 @@ def tokens_of(case: Case) -> symptoms.Tokens:
 
 
 def sizes_of(case: Case) -> dict[str, int]:
-    """The sizes a raised error of either check's case can mention, by what they stand for."""
-    q = next(a for a in case.args if isinstance(a, torch.Tensor))
-    T, D = q.shape[-2], q.shape[-1]
-    block_q, block_k = _blocks_of(case)
+    """The sizes a raised error of either check's case can mention, by what they stand for (none if the case
+    has no such sizes: a hint is a bonus)."""
+    try:
+        q = next(a for a in case.args if isinstance(a, torch.Tensor))
+        T, D = q.shape[-2], q.shape[-1]
+        block_q, block_k = _blocks_of(case)
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return {}
     return {"block_q": block_q, "block_k": block_k, "head_dim": D, "T": T,
             **{f"T % block_{n}": T % b for n, b in (("q", block_q), ("k", block_k)) if T % b}}
 

@@ -1485,6 +1485,7 @@ def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str
             f"before the softmax.")
 
 
+@symptoms.bonus
 def _token_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
     """Generic (issue 36, after the specific hints): where the student's new tokens stand in the stand-in model's
     distribution at their own steps. Greedy decoding (temperature 0) whose first differing token is not the most

@@ -213,18 +213,25 @@ def _where_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: f
     """Where the first gradient that differs is wrong (:func:`symptoms.where_wrong`), when that names code."""
     if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
         return None
-    for name, w, g in zip(names, want, got):
-        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape \
-                and tensor_difference(w, g, atol, rtol) is not None:
-            return symptoms.where_wrong(tokens_of(case, name), w, g, name, atol=atol, rtol=rtol)
+    try:
+        for name, w, g in zip(names, want, got):
+            if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape \
+                    and tensor_difference(w, g, atol, rtol) is not None:
+                return symptoms.where_wrong(tokens_of(case, name), w, g, name, atol=atol, rtol=rtol)
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return None
     return None
 
 
 def _sizes_of(case: Case) -> dict[str, int]:
-    """The sizes a raised error of a case can mention, by what they stand for."""
-    q = case.args[0]
-    T, D = q.shape[-2], q.shape[-1]
-    tokens = tokens_of(case, "dq")
+    """The sizes a raised error of a case can mention, by what they stand for (none if the case has no such
+    sizes: a hint is a bonus)."""
+    try:
+        q = case.args[0]
+        T, D = q.shape[-2], q.shape[-1]
+        tokens = tokens_of(case, "dq")
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return {}
     sizes = {"block_q": tokens.block, "block_k": tokens.other_block} if tokens.block else {}
     sizes.update({"head_dim": D, "T": T})
     if tokens.block:

@@ -39,7 +39,8 @@ class Tokens:
     lead: tuple[str, ...] = ("batch", "head")
 
 
-def _safe(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+def bonus(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+    """``fn``, returning ``None`` where it would raise: a hint is a bonus, and a diagnosis never raises."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> str | None:
         try:
@@ -58,7 +59,7 @@ def _span(rows: list[int]) -> str:
     return f"{rows[0]}..{rows[-1]}" if len(rows) > 1 else f"{rows[0]}"
 
 
-@_safe
+@bonus
 def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: bool = False,
                 atol: float = _ATOL, rtol: float = _RTOL) -> str | None:
     """Which (batch, head) slices or which token rows of ``got`` (``(*lead, T, D)`` or ``(*lead, T)``) are wrong,
@@ -133,7 +134,7 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     return None
 
 
-@_safe
+@bonus
 def row_relation(want: Any, got: Any, name: str = "out") -> str | None:
     """A factor or a shift of its own for each row of ``got`` (``(..., T, D)``), when it is not one for all:
     each row multiplied by its own factor is a normalisation with a wrong sum; each row shifted by its own
@@ -159,7 +160,7 @@ def row_relation(want: Any, got: Any, name: str = "out") -> str | None:
     return None
 
 
-@_safe
+@bonus
 def lse_relation(want: Any, got: Any, row_max: torch.Tensor | None = None) -> str | None:
     """How a wrong lse ``got`` (``(..., T)``) relates to the right one: a constant shift, the maximum missing,
     alone or twice (``row_max``: each query's maximum scaled score, where the judge can compute it), the sum
@@ -208,7 +209,7 @@ _INDEX = re.compile(r"(?:'indices' to have one of the following scalar types: Lo
                     r"(?:index_select\(\): Expected dtype int(?:32|64) for index)|(?:expected .*index.* Long)", re.I)
 
 
-@_safe
+@bonus
 def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str | None:
     """A raised error translated: two tensors of different float dtypes meeting (a missing cast), a float
     tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
