@@ -231,6 +231,11 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
         a, b, dim = (found.group(1), found.group(2), found.group(3)) if found.group(1) else \
             (found.group(5), found.group(6), found.group(4))
         a, b = int(a), int(b)
+        if 0 in (a, b) and a != b:
+            return (f"one operand is empty (size 0) where the other has {max(a, b)} entries: a slice start:end that "
+                    f"begins past the end of its tensor, which is shorter than you think. A row statistic (delta, "
+                    f"lse, m) must hold one number per token, (..., T): one reduced over the tokens (dim=-2) instead "
+                    f"of the features (dim=-1) holds head_dim numbers instead.")
         names = {n: [k for k, s in sizes.items() if s == n] for n in (a, b)}
         if a != b and names[a] and names[b]:
             advice = list(dict.fromkeys(_PAIRS[pair] for na in names[a] for nb in names[b]
