@@ -23,6 +23,13 @@ def pytest_configure(config):
         warm_kernel.register()
     other_cpu.install_kernel(data_dir, provisioner="" if cold else warm_kernel.PROVISIONER)
     _KERNELS.append(data_dir)
+    # The grader's registered gradebooks (grader.config.cache_dir) are kept in this run's own folder, made
+    # before pytest-xdist starts its workers (they inherit it), not in the user's ~/.cache: a run of the
+    # tests leaves nothing behind, and each run registers the course as a class graded the first time would.
+    if not os.environ.get("GRADER_CACHE_DIR"):
+        cache = Path(tempfile.mkdtemp(prefix="course-grader-cache-"))
+        os.environ["GRADER_CACHE_DIR"] = str(cache)
+        _KERNELS.append(cache)
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(data_dir), os.environ.get("JUPYTER_PATH")) if p)
 
 

@@ -141,15 +141,49 @@ def test_verdicts(notebook: str, exercise: str, answer_source: str) -> tuple[tup
     base, cells = _executed(notebook)
     namespace = dict(base)
     run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
-    found = []
-    for gid in test_ids_for(exercise, cells, notebook):
-        try:
-            run_source(cells[gid], namespace, f"{notebook}:{gid}")
-            found.append((gid, None))
-        except Exception as exc:  # noqa: BLE001 - the verdict
-            exc.__traceback__ = None  # the frames (and their tensors) are not kept
-            found.append((gid, exc))
+    found, made = [], []
+    with _noting_outcomes(made):
+        for gid in test_ids_for(exercise, cells, notebook):
+            try:
+                run_source(cells[gid], namespace, f"{notebook}:{gid}")
+                found.append((gid, None))
+            except Exception as exc:  # noqa: BLE001 - the verdict
+                exc.__traceback__ = None  # the frames (and their tensors) are not kept
+                found.append((gid, exc))
+    _PLANS_READ[(notebook, exercise, answer_source)] = tuple(
+        (outcomes.exercise, outcomes.hidden, frozenset(outcomes), frozenset(outcomes.read)) for outcomes in made)
     return tuple(found)
+
+
+#: ``(notebook, exercise, answer) -> ((exercise, hidden, the plan's keys, the keys its judge read), ...)``, one
+#: entry per spec check that judged in the test cells of :func:`test_verdicts`.
+_PLANS_READ: dict[tuple[str, str, str], tuple[tuple[str, bool, frozenset, frozenset], ...]] = {}
+
+
+def plans_read(notebook: str, exercise: str, answer_source: str) -> tuple[tuple[str, bool, frozenset, frozenset], ...]:
+    """For each spec check the test cells of :func:`test_verdicts` judged (visible and hidden plans, each try of
+    ``modules.alone``): ``(exercise, whether the plan was the hidden one, the keys its plan made, the keys its
+    judge read)``."""
+    test_verdicts(notebook, exercise, answer_source)
+    return _PLANS_READ[(notebook, exercise, answer_source)]
+
+
+@contextlib.contextmanager
+def _noting_outcomes(made: list):
+    """Every ``spec.Outcomes`` made in the block is appended to ``made`` (what its judge read is on it)."""
+    from course_utils.checks import spec
+
+    original = spec.Outcomes.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    spec.Outcomes.__init__ = init
+    try:
+        yield
+    finally:
+        spec.Outcomes.__init__ = original
 
 
 def read_grading(out: Path) -> tuple[dict, dict]:
