@@ -2,7 +2,8 @@
 started and its other child processes. Linux only (reads ``/proc``).
 
     .venv/bin/python scripts/profile_tests.py [pytest arguments]
-    (default: make test's own: -n 2 --dist loadfile --no-loadscope-reorder --ignore=tests/release/test_colab.py)
+    (default: make test's own: -n 2 --dist loadfile --no-loadscope-reorder --ignore=tests/release/test_colab.py
+    --ignore=tests/grader_messy/test_gradescope_container.py)
 
 Every 0.25 s it reads each process's CPU time (``/proc/<pid>/stat``: user + system) and its parent, and
 gives each process's CPU since the last reading to the test its pytest process was running then
@@ -27,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
-DEFAULT_ARGS = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "--ignore=tests/release/test_colab.py"]
+DEFAULT_ARGS = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "--ignore=tests/release/test_colab.py",
+                "--ignore=tests/grader_messy/test_gradescope_container.py"]
 
 
 def _read_processes() -> dict[int, tuple[int, float]]:
