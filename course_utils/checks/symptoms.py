@@ -137,6 +137,14 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
                 f"size {block}) is wrong: that block ends at min(start + block, T), and its slices, mask and "
                 f"stores must use that end.")
     other = tokens.other_block
+    inside = [b for b in range(n) if other and (b * block) % other]
+    if who == "query" and tokens.causal and other and other > block and inside and bad == inside:
+        wrong = _spans([r for b in bad for r in range(b * block, min((b + 1) * block, T))])
+        return (f"{name} is wrong exactly on query block{'s' if len(bad) > 1 else ''} {_spans(bad)} (rows {wrong}), "
+                f"right on the others: those whose first query is not a multiple of the key block size {other}, so "
+                f"their diagonal begins inside a key block. Does the split between the key blocks read without a mask "
+                f"and the masked diagonal ones fall on a key-block boundary: the query block's start rounded down to a "
+                f"multiple of the key block size, (start_m * BLOCK_M) // BLOCK_N * BLOCK_N?")
     if name in ("out", "lse") and who == "query" and tokens.causal and other and other < T \
             and torch.equal(rows_off, rows >= other):
         return (f"{name} is right for queries 0..{other - 1}, which read one key block, and wrong from query {other} "
