@@ -194,7 +194,13 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
 
 def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
     """Which keys the wrong rows of a wrong output o attended to (:func:`symptoms.keys_seen`)."""
-    if names[0] != "o" or not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    if "dv" in names and "block_m" in case.kwargs:  # a kernel's launch: which queries each key block read
+        q, k, *_, do = case.args
+        return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
+                                     case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"]))
+    if names[0] != "o":
         return None
     flags = [a for a in case.args if type(a) is bool]
     causal = case.kwargs.get("causal", flags[0] if flags else True)

@@ -236,6 +236,51 @@ def keys_seen(q: Any, k: Any, v: Any, want: Any, got: Any, causal: bool, name: s
 
 
 @bonus
+def queries_seen(q: Any, k: Any, do: Any, want: Any, got: Any, block_k: int, block_q: int, causal: bool,
+                 name: str = "dv") -> str | None:
+    """Which queries each wrong key block of ``got``, a ``dv`` (``(..., T, D)``, from ``q``, ``k`` and ``do``), took
+    its gradient from, when each is the share of one run of ``block_q`` consecutive queries counted a whole number of
+    times: the rows of the query loop's iterations, read at the wrong place. ``None`` unless every wrong key block is
+    explained."""
+    tensors = (q, k, do, want, got)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or got.shape != want.shape or not (block_k and block_q):
+        return None
+    Q, K, dO, W, G = (t.detach().double().cpu().reshape(-1, *t.shape[-2:]) for t in tensors)
+    T = Q.shape[-2]
+    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (L, T, T)
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    P = torch.softmax(s, -1)
+    found: dict[int, tuple[int, int]] = {}
+    for b in range(math.ceil(T / block_k)):
+        keys = slice(b * block_k, min((b + 1) * block_k, T))
+        if not bool(_off(W[:, keys], G[:, keys]).any()):
+            continue
+        match = None
+        for start in range(T):
+            rows = slice(start, min(start + block_q, T))
+            share = P[:, rows, keys].transpose(-2, -1) @ dO[:, rows]  # (L, keys, D)
+            for times in range(1, math.ceil(T / block_q) + 1):
+                if not bool(_off(times * share, G[:, keys]).any()):
+                    match = (start, times)
+                    break
+            if match:
+                break
+        if match is None:
+            return None
+        found[b] = match
+    if not found or all(start % block_q == 0 and times == 1 for start, times in found.values()):
+        return None
+    said = "; ".join(f"key block {b} (keys {b * block_k}..{min((b + 1) * block_k, T) - 1}): queries {start}.."
+                     f"{min(start + block_q, T) - 1}{f', {times} times' if times > 1 else ''}"
+                     for b, (start, times) in found.items())
+    return (f"{name} of each wrong key block is the share of one run of {block_q} queries only ({said}): every "
+            f"iteration of the query loop read the same rows, and not a query block. Are the query rows of each "
+            f"iteration offset by the loop's own start (rows = start_m + arange(BLOCK_M), start_m running over the "
+            f"query blocks), not by the program's key block?")
+
+
+@bonus
 def row_relation(want: Any, got: Any, name: str = "out") -> str | None:
     """A factor or a shift of its own for each row of ``got`` (``(..., T, D)``), when it is not one for all:
     each row multiplied by its own factor is a normalisation with a wrong sum; each row shifted by its own
