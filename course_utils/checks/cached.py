@@ -137,7 +137,8 @@ def cached_trace(exercise: str, model: nn.Module, x: torch.Tensor) -> list:
 
     - ``first``, ``again``: the pieces after a reset, then once more after the whole input
       (:func:`_run_outcome`; ``again`` is ``None`` where the check stops before it);
-    - ``num_cached``: ``model.num_cached`` after ``first`` (``TinyGPT``; ``None`` for a block);
+    - ``num_cached``: ``model.num_cached`` after ``first``; for ``TinyGPT`` whose ``whole`` ran, ``[after first,
+      after one more uncached call of one token]`` (an uncached call leaves it as it is); ``None`` for a block;
     - ``whole``: ``forward(x)`` without the cache after ``first`` (:func:`_value_outcome`);
     - ``end``: ``TinyGPT`` whose ``num_cached`` is not ``None`` after ``again``: ``[reset, num_cached]``, the
       outcome of one more ``reset_cache()`` (``["ok"]`` or as :func:`_run_outcome`'s) and ``num_cached`` then;
@@ -155,6 +156,9 @@ def cached_trace(exercise: str, model: nn.Module, x: torch.Tensor) -> list:
     hints = _hints_outcome(exercise, model, x, sizes) if len(sizes) > 1 else None
     cached = getattr(model, "num_cached", None) if exercise == "TinyGPT" else None
     whole = _value_outcome(lambda: model(x.clone()))
+    if exercise == "TinyGPT" and whole[0] == "ok":  # an uncached call (of one token) must leave the count as it is
+        cached = [cached, getattr(model, "num_cached", None) if _value_outcome(lambda: model(x[:, :1].clone()))[0] == "ok"
+                  else cached]
     again = _run_outcome(exercise, model, x, sizes) if whole[0] == "ok" else None
     end = None
     if exercise == "TinyGPT" and again is not None and again[0] == "ok" and \
@@ -279,9 +283,15 @@ def check_cached_path(exercise: str, trace: list, x: torch.Tensor, want: torch.T
                    f"input's outputs: {problem}")
         fail(exercise, message.rstrip(".") + ". " + _cached_hint(exercise, hints, sizes, k, start))
     if exercise == "TinyGPT":
-        if cached != x.shape[1]:
-            fail(exercise, f"{label}: afterwards model.num_cached is {cached!r}, expected {x.shape[1]}: set "
+        counted, after_whole = cached if isinstance(cached, list) and len(cached) == 2 else (cached, None)
+        if counted != x.shape[1]:
+            fail(exercise, f"{label}: afterwards model.num_cached is {counted!r}, expected {x.shape[1]}: set "
                            f"self.num_cached = start + T at the end of every use_cache=True call.")
+        if whole[0] == "ok" and isinstance(cached, list) and after_whole != counted:
+            fail(exercise, f"{label}: then forward(x) and forward(x[:, :1]) without use_cache changed model.num_cached "
+                           f"from {counted!r} to {after_whole!r}: a call without use_cache leaves the cache and its count "
+                           f"as they are (the next cached call goes on at position {counted}). Advance "
+                           f"self.num_cached only when use_cache=True.")
     if whole[0] == "error":  # what the student's forward(x) raised, as the check says it
 
         def whole_again(_: torch.Tensor) -> None:

@@ -69,7 +69,25 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
     function that works along the last dimension (it has no ``dim`` argument)."""
     x, block = case.args[0], case.args[1]
     if isinstance(got, BaseException):
+        found = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton "
+                          r"dimension (\d+)", str(got))
+        if found and x.dim() >= 2 and int(found.group(3)) < x.dim() - 1 \
+                and {int(found.group(1)), int(found.group(2))} == {x.shape[int(found.group(3))], block}:
+            return (f"a block of {block} meets the {x.shape[int(found.group(3))]} rows along dimension "
+                    f"{found.group(3)}: a block sliced along the first dimension (x[start:start + block_size], "
+                    f"rows) instead of the last one: x[..., start:start + block_size], the columns.")
         return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
+            and bool(torch.isfinite(x).all()) and isinstance(want, torch.Tensor):
+        g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
+        if bool((g == 0).all()) and bool((w != 0).any()):
+            return ("every entry is 0: the sum l is inf (or the exponentials vanish). Is each block's exp taken "
+                    "against the same shift that l is rescaled to, the new maximum m_new (exp(block - m_new))? Against "
+                    "the old maximum m, still -inf at the first block, exp(block - m) is inf.")
+        if torch.allclose(g, w * torch.exp(xd.amax(-1, keepdim=True)), atol=1e-5, rtol=1e-4) \
+                and not torch.allclose(g, w, atol=1e-5, rtol=1e-4):
+            return ("each row is the right one times exp(m), its maximum: the final exponentials are not shifted. l "
+                    "holds the sum of exp(x - m), so return exp(x - m) / l, not exp(x) / l.")
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point():
         first = x[..., :block]
         lost = torch.isnan(got).any(dim=-1) & ~torch.isnan(want).any(dim=-1) & torch.isinf(first).all(dim=-1) \
@@ -297,7 +315,9 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
                 if _pair_difference(output, got, 1e-5, 1e-4) is None:
                     return hint
             out, lse = got
-            symptom = _rows_symptom(case, out, want[0])
+            q, k, v = case.args[:3]
+            symptom = _rows_symptom(case, out, want[0]) or \
+                symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
                 return symptom
             for name, w, g in (("out", want[0], out), ("lse", want[1], lse)):

@@ -239,8 +239,28 @@ _OUT_OF_BOUNDS = re.compile(r"index (\d+) is out of bounds for dimension 0 with 
 def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
     """An angle table with fewer rows than the largest position needs (issue 36): indexed with the positions,
     it raises an IndexError naming a row past its end."""
+    x, positions = case.args[0], case.args[1] if len(case.args) > 1 else None
+    D = x.shape[-1]
+    sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", str(got)) \
+        if isinstance(got, RuntimeError) else None
+    if sizes and {int(sizes.group(1)), int(sizes.group(2))} == {D // 2, D // 4}:
+        return (f"the angle table has {D // 4} columns where each half of x has {D // 2}: it was built for head_dim "
+                f"{D // 2}. Build it for the whole head, rope_angles(head_dim={D}, ...): (max_positions, head_dim // "
+                f"2), one angle per pair.")
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape \
+            and isinstance(positions, torch.Tensor) and D % 2 == 0:
+        angle = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (T, D/2)
+        cos, sin = angle.cos(), angle.sin()
+        x1, x2 = x.double()[..., :D // 2], x.double()[..., D // 2:]
+        for words, other in (("cos and sin are swapped: the sine is used where the cosine belongs and vice versa. "
+                              "The pair (x1, x2) turns to (x1 cos - x2 sin, x1 sin + x2 cos).",
+                              torch.cat([x1 * sin - x2 * cos, x1 * cos + x2 * sin], -1)),
+                             ("each pair is turned the wrong way (by minus its angle): a sign flipped. The pair (x1, "
+                              "x2) turns to (x1 cos - x2 sin, x1 sin + x2 cos).",
+                              torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1))):
+            if torch.allclose(got.double(), other, atol=1e-4, rtol=1e-4):
+                return words
     found = _OUT_OF_BOUNDS.search(str(got)) if isinstance(got, IndexError) else None
-    positions = case.args[1] if len(case.args) > 1 else None
     if not (found and isinstance(positions, torch.Tensor) and positions.numel()):
         return None
     size, largest = int(found.group(2)), int(positions.max())
@@ -854,7 +874,8 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
         probed.check_shapes(exercise, by_build[tuple(build)], build)
     for build, checked in (full, full_rope):  # finite, then the values
         view = views[f"values {build}"]
-        causal = probed.not_causal(exercise, {tuple(b): views[f"values {tuple(b)}"] for b, _ in (full, full_rope)})
+        causal = _heads_mixed(probed.not_causal(exercise, {tuple(b): views[f"values {tuple(b)}"]
+                                                           for b, _ in (full, full_rope)}))
         probed.built(exercise, view, build)
         for case in checked:
             probed.finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
@@ -1014,11 +1035,20 @@ def _gqa_error_hint(causal: Callable) -> Callable:
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
                         "(b, num_heads, T, head_dim). Were K and V repeated on the wrong dimension?")
             return None
+        return _heads_mixed(causal)(case, got, want)
+    return diagnose
+
+
+def _heads_mixed(causal: Callable) -> Callable:
+    """``causal`` (``probed.not_causal``), its hint followed by the other cause of that symptom in a module with
+    heads: a reshape that mixes tokens and heads, which lets the future leak in without any mask being wrong."""
+    def diagnose(case: Case, got: object, want: object) -> str | None:
         hint = causal(case, got, want)
         if hint:
-            hint += (" If the mask is right, look at the split into heads: a view (or reshape) straight to (b, heads, "
-                     "T, head_dim) mixes tokens and heads, so the future leaks in through them: view(b, T, heads, "
-                     "head_dim), then transpose(1, 2), for the queries, the keys and the values.")
+            hint += (" If the mask is right, look at the split into heads and the merge back: a view (or reshape) "
+                     "straight to (b, heads, T, head_dim) mixes tokens and heads, so the future leaks in through them: "
+                     "view(b, T, heads, head_dim), then transpose(1, 2), for the queries, the keys and the values; and "
+                     "back, the context (b, heads, T, head_dim).transpose(1, 2) before the reshape to (b, T, d_out).")
         return hint
     return diagnose
 

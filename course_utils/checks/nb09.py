@@ -1406,7 +1406,8 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
             return ("torch.multinomial was given a row it cannot sample from: either it got the logits, not "
                     "probabilities (sample from torch.softmax(logits / temperature, dim=-1)), or the top-k mask set "
                     f"every logit of a row to -inf (top_k = {spec['top_k']}: the k-th largest logit itself stays, so "
-                    "mask logits < kth, not <= kth).")
+                    "mask logits < kth, not <= kth), or torch.topk ran over another dimension than the vocabulary "
+                    "(torch.topk(logits, top_k, dim=-1): the batch is dim 0).")
         return ("torch.multinomial takes probabilities (each row non-negative, not all zero), not logits: sample from "
                 "torch.softmax(logits / temperature, dim=-1).")
     if spec.get("top_k") and spec["top_k"] > spec["vocab_size"] and "out of range" in message:
@@ -1415,9 +1416,22 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     if "'indices'" in message and "Float" in message:
         return ("the new token is a float: the model looks up integer token ids. logits.max(dim=-1).values is the largest "
                 "logit itself; the token is its index, logits.argmax(dim=-1, keepdim=True) (or max(...).indices).")
+    dims = re.search(r"same number of dimensions: got (\d+) and (\d+)", message)
+    if dims and int(dims.group(2)) > int(dims.group(1)):
+        return (f"the new token has {dims.group(2)} dimensions where the tokens (b, T) have {dims.group(1)}: it was "
+                f"taken from the logits of every position, (b, T, vocab_size). Keep only the last position's, "
+                f"logits[:, -1, :] (b, vocab_size), before the argmax or the sampling (with the cache too).")
     if "must have same number of dimensions" in message or "Tensors must have same" in message:
         return ("the new token has lost its token dimension: logits.argmax(dim=-1) gives (b,); torch.cat with the "
                 "tokens (b, T) needs (b, 1): argmax(dim=-1, keepdim=True) (torch.multinomial already gives (b, 1)).")
+    cat = re.search(r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) but got size (\d+)",
+                    message)
+    if cat and cat.group(1) == "0":
+        return ("torch.cat joins along dim=0, the batch: the new token (b, 1) goes after the tokens (b, T) along the "
+                "sequence, torch.cat([tokens, new_token], dim=1).")
+    if cat and cat.group(1) == "1" and cat.group(3) == "1" and int(cat.group(2)) > 1:
+        return (f"the new token has 1 row where the batch has {cat.group(2)}: it was reduced over dim=0, the batch, "
+                f"instead of dim=-1, the vocabulary: logits.argmax(dim=-1, keepdim=True) gives (b, 1).")
     T0, n = spec["runs"][k]
     if kind == "ValueError" and not calls and "context" not in message.lower():
         said = message.lower()

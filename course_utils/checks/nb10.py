@@ -44,6 +44,7 @@ from course_utils.checks.core import (
     expect,
     fail,
     mistake_outputs,
+    shape_error_hint,
     rand,
     tensor_difference,
 )
@@ -159,8 +160,9 @@ def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rt
 
     said = f"{listed(ok)} {'agree' if len(ok) > 1 else 'agrees'}; {listed(off)} {'do' if len(off) > 1 else 'does'} not"
     if not ok:
-        return (f"{listed(off)} all differ: P itself is off (dv = P^T dO needs nothing else, and a wrong P also gives a "
-                f"wrong dS and wrong row sums): look at the scores' scale, the mask and P = exp(S - lse).")
+        return (f"{listed(off)} all differ: P itself is off, or tiles are missed: dv = P^T dO needs nothing but P (a "
+                f"wrong P also gives a wrong dS and wrong row sums), so look at the scores' scale, the mask and P = "
+                f"exp(S - lse), or at the loops' ranges (each key block must meet every query that sees it).")
     if "dv" in ok and "dv" in names:
         where = {"dq": "dQ = dS K / sqrt(D)", "dk": "dK = dS^T Q / sqrt(D)"}
         if len(off) > 1:
@@ -185,8 +187,24 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
-            raise _hinted(error, hint or _joined(_agreement_hint(want, got, names, atol, rtol),
-                                                 _where_hint(case, want, got, names, atol, rtol))) from None
+            raise _hinted(error, hint or _seen_hint(case, want, got, names)
+                          or _joined(_where_hint(case, want, got, names, atol, rtol),
+                                     _agreement_hint(want, got, names, atol, rtol))) from None
+
+
+def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
+    """Which keys the wrong rows of a wrong output o attended to (:func:`symptoms.keys_seen`)."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    if "dv" in names and "block_m" in case.kwargs:  # a kernel's launch: which queries each key block read
+        q, k, *_, do = case.args
+        return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
+                                     case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"]))
+    if names[0] != "o":
+        return None
+    flags = [a for a in case.args if type(a) is bool]
+    causal = case.kwargs.get("causal", flags[0] if flags else True)
+    return symptoms.keys_seen(*case.args[:3], want[0], got[0], bool(causal), "o")
 
 
 def _joined(*hints: str | None) -> str | None:
@@ -268,7 +286,12 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     for step in plan:
         want = _expected_grads(exercise, step.case)
         _record_mistakes(exercise, step.case)
-        _compare(exercise, step.case, outcome_of(exercise, outcomes, step), want, atol=1e-8, rtol=1e-6)
+        got = outcomes[step.key]
+        if isinstance(got, BaseException):  # a raw shape error gets its words (core.shape_error_hint), as elsewhere
+            failed = raised(exercise, got, step.case)
+            raise _hinted(failed, None if failed.student_error is None else
+                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case)))) from None
+        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6)
     return f"{len(plan)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in plan)})"
 
 

@@ -103,35 +103,181 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
             whole[b * block:(b + 1) * block] = True
         if torch.equal(whole, rows_nan) and len(blocks) < math.ceil(T / block):
             listed = ", ".join(str(b) for b in blocks)
+            offsets = "start_m * BLOCK_M" if who == "query" else "start_n * BLOCK_N"
             return (f"{name} is NaN on whole {who} block{'s' if len(blocks) > 1 else ''} {listed} (rows "
-                    f"{_span([int(r) for r in rows[rows_nan]])}) and nowhere else: for those blocks no tile was "
-                    f"computed (or every one was wholly masked), so their sums stay 0 and 0/0 = NaN. Check the "
-                    f"loop's bounds for those blocks.")
+                    f"{_span([int(r) for r in rows[rows_nan]])}) and nowhere else: nothing was computed or stored "
+                    f"for those rows (0/0 = NaN, or never written). Are those blocks' rows ever loaded and stored "
+                    f"(in a kernel, the program's offsets {offsets} + arange), and does the loop over tiles run "
+                    f"for them (its bounds)?")
+    zero = (g.detach().double() == 0).flatten(0, -3).all(0).all(-1) if g.dim() > 2 else (g.detach() == 0).all(-1)
+    want_zero = (w.detach().double() == 0).flatten(0, -3).any(0).all(-1) if w.dim() > 2 else (w.detach() == 0).all(-1)
+    zero = zero & ~want_zero & rows_off
+    if block and bool(zero.any()) and not bool(zero.all()):
+        other = "key" if who == "query" else "query"
+        return (f"{name} is exactly 0 on rows {_spans([int(r) for r in rows[zero]])} (where it must not be): no "
+                f"{other} block ever added its share to those {who} rows. Does the loop over {other} blocks include "
+                f"them, its start and its end? Each key block must meet every query that sees it: when causal, the "
+                f"queries from the query block that holds its first key k_start on, up to T.")
     if not block or bool(rows_off.all()):
         return None
+    n = math.ceil(T / block)
+    bad = [b for b in range(n) if bool(rows_off[b * block:min((b + 1) * block, T)].any())]
+    if not bad or len(bad) == n:
+        return None
+    whole = torch.zeros(T, dtype=torch.bool)
+    for b in bad:
+        whole[b * block:min((b + 1) * block, T)] = True
+    exact = torch.equal(whole, rows_off)
+    prefix, suffix = bad == list(range(len(bad))), bad == list(range(n - len(bad), n))
     last = (T // block) * block
-    if 0 < last < T and torch.equal(rows_off, rows >= last):
+    span = f"rows {bad[0] * block}..{min((bad[-1] + 1) * block, T) - 1}"
+    flag = "causal" if tokens.causal else "causal=False"
+    if suffix and bad == [n - 1] and 0 < last < T and exact and not (who == "key" and not tokens.causal):
         return (f"only the last, shorter {who} block (rows {last}..{T - 1}; T = {T} is not a multiple of the block "
                 f"size {block}) is wrong: that block ends at min(start + block, T), and its slices, mask and "
                 f"stores must use that end.")
     other = tokens.other_block
-    if name in ("out", "lse") and who == "query" and tokens.causal and other and other < T and torch.equal(rows_off, rows >= other):
+    inside = [b for b in range(n) if other and (b * block) % other]
+    if who == "query" and tokens.causal and other and other > block and inside and bad == inside:
+        wrong = _spans([r for b in bad for r in range(b * block, min((b + 1) * block, T))])
+        return (f"{name} is wrong exactly on query block{'s' if len(bad) > 1 else ''} {_spans(bad)} (rows {wrong}), "
+                f"right on the others: those whose first query is not a multiple of the key block size {other}, so "
+                f"their diagonal begins inside a key block. Does the split between the key blocks read without a mask "
+                f"and the masked diagonal ones fall on a key-block boundary: the query block's start rounded down to a "
+                f"multiple of the key block size, (start_m * BLOCK_M) // BLOCK_N * BLOCK_N?")
+    if name in ("out", "lse") and who == "query" and tokens.causal and other and other < T \
+            and torch.equal(rows_off, rows >= other):
         return (f"{name} is right for queries 0..{other - 1}, which read one key block, and wrong from query {other} "
                 f"on, the first to read a second key block (block_k = {other}): look at what carries from one key "
                 f"block to the next: m_new, alpha = exp(m - m_new), l and acc rescaled by alpha, and m = m_new.")
-    if block < T and torch.equal(rows_off, rows >= block):
+    if who == "key" and not tokens.causal and suffix:
+        return (f"{name} is right for the first key block{'s' if bad[0] > 1 else ''} and wrong for key blocks "
+                f"{_span(bad)} ({span}), in a case with causal=False: with causal=False every query sees every key, "
+                f"also the queries before a key block. Does the query loop start at 0 when causal is False (not at "
+                f"the key block's diagonal, which is the causal start)?")
+    if who == "key" and prefix:
+        return (f"{name} is wrong for key blocks {_span(bad)} ({span}) and right for the last key block{'s' if n - len(bad) > 1 else ''} "
+                f"({flag}): each key must receive a gradient from every query that sees it, up to the last query "
+                f"T - 1. Does the query loop for a key block run to T (and not stop at that key block's own end)?")
+    if who == "query" and not tokens.causal and prefix:
+        return (f"{name} is wrong for query blocks {_span(bad)} ({span}) and right for the later ones, in a case with "
+                f"causal=False: with causal=False every query reads all T keys; the early query blocks are those "
+                f"that a causal end (q_end) cuts short. Does the key loop run to T when causal is False?")
+    if suffix and bad[0] == 1 and exact:
         state = {"query": "m, l and acc (or dq's accumulator)", "key": "dk's and dv's accumulators"}.get(who, "state")
         more = (" When causal, the later query blocks are also those that read more than one key tile: check the key "
                 "loop's range and step too (range(0, q_end, block_k), each tile k_start..min(k_start + block_k, "
                 "T)), so that each key is read once." if who == "query" and tokens.causal and name != "dq" else "")
-        return (f"{name} is right for the first {who} block (rows 0..{block - 1}) and wrong for every later one: "
-                f"something carries over from one {who} block to the next: {state} must start afresh (zeros, or "
-                f"-inf for a maximum) at the top of each {who} block's loop; or the later blocks overlap the earlier "
-                f"ones: each {who} block ends at min(start + its own block size, T).{more}")
-    if block < T and torch.equal(rows_off, rows < min(block, T)):
-        return (f"only the first {who} block (rows 0..{block - 1}) is wrong: what differs for it? It is the first "
-                f"iteration (a value used before it is set) and, when causal, the block with the fewest keys.")
+        return (f"{name} is right for the first {who} block (rows 0..{block - 1}) and wrong for every later one "
+                f"({flag}). Does something carry over from one {who} block to the next ({state} must start afresh: "
+                f"zeros, or -inf for a maximum, at the top of each {who} block's loop)? Or do the later blocks "
+                f"overlap the earlier ones (each {who} block ends at min(start + its own block size, T))?{more}")
+    if prefix and bad == [0] and exact:
+        return (f"only the first {who} block (rows 0..{min(block, T) - 1}) is wrong ({flag}), every later one is "
+                f"right. What differs for it? It is the first iteration (is a value used before it is set?)"
+                f"{' and the block with the fewest keys (is its key loop or its mask right?)' if who == 'query' and tokens.causal else ''}.")
     return None
+
+
+def _spans(rows: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
+    parts, start = [], None
+    for i, r in enumerate(rows):
+        start = r if start is None else start
+        if i + 1 == len(rows) or rows[i + 1] != r + 1:
+            parts.append(_span([start, r]) if r != start else f"{r}")
+            start = None
+    return ", ".join(parts)
+
+
+@bonus
+def keys_seen(q: Any, k: Any, v: Any, want: Any, got: Any, causal: bool, name: str = "out") -> str | None:
+    """Which keys each wrong query row of an attention output ``got`` (``(..., T, Dv)``, from ``q``, ``k`` ``(..., T,
+    D)`` and ``v``) attended to, when each is softmax attention over a prefix of the keys 0..e-1 with the wrong end:
+    a causal output that sees future keys (a tile left unmasked), or one with ``causal=False`` that stops short of
+    T (a loop's end, or a mask, that ignores the flag). ``None`` unless every wrong row is explained."""
+    tensors = (q, k, v, want, got)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or got.shape != want.shape or q.dim() < 2:
+        return None
+    Q, K, V, W, G = (t.detach().double().cpu().reshape(-1, *t.shape[-2:]) for t in tensors)
+    T, D = Q.shape[-2], Q.shape[-1]
+    off = _off(W, G).any(-1)  # (L, T)
+    if not bool(off.any()) or K.shape[-2] != T:
+        return None
+    ends: dict[int, int] = {}
+    for l, i in off.nonzero().tolist():
+        s = (Q[l, i] @ K[l].T) / math.sqrt(D)  # (T,)
+        found = None
+        for e in range(1, T + 1):
+            o = torch.softmax(s[:e], -1) @ V[l, :e]
+            if not bool(_off(o, G[l, i]).any()):
+                found = e
+                break
+        if found is None or (causal and found <= i + 1) or (not causal and found == T):
+            return None
+        ends.setdefault(i, found)
+        if ends[i] != found:
+            return None
+    rows = sorted(ends)
+    r = rows[0]
+    if causal:
+        return (f"{name}'s query rows {_spans(rows)} also attend to future keys (row {r} to keys 0..{ends[r] - 1}, "
+                f"past itself): a tile that holds keys after some of its queries is left unmasked. Is every tile that "
+                f"crosses the diagonal masked (any tile whose last key, k_end - 1, is after the block's first query, "
+                f"q_start), and does each tile start and end on its block's boundaries?")
+    if all(ends[i] == i + 1 for i in rows):
+        return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {_spans(rows)} "
+                f"attend only to the keys up to themselves (row {r} to keys 0..{r}): that is the causal output. Is "
+                f"causal passed on to every call that takes it (its default is causal), and the mask applied only "
+                f"when causal is True?")
+    return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {_spans(rows)} attend "
+            f"only to keys 0..{ends[r] - 1} (row {r}): the end a causal loop would use. Does the key loop (or the mask) "
+            f"run to T when causal is False?")
+
+
+@bonus
+def queries_seen(q: Any, k: Any, do: Any, want: Any, got: Any, block_k: int, block_q: int, causal: bool,
+                 name: str = "dv") -> str | None:
+    """Which queries each wrong key block of ``got``, a ``dv`` (``(..., T, D)``, from ``q``, ``k`` and ``do``), took
+    its gradient from, when each is the share of one run of ``block_q`` consecutive queries counted a whole number of
+    times: the rows of the query loop's iterations, read at the wrong place. ``None`` unless every wrong key block is
+    explained."""
+    tensors = (q, k, do, want, got)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or got.shape != want.shape or not (block_k and block_q):
+        return None
+    Q, K, dO, W, G = (t.detach().double().cpu().reshape(-1, *t.shape[-2:]) for t in tensors)
+    T = Q.shape[-2]
+    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (L, T, T)
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    P = torch.softmax(s, -1)
+    found: dict[int, tuple[int, int]] = {}
+    for b in range(math.ceil(T / block_k)):
+        keys = slice(b * block_k, min((b + 1) * block_k, T))
+        if not bool(_off(W[:, keys], G[:, keys]).any()):
+            continue
+        match = None
+        for start in range(T):
+            rows = slice(start, min(start + block_q, T))
+            share = P[:, rows, keys].transpose(-2, -1) @ dO[:, rows]  # (L, keys, D)
+            for times in range(1, math.ceil(T / block_q) + 1):
+                if not bool(_off(times * share, G[:, keys]).any()):
+                    match = (start, times)
+                    break
+            if match:
+                break
+        if match is None:
+            return None
+        found[b] = match
+    if not found or all(start % block_q == 0 and times == 1 for start, times in found.values()):
+        return None
+    said = "; ".join(f"key block {b} (keys {b * block_k}..{min((b + 1) * block_k, T) - 1}): queries {start}.."
+                     f"{min(start + block_q, T) - 1}{f', {times} times' if times > 1 else ''}"
+                     for b, (start, times) in found.items())
+    return (f"{name} of each wrong key block is the share of one run of {block_q} queries only ({said}): every "
+            f"iteration of the query loop read the same rows, and not a query block. Are the query rows of each "
+            f"iteration offset by the loop's own start (rows = start_m + arange(BLOCK_M), start_m running over the "
+            f"query blocks), not by the program's key block?")
 
 
 @bonus
@@ -215,6 +361,15 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
     tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
     named by what they stand for in the exercise (``sizes``: ``{"block_q": 2, "block_k": 4, "T": 6, ...}``)."""
     text = str(error)
+    if "upper bound and lower bound inconsistent with step sign" in text:
+        return ("torch.arange(start, end) was given an end before its start: the end must count from the start. "
+                "Positions start..start + T - 1 are torch.arange(start, start + T), not torch.arange(start, T).")
+    cat = re.search(r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) but got size "
+                    r"(\d+) for tensor number (\d+)", text)
+    if cat:
+        return (f"torch.cat joins tensors along dimension {cat.group(1)}, and every other dimension must match, but "
+                f"tensor number {cat.group(4)} has {cat.group(3)} entries where the first has {cat.group(2)}: is "
+                f"dimension {cat.group(1)} the one to join along, and was that tensor reduced over the right dimension?")
     if _INDEX.search(text):
         return ("a float tensor is used where indices are meant (token ids, positions, an index into a table): values "
                 "where indices were meant. torch.argmax, topk(...).indices and max(...).indices give indices; "

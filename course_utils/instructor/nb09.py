@@ -227,6 +227,18 @@ def _normalised_residual(self, x):
     return h + self.drop_resid(self.ff(h))
 
 
+def _att_normalised_residual(self, x):
+    h = self.norm1(x)
+    x = h + self.drop_resid(self.att(h))
+    return x + self.ff_branch(x)
+
+
+def _ff_normalised_residual(self, x):
+    x = x + self.attention_branch(x)
+    h = self.norm2(x)
+    return h + self.drop_resid(self.ff(h))
+
+
 def _parallel(self, x):
     return x + self.attention_branch(x) + self.ff_branch(x)
 
@@ -271,6 +283,12 @@ BLOCK_MISTAKES = [
     Mistake("the residual adds the NORMALISED x: h = norm1(x); x = h + att(h) puts the norm on the residual path. "
             "Keep the un-normalised x for the addition: x = x + att(norm1(x)).",
             _block("NormalisedResidual", forward=_normalised_residual)),
+    Mistake("the attention's residual adds the NORMALISED x: x was overwritten by norm1(x) before the attention. Keep "
+            "the un-normalised x for the addition: x = x + att(norm1(x)).",
+            _block("AttNormalisedResidual", forward=_att_normalised_residual)),
+    Mistake("the feed-forward's residual adds the NORMALISED x: x was overwritten by norm2(x) before the feed-forward "
+            "network, so the second residual adds norm2(x) instead of the block's x after the attention. Keep it: "
+            "x = x + ff(norm2(x)).", _block("FFNormalisedResidual", forward=_ff_normalised_residual)),
     Mistake("the two branches run side by side on the same x (x + att(norm1(x)) + ff(norm2(x))): the feed-forward "
             "branch must read x AFTER the attention's residual addition.", _block("Parallel", forward=_parallel)),
     Mistake("the feed-forward network uses GELU's tanh approximation (nn.GELU(approximate='tanh'), as the original "
@@ -601,9 +619,10 @@ def _generation(flaw: str):
 
 
 GENERATE_MISTAKES = [
-    Mistake("the temperature divides the probabilities after the softmax: torch.multinomial renormalises them, so "
-            "that changes nothing. Divide the LOGITS by the temperature, then take the softmax.",
-            _generation("temperature after softmax")),
+    Mistake("the temperature has no effect: the tokens are those of sampling at temperature 1. Is it applied on "
+            "every path (with top_k too), and to the logits? Divide the LOGITS by the temperature, then take the "
+            "softmax: dividing the probabilities after the softmax changes nothing, as torch.multinomial renormalises "
+            "them.", _generation("temperature after softmax")),
     Mistake("the logits are multiplied by the temperature: DIVIDE them, logits / temperature (a high temperature "
             "flattens the distribution).", _generation("temperature multiplies")),
     Mistake("top_k keeps the k SMALLEST logits: keep the k largest, torch.topk(logits, k).values[:, -1:] is the k-th "
