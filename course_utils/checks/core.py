@@ -296,8 +296,6 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
 # error translated into what it means).
 # ------------------------------------------------------------------------------------------
 _MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
-_BROADCAST_ERROR = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
-                              r"non-singleton dimension (-?\d+)")
 _BATCH_MATMUL_ERROR = re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
                                  r"but got: \[(\d+), (\d+)\]")
 
@@ -328,11 +326,11 @@ def shape_error_hint(error: BaseException) -> str | None:
         return (f"a batched matrix product whose operands do not fit: the second operand needs {want_k} rows "
                 f"(the first's last size) and a batch of {want_b}, but has {got_k} rows and a batch of {got_b}. "
                 f"A missing transpose(-2, -1), or operands in the wrong order?")
-    match = _BROADCAST_ERROR.search(text)
+    match = _symptoms.broadcast_sizes(text)
     if match:
-        a, b, dim = (int(g) for g in match.groups())
-        return (f"two tensors combined element by element do not broadcast: one has {a} entries along dimension "
-                f"{dim}, the other {b}. Often a reduction lost its dimension: keep it with keepdim=True (or index "
+        a, b, dim = match
+        return (f"two tensors combined element by element do not broadcast: one has {a} entries along "
+                f"{'a dimension' if dim is None else f'dimension {dim}'}, the other {b}. Often a reduction lost its dimension: keep it with keepdim=True (or index "
                 f"[..., None]) so that the result lines up with the tensor it is combined with.")
     return None
 

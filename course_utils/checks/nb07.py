@@ -69,12 +69,11 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
     function that works along the last dimension (it has no ``dim`` argument)."""
     x, block = case.args[0], case.args[1]
     if isinstance(got, BaseException):
-        found = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton "
-                          r"dimension (\d+)", str(got))
-        if found and x.dim() >= 2 and int(found.group(3)) < x.dim() - 1 \
-                and {int(found.group(1)), int(found.group(2))} == {x.shape[int(found.group(3))], block}:
-            return (f"a block of {block} meets the {x.shape[int(found.group(3))]} rows along dimension "
-                    f"{found.group(3)}: a block sliced along the first dimension (x[start:start + block_size], "
+        found = symptoms.broadcast_sizes(got)
+        if found and found[2] is not None and x.dim() >= 2 and 0 <= found[2] < x.dim() - 1 \
+                and {found[0], found[1]} == {x.shape[found[2]], block}:
+            return (f"a block of {block} meets the {x.shape[found[2]]} rows along dimension "
+                    f"{found[2]}: a block sliced along the first dimension (x[start:start + block_size], "
                     f"rows) instead of the last one: x[..., start:start + block_size], the columns.")
         return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
@@ -377,16 +376,12 @@ def tokens_of(case: Case) -> symptoms.Tokens:
 
 
 def sizes_of(case: Case) -> dict[str, int]:
-    """The sizes a raised error of either check's case can mention, by what they stand for (none if the case
-    has no such sizes: a hint is a bonus)."""
+    """The sizes a raised error of either check's case can mention, by what they stand for
+    (:func:`symptoms.sizes_of`; none if the case has no such sizes: a hint is a bonus)."""
     try:
-        q = next(a for a in case.args if isinstance(a, torch.Tensor))
-        T, D = q.shape[-2], q.shape[-1]
-        block_q, block_k = _blocks_of(case)
+        return symptoms.sizes_of(next(a for a in case.args if isinstance(a, torch.Tensor)), tokens_of(case))
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return {}
-    return {"block_q": block_q, "block_k": block_k, "head_dim": D, "T": T,
-            **{f"T % block_{n}": T % b for n, b in (("q", block_q), ("k", block_k)) if T % b}}
 
 
 def row_max(case: Case) -> torch.Tensor | None:
@@ -434,7 +429,7 @@ def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
     return None
 
 
-_SIZES_DIFFER = (re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
+_SIZES_DIFFER = (symptoms.BROADCAST_ERROR,
                  re.compile(r"Expected size (\d+) but got size (\d+)"))
 
 

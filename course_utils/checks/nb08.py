@@ -39,7 +39,7 @@ from course_utils import rules
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
-from course_utils.checks import probed, spec, wire
+from course_utils.checks import probed, spec, symptoms, wire
 from course_utils.checks.core import (
     FORWARD_SEED,
     NOT_IMPLEMENTED,
@@ -241,9 +241,8 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
     it raises an IndexError naming a row past its end."""
     x, positions = case.args[0], case.args[1] if len(case.args) > 1 else None
     D = x.shape[-1]
-    sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", str(got)) \
-        if isinstance(got, RuntimeError) else None
-    if sizes and {int(sizes.group(1)), int(sizes.group(2))} == {D // 2, D // 4}:
+    sizes = symptoms.broadcast_sizes(got) if isinstance(got, RuntimeError) else None
+    if sizes and {sizes[0], sizes[1]} == {D // 2, D // 4}:
         return (f"the angle table has {D // 4} columns where each half of x has {D // 2}: it was built for head_dim "
                 f"{D // 2}. Build it for the whole head, rope_angles(head_dim={D}, ...): (max_positions, head_dim // "
                 f"2), one angle per pair.")
@@ -356,7 +355,6 @@ def _decode_mistakes(exercise: str, case: DecodeCase) -> list:
 
 
 _SIZES = re.compile(r"Sizes of tensors must match except in dimension (-?\d+)")
-_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
 def _decode_error_hint(error: BaseException, start: int, n: int, cache: object = None) -> str | None:
@@ -368,7 +366,7 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
         return (f"after this call the cache holds only the {n} new tokens: it was REPLACED by the new keys and values "
                 f"instead of growing. Append them, torch.cat([self.cache_k, keys], dim=2), so that the new queries "
                 f"attend to all {start + n} tokens so far.")
-    broadcast = _BROADCAST.search(text)
+    broadcast = symptoms.BROADCAST_ERROR.search(text)
     if broadcast and start > 0 and cache is not None and len(cache) == 4 and cache[1] != start \
             and cache[1] + n in (int(broadcast.group(1)), int(broadcast.group(2))):
         return (f"the number of cached tokens is read on the wrong dimension: cache_k is (b, num_heads, t, head_dim), "
@@ -378,7 +376,7 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
         return (f"torch.cat joined the cache and the new keys on the wrong dimension (dim {sizes.group(1)}): the "
                 f"cache must grow along the TOKEN dimension, torch.cat([self.cache_k, keys], dim=2) for tensors of "
                 f"shape (b, num_heads, T, head_dim).")
-    if _BROADCAST.search(text) or "masked_fill" in text or "shape mismatch" in text:
+    if symptoms.BROADCAST_ERROR.search(text) or "masked_fill" in text or "shape mismatch" in text:
         return (f"the mask does not fit the scores: {n} new queries against {start + n} cached keys give scores "
                 f"(b, num_heads, {n}, {start + n}), so the mask is the ({n}, {start + n}) rows {start}..{start + n - 1} "
                 f"of the causal mask, decode_causal_mask({n}, {start + n}).")
@@ -1013,7 +1011,7 @@ def _gqa_error_hint(causal: Callable) -> Callable:
             text = str(got)
             H, G = case.build[4], case.build[5]
             D = case.build[1] // H
-            match = _BROADCAST.search(text)
+            match = symptoms.BROADCAST_ERROR.search(text)
             sizes = {int(match.group(1)), int(match.group(2))} if match else set()
             if sizes == {H, G}:
                 return (f"{H} query heads meet {G} key/value heads: repeat K and V n_rep = num_heads // "

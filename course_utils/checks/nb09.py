@@ -323,10 +323,6 @@ def _learned_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
-_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
-                        r"non-singleton dimension (\d+)")
-
-
 def _learned_error(case: Case, error: BaseException) -> str | None:
     """A raw PyTorch error inside the student's forward, translated into what it means."""
     text = str(error)
@@ -341,9 +337,9 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
     if "'indices'" in text or "Expected tensor for argument #1 'indices'" in text:
         return ("nn.Embedding looks up integer ids: give it the positions torch.arange(T, device=x.device), not x "
                 "(x holds the token vectors).")
-    match = _BROADCAST.search(text)
+    match = symptoms.broadcast_sizes(text)
     if match:
-        sizes, dim = {int(match.group(1)), int(match.group(2))}, int(match.group(3))
+        sizes, dim = {match[0], match[1]}, match[2]
         if dim == 1 and sizes == {b, T}:
             return (f"the position vectors have {b} rows, the batch size: the number of tokens is x.shape[1] (x is "
                     f"(b, T, d_model)), so look up torch.arange(x.shape[1]).")

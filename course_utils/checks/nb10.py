@@ -242,19 +242,12 @@ def _where_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: f
 
 
 def _sizes_of(case: Case) -> dict[str, int]:
-    """The sizes a raised error of a case can mention, by what they stand for (none if the case has no such
-    sizes: a hint is a bonus)."""
+    """The sizes a raised error of a case can mention, by what they stand for (:func:`symptoms.sizes_of`; none if
+    the case has no such sizes: a hint is a bonus)."""
     try:
-        q = case.args[0]
-        T, D = q.shape[-2], q.shape[-1]
-        tokens = tokens_of(case, "dq")
+        return symptoms.sizes_of(case.args[0], tokens_of(case, "dq"))
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return {}
-    sizes = {"block_q": tokens.block, "block_k": tokens.other_block} if tokens.block else {}
-    sizes.update({"head_dim": D, "T": T})
-    if tokens.block:
-        sizes.update({f"T % block_{n}": T % b for n, b in (("q", tokens.block), ("k", tokens.other_block)) if T % b})
-    return sizes
 
 
 def _record_mistakes(exercise: str, case: Case) -> None:
@@ -387,7 +380,8 @@ def _judge_backward_structure(exercise: str, outcomes: Outcomes, step: Step) -> 
 
 def _backward_diagnose(error: BaseException) -> str | None:
     """The hint for a tiled backward that raised ``error``: a row statistic sliced without its last dimension."""
-    if re.search(r"must match the size of tensor b \(0\)", str(error)):
+    found = symptoms.broadcast_sizes(error)
+    if found and found[1] == 0:
         return ("a row statistic's slice is empty (size 0): delta (or lse) holds fewer than T numbers per row. delta = "
                 "rowsum(dO * O) sums over the head dimension, (do * o).sum(dim=-1): one number per query, (..., T); a "
                 "sum over dim=-2, the tokens, gives (..., D).")

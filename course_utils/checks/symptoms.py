@@ -39,6 +39,18 @@ class Tokens:
     lead: tuple[str, ...] = ("batch", "head")
 
 
+def sizes_of(q: Any, tokens: Tokens) -> dict[str, int]:
+    """The sizes a raised error can mention (:func:`error_hint`'s ``sizes``), by what they stand for, for queries
+    ``q`` (``(..., T, head_dim)``) in the blocks of ``tokens`` (a query row's): ``block_q``, ``block_k``,
+    ``head_dim``, ``T`` and a last block's ``T % block_q``/``T % block_k``; ``{}`` where ``q`` is no such tensor."""
+    if not isinstance(q, torch.Tensor) or q.dim() < 2:
+        return {}
+    T, D = q.shape[-2], q.shape[-1]
+    blocks = (("q", tokens.block), ("k", tokens.other_block)) if tokens.block and tokens.other_block else ()
+    return {**{f"block_{n}": b for n, b in blocks}, "head_dim": D, "T": T,
+            **{f"T % block_{n}": T % b for n, b in blocks if T % b}}
+
+
 def bonus(fn: Callable[..., str | None]) -> Callable[..., str | None]:
     """``fn``, returning ``None`` where it would raise: a hint is a bonus, and a diagnosis never raises."""
     @functools.wraps(fn)
@@ -342,9 +354,19 @@ def lse_relation(want: Any, got: Any, row_max: torch.Tensor | None = None) -> st
     return None
 
 
-_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
-                        r"(?: at non-singleton dimension (-?\d+))?|"
-                        r"incompatible dimensions at index (\d+): (\d+) and (\d+)")  # PyTorch's, Triton's
+#: PyTorch's broadcasting error, read in one place for every check (:func:`broadcast_sizes`).
+BROADCAST_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
+                             r"(?: at non-singleton dimension (-?\d+))?")
+_TRITON_SHAPES = re.compile(r"incompatible dimensions at index (\d+): (\d+) and (\d+)")  # Triton's
+
+
+def broadcast_sizes(error: Any) -> tuple[int, int, int | None] | None:
+    """``(a, b, dim)`` of PyTorch's "The size of tensor a (a) must match the size of tensor b (b) at non-singleton
+    dimension dim" in ``error`` (an exception or its text; ``dim`` ``None`` where the text has none), else ``None``."""
+    found = BROADCAST_ERROR.search(str(error))
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2)), None if found.group(3) is None else int(found.group(3))
 _DTYPES = (re.compile(r"expected scalar type ([\w:]+) but found ([\w:]+)", re.I),
            re.compile(r"same dtype,? but got:? (?:mat1 is )?([\w:]+) (?:and|!=) (?:mat2 is )?([\w:]+)", re.I),
            re.compile(r"([\w:]+) != ([\w:]+)"),
@@ -381,11 +403,10 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
             return (f"two tensors of different dtypes meet in one operation ({one} and {two}): a "
                     f"cast is missing. Bring one to the other's dtype (x.to(y.dtype)) before the product, or compute "
                     f"in float32 and cast the result back once, at the end.")
-    found = _BROADCAST.search(text)
+    triton = _TRITON_SHAPES.search(text)
+    found = broadcast_sizes(text) or (triton and (int(triton.group(2)), int(triton.group(3)), int(triton.group(1))))
     if found and sizes:
-        a, b, dim = (found.group(1), found.group(2), found.group(3)) if found.group(1) else \
-            (found.group(5), found.group(6), found.group(4))
-        a, b = int(a), int(b)
+        a, b, dim = found
         if 0 in (a, b) and a != b:
             return (f"one operand is empty (size 0) where the other has {max(a, b)} entries: a slice start:end that "
                     f"begins past the end of its tensor, which is shorter than you think. A row statistic (delta, "
