@@ -789,21 +789,22 @@ def start_fork_server() -> None:
 
 
 def grading_pool(workers: int, sandboxed: bool = True, warm_memory: int | None = None,
-                 warm_meta: bool = True) -> ProcessPoolExecutor:
+                 warm_meta: bool = True, prestarted: "warm.Prestarted | None" = None) -> ProcessPoolExecutor:
     """``workers`` grading processes (:func:`pool_context`), each with this process's environment as it
     is now and, for sandboxed kernels, this process's matplotlib font list (:func:`grader.sandbox.font_cache`,
     built once per process instead of once per grading process). With ``warm_memory`` (the kernels'
-    memory cap, bytes), each grading process starts its warm parent (:mod:`grader.warm`) at once
+    memory cap, bytes), each grading process adopts one of the warm parents of ``prestarted``
+    (:func:`grader.warm.prestart`), or starts its own (:mod:`grader.warm`) at once
     (``warm_meta``: :func:`grader.warm.needs_meta`)."""
     from grader import sandbox
 
     fonts = sandbox.font_cache() if sandboxed else None
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=pool_context(), initializer=_start_worker,
-                               initargs=(dict(os.environ), str(fonts or ""), warm_memory, warm_meta))
+                               initargs=(dict(os.environ), str(fonts or ""), warm_memory, warm_meta, prestarted))
 
 
 def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | None = None,
-                  warm_meta: bool = True) -> None:
+                  warm_meta: bool = True, prestarted: "warm.Prestarted | None" = None) -> None:
     """A grading process's environment is its caller's at the time of the call (as a spawned process's
     would be), not the fork server's, which an earlier call started; its font list is its caller's."""
     from grader import sandbox, warm
@@ -812,13 +813,13 @@ def _start_worker(environment: dict[str, str], fonts: str, warm_memory: int | No
     os.environ.update(environment)
     sandbox.adopt_font_cache(Path(fonts) if fonts else None)
     if warm_memory is not None:
-        warm.enable(warm_memory, warm_meta)
+        warm.enable(warm_memory, warm_meta, prestarted.claim() if prestarted is not None else None)
 
 
 def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_root: Path,
-              settings: Settings, record) -> list[str]:
+              settings: Settings, record, prestarted: "warm.Prestarted | None" = None) -> list[str]:
     """Grade students in a process pool, calling ``record(jobs, results)`` for each; return the
-    students whose worker process died."""
+    students whose worker process died. ``prestarted``: warm parents for the pool's processes."""
     from concurrent.futures.process import BrokenProcessPool
 
     broken = []
@@ -835,7 +836,7 @@ def _run_pool(per_student: dict[str, list[Job]], workers: int, root: Path, work_
     from grader import warm
 
     meta = warm.needs_meta(sorted({j.notebook for js in per_student.values() for j in js}))
-    with grading_pool(workers, settings.sandbox, warm_memory, meta) as pool:
+    with grading_pool(workers, settings.sandbox, warm_memory, meta, prestarted) as pool:
         futures = {pool.submit(grade_student, js, str(root), str(work_root / sid), settings): sid
                    for sid, js in per_student.items()}
         for future in as_completed(futures):
@@ -907,12 +908,7 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
     code runs in the kernel, not in the worker) breaks the whole pool; its students are then graded
     again one at a time, each in a fresh pool. Returns the rows by job and the work folder."""
     root = out / "nbgrader"
-    prepare_course(root, sorted({j.notebook for j in jobs}))
     work_root = out / "work"
-    if not jobs:  # an empty class or shard: an empty gradebook, nothing to grade
-        return {}, work_root
-    shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
-    shutil.rmtree(work_root, ignore_errors=True)
     if settings.warm_kernels and len(jobs) < 2 * max(1, workers):
         # A warm parent's imports cost about what one cold kernel's and a half do: with fewer than two
         # notebooks per grading process, cold kernels are as fast.
@@ -920,6 +916,29 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
     per_student: dict[str, list[Job]] = {}
     for job in jobs:
         per_student.setdefault(job.student_id, []).append(job)
+    prestarted = None
+    if settings.warm_kernels and settings.sandbox and workers > 0:
+        from grader import warm
+
+        # The pool's warm parents start now, beside the pool's fork server: both import for seconds, and
+        # the parents need not wait for the fork server (nor the registration below) to start.
+        prestarted = warm.prestart(min(workers, len(per_student)), settings.memory,
+                                   warm.needs_meta(sorted({j.notebook for j in jobs})), pool_context())
+    try:
+        return _grade_in_pools(jobs, per_student, root, work_root, settings, workers, progress, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.end()
+
+
+def _grade_in_pools(jobs: list[Job], per_student: dict[str, list[Job]], root: Path, work_root: Path,
+                    settings: Settings, workers: int, progress: bool,
+                    prestarted: "warm.Prestarted | None") -> tuple[dict[int, Result], Path]:
+    prepare_course(root, sorted({j.notebook for j in jobs}))
+    if not jobs:  # an empty class or shard: an empty gradebook, nothing to grade
+        return {}, work_root
+    shutil.copy2(root / "gradebook.db", root / "gradebook.template.db")
+    shutil.rmtree(work_root, ignore_errors=True)
     graded: dict[int, Result] = {}
     bar = None
     if progress:
@@ -933,7 +952,7 @@ def grade(jobs: list[Job], out: Path, settings: Settings, workers: int, progress
         if bar is not None:
             bar.update(len(js))
 
-    for sid in _run_pool(per_student, workers, root, work_root, settings, record):
+    for sid in _run_pool(per_student, workers, root, work_root, settings, record, prestarted):
         for sid2 in _run_pool({sid: per_student[sid]}, 1, root, work_root, settings, record):
             js = per_student[sid2]
             record(js, [Result(j.student_id, j.notebook, 0.0, intake.load_source(j.notebook).max_score,
@@ -1006,15 +1025,11 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
         start_fork_server()  # its imports overlap everything up to the first notebook graded
     if not sandbox:
         print(message, file=sys.stderr)
-    warm_kernels = False
+    warm_check = None
     if sandbox and not cold_kernels:
         from grader import warm
 
-        warm_kernels, why = warm.check()
-        if not warm_kernels:
-            print(f"grader: cold kernels ({why})", file=sys.stderr)
-    settings = SETTINGS.with_(sandbox=sandbox, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                              memory=memory, db_url=db_url, warm_kernels=warm_kernels)
+        warm_check = warm.check_in_background()  # answered before grading, below
     names = [n for n in course.available_notebooks() if (course.solutions_dir() / f"{n}.ipynb").exists()]
 
     out.mkdir(parents=True, exist_ok=True)
@@ -1033,6 +1048,11 @@ def autograde(submissions: Path, out: Path, workers: int = 1, allow_unsandboxed:
     if not seen:
         print(f"no submitted files in {submissions}: writing an empty result", file=sys.stderr)
     jobs = [t for t in taken if isinstance(t, Job)]
+    warm_kernels, why = warm_check() if warm_check is not None else (False, "")
+    if warm_check is not None and not warm_kernels:
+        print(f"grader: cold kernels ({why})", file=sys.stderr)
+    settings = SETTINGS.with_(sandbox=sandbox, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
+                              memory=memory, db_url=db_url, warm_kernels=warm_kernels)
     graded, work_root = grade(jobs, out, settings, workers, progress)
     results = [graded.get(t.sub_index) if isinstance(t, Job) else t for t in taken]
     lost = sum(1 for r in results if r is None)

@@ -31,7 +31,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from grader import cgroups, sandbox
 
@@ -80,10 +81,33 @@ def needs_meta(notebooks: list[str]) -> bool:
     return any(name[:2] >= META_FROM for name in notebooks)
 
 
-def enable(memory: int, meta: bool = True) -> None:
+def check_in_background() -> Callable[[], tuple[bool, str]]:
+    """:func:`check`, started now in a thread (its sandboxed probe takes a second on a busy machine, which the
+    grader spends reading the submissions meanwhile): call what this returns for the answer (it waits)."""
+    answers: list[tuple[bool, str]] = []
+
+    def run() -> None:
+        try:
+            answers.append(check())
+        except Exception as exc:  # noqa: BLE001 - said, and kernels are cold
+            answers.append((False, f"the check failed: {type(exc).__name__}: {exc}"))
+    thread = threading.Thread(target=run, name="warm-check", daemon=True)
+    thread.start()
+
+    def answer() -> tuple[bool, str]:
+        thread.join()
+        return answers[0]
+    return answer
+
+
+def enable(memory: int, meta: bool = True, started: "Started | None" = None) -> None:
     """Grade this process's notebooks with warm kernels; start the parent now (it imports while the
-    grader prepares the first notebook). ``meta``: see :func:`needs_meta`."""
+    grader prepares the first notebook), or adopt ``started``, one the grader's main process started for
+    this process (:class:`Prestarted`). ``meta``: see :func:`needs_meta`."""
     _state.update(enabled=True, memory=memory, meta=meta)
+    if started is not None:
+        with _lock:
+            _state["parent"] = WarmParent(memory, meta, started=started)
     current()
 
 
@@ -216,42 +240,122 @@ class KernelProcess:
     terminate = kill
 
 
-class WarmParent:
-    """One grading process's warm parent: ``bwrap ... python zygote.py FD`` under the kernel's limits."""
+@dataclass
+class Started:
+    """A warm parent just started (:func:`start`): what a grading process needs to use it. It pickles (for a
+    grading process that adopts it, :class:`Prestarted`) without ``process``, the ``Popen`` of the process
+    that started it; the adopter follows the parent by its PID instead (a pidfd)."""
 
-    def __init__(self, memory: int, meta: bool = True):
-        self.folder = Path(tempfile.mkdtemp(prefix="grader-warm-"))
-        os.chmod(self.folder, 0o700)
+    folder: Path
+    channel: socket.socket  # the grader's end; the parent holds the other
+    channel_inode: int  # the parent's end, which no kernel may hold
+    pid: int
+    group: "cgroups.Group | None"
+    fonts: list[str]
+    keep: list[str]
+    process: "subprocess.Popen | None" = field(default=None, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "process": None}
+
+
+def start(memory: int, meta: bool = True) -> Started:
+    """Start a warm parent: ``bwrap ... python zygote.py FD`` under the kernel's limits (``memory``, bytes), in
+    its own staging folder and cgroup. It imports in the background; :meth:`WarmParent.ready` waits for it."""
+    folder = Path(tempfile.mkdtemp(prefix="grader-warm-"))
+    os.chmod(folder, 0o700)
+    fonts = sandbox.font_cache()
+    # What the sandbox shows under /tmp (Python, the virtual environment, course_utils: where the course
+    # itself lives under /tmp), which each kernel's fresh /tmp must show again; never the staging folder.
+    keep = sorted(p for p in sandbox.readable_paths() if Path(p).is_relative_to("/tmp"))
+    if any(folder.resolve().is_relative_to(p) for p in keep):
+        raise OSError(f"the staging folder {folder} lies inside a folder the kernel reads")
+    extra = ["--ro-bind", str(Path(__file__).with_name("zygote.py")), ZYGOTE_INSIDE, "--dir", STASH_INSIDE,
+             "--dir", OLD_TMP_INSIDE]
+    if fonts is not None:
+        extra += ["--ro-bind", str(fonts), FONTS_INSIDE]
+    if os.geteuid() == 0:
+        # Run as root, the parent maps uid 0 into each kernel's user namespace, which Linux allows only
+        # to a process that may set file capabilities (its own namespace's, not the machine's).
+        extra += ["--cap-add", "CAP_SETFCAP"]
+    exe = sandbox.bwrap_path()
+    if exe is None:
+        raise OSError("bubblewrap is not installed")
+    ours, theirs = socket.socketpair()
+    cmd = sandbox.sandbox_command([sys.executable, ZYGOTE_INSIDE, str(theirs.fileno()), "meta" if meta else "plain"],
+                                  socket_dir=str(folder), memory=memory, bwrap=exe, student_edition=True, extra=extra)
+    group = cgroups.make_group(memory_max=memory or None)
+    prefix = group.join_prefix() if group is not None else []
+    process = subprocess.Popen(prefix + cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL)
+    inode = os.fstat(theirs.fileno()).st_ino
+    theirs.close()
+    return Started(folder, ours, inode, process.pid, group,
+                   sorted(p.name for p in fonts.glob("fontlist-*.json")) if fonts is not None else [], keep, process)
+
+
+class Prestarted:
+    """Warm parents the grader's main process starts for a grading pool's processes (:func:`prestart`), so
+    that they import beside the pool's fork server instead of after it: each grading process adopts one
+    (:meth:`claim`, in its initializer). The main process stays their parent: :meth:`end` stops and reaps
+    them once the pool has ended (a grading process that adopted one stops it when it leaves)."""
+
+    def __init__(self, started: list[Started], counter: Any):
+        self.started = started
+        self._counter = counter  # a ``multiprocessing`` Value shared by the pool's processes
+
+    def claim(self) -> "Started | None":
+        """The next parent nobody took (``None`` when all are taken); the others' channels are closed here."""
+        with self._counter.get_lock():
+            index = self._counter.value
+            self._counter.value += 1
+        for i, other in enumerate(self.started):
+            if i != index:
+                other.channel.close()
+        return self.started[index] if index < len(self.started) else None
+
+    def end(self) -> None:
+        """In the process that started them: stop those still running, reap them, remove their folders."""
+        for started in self.started:
+            started.channel.close()
+            if started.process is not None:
+                if started.process.poll() is None:
+                    started.process.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    started.process.wait(timeout=10)
+            if started.group is not None:
+                started.group.remove()
+            shutil.rmtree(started.folder, ignore_errors=True)
+
+
+def prestart(count: int, memory: int, meta: bool, context: Any) -> "Prestarted | None":
+    """``count`` warm parents for a pool of ``context`` (its ``Value`` counts the claims); ``None`` where one
+    cannot start here (each grading process then starts its own, or says why it cannot)."""
+    started: list[Started] = []
+    try:
+        for _ in range(count):
+            started.append(start(memory, meta))
+    except OSError:
+        Prestarted(started, None).end()
+        return None
+    return Prestarted(started, context.Value("i", 0))
+
+
+class WarmParent:
+    """One grading process's warm parent: ``bwrap ... python zygote.py FD`` under the kernel's limits, started
+    here (:func:`start`) or adopted (``started``: one the grader's main process started, :class:`Prestarted`)."""
+
+    def __init__(self, memory: int, meta: bool = True, *, started: Started | None = None):
+        if started is None:
+            started = start(memory, meta)
+            self.process: "subprocess.Popen | KernelProcess" = started.process  # type: ignore[assignment]
+        else:  # not this process's child: followed by a pidfd, as a forked kernel is
+            self.process = KernelProcess(started.pid, None, init=False)
+        self.folder, self.fonts, self.keep, self.group = started.folder, started.fonts, started.keep, started.group
+        self.channel_inode = started.channel_inode
         self._count = itertools.count()
-        ours, theirs = socket.socketpair()
-        fonts = sandbox.font_cache()
-        self.fonts = sorted(p.name for p in fonts.glob("fontlist-*.json")) if fonts is not None else []
-        # What the sandbox shows under /tmp (Python, the virtual environment, course_utils: where the course
-        # itself lives under /tmp), which each kernel's fresh /tmp must show again; never the staging folder.
-        self.keep = sorted(p for p in sandbox.readable_paths() if Path(p).is_relative_to("/tmp"))
-        if any(self.folder.resolve().is_relative_to(p) for p in self.keep):
-            raise OSError(f"the staging folder {self.folder} lies inside a folder the kernel reads")
-        extra = ["--ro-bind", str(Path(__file__).with_name("zygote.py")), ZYGOTE_INSIDE, "--dir", STASH_INSIDE,
-                 "--dir", OLD_TMP_INSIDE]
-        if fonts is not None:
-            extra += ["--ro-bind", str(fonts), FONTS_INSIDE]
-        if os.geteuid() == 0:
-            # Run as root, the parent maps uid 0 into each kernel's user namespace, which Linux allows only
-            # to a process that may set file capabilities (its own namespace's, not the machine's).
-            extra += ["--cap-add", "CAP_SETFCAP"]
-        exe = sandbox.bwrap_path()
-        if exe is None:
-            raise OSError("bubblewrap is not installed")
-        cmd = sandbox.sandbox_command([sys.executable, ZYGOTE_INSIDE, str(theirs.fileno()), "meta" if meta else "plain"], socket_dir=str(self.folder),
-                                      memory=memory, bwrap=exe, student_edition=True, extra=extra)
-        self.group = cgroups.make_group(memory_max=memory or None)
-        prefix = self.group.join_prefix() if self.group is not None else []
-        self.process = subprocess.Popen(prefix + cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL)
-        self.channel_inode = os.fstat(theirs.fileno()).st_ino  # the parent's end, which no kernel may hold
-        theirs.close()
-        self._channel = ours
-        self._reader = ours.makefile("r", encoding="utf-8")
+        self._channel = started.channel
+        self._reader = started.channel.makefile("r", encoding="utf-8")
         self.hello: dict | None = None
         # A grading process leaves through os._exit: multiprocessing's exit hooks run there, atexit's do not.
         multiprocessing.util.Finalize(self, WarmParent.close, args=(self,), exitpriority=1)

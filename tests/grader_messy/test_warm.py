@@ -257,6 +257,54 @@ def test_a_dead_parent_is_restarted():
         warm.disable()
 
 
+def _adopted_parent(kill: bool) -> dict:
+    """In a grading process: what its warm parent is (adopted from the pool's main process or its own), and
+    whether a kernel forked from it runs; with ``kill``, whether the parent is started again once killed."""
+    import subprocess
+
+    parent = warm.current()
+    parent.ready()
+    status = Path(f"/proc/{parent.process.pid}/status").read_text()
+    ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    out, _ = _run("print('forked', 1 + 1)")
+    report = {"worker": os.getpid(), "folder": str(parent.folder), "zygote": parent.process.pid, "ppid": ppid,
+              "adopted": isinstance(parent.process, warm.KernelProcess), "ran": "forked 2" in out}
+    if kill:
+        parent.process.kill()
+        parent.process.wait(timeout=10)
+        again = warm.current()
+        again.ready()
+        report.update(restarted=again is not parent and warm.lost() == 1, own=isinstance(again.process, subprocess.Popen),
+                      ran_again="forked 2" in _run("print('forked', 1 + 1)")[0])
+    return report
+
+
+def test_a_pools_warm_parents_start_beside_its_fork_server_and_each_process_adopts_one():
+    """The grader's main process starts the pool's warm parents (grader.warm.prestart) while the pool's fork
+    server imports; each grading process adopts one (a different one each), forks its kernels from it, starts
+    its own when the adopted one dies, and nothing of them is left once the pool and the run end."""
+    from grader import autograde
+
+    _need_warm()
+    prestarted = warm.prestart(2, SETTINGS.memory, False, autograde.pool_context())
+    assert prestarted is not None
+    started = {str(s.folder): s.pid for s in prestarted.started}
+    try:
+        with autograde.grading_pool(2, True, SETTINGS.memory, False, prestarted) as pool:
+            reports = [f.result() for f in [pool.submit(_adopted_parent, False) for _ in range(4)]]
+            killed = pool.submit(_adopted_parent, True).result()
+    finally:
+        prestarted.end()
+    for report in reports:
+        assert report["adopted"] and report["ran"], report
+        assert started[report["folder"]] == report["zygote"] and report["ppid"] == os.getpid(), report
+    by_worker = {r["worker"]: r["folder"] for r in reports}
+    assert len(set(by_worker.values())) == len(by_worker)  # no two processes share a parent
+    assert killed["restarted"] and killed["own"] and killed["ran_again"], killed
+    for folder, pid in started.items():
+        assert not Path(folder).exists() and not Path(f"/proc/{pid}").exists()
+
+
 def test_a_notebook_whose_parent_died_is_graded_again_cold(monkeypatch):
     from grader import autograde
 
