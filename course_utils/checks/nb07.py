@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from course_utils import flash
-from course_utils.checks import core, symptoms, wire
+from course_utils.checks import core, ladder, symptoms, wire
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import (
     Case,
@@ -306,8 +306,11 @@ def _pair_difference(want: Any, got: Any, atol: float, rtol: float) -> str | Non
     return None
 
 
-def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
-    """The known mistake whose ``(out, lse)`` equals ``got``; else a symptom read off the output."""
+def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callable[[], str | None] = lambda: None
+               ) -> str | None:
+    """The known mistake whose ``(out, lse)`` equals ``got``; else a symptom read off the output; where only lse
+    is wrong and no symptom names why, ``smallest()`` (the ladder's smallest failing configuration beyond the
+    first) before the formula of lse."""
     try:
         if isinstance(got, (tuple, list)) and len(got) == 2:
             for hint, output in mistake_outputs(exercise, case):
@@ -338,7 +341,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any) -> str | None:
                         symptoms.where_wrong(tokens, want[1], lse, "lse", vector=True)
                     if generic:
                         return generic
-                    return ("the output is right but lse is not: lse = m + log(l), the log of the sum of "
+                    return smallest() or ("the output is right but lse is not: lse = m + log(l), the log of the sum of "
                             "exp(scaled scores) of each query, with the running maximum m added back.")
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
@@ -467,14 +470,18 @@ def short_block_hint(exercise: str, plan: list[Step], outcomes: Outcomes, step: 
     return None
 
 
-def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float) -> None:
+def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float,
+                  smallest: Callable[[bool], str | None] = lambda beyond_first: None) -> None:
+    """``got`` against the expected ``(out, lse)``; a failure is hinted by a known mistake or a symptom
+    (:func:`_pair_hint`), else by ``smallest(beyond_first)`` (the ladder's smallest failing configuration)."""
     problem = _pair_difference(want, got, atol, rtol)
     if problem:
         try:
             fail(exercise, f"{_sentence(problem)} Input shapes: "
                            f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
         except CheckFailed as error:
-            raise _hinted(error, _pair_hint(exercise, case, got, want)) from None
+            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(True)) or smallest(False)) \
+                from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -561,15 +568,19 @@ def _flash_plan(hidden: bool) -> list[Step]:
     name, shape, block_q, block_k = _STRUCTURE
     structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
     steps = [s for c in cases for s in (Step(c.key(), c), Step(WATCHED + c.key(), c, "structure"))]
-    return steps + [Step(WATCHED + structure.key(), structure, "structure")]
+    return steps + [Step(WATCHED + structure.key(), structure, "structure")] + ladder.steps(FORWARD_LADDER)
 
 
 def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_forward"
     ref = _expected.reference
     calls = [s for s in plan if s.run == CALL]
+    ladder.record(FORWARD_LADDER)
+    smallest = lambda beyond_first=False: ladder.diagnose(FORWARD_LADDER, outcomes, beyond_first)  # noqa: E731
     for step in plan:
         case = step.case
+        if ladder.is_rung(step):
+            continue
         if step.run == "structure":
             _judge_structure(exercise, outcomes, step)
             continue
@@ -580,15 +591,16 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(found, BaseException):
             failed = raised(exercise, found, case)
             hint = (short_block_hint(exercise, plan, outcomes, step, found)
-                    or symptoms.error_hint(found, sizes_of(case))) if failed.student_error is not None else None
+                    or symptoms.error_hint(found, sizes_of(case)) or smallest()) \
+                if failed.student_error is not None else None
             raise _hinted(failed, hint) from None
-        _compare_pair(exercise, case, found, want, 1e-5, 1e-4)
+        _compare_pair(exercise, case, found, want, 1e-5, 1e-4, smallest)
     return (f"{len(calls)} cases agree with attention (out and lse), no (T, T) tensor is made, and causal tiles "
             f"wholly in the future are skipped ({'; '.join(s.case.name for s in calls)})")
 
 
 check_flash_attention_forward = declare(
-    Spec("flash_attention_forward", _flash_plan, _flash_judge, {"structure": _structure_run}),
+    Spec("flash_attention_forward", _flash_plan, _flash_judge, {"structure": _structure_run, ladder.RUN: ladder.call}),
     """Check ``flash_attention_forward(q, k, v, block_q, block_k, causal)``: ``(out, lse)`` equal to
     attention's, with no ``(T, T)`` tensor made and the causal tiles in the future skipped.""")
 
@@ -712,3 +724,58 @@ check_flash_attention_triton = declare(
     compiled, and float32 products use TF32 tensor cores, so the tolerance is 5e-3. Where Triton is
     not installed the self-check is skipped with the reason; the grader always has Triton.
     """)
+
+
+# ------------------------------------------------------------------------------------------
+# The smallest configuration that fails (:mod:`course_utils.checks.ladder`), for the tiled forward
+# ------------------------------------------------------------------------------------------
+_CARRY = ("what carries over from one key block to the next: the running maximum (m = m_new after each block), "
+          "alpha = exp(m - m_new), and l and acc rescaled by alpha before the block's share is added?")
+_FRESH = ("what each query block starts afresh and where it reads and writes: m, l and acc set anew per query "
+          "block, its rows q[..., q_start:q_end, :], and out and lse stored at the same rows?")
+
+
+def _forward_rung(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str,
+                  note: str = "") -> ladder.Rung:
+    T = shape[-2]
+    name = (f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}"
+            f"{note}")
+    return ladder.Rung(Case(name, (*_qkv(*shape, seed=seed), block_q, block_k), {"causal": causal}), adds,
+                       suspects)
+
+
+def forward_rungs() -> tuple[ladder.Rung, ...]:
+    """The forward's ladder: one tile, then the tiles' features one at a time (also notebook 10's
+    ``FlashAttention``, whose forward is this one)."""
+    r = _forward_rung
+    return (
+        r((4, 4), 4, 4, False, 750, "", "the work on one tile: the scores q @ k^T scaled by 1/sqrt(D), their "
+          "maximum and exponentials over the keys (dim=-1), the first update from m = -inf, l = 0, acc = 0 (alpha "
+          "= exp(m - m_new) is 0 there), out = acc / l and lse = m + log(l)?", ": one tile"),
+        r((4, 4), 4, 4, True, 750, "the causal mask", "the mask inside a tile: key j hidden from query i when "
+          "k_start + j > q_start + i (set to -inf before the maximum), and the loop still reading the diagonal "
+          "tile?", ": one tile"),
+        r((8, 4), 8, 4, False, 751, "a second key block", _CARRY),
+        r((8, 4), 4, 8, False, 752, "a second query block", _FRESH),
+        r((8, 4), 4, 4, False, 753, "several query and key blocks (causal=False)",
+          "which key blocks each query block reads when not causal: all of them, up to T (range(0, q_end if "
+          "causal else T, block_k))?"),
+        r((8, 4), 4, 4, True, 753, "several blocks with the causal mask",
+          "which key blocks a causal query block reads (up to its end q_end, its diagonal tile included, the "
+          "past ones unmasked) and the diagonal tile's mask from the global positions k_start + j > q_start + i?"),
+        r((12, 4), 4, 6, True, 754, "block_q != block_k",
+          "what must use each block size: the key loop's step block_k and the query loop's block_q, the key "
+          "loop's end q_end (not a multiple of block_k), and the mask from both blocks' own starts?"),
+        r((14, 4), 4, 6, True, 755, "a short last block (T not a multiple of the blocks)",
+          "the last, shorter blocks: each ends at min(start + block, T), and its slices, mask and stores use that "
+          "end?"),
+        r((2, 2, 14, 4), 4, 6, True, 756, "batch and heads > 1",
+          "the leading (batch, head) dimensions: sizes read from the end (T = q.shape[-2], D = q.shape[-1]), every "
+          "index with ... in front (q[..., rows, :]), every reduction over dim=-1, and lse of shape (..., T)?"),
+    )
+
+
+FORWARD_LADDER = ladder.Ladder(
+    "flash_attention_forward", forward_rungs(),
+    lambda case: _expected.reference("flash_attention_forward")(*_clone(case.args), **case.kwargs),
+    lambda pair: [("out", pair[0]), ("lse", pair[1])])

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
-from course_utils.checks import symptoms, wire
+from course_utils.checks import ladder, symptoms, wire
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -179,7 +179,11 @@ def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rt
 
 
 def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, ...] = GRADS,
-             atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True) -> None:
+             atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True,
+             smallest: Callable[[], str | None] = lambda: None) -> None:
+    """``got`` against the expected ``want`` (``names`` its parts); a failure is hinted by a known mistake, then
+    by where the wrong values lie, then by ``smallest()`` (the ladder's smallest failing configuration beyond the
+    first, which also says which gradients differ there), else by which gradients agree."""
     problem = _triple_difference(want, got, names, atol, rtol)
     if problem:
         shapes = ", ".join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))
@@ -189,7 +193,7 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             hint = _hint(exercise, case, got, names) if name_mistakes else None
             raise _hinted(error, hint or _seen_hint(case, want, got, names)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
-                                     _agreement_hint(want, got, names, atol, rtol))) from None
+                                     smallest() or _agreement_hint(want, got, names, atol, rtol))) from None
 
 
 def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
@@ -396,6 +400,51 @@ def _backward_diagnose(error: BaseException) -> str | None:
 HALF = "bfloat16: "
 
 
+def _backward_rung(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str,
+                   note: str = "") -> ladder.Rung:
+    name = f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}{note}"
+    return ladder.Rung(_backward_case(name, shape, seed, block_q, block_k, causal), adds, suspects)
+
+
+def backward_rungs() -> tuple[ladder.Rung, ...]:
+    """The tiled backward's ladder (:mod:`course_utils.checks.ladder`): one tile, then the tiles' features one
+    at a time; at the first wrong rung the message says which of dq, dk and dv differ."""
+    r = _backward_rung
+    return (
+        r((4, 4), 4, 4, False, 1080, "", "the work on one tile: P = exp(S / sqrt(D) - lse), dv = P^T dO, dP = "
+          "dO V^T, delta = rowsum(dO * O), dS = P * (dP - delta), dq = dS K / sqrt(D) and dk = dS^T Q / sqrt(D)?",
+          ": one tile"),
+        r((4, 4), 4, 4, True, 1080, "the causal mask", "the mask inside a tile: P = 0 for a key after its query "
+          "(k_start + j > q_start + i), before P is used for dv and dS, and the query loop still reaching the "
+          "diagonal tile (it starts at the query block that holds k_start)?", ": one tile"),
+        r((8, 4), 8, 4, False, 1081, "a second key block", "what each key block owns and what it shares: dk and "
+          "dv of a key block started afresh and stored at its own rows k_start:k_end, and dq summed over every "
+          "key block (dq[q_start:q_end] += ...)?"),
+        r((8, 4), 4, 8, False, 1082, "a second query block", "what each query block reads: its rows q_start:q_end "
+          "of q, do, lse and delta, and dk and dv summed over every query block, not set by the last one?"),
+        r((8, 4), 4, 4, False, 1083, "several query and key blocks (causal=False)", "which query blocks a key "
+          "block meets when not causal: all of them, from 0 up to T?"),
+        r((8, 4), 4, 4, True, 1083, "several blocks with the causal mask", "which query blocks a causal key block "
+          "meets (from the query block that holds its first key k_start on, up to T; none before it) and the "
+          "diagonal tile's mask from the global positions k_start + j > q_start + i?"),
+        r((12, 4), 4, 6, True, 1084, "block_q != block_k", "what must use each block size: the query loop's "
+          "start (k_start // block_q * block_q, rounded down to a query block) and step block_q, the key loop's "
+          "step block_k, and each slice and mask with its own block's start and end?"),
+        r((14, 4), 4, 6, True, 1085, "a short last block (T not a multiple of the blocks)", "the last, shorter "
+          "blocks: each ends at min(start + block, T), and its slices, mask and stores use that end?"),
+        r((2, 2, 14, 4), 4, 6, True, 1086, "batch and heads > 1", "the leading (batch, head) dimensions: sizes "
+          "read from the end (T = q.shape[-2], D = q.shape[-1]), every index with ... in front (q[..., rows, :], "
+          "lse[..., rows, None]), every row sum over dim=-1 with "
+          "keepdim, and every transpose of the last two dimensions (transpose(-2, -1), not .T)?"),
+    )
+
+
+BACKWARD_LADDER = ladder.Ladder(
+    "flash_attention_backward", backward_rungs(),
+    lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[1:],
+    lambda grads: list(zip(GRADS, grads)))
+
+
 def _backward_plan(hidden: bool) -> list[Step]:
     """Each case called (and watched, for the hidden and the non-causal ones: the causal structure is watched
     on T = 40); then the T = 40 case watched; then the bfloat16 case called."""
@@ -407,14 +456,19 @@ def _backward_plan(hidden: bool) -> list[Step]:
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
     half = _half_backward_case()
-    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)]
+    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
+        + ladder.steps(BACKWARD_LADDER)
 
 
 def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward"
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
+    ladder.record(BACKWARD_LADDER)
+    smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, beyond_first=True)  # noqa: E731
     for step in plan:
         case = step.case
+        if ladder.is_rung(step):
+            continue
         if step.run == "structure":
             _judge_backward_structure(exercise, outcomes, step)
         elif step.key.startswith(HALF):
@@ -434,16 +488,17 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
                 failed = raised(exercise, got, case)
                 hint = None if failed.student_error is None else (
                     short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
-                    or symptoms.error_hint(got, _sizes_of(case)))
+                    or symptoms.error_hint(got, _sizes_of(case)) or ladder.diagnose(BACKWARD_LADDER, outcomes))
                 raise _hinted(failed, hint) from None
-            _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
+            _compare(exercise, case, got, want, atol=tol, rtol=1e-4, smallest=smallest)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
             f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "
             f"{HALF_ATOL:g} of float64 attention")
 
 
 check_flash_attention_backward = declare(
-    Spec("flash_attention_backward", _backward_plan, _backward_judge, {"structure": _structure_run}),
+    Spec("flash_attention_backward", _backward_plan, _backward_judge,
+         {"structure": _structure_run, ladder.RUN: ladder.call}),
     """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
     autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped; and in
     bfloat16 (``lse`` in float32, as notebook 07's forward returns it) within bfloat16's tolerance.""")

@@ -1,0 +1,159 @@
+"""The smallest configuration that fails (issue 36): a ladder of tiny cases, each adding one feature to the last.
+
+When a check has failed, the message says WHERE the mistake lies as a fact (the first rung that goes wrong, and
+which outputs differ there) and the likely cause as a question (the pieces of code that only matter from that rung
+on). Each exercise declares its ladder once, as plain data (:class:`Ladder`: its :class:`Rung` s, what each one adds,
+what it suspects); :func:`steps` puts the rungs in the exercise's plan (they run in the kernel with the other
+steps, as a spec's runs must: under the grader the judge runs outside it), and :func:`diagnose` reads their
+outcomes. Expected values come from :func:`core.expect` like every other (live from the reference, or the
+recording of the student edition); a rung without one is skipped, never guessed.
+
+:func:`diagnose` never raises and rounds nothing (it prints no number but sizes): a hint is a bonus. It is used
+after an exercise's specific hints, so a known mistake keeps its own words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from course_utils.checks import core, symptoms
+from course_utils.checks import expected as _expected
+from course_utils.checks.core import Case
+
+#: The runner name of a rung's step (a plain call of the student's code on the rung's case).
+RUN = "ladder"
+#: The key of a rung's step starts with this.
+PREFIX = "ladder: "
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One configuration: ``case`` (tiny), ``adds`` (what it adds to the rung before, in a few words, e.g. "a
+    second key block"), and ``suspects`` (the question: the code that only matters from this rung on)."""
+
+    case: Case
+    adds: str
+    suspects: str
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """An exercise's rungs, smallest first, and how to read them: ``reference(case)`` computes the expected
+    output of a rung (called through :func:`core.expect`, so the student edition reads a recording),
+    ``parts(output)`` names the outputs to compare (``[("out", tensor), ("lse", tensor)]``; default: the output
+    itself), ``atol``/``rtol`` the tolerance of the check."""
+
+    exercise: str
+    rungs: tuple[Rung, ...]
+    reference: Callable[[Case], Any]
+    parts: Callable[[Any], list[tuple[str, Any]]] | None = None
+    atol: float = 1e-5
+    rtol: float = 1e-4
+
+
+def call(student: Any, case: Case) -> Any:
+    """The runner of a rung: the student's code on the rung's case (copies of its tensors: ``spec.run_step``)."""
+    return student(*case.args, **case.kwargs)
+
+
+def steps(ladder: Ladder) -> list:
+    """The rungs as steps of the exercise's plan (runner :data:`RUN`; keys start with :data:`PREFIX`)."""
+    from course_utils.checks.spec import Step
+
+    return [Step(PREFIX + rung.case.key(), rung.case, RUN) for rung in ladder.rungs]
+
+
+def is_rung(step: Any) -> bool:
+    """Whether a plan's step is a rung (the judge's loops over cases leave them out)."""
+    return getattr(step, "run", None) == RUN
+
+
+def _want(ladder: Ladder, rung: Rung) -> Any:
+    case = rung.case
+    return core.expect(ladder.exercise, PREFIX + case.key(), lambda: ladder.reference(case))
+
+
+def record(ladder: Ladder) -> None:
+    """While recording (``make build``), compute every rung's expected output, so the student edition holds it
+    (a judge calls this where it records the known mistakes' outputs)."""
+    if _expected.is_recording():
+        for rung in ladder.rungs:
+            _want(ladder, rung)
+
+
+def _parts(ladder: Ladder, value: Any) -> list[tuple[str, Any]]:
+    return ladder.parts(value) if ladder.parts else [("the output", value)]
+
+
+def _wrong_parts(ladder: Ladder, want: Any, got: Any) -> list[str] | None:
+    """The names of the outputs of ``got`` that differ from ``want`` (``[]``: all agree); ``None`` when ``got``
+    has not the form of ``want`` at all (a tuple of another length, no tensor)."""
+    wanted, found = _parts(ladder, want), None
+    try:
+        found = _parts(ladder, got)
+    except Exception:  # noqa: BLE001 - a hint is a bonus
+        return None
+    if len(found) != len(wanted):
+        return None
+    return [name for (name, w), (_, g) in zip(wanted, found)
+            if core.tensor_difference(w, g, ladder.atol, ladder.rtol) is not None]
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _next_right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
+    """Rung ``index`` when it has its expected value and its outcome agrees with it; else ``None``."""
+    if index >= len(ladder.rungs):
+        return None
+    rung = ladder.rungs[index]
+    got = outcomes[PREFIX + rung.case.key()]
+    if isinstance(got, BaseException):
+        return None
+    return rung if _wrong_parts(ladder, _want(ladder, rung), got) == [] else None
+
+
+@symptoms.bonus
+def diagnose(ladder: Ladder, outcomes: Any, beyond_first: bool = False) -> str | None:
+    """The first rung whose outcome is wrong (raised, or differs), as a fact, with its question; ``None`` when
+    every rung agrees (the failing case has something no rung has), a rung lacks its expected value or its
+    outcome, or the first rung of all is the one that fails and says nothing more than the check did.
+
+    ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``beyond_first``: say only
+    where a smaller rung is right (where the first rung already fails, a check's own symptom hints say more)."""
+    right: list[Rung] = []
+    for rung in ladder.rungs:
+        try:
+            want = _want(ladder, rung)
+        except _expected.MissingExpectation:
+            return None
+        got = outcomes[PREFIX + rung.case.key()]
+        if isinstance(got, BaseException):
+            fact = f"your code raises {type(got).__name__} there"
+        else:
+            wrong = _wrong_parts(ladder, want, got)
+            if wrong == []:
+                right.append(rung)
+                continue
+            fact = (f"{_and(wrong)} differ{'s' if len(wrong) == 1 else ''} there" if wrong
+                    else "its output has not the expected form there")
+        where = f"{rung.case.name}"
+        if not right and beyond_first:
+            return None
+        if not right:
+            after = _next_right(ladder, outcomes, 1)
+            if after is not None:
+                return (f"already the smallest configuration fails ({where}: {fact}), yet the next one, which only "
+                        f"adds {after.adds} ({after.case.name}), is right: does your code do {after.adds} even "
+                        f"where it must not (the flag or the size that turns it off read wrongly, or not at all)?")
+            return (f"already the smallest configuration fails ({where}: {fact}), so the mistake is in what every "
+                    f"case runs: {rung.suspects}")
+        upto = right[-1].case.name
+        return (f"right on the {len(right)} smaller configuration{'s' if len(right) > 1 else ''} (up to {upto}), "
+                f"wrong from {rung.adds} on ({where}: {fact}). So the mistake is in what only matters from there "
+                f"on: {rung.suspects}")
+    return None
