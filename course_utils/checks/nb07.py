@@ -189,19 +189,49 @@ def _streaming_case() -> Case:
     return Case("streaming: (3, 12), block_size=4", (rand(3, 12, seed=72, low=-3, high=3), _STREAMING_BLOCK))
 
 
+def _online_rungs() -> tuple[ladder.Rung, ...]:
+    """online_softmax's ladder (:mod:`course_utils.checks.ladder`): one block, then one feature at a time."""
+    def r(shape: tuple, block: int, seed: int, adds: str, suspects: str, first_inf: bool = False) -> ladder.Rung:
+        x = rand(*shape, seed=seed, low=-3, high=3)
+        if first_inf:
+            x[..., :block] = _INF
+        name = f"{tuple(shape)}, block_size={block}{': its first block all -inf' if first_inf else ''}"
+        return ladder.Rung(Case(name, (x, block)), adds, suspects)
+    return (
+        r((4,), 4, 760, "", "one block's work: m_new = max(m, the block's maximum), l rescaled by exp(m - m_new) "
+          "(0 while m is -inf) plus the sum of exp(block - m_new), m = m_new, and the final exp(x - m) / l with "
+          "that same m?"),
+        r((8,), 4, 761, "a second block", "what carries over from block to block: m = m_new after each block, "
+          "and l rescaled by exp(m - m_new) before the new block's sum is added?"),
+        r((7,), 4, 762, "a short last block", "the last, shorter block: the loop over range(0, n, block_size) and "
+          "the slice x[..., start:start + block_size] reaching the end?"),
+        r((3, 7), 4, 763, "several rows", "one statistic per row: blocks sliced along the last dimension "
+          "(x[..., start:start + block_size]), m and l of shape (..., 1), reductions over dim=-1 with keepdim=True?"),
+        r((2, 3, 7), 4, 764, "more leading dimensions", "shapes read from the end: m and l of shape "
+          "x.shape[:-1] + (1,), every slice and reduction on the last dimension?"),
+        r((2, 8), 4, 765, "a first block all -inf", "a row whose running maximum is still -inf: m - m_new is -inf "
+          "- (-inf) = NaN unless the shift is 0 while m_new is -inf?", first_inf=True),
+    )
+
+
+ONLINE_LADDER = ladder.Ladder("online_softmax", _online_rungs(),
+                              lambda case: _expected.reference("online_softmax")(*_clone(case.args)))
+
+
 def _online_plan(hidden: bool) -> list[Step]:
-    """Every case called, then the streaming run watched."""
+    """Every case called, then the streaming run watched, then the ladder's rungs."""
     cases = with_hidden("online_softmax", _online_cases)(hidden)
     return [Step(c.key(), c) for c in cases] + [Step(f"watched: {_streaming_case().key()}", _streaming_case(),
-                                                     "streaming")]
+                                                     "streaming")] + ladder.steps(ONLINE_LADDER)
 
 
 def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "online_softmax"
     calls = [s for s in plan if s.run == CALL]
+    ladder.record(ONLINE_LADDER)
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
-                   step.case, diagnose=_online_diagnose)
+                   step.case, diagnose=_online_diagnose, smallest=lambda: ladder.diagnose(ONLINE_LADDER, outcomes))
     for step in (s for s in plan if s.run == "streaming"):
         problem = _streaming_text(_streaming_of(exercise, outcomes, step), step.case.args[1])
         if problem:
@@ -210,7 +240,8 @@ def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
             f"({'; '.join(s.case.name for s in calls)})")
 
 
-check_online_softmax = declare(Spec("online_softmax", _online_plan, _online_judge, {"streaming": _streaming_run}),
+check_online_softmax = declare(Spec("online_softmax", _online_plan, _online_judge,
+                                    {"streaming": _streaming_run, ladder.RUN: ladder.call}),
                                """Check ``online_softmax(x, block_size)``: the softmax over the last dimension,
 block by block, each row reduced one block at a time (watched on a (3, 12) input).""")
 
