@@ -106,7 +106,15 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _next_right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
+def _twins(a: Case, b: Case) -> bool:
+    """Whether two rungs' cases have the same configuration (tensor shapes, sizes) and differ only in a keyword (a
+    flag such as ``causal``)."""
+    return len(a.args) == len(b.args) and a.kwargs != b.kwargs and set(a.kwargs) == set(b.kwargs) and all(
+        (x.shape == y.shape if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else
+         type(x) is type(y) and not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a.args, b.args))
+
+
+def _right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
     """Rung ``index`` when it has its expected value and its outcome agrees with it; else ``None``."""
     if index >= len(ladder.rungs):
         return None
@@ -114,17 +122,23 @@ def _next_right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
     got = outcomes[PREFIX + rung.case.key()]
     if isinstance(got, BaseException):
         return None
-    return rung if _wrong_parts(ladder, _want(ladder, rung), got) == [] else None
+    try:
+        want = _want(ladder, rung)
+    except _expected.MissingExpectation:
+        return None
+    return rung if _wrong_parts(ladder, want, got) == [] else None
 
 
 @symptoms.bonus
-def diagnose(ladder: Ladder, outcomes: Any, beyond_first: bool = False) -> str | None:
+def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
     """The first rung whose outcome is wrong (raised, or differs), as a fact, with its question; ``None`` when
     every rung agrees (the failing case has something no rung has), a rung lacks its expected value or its
-    outcome, or the first rung of all is the one that fails and says nothing more than the check did.
+    outcome. Where a later rung of the same configuration with another flag (its twin: causal where this one is
+    not) is right, that is said instead: the code acts as if the flag were the twin's.
 
-    ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``beyond_first``: say only
-    where a smaller rung is right (where the first rung already fails, a check's own symptom hints say more)."""
+    ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``defer``: say nothing where one
+    of the first ``defer`` rungs is the first to fail and no twin is right (there a check's own symptom hints,
+    which gradients agree, say more than "wrong from the smallest case on")."""
     right: list[Rung] = []
     for rung in ladder.rungs:
         try:
@@ -142,14 +156,21 @@ def diagnose(ladder: Ladder, outcomes: Any, beyond_first: bool = False) -> str |
             fact = (f"{_and(wrong)} differ{'s' if len(wrong) == 1 else ''} there" if wrong
                     else "its output has not the expected form there")
         where = f"{rung.case.name}"
-        if not right and beyond_first:
+        later = next((r for i in range(len(right) + 1, len(ladder.rungs))
+                      if _twins(rung.case, ladder.rungs[i].case) and (r := _right(ladder, outcomes, i)) is not None),
+                     None)
+        if later is not None:
+            said = (f"already the smallest configuration fails ({where}: {fact})" if not right else
+                    f"right on the {len(right)} smaller configuration{'s' if len(right) > 1 else ''} (up to "
+                    f"{right[-1].case.name}), wrong from {rung.adds} on ({where}: {fact})")
+            flags = [k for k in rung.case.kwargs if rung.case.kwargs[k] != later.case.kwargs[k]]
+            asked = " and ".join(f"{k}={rung.case.kwargs[k]}" for k in flags)
+            other = " and ".join(f"{k}={later.case.kwargs[k]}" for k in flags)
+            return (f"{said}, yet the same configuration with {other} is right: does your code act as if {other} "
+                    f"where {asked} is asked (the flag read wrongly, or not at all)?")
+        if len(right) < defer:
             return None
         if not right:
-            after = _next_right(ladder, outcomes, 1)
-            if after is not None:
-                return (f"already the smallest configuration fails ({where}: {fact}), yet the next one, which only "
-                        f"adds {after.adds} ({after.case.name}), is right: does your code do {after.adds} even "
-                        f"where it must not (the flag or the size that turns it off read wrongly, or not at all)?")
             return (f"already the smallest configuration fails ({where}: {fact}), so the mistake is in what every "
                     f"case runs: {rung.suspects}")
         upto = right[-1].case.name

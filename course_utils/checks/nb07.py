@@ -502,16 +502,17 @@ def short_block_hint(exercise: str, plan: list[Step], outcomes: Outcomes, step: 
 
 
 def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float,
-                  smallest: Callable[[bool], str | None] = lambda beyond_first: None) -> None:
+                  smallest: Callable[[int], str | None] = lambda defer: None) -> None:
     """``got`` against the expected ``(out, lse)``; a failure is hinted by a known mistake or a symptom
-    (:func:`_pair_hint`), else by ``smallest(beyond_first)`` (the ladder's smallest failing configuration)."""
+    (:func:`_pair_hint`), else by ``smallest(defer)`` (the ladder's smallest failing configuration,
+    :func:`ladder.diagnose`)."""
     problem = _pair_difference(want, got, atol, rtol)
     if problem:
         try:
             fail(exercise, f"{_sentence(problem)} Input shapes: "
                            f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
         except CheckFailed as error:
-            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(True)) or smallest(False)) \
+            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(1)) or smallest(0)) \
                 from None
 
 
@@ -607,7 +608,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ref = _expected.reference
     calls = [s for s in plan if s.run == CALL]
     ladder.record(FORWARD_LADDER)
-    smallest = lambda beyond_first=False: ladder.diagnose(FORWARD_LADDER, outcomes, beyond_first)  # noqa: E731
+    smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
         case = step.case
         if ladder.is_rung(step):

@@ -278,8 +278,39 @@ def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
     return expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs.get("causal", True))[1:])
 
 
+def _reference_rungs() -> tuple[ladder.Rung, ...]:
+    """attention_backward_reference's ladder (:mod:`course_utils.checks.ladder`): one token, then one feature at
+    a time; at the first wrong rung the message says which of dq, dk and dv differ."""
+    def r(shape: tuple, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, {'causal' if causal else 'causal=False'}"
+        return ladder.Rung(Case(name, _inputs(*shape, seed=seed), {"causal": causal}), adds, suspects)
+    return (
+        r((1, 3), False, 1090, "", "what a single token gives: P = [[1]], so dv = P^T dO = dO, and dq = dk = 0 "
+          "(dS = P * (dP - delta) vanishes): the shapes of the three gradients and dv = P^T dO?"),
+        r((3, 3), False, 1091, "several tokens", "the softmax's backward: dP = dO V^T, delta = rowsum(dO * O) (or "
+          "rowsum(P * dP)), dS = P * (dP - delta), dq = dS K / sqrt(D) and dk = dS^T Q / sqrt(D), with P the "
+          "softmax over the keys (dim=-1)?"),
+        r((3, 3), True, 1091, "the causal mask", "the mask: scores of keys after their query set to -inf (triu(1), "
+          "the diagonal kept) before the softmax, and the causal flag read?"),
+        r((3, 5), True, 1092, "T != D", "the transposes, which a square case hides: dP = dO V^T is (T, T), dv = "
+          "P^T dO, dk = dS^T Q (with T == D a missing transpose still runs)?"),
+        r((2, 2, 3, 5), True, 1093, "batch and heads > 1", "the leading (batch, head) dimensions: sizes read from "
+          "the end (D = q.shape[-1]), every transpose of the last two dimensions (transpose(-2, -1), not .T or .t()), "
+          "every row sum over dim=-1 with keepdim?"),
+    )
+
+
+REFERENCE_LADDER = ladder.Ladder(
+    "attention_backward_reference", _reference_rungs(),
+    lambda case: attention_with_grads(*case.args[:4], case.kwargs["causal"])[1:],
+    lambda grads: list(zip(GRADS, grads)), atol=1e-8, rtol=1e-6)
+
+
 def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "attention_backward_reference"
+    ladder.record(REFERENCE_LADDER)
+    smallest = lambda: ladder.diagnose(REFERENCE_LADDER, outcomes, defer=2)  # noqa: E731
+    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         want = _expected_grads(exercise, step.case)
         _record_mistakes(exercise, step.case)
@@ -287,15 +318,17 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(got, BaseException):  # a raw shape error gets its words (core.shape_error_hint), as elsewhere
             failed = raised(exercise, got, step.case)
             raise _hinted(failed, None if failed.student_error is None else
-                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case)))) from None
-        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6)
+                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case))
+                           or ladder.diagnose(REFERENCE_LADDER, outcomes))) from None
+        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6, smallest=smallest)
     return f"{len(plan)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in plan)})"
 
 
 check_attention_backward_reference = declare(
     Spec("attention_backward_reference",
-         lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)],
-         _reference_judge),
+         lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)]
+         + ladder.steps(REFERENCE_LADDER),
+         _reference_judge, {ladder.RUN: ladder.call}),
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd.""")
 
 
@@ -464,7 +497,7 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward"
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
     ladder.record(BACKWARD_LADDER)
-    smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, beyond_first=True)  # noqa: E731
+    smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, defer=1)  # noqa: E731
     for step in plan:
         case = step.case
         if ladder.is_rung(step):
