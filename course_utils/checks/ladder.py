@@ -44,7 +44,10 @@ class Ladder:
     """An exercise's rungs, smallest first, and how to read them: ``reference(case)`` computes the expected
     output of a rung (called through :func:`core.expect`, so the student edition reads a recording),
     ``parts(output)`` names the outputs to compare (``[("out", tensor), ("lse", tensor)]``; default: the output
-    itself), ``atol``/``rtol`` the tolerance of the check."""
+    itself), ``atol``/``rtol`` the tolerance of the check. ``runner``: the spec's runner of a rung (default
+    :data:`RUN`, a plain call; a kernel's launch runner for a Triton exercise), and ``output(outcome)`` the output
+    in what that runner hands out (default: the outcome itself). ``twins``: whether a flag's twin rung being right
+    means the flag is misread (not where the flag picks another code path, as a kernel's stages do)."""
 
     exercise: str
     rungs: tuple[Rung, ...]
@@ -52,6 +55,9 @@ class Ladder:
     parts: Callable[[Any], list[tuple[str, Any]]] | None = None
     atol: float = 1e-5
     rtol: float = 1e-4
+    runner: str = RUN
+    output: Callable[[Any], Any] | None = None
+    twins: bool = True
 
 
 def call(student: Any, case: Case) -> Any:
@@ -60,15 +66,21 @@ def call(student: Any, case: Case) -> Any:
 
 
 def steps(ladder: Ladder) -> list:
-    """The rungs as steps of the exercise's plan (runner :data:`RUN`; keys start with :data:`PREFIX`)."""
+    """The rungs as steps of the exercise's plan (the ladder's runner; keys start with :data:`PREFIX`)."""
     from course_utils.checks.spec import Step
 
-    return [Step(PREFIX + rung.case.key(), rung.case, RUN) for rung in ladder.rungs]
+    return [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
 
 def is_rung(step: Any) -> bool:
     """Whether a plan's step is a rung (the judge's loops over cases leave them out)."""
-    return getattr(step, "run", None) == RUN
+    return str(getattr(step, "key", "")).startswith(PREFIX)
+
+
+def _outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:
+    """A rung's output, or the exception its run raised."""
+    got = outcomes[PREFIX + rung.case.key()]
+    return got if isinstance(got, BaseException) or ladder.output is None else ladder.output(got)
 
 
 def _want(ladder: Ladder, rung: Rung) -> Any:
@@ -107,9 +119,11 @@ def _and(names: Sequence[str]) -> str:
 
 
 def _twins(a: Case, b: Case) -> bool:
-    """Whether two rungs' cases have the same configuration (tensor shapes, sizes) and differ only in a keyword (a
-    flag such as ``causal``)."""
-    return len(a.args) == len(b.args) and a.kwargs != b.kwargs and set(a.kwargs) == set(b.kwargs) and all(
+    """Whether two rungs' cases have the same configuration (tensor shapes, sizes) and differ only in one flag (a
+    keyword such as ``causal``)."""
+    differ = [k for k in a.kwargs if k in b.kwargs and a.kwargs[k] != b.kwargs[k]]
+    return len(a.args) == len(b.args) and set(a.kwargs) == set(b.kwargs) and len(differ) == 1 and \
+        type(a.kwargs[differ[0]]) is bool and all(
         (x.shape == y.shape if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else
          type(x) is type(y) and not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a.args, b.args))
 
@@ -119,7 +133,7 @@ def _right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
     if index >= len(ladder.rungs):
         return None
     rung = ladder.rungs[index]
-    got = outcomes[PREFIX + rung.case.key()]
+    got = _outcome(ladder, outcomes, rung)
     if isinstance(got, BaseException):
         return None
     try:
@@ -145,7 +159,7 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
             want = _want(ladder, rung)
         except _expected.MissingExpectation:
             return None
-        got = outcomes[PREFIX + rung.case.key()]
+        got = _outcome(ladder, outcomes, rung)
         if isinstance(got, BaseException):
             fact = f"your code raises {type(got).__name__} there"
         else:
@@ -157,7 +171,7 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
                     else "its output has not the expected form there")
         where = f"{rung.case.name}"
         later = next((r for i in range(len(right) + 1, len(ladder.rungs))
-                      if _twins(rung.case, ladder.rungs[i].case) and (r := _right(ladder, outcomes, i)) is not None),
+                      if ladder.twins and _twins(rung.case, ladder.rungs[i].case) and (r := _right(ladder, outcomes, i)) is not None),
                      None)
         if later is not None:
             said = (f"already the smallest configuration fails ({where}: {fact})" if not right else

@@ -718,17 +718,20 @@ def launched_on(devices: set) -> str:
 def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_triton"
     kernel_rules(exercise, outcomes)
+    ladder.record(KERNEL_LADDER)
+    smallest = lambda defer=0: ladder.diagnose(KERNEL_LADDER, outcomes, defer)  # noqa: E731
     devices = set()
+    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         case = step.case
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: _kernel_error_hint(error) or
-                                     symptoms.error_hint(error, sizes_of(case)))
+                                     symptoms.error_hint(error, sizes_of(case)) or smallest())
         devices.add(on_gpu)
         atol = rtol = 5e-3 if on_gpu else 1e-5
-        _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol)
+        _compare_pair(exercise, case, got, want, atol, 1e-4 if not on_gpu else rtol, smallest)
     return (f"{len(plan)} launches agree with attention (out and lse), {launched_on(devices)} "
             f"({'; '.join(s.case.name for s in plan)})")
 
@@ -748,7 +751,8 @@ def _triton_run(kernel: Any, case: Case) -> list:
 check_flash_attention_triton = declare(
     KernelSpec("flash_attention_triton",
                lambda hidden: [Step(c.key(), c, "launch")
-                               for c in with_hidden("flash_attention_triton", _triton_cases)(hidden)],
+                               for c in with_hidden("flash_attention_triton", _triton_cases)(hidden)]
+               + ladder.steps(KERNEL_LADDER),
                _triton_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
 
@@ -811,3 +815,49 @@ FORWARD_LADDER = ladder.Ladder(
     "flash_attention_forward", forward_rungs(),
     lambda case: _expected.reference("flash_attention_forward")(*_clone(case.args), **case.kwargs),
     lambda pair: [("out", pair[0]), ("lse", pair[1])])
+
+
+def _kernel_rung(shape: tuple, block_m: int, block_n: int, causal: bool, seed: int, adds: str, suspects: str
+                 ) -> ladder.Rung:
+    name = f"{tuple(shape)}, {'causal' if causal else 'causal=False'}, BLOCK_M={block_m}, BLOCK_N={block_n}"
+    return ladder.Rung(Case(name, _qkv(*shape, seed=seed), {"causal": causal, "block_m": block_m, "block_n": block_n}),
+                       adds, suspects)
+
+
+def _kernel_rungs() -> tuple[ladder.Rung, ...]:
+    """The Triton forward's ladder: one tile, then one feature at a time; each launch is tiny (16 is tl.dot's
+    smallest tile), as the interpreter runs them on a CPU."""
+    r = _kernel_rung
+    return (
+        r((1, 1, 16, 16), 16, 16, False, 780, "", "the work on one tile, which without causal is all the first "
+          "stage's (the loop without a mask): the pointers of Q, K and V (offsets times strides), s = tl.dot(q, "
+          "tl.trans(k)) * scale, the update from m_i = -inf, l_i = 0 (m_new, alpha = exp(m_i - m_new), l_i, acc, "
+          "m_i = m_new), and the stores of acc / l_i and m_i + log(l_i)?"),
+        r((1, 1, 16, 16), 16, 16, True, 780, "the causal mask", "the diagonal stage, the only one a causal one-tile program "
+          "runs: key cols hidden from query offs_m when cols > offs_m (tl.where to -inf before the maximum), and its "
+          "update the same as the first stage's (the scale, m_new, alpha, l_i and acc rescaled)?"),
+        r((1, 1, 32, 16), 32, 16, False, 781, "a second key block", "what carries over from one key block to the "
+          "next: m_i = m_new after each block, alpha = exp(m_i - m_new), l_i and acc rescaled by alpha (in both "
+          "stages), and the key pointers advanced by start_n?"),
+        r((1, 1, 32, 16), 16, 16, True, 782, "several blocks with the causal mask", "the two stages of a causal "
+          "program: the key blocks wholly in the past (lo = 0 up to start_m * BLOCK_M) without a mask, then the "
+          "diagonal block(s) with it; each query block's rows offs_m = start_m * BLOCK_M + arange?"),
+        r((1, 1, 48, 16), 16, 32, True, 783, "BLOCK_M != BLOCK_N", "what must use each block size: the diagonal "
+          "stage's start rounded down to a key block, (start_m * BLOCK_M) // BLOCK_N * BLOCK_N, its end "
+          "(start_m + 1) * BLOCK_M, and the masks from both blocks' offsets?"),
+        r((1, 1, 20, 16), 16, 16, False, 784, "a short last block (T not a multiple of the blocks)", "the rows and "
+          "keys past T: loads masked with offs_m < T and cols < T (other=0), scores of keys >= T set to -inf, and "
+          "stores masked with offs_m < T?"),
+        r((2, 2, 20, 16), 16, 16, True, 785, "batch and heads > 1", "the program's (batch, head) offset: every "
+          "pointer of Q, K, V, O and LSE offset by bh with that tensor's stride (LSE by bh * T)?"),
+    )
+
+
+#: On a GPU the kernel computes in TF32 (the check's tolerance there is 5e-3); its rungs are compared at that
+#: tolerance everywhere: every mistake here is off by far more.
+KERNEL_LADDER = ladder.Ladder(
+    "flash_attention_triton", _kernel_rungs(),
+    lambda case: _expected.reference("flash_attention_forward")(
+        *_clone(case.args), case.kwargs["block_m"], case.kwargs["block_n"], causal=case.kwargs["causal"]),
+    lambda pair: [("out", pair[0]), ("lse", pair[1])], atol=5e-3, rtol=5e-3, runner="launch",
+    output=lambda found: found[0], twins=False)
