@@ -198,9 +198,9 @@ def _online_rungs() -> tuple[ladder.Rung, ...]:
         name = f"{tuple(shape)}, block_size={block}{': its first block all -inf' if first_inf else ''}"
         return ladder.Rung(Case(name, (x, block)), adds, suspects)
     return (
-        r((4,), 4, 760, "", "one block's work: m_new = max(m, the block's maximum), l rescaled by exp(m - m_new) "
-          "(0 while m is -inf) plus the sum of exp(block - m_new), m = m_new, and the final exp(x - m) / l with "
-          "that same m?"),
+        r((4,), 4, 760, "", "one block's work: the block x[..., start:start + block_size], m_new = max(m, its "
+          "maximum), l rescaled by exp(m - m_new) (0 while m is -inf) plus the sum of exp(block - m_new), m = m_new, "
+          "and the final exp(x - m) / l with that same m?"),
         r((8,), 4, 761, "a second block", "what carries over from block to block: m = m_new after each block, "
           "and l rescaled by exp(m - m_new) before the new block's sum is added?"),
         r((7,), 4, 762, "a short last block", "the last, shorter block: the loop over range(0, n, block_size) and "
@@ -766,7 +766,9 @@ check_flash_attention_triton = declare(
 # The smallest configuration that fails (:mod:`course_utils.checks.ladder`), for the tiled forward
 # ------------------------------------------------------------------------------------------
 _CARRY = ("what carries over from one key block to the next: the running maximum (m = m_new after each block), "
-          "alpha = exp(m - m_new), and l and acc rescaled by alpha before the block's share is added?")
+          "alpha = exp(m - m_new), and l and acc rescaled by alpha before the block's share is added? And, as "
+          "block_q != block_k here for the first time: does each loop step by its own block size (the key loop by "
+          "block_k) and end each block with it?")
 _FRESH = ("what each query block starts afresh and where it reads and writes: m, l and acc set anew per query "
           "block, its rows q[..., q_start:q_end, :], and out and lse stored at the same rows?")
 

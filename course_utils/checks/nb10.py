@@ -286,7 +286,8 @@ def _reference_rungs() -> tuple[ladder.Rung, ...]:
         return ladder.Rung(Case(name, _inputs(*shape, seed=seed), {"causal": causal}), adds, suspects)
     return (
         r((1, 3), False, 1090, "", "what a single token gives: P = [[1]], so dv = P^T dO = dO, and dq = dk = 0 "
-          "(dS = P * (dP - delta) vanishes): the shapes of the three gradients and dv = P^T dO?"),
+          "(dS = P * (dP - delta) vanishes): the shape of every product (dP = dO V^T is (T, T), dv = P^T dO is "
+          "(T, D)) and of the three gradients?"),
         r((3, 3), False, 1091, "several tokens", "the softmax's backward: dP = dO V^T, delta = rowsum(dO * O) (or "
           "rowsum(P * dP)), dS = P * (dP - delta), dq = dS K / sqrt(D) and dk = dS^T Q / sqrt(D), with P the "
           "softmax over the keys (dim=-1)?"),
@@ -452,7 +453,8 @@ def backward_rungs() -> tuple[ladder.Rung, ...]:
           "diagonal tile (it starts at the query block that holds k_start)?", ": one tile"),
         r((8, 4), 8, 4, False, 1081, "a second key block", "what each key block owns and what it shares: dk and "
           "dv of a key block started afresh and stored at its own rows k_start:k_end, and dq summed over every "
-          "key block (dq[q_start:q_end] += ...)?"),
+          "key block (dq[q_start:q_end] += ...)? And, as block_q != block_k here for the first time: does each loop "
+          "step by its own block size and end each block with it (q_end = min(q_start + block_q, T))?"),
         r((8, 4), 4, 8, False, 1082, "a second query block", "what each query block reads: its rows q_start:q_end "
           "of q, do, lse and delta, and dk and dv summed over every query block, not set by the last one?"),
         r((8, 4), 4, 4, False, 1083, "several query and key blocks (causal=False)", "which query blocks a key "
