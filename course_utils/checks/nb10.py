@@ -845,6 +845,39 @@ KIND, KEPT, GRADCHECK = "kind", "kept", "gradcheck"
 SDPA = "sdpa: "
 
 
+def _function_rungs() -> tuple[ladder.Rung, ...]:
+    """FlashAttention's ladder (:mod:`course_utils.checks.ladder`): its glue, one feature at a time (the check runs
+    it with the reference's forward and backward functions, so what is left is what the class passes and keeps)."""
+    def r(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}"
+        return ladder.Rung(Case(name, _inputs(*shape, seed=seed),
+                                {"causal": causal, "block_q": block_q, "block_k": block_k}), adds, suspects)
+    return (
+        r((4, 4), 4, 4, False, 1100, "", "the glue itself: forward returns o alone and saves q, k, v, o and lse "
+          "(ctx.save_for_backward), backward unpacks them in the order saved and calls the backward with (q, k, v, "
+          "o, lse, do), returning dq, dk, dv and None for causal, block_q and block_k?"),
+        r((4, 4), 4, 4, True, 1100, "causal=True", "the flag: causal passed on to the forward and to the backward "
+          "(kept on ctx), each by keyword or in its own place?"),
+        r((8, 4), 8, 4, False, 1101, "block_q != block_k", "the block sizes: block_q and block_k passed in the order "
+          "each function takes them (kept on ctx for the backward)?"),
+        r((2, 2, 7, 4), 2, 4, True, 1102, "batch, heads and a short last block", "shapes: nothing reshaped or "
+          "flattened on the way, lse saved as (..., T)?"),
+    )
+
+
+FUNCTION_LADDER = ladder.Ladder(
+    "FlashAttention", _function_rungs(),
+    lambda case: attention_with_grads(*case.args, case.kwargs["causal"]),
+    lambda found: list(zip(("o", *GRADS), found)), atol=1e-8, rtol=1e-6, runner="ladder_function")
+
+
+def _ladder_function_run(cls: Any, case: Case) -> tuple[torch.Tensor, ...]:
+    """The runner of a rung of FlashAttention's ladder: :func:`run_function` on ``(q, k, v, do)`` and the case's
+    ``causal``, ``block_q`` and ``block_k``."""
+    kw = case.kwargs
+    return run_function(cls, *_clone(case.args), kw["causal"], kw["block_q"], kw["block_k"])
+
+
 def _function_plan(hidden: bool) -> list[Step]:
     """What the class is; each case run (forward and backward); what forward keeps; gradcheck; the runs
     against SDPA at T = 256; the bfloat16 run."""
@@ -853,7 +886,7 @@ def _function_plan(hidden: bool) -> list[Step]:
     return ([Step(KIND, _KIND, "kind")] + [Step(c.key(), c, "function") for c in cases]
             + [Step(KEPT, Case("what forward keeps", ("kept",)), "kept"), Step(GRADCHECK, gradcheck, "gradcheck")]
             + [Step(SDPA + c.key(), c, "function") for c in _sdpa_cases()]
-            + [Step(HALF + c.key(), c, "function") for c in _half_cases()])
+            + [Step(HALF + c.key(), c, "function") for c in _half_cases()] + ladder.steps(FUNCTION_LADDER))
 
 
 def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -866,6 +899,7 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
         fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
                        "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
     cases = [s for s in plan if s.run == "function" and not s.key.startswith((SDPA, HALF))]
+    ladder.record(FUNCTION_LADDER)
     for step in cases:
         case = step.case
         q, k, v, do = case.args[:4]
@@ -876,9 +910,11 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
             failed = raised(exercise, got, case)
             raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed,
                                                      outcomes.student)
-                          or (symptoms.error_hint(got, _sizes_of(case)) if failed.student_error is not None
-                              else None)) from None
-        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
+                          or ((symptoms.error_hint(got, _sizes_of(case))
+                               or ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
+                              if failed.student_error is not None else None)) from None
+        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6,
+                 smallest=lambda: ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
     facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))
     if isinstance(facts, BaseException):
         problem = f"your code raised {type(facts).__name__}: {facts}"
@@ -902,7 +938,8 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
 
 check_FlashAttention = declare(
     Spec("FlashAttention", _function_plan, _function_judge,
-         {"kind": _function_kind, "function": _function_run, "kept": _kept_facts, "gradcheck": _gradcheck_run},
+         {"kind": _function_kind, "function": _function_run, "kept": _kept_facts, "gradcheck": _gradcheck_run,
+          "ladder_function": _ladder_function_run},
          helpers=lambda: helper_checks(globals(), "FlashAttention")),
     """Check ``FlashAttention``, a ``torch.autograd.Function``: ``apply(q, k, v, causal, block_q, block_k)``.
 
@@ -931,20 +968,62 @@ def _triton_cases() -> list[Case]:
     ]
 
 
+def _kernel_rungs() -> tuple[ladder.Rung, ...]:
+    """The Triton backward's ladder (:mod:`course_utils.checks.ladder`): one tile, then one feature at a time; each
+    launch tiny (16 is tl.dot's smallest tile), as the interpreter runs them on a CPU. A program is a key block."""
+    def r(shape: tuple, block_m: int, block_n: int, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, {'causal' if causal else 'causal=False'}, BLOCK_M={block_m}, BLOCK_N={block_n}"
+        return ladder.Rung(kernel_case(name, shape, seed, causal, block_m, block_n), adds, suspects)
+    return (
+        r((1, 1, 16, 16), 16, 16, False, 1095, "", "the work on one tile: the pointers (offsets times strides), "
+          "P = exp(s * scale - lse), dv += P^T dO, dP = dO V^T, dS = P * (dP - delta), dk += dS^T Q * scale, and "
+          "the stores of dk and dv?"),
+        r((1, 1, 16, 16), 16, 16, True, 1095, "the causal mask", "the diagonal tile's mask: P = 0 where a key "
+          "comes after its query (cols > offs_m, from the global offsets), and the query loop still reaching the "
+          "diagonal tile when causal?"),
+        r((1, 1, 32, 16), 16, 32, False, 1096, "a second query block", "the loop over query blocks: from lo up to "
+          "T in steps of BLOCK_M, its query, dO, lse and delta pointers advanced, and dk and dv summed over every "
+          "query block (not reset inside the loop)?"),
+        r((1, 1, 32, 16), 16, 16, False, 1097, "a second key block (a second program)", "each program's key "
+          "block: its rows offs_n = start_n * BLOCK_N + arange for k, v, dk and dv, and the query loop covering "
+          "every query when not causal: from lo = 0 up to T, not stopping at its own key block?"),
+        r((1, 1, 32, 16), 16, 16, True, 1097, "several blocks with the causal mask", "the query loop of a causal "
+          "program: it starts at the query block that holds its first key (lo = start_n * BLOCK_N rounded down "
+          "to BLOCK_M) and runs to T, not stopping at its own key block?"),
+        r((1, 1, 20, 16), 16, 16, False, 1098, "a short last block (T not a multiple of the blocks)", "the rows and "
+          "keys past T: loads masked with offs < T (other=0), P = 0 for queries past T, and stores masked?"),
+        r((2, 2, 20, 16), 16, 16, True, 1099, "batch and heads > 1", "the program's (batch, head) offset: every "
+          "pointer of Q, K, V, dO, dK, dV, lse and delta offset by bh with that tensor's stride?"),
+    )
+
+
+#: Compared at the GPU tolerance everywhere (every mistake is off by far more); no causal twins: causal and not
+#: run different loop bounds, so a twin that is right does not mean the flag is misread.
+KERNEL_LADDER = ladder.Ladder(
+    "flash_attention_backward_triton", _kernel_rungs(),
+    lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[2:],
+    lambda grads: list(zip(("dk", "dv"), grads)), atol=5e-3, rtol=5e-3, runner="launch",
+    output=lambda found: found[0], twins=False)
+
+
 def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward_triton"
     kernel_rules(exercise, outcomes)
+    ladder.record(KERNEL_LADDER)
     devices = set()
+    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         case = step.case
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
         got, on_gpu = launch_outcome(exercise, outcomes, step,
-                                     lambda error: symptoms.error_hint(error, _sizes_of(case)))
+                                     lambda error: symptoms.error_hint(error, _sizes_of(case))
+                                     or ladder.diagnose(KERNEL_LADDER, outcomes))
         devices.add(on_gpu)
         atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
-        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
+        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol,
+                 smallest=lambda: ladder.diagnose(KERNEL_LADDER, outcomes, defer=1))
     return (f"{len(plan)} launches agree with autograd (dk and dv), {launched_on(devices)} "
             f"({'; '.join(s.case.name for s in plan)})")
 
@@ -964,7 +1043,8 @@ def _triton_run(kernel: Any, case: Case) -> list:
 check_flash_attention_backward_triton = declare(
     KernelSpec("flash_attention_backward_triton",
                lambda hidden: [Step(c.key(), c, "launch")
-                               for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)],
+                               for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)]
+               + ladder.steps(KERNEL_LADDER),
                _kernel_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
     :func:`course_utils.backward.launch_backward`, against autograd's gradients.
