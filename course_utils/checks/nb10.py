@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import expected as _expected
-from course_utils.checks import symptoms, wire
+from course_utils.checks import ladder, symptoms, wire
 from course_utils.checks.core import (
     Case,
     CheckFailed,
@@ -179,7 +179,11 @@ def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rt
 
 
 def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, ...] = GRADS,
-             atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True) -> None:
+             atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True,
+             smallest: Callable[[], str | None] = lambda: None) -> None:
+    """``got`` against the expected ``want`` (``names`` its parts); a failure is hinted by a known mistake, then
+    by where the wrong values lie, then by ``smallest()`` (the ladder's smallest failing configuration beyond the
+    first, which also says which gradients differ there), else by which gradients agree."""
     problem = _triple_difference(want, got, names, atol, rtol)
     if problem:
         shapes = ", ".join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))
@@ -189,7 +193,7 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             hint = _hint(exercise, case, got, names) if name_mistakes else None
             raise _hinted(error, hint or _seen_hint(case, want, got, names)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
-                                     _agreement_hint(want, got, names, atol, rtol))) from None
+                                     smallest() or _agreement_hint(want, got, names, atol, rtol))) from None
 
 
 def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
@@ -274,8 +278,40 @@ def _expected_grads(exercise: str, case: Case) -> tuple[torch.Tensor, ...]:
     return expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs.get("causal", True))[1:])
 
 
+def _reference_rungs() -> tuple[ladder.Rung, ...]:
+    """attention_backward_reference's ladder (:mod:`course_utils.checks.ladder`): one token, then one feature at
+    a time; at the first wrong rung the message says which of dq, dk and dv differ."""
+    def r(shape: tuple, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, {'causal' if causal else 'causal=False'}"
+        return ladder.Rung(Case(name, _inputs(*shape, seed=seed), {"causal": causal}), adds, suspects)
+    return (
+        r((1, 3), False, 1090, "", "what a single token gives: P = [[1]], so dv = P^T dO = dO, and dq = dk = 0 "
+          "(dS = P * (dP - delta) vanishes): the shape of every product (dP = dO V^T is (T, T), dv = P^T dO is "
+          "(T, D)) and of the three gradients?"),
+        r((3, 3), False, 1091, "several tokens", "the softmax's backward: dP = dO V^T, delta = rowsum(dO * O) (or "
+          "rowsum(P * dP)), dS = P * (dP - delta), dq = dS K / sqrt(D) and dk = dS^T Q / sqrt(D), with P the "
+          "softmax over the keys (dim=-1)?"),
+        r((3, 3), True, 1091, "the causal mask", "the mask: scores of keys after their query set to -inf (triu(1), "
+          "the diagonal kept) before the softmax, and the causal flag read?"),
+        r((3, 5), True, 1092, "T != D", "the transposes, which a square case hides: dP = dO V^T is (T, T), dv = "
+          "P^T dO, dk = dS^T Q (with T == D a missing transpose still runs)?"),
+        r((2, 2, 3, 5), True, 1093, "batch and heads > 1", "the leading (batch, head) dimensions: sizes read from "
+          "the end (D = q.shape[-1]), every transpose of the last two dimensions (transpose(-2, -1), not .T or .t()), "
+          "every row sum over dim=-1 with keepdim?"),
+    )
+
+
+REFERENCE_LADDER = ladder.Ladder(
+    "attention_backward_reference", _reference_rungs(),
+    lambda case: attention_with_grads(*case.args[:4], case.kwargs["causal"])[1:],
+    lambda grads: list(zip(GRADS, grads)), atol=1e-8, rtol=1e-6)
+
+
 def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "attention_backward_reference"
+    ladder.record(REFERENCE_LADDER)
+    smallest = lambda: ladder.diagnose(REFERENCE_LADDER, outcomes, defer=2)  # noqa: E731
+    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         want = _expected_grads(exercise, step.case)
         _record_mistakes(exercise, step.case)
@@ -283,15 +319,17 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(got, BaseException):  # a raw shape error gets its words (core.shape_error_hint), as elsewhere
             failed = raised(exercise, got, step.case)
             raise _hinted(failed, None if failed.student_error is None else
-                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case)))) from None
-        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6)
+                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case))
+                           or ladder.diagnose(REFERENCE_LADDER, outcomes))) from None
+        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6, smallest=smallest)
     return f"{len(plan)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in plan)})"
 
 
 check_attention_backward_reference = declare(
     Spec("attention_backward_reference",
-         lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)],
-         _reference_judge),
+         lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)]
+         + ladder.steps(REFERENCE_LADDER),
+         _reference_judge, {ladder.RUN: ladder.call}),
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd.""")
 
 
@@ -396,6 +434,52 @@ def _backward_diagnose(error: BaseException) -> str | None:
 HALF = "bfloat16: "
 
 
+def _backward_rung(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str,
+                   note: str = "") -> ladder.Rung:
+    name = f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}{note}"
+    return ladder.Rung(_backward_case(name, shape, seed, block_q, block_k, causal), adds, suspects)
+
+
+def backward_rungs() -> tuple[ladder.Rung, ...]:
+    """The tiled backward's ladder (:mod:`course_utils.checks.ladder`): one tile, then the tiles' features one
+    at a time; at the first wrong rung the message says which of dq, dk and dv differ."""
+    r = _backward_rung
+    return (
+        r((4, 4), 4, 4, False, 1080, "", "the work on one tile: P = exp(S / sqrt(D) - lse), dv = P^T dO, dP = "
+          "dO V^T, delta = rowsum(dO * O), dS = P * (dP - delta), dq = dS K / sqrt(D) and dk = dS^T Q / sqrt(D)?",
+          ": one tile"),
+        r((4, 4), 4, 4, True, 1080, "the causal mask", "the mask inside a tile: P = 0 for a key after its query "
+          "(k_start + j > q_start + i), before P is used for dv and dS, and the query loop still reaching the "
+          "diagonal tile (it starts at the query block that holds k_start)?", ": one tile"),
+        r((8, 4), 8, 4, False, 1081, "a second key block", "what each key block owns and what it shares: dk and "
+          "dv of a key block started afresh and stored at its own rows k_start:k_end, and dq summed over every "
+          "key block (dq[q_start:q_end] += ...)? And, as block_q != block_k here for the first time: does each loop "
+          "step by its own block size and end each block with it (q_end = min(q_start + block_q, T))?"),
+        r((8, 4), 4, 8, False, 1082, "a second query block", "what each query block reads: its rows q_start:q_end "
+          "of q, do, lse and delta, and dk and dv summed over every query block, not set by the last one?"),
+        r((8, 4), 4, 4, False, 1083, "several query and key blocks (causal=False)", "which query blocks a key "
+          "block meets when not causal: all of them, from 0 up to T?"),
+        r((8, 4), 4, 4, True, 1083, "several blocks with the causal mask", "which query blocks a causal key block "
+          "meets (from the query block that holds its first key k_start on, up to T; none before it) and the "
+          "diagonal tile's mask from the global positions k_start + j > q_start + i?"),
+        r((12, 4), 4, 6, True, 1084, "block_q != block_k", "what must use each block size: the query loop's "
+          "start (k_start // block_q * block_q, rounded down to a query block) and step block_q, the key loop's "
+          "step block_k, and each slice and mask with its own block's start and end?"),
+        r((14, 4), 4, 6, True, 1085, "a short last block (T not a multiple of the blocks)", "the last, shorter "
+          "blocks: each ends at min(start + block, T), and its slices, mask and stores use that end?"),
+        r((2, 2, 14, 4), 4, 6, True, 1086, "batch and heads > 1", "the leading (batch, head) dimensions: sizes "
+          "read from the end (T = q.shape[-2], D = q.shape[-1]), every index with ... in front (q[..., rows, :], "
+          "lse[..., rows, None]), every row sum over dim=-1 with "
+          "keepdim, and every transpose of the last two dimensions (transpose(-2, -1), not .T)?"),
+    )
+
+
+BACKWARD_LADDER = ladder.Ladder(
+    "flash_attention_backward", backward_rungs(),
+    lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[1:],
+    lambda grads: list(zip(GRADS, grads)))
+
+
 def _backward_plan(hidden: bool) -> list[Step]:
     """Each case called (and watched, for the hidden and the non-causal ones: the causal structure is watched
     on T = 40); then the T = 40 case watched; then the bfloat16 case called."""
@@ -407,14 +491,19 @@ def _backward_plan(hidden: bool) -> list[Step]:
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
     half = _half_backward_case()
-    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)]
+    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
+        + ladder.steps(BACKWARD_LADDER)
 
 
 def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward"
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
+    ladder.record(BACKWARD_LADDER)
+    smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, defer=1)  # noqa: E731
     for step in plan:
         case = step.case
+        if ladder.is_rung(step):
+            continue
         if step.run == "structure":
             _judge_backward_structure(exercise, outcomes, step)
         elif step.key.startswith(HALF):
@@ -434,16 +523,17 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
                 failed = raised(exercise, got, case)
                 hint = None if failed.student_error is None else (
                     short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
-                    or symptoms.error_hint(got, _sizes_of(case)))
+                    or symptoms.error_hint(got, _sizes_of(case)) or ladder.diagnose(BACKWARD_LADDER, outcomes))
                 raise _hinted(failed, hint) from None
-            _compare(exercise, case, got, want, atol=tol, rtol=1e-4)
+            _compare(exercise, case, got, want, atol=tol, rtol=1e-4, smallest=smallest)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
             f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "
             f"{HALF_ATOL:g} of float64 attention")
 
 
 check_flash_attention_backward = declare(
-    Spec("flash_attention_backward", _backward_plan, _backward_judge, {"structure": _structure_run}),
+    Spec("flash_attention_backward", _backward_plan, _backward_judge,
+         {"structure": _structure_run, ladder.RUN: ladder.call}),
     """Check ``flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)`` -> ``(dq, dk, dv)``:
     autograd's gradients, with no ``(T, T)`` tensor made and the causal tiles in the future skipped; and in
     bfloat16 (``lse`` in float32, as notebook 07's forward returns it) within bfloat16's tolerance.""")
@@ -755,6 +845,39 @@ KIND, KEPT, GRADCHECK = "kind", "kept", "gradcheck"
 SDPA = "sdpa: "
 
 
+def _function_rungs() -> tuple[ladder.Rung, ...]:
+    """FlashAttention's ladder (:mod:`course_utils.checks.ladder`): its glue, one feature at a time (the check runs
+    it with the reference's forward and backward functions, so what is left is what the class passes and keeps)."""
+    def r(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}"
+        return ladder.Rung(Case(name, _inputs(*shape, seed=seed),
+                                {"causal": causal, "block_q": block_q, "block_k": block_k}), adds, suspects)
+    return (
+        r((4, 4), 4, 4, False, 1100, "", "the glue itself: forward returns o alone and saves q, k, v, o and lse "
+          "(ctx.save_for_backward), backward unpacks them in the order saved and calls the backward with (q, k, v, "
+          "o, lse, do), returning dq, dk, dv and None for causal, block_q and block_k?"),
+        r((4, 4), 4, 4, True, 1100, "causal=True", "the flag: causal passed on to the forward and to the backward "
+          "(kept on ctx), each by keyword or in its own place?"),
+        r((8, 4), 8, 4, False, 1101, "block_q != block_k", "the block sizes: block_q and block_k passed in the order "
+          "each function takes them (kept on ctx for the backward)?"),
+        r((2, 2, 7, 4), 2, 4, True, 1102, "batch, heads and a short last block", "shapes: nothing reshaped or "
+          "flattened on the way, lse saved as (..., T)?"),
+    )
+
+
+FUNCTION_LADDER = ladder.Ladder(
+    "FlashAttention", _function_rungs(),
+    lambda case: attention_with_grads(*case.args, case.kwargs["causal"]),
+    lambda found: list(zip(("o", *GRADS), found)), atol=1e-8, rtol=1e-6, runner="ladder_function")
+
+
+def _ladder_function_run(cls: Any, case: Case) -> tuple[torch.Tensor, ...]:
+    """The runner of a rung of FlashAttention's ladder: :func:`run_function` on ``(q, k, v, do)`` and the case's
+    ``causal``, ``block_q`` and ``block_k``."""
+    kw = case.kwargs
+    return run_function(cls, *_clone(case.args), kw["causal"], kw["block_q"], kw["block_k"])
+
+
 def _function_plan(hidden: bool) -> list[Step]:
     """What the class is; each case run (forward and backward); what forward keeps; gradcheck; the runs
     against SDPA at T = 256; the bfloat16 run."""
@@ -763,7 +886,7 @@ def _function_plan(hidden: bool) -> list[Step]:
     return ([Step(KIND, _KIND, "kind")] + [Step(c.key(), c, "function") for c in cases]
             + [Step(KEPT, Case("what forward keeps", ("kept",)), "kept"), Step(GRADCHECK, gradcheck, "gradcheck")]
             + [Step(SDPA + c.key(), c, "function") for c in _sdpa_cases()]
-            + [Step(HALF + c.key(), c, "function") for c in _half_cases()])
+            + [Step(HALF + c.key(), c, "function") for c in _half_cases()] + ladder.steps(FUNCTION_LADDER))
 
 
 def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -776,6 +899,7 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
         fail(exercise, "FlashAttention must be a class that subclasses torch.autograd.Function, with static "
                        "methods forward(ctx, q, k, v, causal, block_q, block_k) and backward(ctx, do)")
     cases = [s for s in plan if s.run == "function" and not s.key.startswith((SDPA, HALF))]
+    ladder.record(FUNCTION_LADDER)
     for step in cases:
         case = step.case
         q, k, v, do = case.args[:4]
@@ -786,9 +910,11 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
             failed = raised(exercise, got, case)
             raise _hinted(failed, _function_diagnose(got if failed.student_error is not None else failed,
                                                      outcomes.student)
-                          or (symptoms.error_hint(got, _sizes_of(case)) if failed.student_error is not None
-                              else None)) from None
-        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6)
+                          or ((symptoms.error_hint(got, _sizes_of(case))
+                               or ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
+                              if failed.student_error is not None else None)) from None
+        _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6,
+                 smallest=lambda: ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
     facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))
     if isinstance(facts, BaseException):
         problem = f"your code raised {type(facts).__name__}: {facts}"
@@ -812,7 +938,8 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
 
 check_FlashAttention = declare(
     Spec("FlashAttention", _function_plan, _function_judge,
-         {"kind": _function_kind, "function": _function_run, "kept": _kept_facts, "gradcheck": _gradcheck_run},
+         {"kind": _function_kind, "function": _function_run, "kept": _kept_facts, "gradcheck": _gradcheck_run,
+          "ladder_function": _ladder_function_run},
          helpers=lambda: helper_checks(globals(), "FlashAttention")),
     """Check ``FlashAttention``, a ``torch.autograd.Function``: ``apply(q, k, v, causal, block_q, block_k)``.
 
@@ -841,20 +968,62 @@ def _triton_cases() -> list[Case]:
     ]
 
 
+def _kernel_rungs() -> tuple[ladder.Rung, ...]:
+    """The Triton backward's ladder (:mod:`course_utils.checks.ladder`): one tile, then one feature at a time; each
+    launch tiny (16 is tl.dot's smallest tile), as the interpreter runs them on a CPU. A program is a key block."""
+    def r(shape: tuple, block_m: int, block_n: int, causal: bool, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        name = f"{tuple(shape)}, {'causal' if causal else 'causal=False'}, BLOCK_M={block_m}, BLOCK_N={block_n}"
+        return ladder.Rung(kernel_case(name, shape, seed, causal, block_m, block_n), adds, suspects)
+    return (
+        r((1, 1, 16, 16), 16, 16, False, 1095, "", "the work on one tile: the pointers (offsets times strides), "
+          "P = exp(s * scale - lse), dv += P^T dO, dP = dO V^T, dS = P * (dP - delta), dk += dS^T Q * scale, and "
+          "the stores of dk and dv?"),
+        r((1, 1, 16, 16), 16, 16, True, 1095, "the causal mask", "the diagonal tile's mask: P = 0 where a key "
+          "comes after its query (cols > offs_m, from the global offsets), and the query loop still reaching the "
+          "diagonal tile when causal?"),
+        r((1, 1, 32, 16), 16, 32, False, 1096, "a second query block", "the loop over query blocks: from lo up to "
+          "T in steps of BLOCK_M, its query, dO, lse and delta pointers advanced, and dk and dv summed over every "
+          "query block (not reset inside the loop)?"),
+        r((1, 1, 32, 16), 16, 16, False, 1097, "a second key block (a second program)", "each program's key "
+          "block: its rows offs_n = start_n * BLOCK_N + arange for k, v, dk and dv, and the query loop covering "
+          "every query when not causal: from lo = 0 up to T, not stopping at its own key block?"),
+        r((1, 1, 32, 16), 16, 16, True, 1097, "several blocks with the causal mask", "the query loop of a causal "
+          "program: it starts at the query block that holds its first key (lo = start_n * BLOCK_N rounded down "
+          "to BLOCK_M) and runs to T, not stopping at its own key block?"),
+        r((1, 1, 20, 16), 16, 16, False, 1098, "a short last block (T not a multiple of the blocks)", "the rows and "
+          "keys past T: loads masked with offs < T (other=0), P = 0 for queries past T, and stores masked?"),
+        r((2, 2, 20, 16), 16, 16, True, 1099, "batch and heads > 1", "the program's (batch, head) offset: every "
+          "pointer of Q, K, V, dO, dK, dV, lse and delta offset by bh with that tensor's stride?"),
+    )
+
+
+#: Compared at the GPU tolerance everywhere (every mistake is off by far more); no causal twins: causal and not
+#: run different loop bounds, so a twin that is right does not mean the flag is misread.
+KERNEL_LADDER = ladder.Ladder(
+    "flash_attention_backward_triton", _kernel_rungs(),
+    lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[2:],
+    lambda grads: list(zip(("dk", "dv"), grads)), atol=5e-3, rtol=5e-3, runner="launch",
+    output=lambda found: found[0], twins=False)
+
+
 def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward_triton"
     kernel_rules(exercise, outcomes)
+    ladder.record(KERNEL_LADDER)
     devices = set()
+    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         case = step.case
         q, k, v, o, lse, do = case.args
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
         got, on_gpu = launch_outcome(exercise, outcomes, step,
-                                     lambda error: symptoms.error_hint(error, _sizes_of(case)))
+                                     lambda error: symptoms.error_hint(error, _sizes_of(case))
+                                     or ladder.diagnose(KERNEL_LADDER, outcomes))
         devices.add(on_gpu)
         atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
-        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol)
+        _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol,
+                 smallest=lambda: ladder.diagnose(KERNEL_LADDER, outcomes, defer=1))
     return (f"{len(plan)} launches agree with autograd (dk and dv), {launched_on(devices)} "
             f"({'; '.join(s.case.name for s in plan)})")
 
@@ -874,7 +1043,8 @@ def _triton_run(kernel: Any, case: Case) -> list:
 check_flash_attention_backward_triton = declare(
     KernelSpec("flash_attention_backward_triton",
                lambda hidden: [Step(c.key(), c, "launch")
-                               for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)],
+                               for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)]
+               + ladder.steps(KERNEL_LADDER),
                _kernel_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
     :func:`course_utils.backward.launch_backward`, against autograd's gradients.

@@ -273,12 +273,15 @@ def raised(exercise: str, error: BaseException, case: Case | None) -> core.Check
 
 
 def judge_case(exercise: str, got: Any, changed: Sequence[int], want: Any, case: Case, *, atol: float = 1e-5,
-               rtol: float = 1e-4, diagnose: core.Diagnose | None = None) -> None:
+               rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
+               smallest: Callable[[], str | None] = lambda: None) -> None:
     """Fail if one call's outcome ``got`` (a value, or the exception it raised) is not ``want``, or if the
-    call changed its input (``changed``); the message ends with a hint where one is found (``core.explain``)."""
+    call changed its input (``changed``); the message ends with a hint where one is found (``core.explain``),
+    else ``smallest()`` (the exercise's ladder, :mod:`course_utils.checks.ladder`)."""
     if isinstance(got, BaseException):
         failed = raised(exercise, got, case)
-        raise core._hinted(failed, core.explain(exercise, case, got, want, diagnose)) from None
+        raise core._hinted(failed, core.explain(exercise, case, got, want, diagnose)
+                           or (smallest() if failed.student_error is not None else None)) from None
     if changed:
         core.fail(exercise, "your code changed its input tensor in place; work on a copy instead", case)
     problem = core._difference(want, got, atol, rtol)
@@ -286,7 +289,7 @@ def judge_case(exercise: str, got: Any, changed: Sequence[int], want: Any, case:
         try:
             core.fail(exercise, f"{core._sentence(problem)} {core.describe_inputs(case.args)}.", case)
         except core.CheckFailed as error:
-            raise core._hinted(error, core.explain(exercise, case, got, want, diagnose)) from None
+            raise core._hinted(error, core.explain(exercise, case, got, want, diagnose) or smallest()) from None
 
 
 def expected_output(exercise: str, case: Case, reference: str | None = None) -> Any:

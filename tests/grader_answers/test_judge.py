@@ -1432,13 +1432,18 @@ def _watched(records: list[dict]) -> list[str]:
 
 def test_an_honest_online_softmax_hand_off_passes(tmp_path, honest_online):
     """The outputs of every case, then what the watcher saw of the streaming run: no whole row reduced (for the
-    visible check call, then for the hidden one)."""
+    visible check call, then for the hidden one), then the ladder's rungs (checks/ladder.py: tiny cases, each its
+    output)."""
+    from course_utils.checks import ladder, nb07
+
     records, sources = honest_online
     assert [r["plan"] for r in records] == ["visible", "hidden"]
     for record in records:
-        outcomes = record["outcomes"]
+        rungs = len(nb07.ONLINE_LADDER.rungs)
+        outcomes, rung_outcomes = record["outcomes"][:-rungs], record["outcomes"][-rungs:]
+        assert [k for k, _ in rung_outcomes] == [s.key for s in ladder.steps(nb07.ONLINE_LADDER)]
         assert outcomes[-1][0].startswith("watched: ") and outcomes[-1][1] == {"result": {"kind": "none"}}
-        assert {o["result"]["kind"] for _, o in outcomes[:-1]} == {"tensor"}
+        assert {o["result"]["kind"] for _, o in outcomes[:-1] + rung_outcomes} == {"tensor"}
     verdict = _verdict_of(tmp_path, NB07, OS_TEST, records, sources)
     assert verdict.ename is None and "reduced one block at a time" in verdict.text, verdict.evalue
 
@@ -1477,13 +1482,19 @@ def test_a_whole_row_reduced_is_judged_outside(tmp_path, honest_online):
 
 def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
     """Per case its (out, lse), then what the watcher saw of it: the first (T, T) tensor made, if any, and the
-    score entries computed; then one more watched run of its own, per check call."""
+    score entries computed; then one more watched run of its own, per check call; then the ladder's rungs
+    (checks/ladder.py: tiny cases, each its (out, lse))."""
+    from course_utils.checks import ladder, nb07
+
     records, sources = honest_flash
     counts = []
     for record in records:
         outcomes = _outcomes(record)
-        calls = [k for k in outcomes if not k.startswith("watched: ")]
-        assert len(outcomes) == 2 * len(calls) + 1 and all(f"watched: {k}" in outcomes for k in calls)
+        rungs = [k for k in outcomes if k.startswith(ladder.PREFIX)]
+        assert rungs == [s.key for s in ladder.steps(nb07.FORWARD_LADDER)]
+        assert all(outcomes[k]["result"]["kind"] == "tuple" for k in rungs)
+        calls = [k for k in outcomes if not k.startswith(("watched: ", ladder.PREFIX))]
+        assert len(outcomes) == 2 * len(calls) + 1 + len(rungs) and all(f"watched: {k}" in outcomes for k in calls)
         assert all(outcomes[k]["result"]["kind"] == "tuple" for k in calls)
         for key in (k for k in outcomes if k.startswith("watched: ")):
             big, count = outcomes[key]["result"]["items"]
