@@ -96,6 +96,25 @@ Diagnose = Callable[[Case, object, object], "str | None"]
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell"
 
 
+def is_stub_error(error: object) -> bool:
+    """Whether ``error`` is the stub's own ``NotImplementedError`` (``raise NotImplementedError()``, which says
+    nothing), the one error that reads as :data:`NOT_IMPLEMENTED`. PyTorch raises ``NotImplementedError`` too, with
+    words (``F.cross_entropy`` given integer logits: '"log_softmax_lastdim_kernel_impl" not implemented for
+    'Long''; a module without ``forward``): those read as any other error the student's code raised. An error
+    handed out of the kernel comes back with its text only (``wire.error_of``), so the text is what counts."""
+    if not isinstance(error, NotImplementedError):
+        return False
+    try:
+        return not str(error).strip()
+    except Exception:  # noqa: BLE001 - a student's exception whose __str__ fails
+        return False
+
+
+def is_stub_data(kind: object, message: object) -> bool:
+    """:func:`is_stub_error` for an error handed out as plain data, its type's name ``kind`` and its text."""
+    return kind == "NotImplementedError" and isinstance(message, str) and not message.strip()
+
+
 def fail(exercise: str, message: str, case: Case | None = None) -> None:
     """Raise :class:`CheckFailed` with a message in the course's format."""
     where = f" on case '{case.name}'" if case is not None else ""
@@ -201,11 +220,11 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
     """Call the student's code, turning its exceptions into a readable failure."""
     try:
         return fn(*case.args, **case.kwargs)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
+        if is_stub_error(exc):
+            fail(exercise, NOT_IMPLEMENTED)
         try:
             said = str(exc).strip()
             said += "" if said.endswith((".", "!", "?")) or not said else "."  # a hint may follow

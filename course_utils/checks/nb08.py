@@ -43,6 +43,8 @@ from course_utils.checks import probed, spec, symptoms, wire
 from course_utils.checks.core import (
     FORWARD_SEED,
     NOT_IMPLEMENTED,
+    is_stub_data,
+    is_stub_error,
     Case,
     CheckFailed,
     _hinted,
@@ -96,7 +98,7 @@ def _split(plan: Sequence[spec.Step]) -> tuple[list[spec.Step], list[spec.Step]]
 
 def _returned(got: object) -> bool:
     """Whether a call that must raise returned instead (a stub's NotImplementedError is reported as such)."""
-    if isinstance(got, NotImplementedError):
+    if is_stub_error(got):
         raise got
     return not isinstance(got, BaseException)
 
@@ -500,7 +502,7 @@ def _too_long_view(exercise: str, view: spec.ModuleView, build: tuple) -> None:
     d_in, seed=77)``)."""
     d_in, context_length = build[0], build[2]
     exc = view.forward("eval", None, rand(1, context_length + 1, d_in, seed=77))
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: an input of T = context_length + 1 = {context_length + 1} tokens "
@@ -727,7 +729,7 @@ def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int,
     for k, (start, end) in enumerate(case.spans()):
         i = first + 1 + k
         got = view.value(i)
-        if isinstance(got, NotImplementedError):
+        if is_stub_error(got):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(got, BaseException):
             hint = _decode_error_hint(got, start, end - start, view.step(i).get("cache"))
@@ -839,7 +841,7 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
                            f"T > context_length (>= refuses the last position: an off-by-one).")
         _called(exercise, found, Case(what))
     exc = view.value(6)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
@@ -851,7 +853,7 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
     _called(exercise, view.value(7), Case("reset_cache()"), view.step(7).get("missing", False))  # the empty prompt
     shape = (2, 0, d_in)
     exc = view.value(8)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: an empty prompt, shape {shape}, with use_cache=True returned "
@@ -1137,7 +1139,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
             spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
         found = view(build).built
-        if "error" in found and found["error"][0] == "NotImplementedError":
+        if "error" in found and is_stub_data(*found["error"]):
             raise wire.error_of(*found["error"])
         if "error" not in found:
             fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "
@@ -1283,7 +1285,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
             spec.refuse(MASK_MOD, f"mask_mod on case '{case.name}'")
         kind = outcome[0]
         if kind == "factory_error":
-            if outcome[1] == "NotImplementedError":
+            if is_stub_data(outcome[1], outcome[2]):
                 fail(exercise, NOT_IMPLEMENTED)
             said = outcome[2].strip()
             said += "" if said.endswith((".", "!", "?")) or not said else "."
@@ -1296,7 +1298,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
             fail(exercise, f"{MASK_MOD}({window}) returned {outcome[1]}; it must return a "
                            f"function mask_mod(b, h, q_idx, kv_idx).")
         if kind == "mod_error":
-            if outcome[1] == "NotImplementedError":
+            if is_stub_data(outcome[1], outcome[2]):
                 fail(exercise, NOT_IMPLEMENTED)
             text = outcome[2]
             hint = ""

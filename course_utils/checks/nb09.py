@@ -51,6 +51,8 @@ from course_utils.checks import symptoms
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    is_stub_data,
+    is_stub_error,
     causal_inputs,
     construct,
     Case,
@@ -123,7 +125,7 @@ def _judge_sinusoid(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     passed(exercise, _spec.compare_outcomes(exercise, compared, outcomes, atol=1e-4, rtol=1e-4,
                                            diagnose=_sinusoid_diagnose))
     got = outcomes[_ODD]
-    if isinstance(got, NotImplementedError):
+    if is_stub_error(got):
         fail(exercise, NOT_IMPLEMENTED)
     if isinstance(got, BaseException) and not isinstance(got, ValueError):
         fail(exercise, f"sinusoidal_positions(4, 5) raised {type(got).__name__}: {got}. An odd d_model cannot hold "
@@ -274,7 +276,7 @@ def _too_long_raises(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, c
     else:
         what = f"an input of {T} tokens, one more than context_length = {context_length}"
     exc = view.forward("eval", 7, x, None, kwargs or None)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         fail(exercise, NOT_IMPLEMENTED)
     if isinstance(exc, ValueError):
         if str(context_length) not in str(exc):
@@ -648,7 +650,7 @@ def _sharing_check(exercise: str, view: "_spec.ModuleView", build: tuple) -> Non
     construction's ``tied`` names, ``probe.tied_parameters``)."""
     built = view.built
     if "error" in built:
-        if built["error"][0] == "NotImplementedError":
+        if is_stub_data(*built["error"]):
             fail(exercise, NOT_IMPLEMENTED)
         return  # probed.built reports construction errors with the arguments
     if not built.get("module"):
@@ -764,7 +766,7 @@ def _positions_option(exercise: str, view: "_spec.ModuleView") -> None:
         kind, message = error
         if kind == "ValueError":
             return
-        if kind == "NotImplementedError":
+        if is_stub_data(kind, message):
             fail(exercise, NOT_IMPLEMENTED)
         fail(exercise, f"TinyGPT(..., positions='rotary') raised {kind}: {message}. Raise a ValueError that "
                        f"names the two choices, 'learned' and 'sinusoidal'.")
@@ -1073,6 +1075,10 @@ def _step_error_hint(error: BaseException) -> str | None:
     if "Expected input batch_size" in text or "size mismatch" in text or "must match the size" in text:
         return ("the logits and the targets do not line up: select the same positions from both, "
                 "logits[answer_mask] (n, V) and targets[answer_mask] (n,).")
+    if "softmax" in text and "not implemented for" in text and ("'Long'" in text or "'Int'" in text):
+        return ("a softmax was taken of integer token ids: F.cross_entropy takes the logits first and the targets "
+                "second, F.cross_entropy(logits[answer_mask], targets[answer_mask]), (n, V) floats then (n,) ids. "
+                "Are its arguments swapped?")
     return None
 
 
@@ -1153,7 +1159,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):
             try:
@@ -1295,8 +1301,10 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
         try:
             result = generate(model, prompt.clone(), n, temperature=spec["temperature"], top_k=spec["top_k"],
                               use_cache=spec["use_cache"])
-        except NotImplementedError:
-            raise
+        except NotImplementedError as exc:
+            if is_stub_error(exc):
+                raise
+            error = [type(exc).__name__, str(exc)]
         except Exception as exc:  # noqa: BLE001 - part of the trace
             error = [type(exc).__name__, str(exc)]
         else:
@@ -1668,7 +1676,7 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
     for step in (s for s in plan if s.run == LEAVES):
         spec, case = step.case.kwargs, Case(step.case.name, ())
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):
             said = f"generate(model, prompt ({spec['b']}, {spec['T0']}), max_new_tokens={spec['n']}, temperature=" \
@@ -1707,7 +1715,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):  # generate_trace keeps generate's own errors: only its set-up raises
             raise found
