@@ -273,16 +273,46 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
             f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
 
 
+#: The key of ``apply_rope``'s bfloat16 step: its case's, after this.
+HALF = "bfloat16: "
+
+
+def _rope_half_case() -> Case:
+    """A tiny bfloat16 ``x``: the angle table is float32, and the output must keep ``x``'s dtype."""
+    return _rope_case("bfloat16 (1, 2, 3, 4) at positions 0..2", rand(1, 2, 3, 4, seed=834).to(torch.bfloat16),
+                      range(3))
+
+
+def _judge_rope_half(exercise: str, case: Case, got: object) -> None:
+    """The bfloat16 step: it runs and returns ``x``'s shape in ``x``'s dtype (its values are those of the float32
+    cases, which passed)."""
+    if isinstance(got, BaseException):
+        failed = spec.raised(exercise, got, case)
+        hint = symptoms.error_hint(got) if failed.student_error is not None else None
+        raise _hinted(failed, hint) from None
+    x = case.args[0]
+    if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+        fail(exercise, f"expected a tensor of shape {tuple(x.shape)}, got {describe_shape(got)}.", case)
+    if got.dtype != x.dtype:
+        fail(exercise, f"returns {str(got.dtype).removeprefix('torch.')} for bfloat16 inputs: the angle table is "
+                       f"float32, so cast cos and sin to x's dtype before the products (cos.to(x.dtype), "
+                       f"sin.to(x.dtype)): the output keeps x's dtype.", case)
+
+
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("apply_rope", plan, outcomes, diagnose=_rope_diagnosis)
-    return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
+    compared = [s for s in plan if not s.key.startswith(HALF)]
+    spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis)
+    for step in plan:
+        if step.key.startswith(HALF):
+            _judge_rope_half("apply_rope", step.case, outcomes[step.key])
+    return (f"{len(compared)} cases agree ({'; '.join(s.case.name for s in compared)}): each pair (x_i, x_(i+D/2)) "
             f"turned by its angle at its position")
 
 
 _rope_all = spec.with_hidden("apply_rope", _rope_cases)
 
 check_apply_rope = spec.declare(spec.Spec(
-    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)), _judge_rope,
+    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)) + spec.calls([_rope_half_case()], HALF), _judge_rope,
     helpers=lambda: helper_checks(globals(), "apply_rope")),
     """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
     at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``.""")

@@ -424,6 +424,7 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             if isinstance(got, BaseException):
                 failed = raised(exercise, got, case)
                 raise _hinted(failed, _half_diagnose(got if failed.student_error is not None else failed)) from None
+            _half_dtypes(exercise, case, got)
             _compare(exercise, case, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
         else:
             want = _expected_grads(exercise, case)
@@ -690,6 +691,19 @@ def _half_diagnose(error: BaseException) -> str | None:
                 "acc = torch.promote_types(q.dtype, torch.float32), .to(acc) on each block you slice, dq, dk and dv "
                 "made with dtype=acc, and return them cast back, dq.to(q.dtype) and so on.")
     return None
+
+
+def _half_dtypes(exercise: str, case: Case, got: Any) -> None:
+    """Fail unless the bfloat16 case's ``(dq, dk, dv)`` come back in the inputs' dtypes (``q``, ``k``, ``v``): the
+    float32 accumulators cast back, as the exercise states."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        return  # _compare names what was returned
+    wrong = [(name, g.dtype) for name, g, x in zip(GRADS, got, case.args[:3]) if g.dtype != x.dtype]
+    if wrong:
+        kinds = sorted({str(d).removeprefix("torch.") for _, d in wrong})
+        fail(exercise, f"returns {', '.join(n for n, _ in wrong)} in {' and '.join(kinds)} for bfloat16 inputs: "
+                       f"accumulate in float32, but cast the gradients back to the inputs' dtypes at the end, "
+                       f"dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype).", case)
 
 
 def _judge_half(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> None:
