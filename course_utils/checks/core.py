@@ -302,7 +302,7 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
             return transformation_hint(want, got)
         if isinstance(got, BaseException):
-            return shape_error_hint(got) or _symptoms.error_hint(got)
+            return shape_error_hint(got) or _symptoms.error_hint(got) or pair_error_hint(got)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
@@ -317,6 +317,21 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
 _MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
 _BATCH_MATMUL_ERROR = re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
                                  r"but got: \[(\d+), (\d+)\]")
+
+
+_RETURN_PAIR = re.compile(r"torch\.return_types\.(max|min|sort|topk|kthvalue|mode|median)\b")
+
+
+def pair_error_hint(error: BaseException) -> str | None:
+    """A ``(values, indices)`` pair used where a tensor was meant: ``x.max(dim=...)`` (and ``min``, ``sort``,
+    ``topk``, ...) given a dimension returns both, and PyTorch's error names the pair's type."""
+    found = _RETURN_PAIR.search(str(error))
+    if not found:
+        return None
+    op = found.group(1)
+    also = " or x.amax(dim, keepdim=True)" if op == "max" else " or x.amin(dim, keepdim=True)" if op == "min" else ""
+    return (f"torch.{op} over a dimension returns a pair (values, indices), and the pair was used where a tensor was "
+            f"meant: take its .values (x.{op}(dim, keepdim=True).values{also}).")
 
 
 def shape_error_hint(error: BaseException) -> str | None:

@@ -1060,6 +1060,13 @@ def _gqa_error_hint(causal: Callable) -> Callable:
                     return (f"the keys or values were split into num_heads = {H} heads, but W_key and W_value give "
                             f"only num_kv_groups * head_dim = {G * D} numbers per token: split them into "
                             f"num_kv_groups = {G} heads, view(b, T, num_kv_groups, head_dim).")
+            context_length = case.build[2]
+            T = case.args[0].shape[1] if case.args and isinstance(case.args[0], torch.Tensor) \
+                and case.args[0].dim() == 3 else None
+            if T is not None and T != context_length and sizes == {T, context_length}:
+                return (f"something of size context_length = {context_length} met the T = {T} tokens of the input: "
+                        f"the mask buffer is (context_length, context_length) and the scores (T, T). Cut the mask to "
+                        f"the input's length before masked_fill, self.mask[:T, :T].")
             if match or "shape" in text:
                 return ("the shapes of the queries and the repeated keys do not match: queries (b, num_heads, T, "
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
@@ -1098,6 +1105,33 @@ _GQA_NOT_DIVIDING = [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)]
 _GQA_INPUTS = {"causal": (2, 6, 6, 825), "dropout": (2, 6, 4, 826), "moves": (2, 5, 6, 827)}
 
 
+def _same_tokens() -> torch.Tensor:
+    """``(2, 6, 6)``: one token repeated at every position, for :func:`_weights_sum`."""
+    return rand(1, 1, 6, seed=828).expand(2, 6, 6).contiguous()
+
+
+def _weights_sum(view: spec.ModuleView, then: Callable) -> Callable:
+    """A ``diagnose``: the output on :func:`_same_tokens` first, then ``then``. With every token the same, every
+    value row is the same, so each query's output, a weighted average of the values, is that row whatever the
+    scores and the mask: outputs that differ between positions mean weights that do not sum to 1 over the keys."""
+    @symptoms.bonus
+    def rows_differ() -> str | None:
+        out = view.forward("eval", None, _same_tokens())
+        if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[1] > 1 and torch.isfinite(out).all()):
+            return None
+        spread = float((out - out[:, :1]).abs().max())
+        if spread <= 1e-5 * max(1.0, float(out.abs().max())):
+            return None
+        return ("with one token repeated at every position, every output row must be the same (each query averages "
+                "equal values), but yours differ between positions: a query's attention "
+                "weights do not sum to 1 over the keys. Is the softmax taken over the keys, dim=-1 (not the queries, "
+                "dim=-2), and is the mask applied to the scores before it (-inf), not to the weights after it?")
+
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        return (None if isinstance(got, BaseException) else rows_differ()) or then(case, got, want)
+    return diagnose
+
+
 def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Probe]]]:
     """Every construction and forward pass :func:`_judge_gqa` reads (its diagnoses' included), per
     construction: the probed steps of the plan (:func:`_gqa_steps`)."""
@@ -1123,6 +1157,7 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     x = rand(*_GQA_INPUTS["moves"][:3], seed=_GQA_INPUTS["moves"][3])
     plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"),  # check_moves_with_module
              _probe.Probe("eval", 7, x.to("meta"), "meta"))
+    plan.add(first, _probe.Probe("eval", None, _same_tokens()))  # _weights_sum's diagnosis
     return plan.items()
 
 
@@ -1145,7 +1180,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     dropout_build = _GQA_DROPOUT_BUILD
     for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
         probed.check_shapes(exercise, view(build), build, _gqa_shapes)
-    diagnose = _gqa_error_hint(probed.not_causal(exercise, views))
+    diagnose = _weights_sum(view(configs[0][0]), _gqa_error_hint(probed.not_causal(exercise, views)))
     for build, cases in configs:
         probed.built(exercise, view(build), build)  # the runs without a seed of their own
         for case in cases:

@@ -1398,6 +1398,7 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
     return None
 
 
+@symptoms.bonus
 def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None:
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
     message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
@@ -1436,6 +1437,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     if cat and cat.group(1) == "1" and cat.group(3) == "1" and int(cat.group(2)) > 1:
         return (f"the new token has 1 row where the batch has {cat.group(2)}: it was reduced over dim=0, the batch, "
                 f"instead of dim=-1, the vocabulary: logits.argmax(dim=-1, keepdim=True) gives (b, 1).")
+    fed = re.search(r"takes token ids \(b, T\), got \((\d+),\)", message)
+    if fed:
+        return (f"the model was given a one-dimensional ({fed.group(1)},) tensor, one token per row without the "
+                f"sequence dimension; it reads token ids (b, T). Feed the newest token as tokens[:, -1:], (b, 1), "
+                f"not tokens[:, -1], (b,).")
+    if cat and cat.group(1) == "1" and calls and int(cat.group(2)) == spec["b"] \
+            and int(cat.group(3)) == int(calls[-1][0]) != spec["b"]:
+        return (f"the new token has {cat.group(3)} rows where the batch has {spec['b']}, and {cat.group(3)} is the "
+                f"number of tokens the model had just read: the logits were indexed along the batch (logits[-1] is "
+                f"the last sequence's (T, vocab_size)). Take the last position of every sequence, logits[:, -1], "
+                f"(b, vocab_size).")
     T0, n = spec["runs"][k]
     if kind == "ValueError" and not calls and "context" not in message.lower():
         said = message.lower()
