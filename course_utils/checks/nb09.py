@@ -1481,6 +1481,7 @@ def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -
     return None
 
 
+@symptoms.bonus
 def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
     """With top_k and a temperature above 0, where a sampled token stands among the stand-in model's logits
     at its step (issue 36): a token that is the (k+1)-th most likely, and none further down, says the
@@ -1488,19 +1489,29 @@ def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str
     The stand-in model is rebuilt (:func:`stand_in_model`, as :func:`generate_trace` builds it) and reads the
     returned tokens (data, not the student's code), without the cache: its logits are those of a cached read up
     to rounding."""
-    top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
+    top_k, T0, V = spec.get("top_k"), spec["runs"][k][0], spec["vocab_size"]
     if not (top_k and spec["temperature"] > 0 and isinstance(got, torch.Tensor) and got.shape == want.shape
-            and got.dtype == torch.int64 and got.shape[1] > T0 and top_k < spec["vocab_size"]
-            and bool(((got >= 0) & (got < spec["vocab_size"])).all())):
+            and got.dtype == torch.int64 and got.shape[1] > T0 and bool(((got >= 0) & (got < V)).all())):
         return None
     with torch.random.fork_rng():
         model = stand_in_model(spec)
-    with torch.no_grad():
-        logits = model(got[:, :-1]).double()[:, T0 - 1:]  # (b, n, V): the logits each new token was drawn from
-    new = got[:, T0:]  # (b, n)
-    chosen = logits.gather(-1, new.unsqueeze(-1))  # (b, n, 1)
-    ranks = (logits > chosen).sum(dim=-1)  # (b, n): 0 for the most likely token
+
+    def ranks_of(tokens: torch.Tensor) -> torch.Tensor:
+        """``(b, n)``: each new token's rank among the logits it was drawn from, 0 for the most likely."""
+        with torch.no_grad():
+            logits = model(tokens[:, :-1]).double()[:, T0 - 1:]  # (b, n, V)
+        return (logits > logits.gather(-1, tokens[:, T0:].unsqueeze(-1))).sum(dim=-1)
+
+    ranks = ranks_of(got)
     worst = int(ranks.max())
+    if top_k >= V:  # every token stays: a sample that never goes below some rank where ours does kept fewer
+        ours = int(ranks_of(want).max())
+        if worst >= ours:
+            return None
+        return (f"top_k = {top_k} is at least the vocabulary ({V} tokens), so every token stays; yet each token you "
+                f"sampled is among the model's {worst + 1} most likely at its step, where ours reach the "
+                f"{_ordinal(ours + 1)} most likely: fewer tokens were kept. Clip top_k to the vocabulary, the last dimension of "
+                f"the logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
     if worst < top_k:
         return None
     row, step = (int(v) for v in (ranks == worst).nonzero()[0])
