@@ -115,6 +115,15 @@ def is_stub_data(kind: object, message: object) -> bool:
     return kind == "NotImplementedError" and isinstance(message, str) and not message.strip()
 
 
+_STUB_LINE = re.compile(r"^\s*raise NotImplementedError(\(\s*\))?\s*(#.*)?$", re.MULTILINE)
+
+
+def is_stub_source(source: str) -> bool:
+    """Whether ``source`` still holds the stub's line, ``raise NotImplementedError()`` (a message-less raise):
+    :func:`is_stub_error` read off the code."""
+    return bool(_STUB_LINE.search(source or ""))
+
+
 def fail(exercise: str, message: str, case: Case | None = None) -> None:
     """Raise :class:`CheckFailed` with a message in the course's format."""
     where = f" on case '{case.name}'" if case is not None else ""
@@ -237,7 +246,7 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
 def check_rules(exercise: str, obj: object) -> None:
     """Fail if the source of ``obj`` breaks a rule of :mod:`course_utils.rules`."""
     source = rules.source_of(obj) or ""
-    if "raise NotImplementedError" in source:
+    if is_stub_source(source):
         fail(exercise, NOT_IMPLEMENTED)
     found = rules.find_violations(source, exercise) if source else []
     if found:

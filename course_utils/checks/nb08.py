@@ -45,6 +45,7 @@ from course_utils.checks.core import (
     NOT_IMPLEMENTED,
     is_stub_data,
     is_stub_error,
+    is_stub_source,
     Case,
     CheckFailed,
     _hinted,
@@ -1337,7 +1338,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
     """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not (``steps``: the
     plan's mask_mod steps; ``mask_mod_factory``: the student's, or the grader's stand-in, read for its source)."""
     require_callable(exercise, mask_mod_factory)
-    if "raise NotImplementedError" in (rules.source_of(mask_mod_factory) or ""):
+    if is_stub_source(rules.source_of(mask_mod_factory) or ""):
         fail(exercise, "sliding_window_mask agrees with ours, but sliding_window_mask_mod is " + NOT_IMPLEMENTED)
     check_rules(exercise, mask_mod_factory)
     how = ""
