@@ -108,10 +108,30 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                 if torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
                     return f"your weights sum to 1 along dim={other}, not along the last dimension. {_NO_KEEPDIM}"
     hint = softmax_hint(x, -1, got)
+    if (hint is None or "yours sum to" in hint) and _wrong_l(x, got, want):
+        return ("each row has the right proportions but does not sum to 1: it was divided by a wrong l. l must be "
+                "the sum of exp(x - m) for the final maximum m: when a block raises the maximum, rescale l by "
+                "exp(m - m_new) before adding exp(block - m_new); and on the first block, where m is still -inf, "
+                "shift by m_new itself (the guard tests m_new, not m).")
     if hint and "dim" in hint:  # notebook 02's words speak of a `dim` argument, which online_softmax has not
         hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
                 .replace(" (the `dim` argument)", ""))
     return hint
+
+
+@symptoms.bonus
+def _wrong_l(x: torch.Tensor, got: object, want: object) -> bool:
+    """Whether every row of ``got`` is the right one times a factor (not 1), and not exp(x - max) undivided: the
+    right exponentials divided by a wrong sum l."""
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape == x.shape
+            and got.is_floating_point() and got.numel() and bool(torch.isfinite(got).all())):
+        return False
+    g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
+    factor = g.sum(-1, keepdim=True)  # a row that is the right one times a factor sums to that factor
+    unit = torch.exp(xd - xd.amax(-1, keepdim=True))  # exp(x - max), not divided at all
+    return bool((w > 0).all()) and torch.allclose(g, w * factor, atol=1e-6, rtol=1e-5) \
+        and not torch.allclose(factor, torch.ones_like(factor), atol=1e-4) \
+        and not torch.allclose(g, unit, atol=1e-6, rtol=1e-5)
 
 
 def _whole_row(watcher: TensorWatcher, block_size: int) -> list | None:
