@@ -96,6 +96,34 @@ Diagnose = Callable[[Case, object, object], "str | None"]
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code and run the cell"
 
 
+def is_stub_error(error: object) -> bool:
+    """Whether ``error`` is the stub's own ``NotImplementedError`` (``raise NotImplementedError()``, which says
+    nothing), the one error that reads as :data:`NOT_IMPLEMENTED`. PyTorch raises ``NotImplementedError`` too, with
+    words (``F.cross_entropy`` given integer logits: '"log_softmax_lastdim_kernel_impl" not implemented for
+    'Long''; a module without ``forward``): those read as any other error the student's code raised. An error
+    handed out of the kernel comes back with its text only (``wire.error_of``), so the text is what counts."""
+    if not isinstance(error, NotImplementedError):
+        return False
+    try:
+        return not str(error).strip()
+    except Exception:  # noqa: BLE001 - a student's exception whose __str__ fails
+        return False
+
+
+def is_stub_data(kind: object, message: object) -> bool:
+    """:func:`is_stub_error` for an error handed out as plain data, its type's name ``kind`` and its text."""
+    return kind == "NotImplementedError" and isinstance(message, str) and not message.strip()
+
+
+_STUB_LINE = re.compile(r"^\s*raise NotImplementedError(\(\s*\))?\s*(#.*)?$", re.MULTILINE)
+
+
+def is_stub_source(source: str) -> bool:
+    """Whether ``source`` still holds the stub's line, ``raise NotImplementedError()`` (a message-less raise):
+    :func:`is_stub_error` read off the code."""
+    return bool(_STUB_LINE.search(source or ""))
+
+
 def fail(exercise: str, message: str, case: Case | None = None) -> None:
     """Raise :class:`CheckFailed` with a message in the course's format."""
     where = f" on case '{case.name}'" if case is not None else ""
@@ -201,11 +229,11 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
     """Call the student's code, turning its exceptions into a readable failure."""
     try:
         return fn(*case.args, **case.kwargs)
-    except NotImplementedError:
-        fail(exercise, NOT_IMPLEMENTED)
     except CheckFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - any error in student code becomes a verdict
+        if is_stub_error(exc):
+            fail(exercise, NOT_IMPLEMENTED)
         try:
             said = str(exc).strip()
             said += "" if said.endswith((".", "!", "?")) or not said else "."  # a hint may follow
@@ -218,7 +246,7 @@ def call_student(exercise: str, fn: Callable, case: Case) -> Any:
 def check_rules(exercise: str, obj: object) -> None:
     """Fail if the source of ``obj`` breaks a rule of :mod:`course_utils.rules`."""
     source = rules.source_of(obj) or ""
-    if "raise NotImplementedError" in source:
+    if is_stub_source(source):
         fail(exercise, NOT_IMPLEMENTED)
     found = rules.find_violations(source, exercise) if source else []
     if found:
@@ -283,7 +311,7 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
             return transformation_hint(want, got)
         if isinstance(got, BaseException):
-            return shape_error_hint(got) or _symptoms.error_hint(got)
+            return shape_error_hint(got) or _symptoms.error_hint(got) or pair_error_hint(got)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
@@ -298,6 +326,21 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
 _MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
 _BATCH_MATMUL_ERROR = re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
                                  r"but got: \[(\d+), (\d+)\]")
+
+
+_RETURN_PAIR = re.compile(r"torch\.return_types\.(max|min|sort|topk|kthvalue|mode|median)\b")
+
+
+def pair_error_hint(error: BaseException) -> str | None:
+    """A ``(values, indices)`` pair used where a tensor was meant: ``x.max(dim=...)`` (and ``min``, ``sort``,
+    ``topk``, ...) given a dimension returns both, and PyTorch's error names the pair's type."""
+    found = _RETURN_PAIR.search(str(error))
+    if not found:
+        return None
+    op = found.group(1)
+    also = " or x.amax(dim, keepdim=True)" if op == "max" else " or x.amin(dim, keepdim=True)" if op == "min" else ""
+    return (f"torch.{op} over a dimension returns a pair (values, indices), and the pair was used where a tensor was "
+            f"meant: take its .values (x.{op}(dim, keepdim=True).values{also}).")
 
 
 def shape_error_hint(error: BaseException) -> str | None:

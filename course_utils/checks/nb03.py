@@ -26,6 +26,7 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import spec
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    is_stub_error,
     Case,
     CheckFailed,
     construct,
@@ -317,7 +318,7 @@ def _judge_copy(exercise: str, case: Case, found: object) -> None:
             hint = explain(exercise, case, got, want, _copy_diagnose)
             raise CheckFailed(f"{error} Hint: {hint}" if hint else str(error)) from None
 
-    if isinstance(found, NotImplementedError):
+    if is_stub_error(found):
         fail(exercise, NOT_IMPLEMENTED)
     if isinstance(found, BaseException):
         text = f"your code raised {type(found).__name__}: {found}"

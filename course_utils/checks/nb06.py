@@ -33,7 +33,8 @@ import torch
 
 from course_utils.checks import probe as _probe
 from course_utils.checks import probed, spec
-from course_utils.checks.core import NOT_IMPLEMENTED, Case, CheckFailed, fail, hidden_cases, rand, reference_function
+from course_utils.checks.core import NOT_IMPLEMENTED, Case, CheckFailed, fail, hidden_cases, is_stub_error, rand, \
+    reference_function
 from course_utils.checks.expected import expect
 from course_utils.checks.modules import ProbePlan, causal_probes
 from course_utils.checks.probe import Probe
@@ -452,7 +453,7 @@ def _timer_judge(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     for step, case in zip(plan, cases):
         want = expect(exercise, case.name, lambda: run_timer(reference, case)[0])
         outcome = _timer_outcome_of(exercise, outcomes[step.key])
-        if isinstance(outcome, NotImplementedError):
+        if is_stub_error(outcome):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(outcome, BaseException):
             exc = outcome

@@ -108,10 +108,30 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                 if torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
                     return f"your weights sum to 1 along dim={other}, not along the last dimension. {_NO_KEEPDIM}"
     hint = softmax_hint(x, -1, got)
+    if (hint is None or "yours sum to" in hint) and _wrong_l(x, got, want):
+        return ("each row has the right proportions but does not sum to 1: it was divided by a wrong l. l must be "
+                "the sum of exp(x - m) for the final maximum m: when a block raises the maximum, rescale l by "
+                "exp(m - m_new) before adding exp(block - m_new); and on the first block, where m is still -inf, "
+                "shift by m_new itself (the guard tests m_new, not m).")
     if hint and "dim" in hint:  # notebook 02's words speak of a `dim` argument, which online_softmax has not
         hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
                 .replace(" (the `dim` argument)", ""))
     return hint
+
+
+@symptoms.bonus
+def _wrong_l(x: torch.Tensor, got: object, want: object) -> bool:
+    """Whether every row of ``got`` is the right one times a factor (not 1), and not exp(x - max) undivided: the
+    right exponentials divided by a wrong sum l."""
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape == x.shape
+            and got.is_floating_point() and got.numel() and bool(torch.isfinite(got).all())):
+        return False
+    g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
+    factor = g.sum(-1, keepdim=True)  # a row that is the right one times a factor sums to that factor
+    unit = torch.exp(xd - xd.amax(-1, keepdim=True))  # exp(x - max), not divided at all
+    return bool((w > 0).all()) and torch.allclose(g, w * factor, atol=1e-6, rtol=1e-5) \
+        and not torch.allclose(factor, torch.ones_like(factor), atol=1e-4) \
+        and not torch.allclose(g, unit, atol=1e-6, rtol=1e-5)
 
 
 def _whole_row(watcher: TensorWatcher, block_size: int) -> list | None:
@@ -594,19 +614,63 @@ def _judge_structure(exercise: str, outcomes: Outcomes, step: Step) -> None:
 WATCHED = "watched: "
 
 
+#: The key of the bfloat16 step of ``flash_attention_forward``: its case's, after this.
+HALF = "bfloat16: "
+HALF_ATOL, HALF_RTOL = 1e-2, 1.6e-2
+
+
+def _half_case() -> Case:
+    """A tiny bfloat16 case, ``T`` not a multiple of the blocks: ``out`` must come back in bfloat16 (``q.dtype``),
+    as the exercise states."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(1, 2, 10, 8, seed=713))
+    return Case("bfloat16 (1, 2, 10, 8), block_q=4, block_k=6, causal: against float64 attention",
+                (q, k, v, 4, 6), {"causal": True})
+
+
+def _half_expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's attention in float64 on the case's bfloat16 inputs: ``out`` ``(..., T, D)``, ``lse`` ``(..., T)``."""
+    q, k, v = (t.to(torch.float64) for t in case.args[:3])
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), _INF)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), scores.logsumexp(dim=-1)
+
+
+def _judge_half(exercise: str, case: Case, got: Any) -> None:
+    """The bfloat16 step: it runs, ``out`` has the inputs' dtype, and ``out`` and ``lse`` agree with float64
+    attention within bfloat16's tolerance (``lse`` in float32 is the exercise's advice; a bfloat16 one within the
+    tolerance passes, as correct alternatives do)."""
+    if isinstance(got, BaseException):
+        failed = raised(exercise, got, case)
+        hint = symptoms.error_hint(got, sizes_of(case)) if failed.student_error is not None else None
+        raise _hinted(failed, hint) from None
+    if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
+        out, lse = got
+        if out.dtype != torch.bfloat16:
+            fail(exercise, f"returns out in {str(out.dtype).removeprefix('torch.')} for bfloat16 inputs: cast the "
+                           f"output back to q.dtype. m, l and acc stay in float32; each query block's rows are "
+                           f"(acc / l[..., None]).to(q.dtype).", case)
+    problem = _pair_difference(_half_expected(case), got, HALF_ATOL, HALF_RTOL)
+    if problem:
+        fail(exercise, f"{_sentence(problem)} In bfloat16, compute each tile in float32 (the statistics' dtype) and "
+                       f"cast only the output rows back to q.dtype.", case)
+
+
 def _flash_plan(hidden: bool) -> list[Step]:
-    """Each case called, then watched; then the T = 40 case watched."""
+    """Each case called, then watched; then the T = 40 case watched; then the bfloat16 case called."""
     cases = with_hidden("flash_attention_forward", _flash_cases)(hidden)
     name, shape, block_q, block_k = _STRUCTURE
     structure = Case(name, (*_qkv(*shape, seed=710), block_q, block_k), {"causal": True})
     steps = [s for c in cases for s in (Step(c.key(), c), Step(WATCHED + c.key(), c, "structure"))]
-    return steps + [Step(WATCHED + structure.key(), structure, "structure")] + ladder.steps(FORWARD_LADDER)
+    half = _half_case()
+    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
+        + ladder.steps(FORWARD_LADDER)
 
 
 def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_forward"
     ref = _expected.reference
-    calls = [s for s in plan if s.run == CALL]
+    calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
     ladder.record(FORWARD_LADDER)
     smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
@@ -615,6 +679,9 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
             continue
         if step.run == "structure":
             _judge_structure(exercise, outcomes, step)
+            continue
+        if step.key.startswith(HALF):
+            _judge_half(exercise, case, outcomes[step.key])
             continue
         want = expect(exercise, case.key(), lambda: ref(exercise)(*_clone(case.args), **case.kwargs))
         if _expected.is_recording():

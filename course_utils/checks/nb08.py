@@ -43,6 +43,9 @@ from course_utils.checks import probed, spec, symptoms, wire
 from course_utils.checks.core import (
     FORWARD_SEED,
     NOT_IMPLEMENTED,
+    is_stub_data,
+    is_stub_error,
+    is_stub_source,
     Case,
     CheckFailed,
     _hinted,
@@ -96,7 +99,7 @@ def _split(plan: Sequence[spec.Step]) -> tuple[list[spec.Step], list[spec.Step]]
 
 def _returned(got: object) -> bool:
     """Whether a call that must raise returned instead (a stub's NotImplementedError is reported as such)."""
-    if isinstance(got, NotImplementedError):
+    if is_stub_error(got):
         raise got
     return not isinstance(got, BaseException)
 
@@ -271,16 +274,46 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
             f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
 
 
+#: The key of ``apply_rope``'s bfloat16 step: its case's, after this.
+HALF = "bfloat16: "
+
+
+def _rope_half_case() -> Case:
+    """A tiny bfloat16 ``x``: the angle table is float32, and the output must keep ``x``'s dtype."""
+    return _rope_case("bfloat16 (1, 2, 3, 4) at positions 0..2", rand(1, 2, 3, 4, seed=834).to(torch.bfloat16),
+                      range(3))
+
+
+def _judge_rope_half(exercise: str, case: Case, got: object) -> None:
+    """The bfloat16 step: it runs and returns ``x``'s shape in ``x``'s dtype (its values are those of the float32
+    cases, which passed)."""
+    if isinstance(got, BaseException):
+        failed = spec.raised(exercise, got, case)
+        hint = symptoms.error_hint(got) if failed.student_error is not None else None
+        raise _hinted(failed, hint) from None
+    x = case.args[0]
+    if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+        fail(exercise, f"expected a tensor of shape {tuple(x.shape)}, got {describe_shape(got)}.", case)
+    if got.dtype != x.dtype:
+        fail(exercise, f"returns {str(got.dtype).removeprefix('torch.')} for bfloat16 inputs: the angle table is "
+                       f"float32, so cast cos and sin to x's dtype before the products (cos.to(x.dtype), "
+                       f"sin.to(x.dtype)): the output keeps x's dtype.", case)
+
+
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("apply_rope", plan, outcomes, diagnose=_rope_diagnosis)
-    return (f"{len(plan)} cases agree ({'; '.join(s.case.name for s in plan)}): each pair (x_i, x_(i+D/2)) "
+    compared = [s for s in plan if not s.key.startswith(HALF)]
+    spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis)
+    for step in plan:
+        if step.key.startswith(HALF):
+            _judge_rope_half("apply_rope", step.case, outcomes[step.key])
+    return (f"{len(compared)} cases agree ({'; '.join(s.case.name for s in compared)}): each pair (x_i, x_(i+D/2)) "
             f"turned by its angle at its position")
 
 
 _rope_all = spec.with_hidden("apply_rope", _rope_cases)
 
 check_apply_rope = spec.declare(spec.Spec(
-    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)), _judge_rope,
+    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)) + spec.calls([_rope_half_case()], HALF), _judge_rope,
     helpers=lambda: helper_checks(globals(), "apply_rope")),
     """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
     at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``.""")
@@ -500,7 +533,7 @@ def _too_long_view(exercise: str, view: spec.ModuleView, build: tuple) -> None:
     d_in, seed=77)``)."""
     d_in, context_length = build[0], build[2]
     exc = view.forward("eval", None, rand(1, context_length + 1, d_in, seed=77))
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: an input of T = context_length + 1 = {context_length + 1} tokens "
@@ -727,7 +760,7 @@ def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int,
     for k, (start, end) in enumerate(case.spans()):
         i = first + 1 + k
         got = view.value(i)
-        if isinstance(got, NotImplementedError):
+        if is_stub_error(got):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(got, BaseException):
             hint = _decode_error_hint(got, start, end - start, view.step(i).get("cache"))
@@ -839,7 +872,7 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
                            f"T > context_length (>= refuses the last position: an off-by-one).")
         _called(exercise, found, Case(what))
     exc = view.value(6)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: with {context_length} = context_length tokens in the cache, one more "
@@ -851,7 +884,7 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
     _called(exercise, view.value(7), Case("reset_cache()"), view.step(7).get("missing", False))  # the empty prompt
     shape = (2, 0, d_in)
     exc = view.value(8)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         raise exc
     if not isinstance(exc, BaseException):
         fail(exercise, f"built with {build}: an empty prompt, shape {shape}, with use_cache=True returned "
@@ -1028,6 +1061,13 @@ def _gqa_error_hint(causal: Callable) -> Callable:
                     return (f"the keys or values were split into num_heads = {H} heads, but W_key and W_value give "
                             f"only num_kv_groups * head_dim = {G * D} numbers per token: split them into "
                             f"num_kv_groups = {G} heads, view(b, T, num_kv_groups, head_dim).")
+            context_length = case.build[2]
+            T = case.args[0].shape[1] if case.args and isinstance(case.args[0], torch.Tensor) \
+                and case.args[0].dim() == 3 else None
+            if T is not None and T != context_length and sizes == {T, context_length}:
+                return (f"something of size context_length = {context_length} met the T = {T} tokens of the input: "
+                        f"the mask buffer is (context_length, context_length) and the scores (T, T). Cut the mask to "
+                        f"the input's length before masked_fill, self.mask[:T, :T].")
             if match or "shape" in text:
                 return ("the shapes of the queries and the repeated keys do not match: queries (b, num_heads, T, "
                         "head_dim), keys and values (b, num_kv_groups, T, head_dim) repeated along dim 1 to "
@@ -1066,6 +1106,33 @@ _GQA_NOT_DIVIDING = [(8, 8, 6, 0.0, 4, 3), (6, 6, 6, 0.0, 2, 4)]
 _GQA_INPUTS = {"causal": (2, 6, 6, 825), "dropout": (2, 6, 4, 826), "moves": (2, 5, 6, 827)}
 
 
+def _same_tokens() -> torch.Tensor:
+    """``(2, 6, 6)``: one token repeated at every position, for :func:`_weights_sum`."""
+    return rand(1, 1, 6, seed=828).expand(2, 6, 6).contiguous()
+
+
+def _weights_sum(view: spec.ModuleView, then: Callable) -> Callable:
+    """A ``diagnose``: the output on :func:`_same_tokens` first, then ``then``. With every token the same, every
+    value row is the same, so each query's output, a weighted average of the values, is that row whatever the
+    scores and the mask: outputs that differ between positions mean weights that do not sum to 1 over the keys."""
+    @symptoms.bonus
+    def rows_differ() -> str | None:
+        out = view.forward("eval", None, _same_tokens())
+        if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[1] > 1 and torch.isfinite(out).all()):
+            return None
+        spread = float((out - out[:, :1]).abs().max())
+        if spread <= 1e-5 * max(1.0, float(out.abs().max())):
+            return None
+        return ("with one token repeated at every position, every output row must be the same (each query averages "
+                "equal values), but yours differ between positions: a query's attention "
+                "weights do not sum to 1 over the keys. Is the softmax taken over the keys, dim=-1 (not the queries, "
+                "dim=-2), and is the mask applied to the scores before it (-inf), not to the weights after it?")
+
+    def diagnose(case: Case, got: object, want: object) -> str | None:
+        return (None if isinstance(got, BaseException) else rows_differ()) or then(case, got, want)
+    return diagnose
+
+
 def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Probe]]]:
     """Every construction and forward pass :func:`_judge_gqa` reads (its diagnoses' included), per
     construction: the probed steps of the plan (:func:`_gqa_steps`)."""
@@ -1091,6 +1158,7 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     x = rand(*_GQA_INPUTS["moves"][:3], seed=_GQA_INPUTS["moves"][3])
     plan.add(first, _probe.Probe("eval", 7, x.to(torch.float64), "float64"),  # check_moves_with_module
              _probe.Probe("eval", 7, x.to("meta"), "meta"))
+    plan.add(first, _probe.Probe("eval", None, _same_tokens()))  # _weights_sum's diagnosis
     return plan.items()
 
 
@@ -1113,7 +1181,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     dropout_build = _GQA_DROPOUT_BUILD
     for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
         probed.check_shapes(exercise, view(build), build, _gqa_shapes)
-    diagnose = _gqa_error_hint(probed.not_causal(exercise, views))
+    diagnose = _weights_sum(view(configs[0][0]), _gqa_error_hint(probed.not_causal(exercise, views)))
     for build, cases in configs:
         probed.built(exercise, view(build), build)  # the runs without a seed of their own
         for case in cases:
@@ -1137,7 +1205,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
             spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
         found = view(build).built
-        if "error" in found and found["error"][0] == "NotImplementedError":
+        if "error" in found and is_stub_data(*found["error"]):
             raise wire.error_of(*found["error"])
         if "error" not in found:
             fail(exercise, f"GroupedQueryAttention{build} was built without an error, but num_kv_groups={build[5]} "
@@ -1270,7 +1338,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
     """Each case's ``mask_mod`` must keep exactly what ``sliding_window_mask`` hides not (``steps``: the
     plan's mask_mod steps; ``mask_mod_factory``: the student's, or the grader's stand-in, read for its source)."""
     require_callable(exercise, mask_mod_factory)
-    if "raise NotImplementedError" in (rules.source_of(mask_mod_factory) or ""):
+    if is_stub_source(rules.source_of(mask_mod_factory) or ""):
         fail(exercise, "sliding_window_mask agrees with ours, but sliding_window_mask_mod is " + NOT_IMPLEMENTED)
     check_rules(exercise, mask_mod_factory)
     how = ""
@@ -1283,7 +1351,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
             spec.refuse(MASK_MOD, f"mask_mod on case '{case.name}'")
         kind = outcome[0]
         if kind == "factory_error":
-            if outcome[1] == "NotImplementedError":
+            if is_stub_data(outcome[1], outcome[2]):
                 fail(exercise, NOT_IMPLEMENTED)
             said = outcome[2].strip()
             said += "" if said.endswith((".", "!", "?")) or not said else "."
@@ -1296,7 +1364,7 @@ def _check_mask_mod(exercise: str, mask_mod_factory: object, steps: Sequence[spe
             fail(exercise, f"{MASK_MOD}({window}) returned {outcome[1]}; it must return a "
                            f"function mask_mod(b, h, q_idx, kv_idx).")
         if kind == "mod_error":
-            if outcome[1] == "NotImplementedError":
+            if is_stub_data(outcome[1], outcome[2]):
                 fail(exercise, NOT_IMPLEMENTED)
             text = outcome[2]
             hint = ""

@@ -51,6 +51,8 @@ from course_utils.checks import symptoms
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    is_stub_data,
+    is_stub_error,
     causal_inputs,
     construct,
     Case,
@@ -123,7 +125,7 @@ def _judge_sinusoid(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     passed(exercise, _spec.compare_outcomes(exercise, compared, outcomes, atol=1e-4, rtol=1e-4,
                                            diagnose=_sinusoid_diagnose))
     got = outcomes[_ODD]
-    if isinstance(got, NotImplementedError):
+    if is_stub_error(got):
         fail(exercise, NOT_IMPLEMENTED)
     if isinstance(got, BaseException) and not isinstance(got, ValueError):
         fail(exercise, f"sinusoidal_positions(4, 5) raised {type(got).__name__}: {got}. An odd d_model cannot hold "
@@ -274,7 +276,7 @@ def _too_long_raises(exercise: str, view: "_spec.ModuleView", x: torch.Tensor, c
     else:
         what = f"an input of {T} tokens, one more than context_length = {context_length}"
     exc = view.forward("eval", 7, x, None, kwargs or None)
-    if isinstance(exc, NotImplementedError):
+    if is_stub_error(exc):
         fail(exercise, NOT_IMPLEMENTED)
     if isinstance(exc, ValueError):
         if str(context_length) not in str(exc):
@@ -648,7 +650,7 @@ def _sharing_check(exercise: str, view: "_spec.ModuleView", build: tuple) -> Non
     construction's ``tied`` names, ``probe.tied_parameters``)."""
     built = view.built
     if "error" in built:
-        if built["error"][0] == "NotImplementedError":
+        if is_stub_data(*built["error"]):
             fail(exercise, NOT_IMPLEMENTED)
         return  # probed.built reports construction errors with the arguments
     if not built.get("module"):
@@ -764,7 +766,7 @@ def _positions_option(exercise: str, view: "_spec.ModuleView") -> None:
         kind, message = error
         if kind == "ValueError":
             return
-        if kind == "NotImplementedError":
+        if is_stub_data(kind, message):
             fail(exercise, NOT_IMPLEMENTED)
         fail(exercise, f"TinyGPT(..., positions='rotary') raised {kind}: {message}. Raise a ValueError that "
                        f"names the two choices, 'learned' and 'sinusoidal'.")
@@ -1073,6 +1075,10 @@ def _step_error_hint(error: BaseException) -> str | None:
     if "Expected input batch_size" in text or "size mismatch" in text or "must match the size" in text:
         return ("the logits and the targets do not line up: select the same positions from both, "
                 "logits[answer_mask] (n, V) and targets[answer_mask] (n,).")
+    if "softmax" in text and "not implemented for" in text and ("'Long'" in text or "'Int'" in text):
+        return ("a softmax was taken of integer token ids: F.cross_entropy takes the logits first and the targets "
+                "second, F.cross_entropy(logits[answer_mask], targets[answer_mask]), (n, V) floats then (n,) ids. "
+                "Are its arguments swapped?")
     return None
 
 
@@ -1153,7 +1159,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):
             try:
@@ -1295,8 +1301,10 @@ def generate_trace(generate: Callable, spec: dict) -> dict:
         try:
             result = generate(model, prompt.clone(), n, temperature=spec["temperature"], top_k=spec["top_k"],
                               use_cache=spec["use_cache"])
-        except NotImplementedError:
-            raise
+        except NotImplementedError as exc:
+            if is_stub_error(exc):
+                raise
+            error = [type(exc).__name__, str(exc)]
         except Exception as exc:  # noqa: BLE001 - part of the trace
             error = [type(exc).__name__, str(exc)]
         else:
@@ -1390,6 +1398,7 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
     return None
 
 
+@symptoms.bonus
 def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None:
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
     message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
@@ -1428,6 +1437,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     if cat and cat.group(1) == "1" and cat.group(3) == "1" and int(cat.group(2)) > 1:
         return (f"the new token has 1 row where the batch has {cat.group(2)}: it was reduced over dim=0, the batch, "
                 f"instead of dim=-1, the vocabulary: logits.argmax(dim=-1, keepdim=True) gives (b, 1).")
+    fed = re.search(r"takes token ids \(b, T\), got \((\d+),\)", message)
+    if fed:
+        return (f"the model was given a one-dimensional ({fed.group(1)},) tensor, one token per row without the "
+                f"sequence dimension; it reads token ids (b, T). Feed the newest token as tokens[:, -1:], (b, 1), "
+                f"not tokens[:, -1], (b,).")
+    if cat and cat.group(1) == "1" and calls and int(cat.group(2)) == spec["b"] \
+            and int(cat.group(3)) == int(calls[-1][0]) != spec["b"]:
+        return (f"the new token has {cat.group(3)} rows where the batch has {spec['b']}, and {cat.group(3)} is the "
+                f"number of tokens the model had just read: the logits were indexed along the batch (logits[-1] is "
+                f"the last sequence's (T, vocab_size)). Take the last position of every sequence, logits[:, -1], "
+                f"(b, vocab_size).")
     T0, n = spec["runs"][k]
     if kind == "ValueError" and not calls and "context" not in message.lower():
         said = message.lower()
@@ -1461,6 +1481,7 @@ def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -
     return None
 
 
+@symptoms.bonus
 def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
     """With top_k and a temperature above 0, where a sampled token stands among the stand-in model's logits
     at its step (issue 36): a token that is the (k+1)-th most likely, and none further down, says the
@@ -1468,19 +1489,29 @@ def _top_k_rank_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str
     The stand-in model is rebuilt (:func:`stand_in_model`, as :func:`generate_trace` builds it) and reads the
     returned tokens (data, not the student's code), without the cache: its logits are those of a cached read up
     to rounding."""
-    top_k, T0 = spec.get("top_k"), spec["runs"][k][0]
+    top_k, T0, V = spec.get("top_k"), spec["runs"][k][0], spec["vocab_size"]
     if not (top_k and spec["temperature"] > 0 and isinstance(got, torch.Tensor) and got.shape == want.shape
-            and got.dtype == torch.int64 and got.shape[1] > T0 and top_k < spec["vocab_size"]
-            and bool(((got >= 0) & (got < spec["vocab_size"])).all())):
+            and got.dtype == torch.int64 and got.shape[1] > T0 and bool(((got >= 0) & (got < V)).all())):
         return None
     with torch.random.fork_rng():
         model = stand_in_model(spec)
-    with torch.no_grad():
-        logits = model(got[:, :-1]).double()[:, T0 - 1:]  # (b, n, V): the logits each new token was drawn from
-    new = got[:, T0:]  # (b, n)
-    chosen = logits.gather(-1, new.unsqueeze(-1))  # (b, n, 1)
-    ranks = (logits > chosen).sum(dim=-1)  # (b, n): 0 for the most likely token
+
+    def ranks_of(tokens: torch.Tensor) -> torch.Tensor:
+        """``(b, n)``: each new token's rank among the logits it was drawn from, 0 for the most likely."""
+        with torch.no_grad():
+            logits = model(tokens[:, :-1]).double()[:, T0 - 1:]  # (b, n, V)
+        return (logits > logits.gather(-1, tokens[:, T0:].unsqueeze(-1))).sum(dim=-1)
+
+    ranks = ranks_of(got)
     worst = int(ranks.max())
+    if top_k >= V:  # every token stays: a sample that never goes below some rank where ours does kept fewer
+        ours = int(ranks_of(want).max())
+        if worst >= ours:
+            return None
+        return (f"top_k = {top_k} is at least the vocabulary ({V} tokens), so every token stays; yet each token you "
+                f"sampled is among the model's {worst + 1} most likely at its step, where ours reach the "
+                f"{_ordinal(ours + 1)} most likely: fewer tokens were kept. Clip top_k to the vocabulary, the last dimension of "
+                f"the logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
     if worst < top_k:
         return None
     row, step = (int(v) for v in (ranks == worst).nonzero()[0])
@@ -1668,7 +1699,7 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
     for step in (s for s in plan if s.run == LEAVES):
         spec, case = step.case.kwargs, Case(step.case.name, ())
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):
             said = f"generate(model, prompt ({spec['b']}, {spec['T0']}), max_new_tokens={spec['n']}, temperature=" \
@@ -1707,7 +1738,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         if _expected.is_recording():
             mistake_outputs(exercise, case)
         found = outcomes[step.key]
-        if isinstance(found, NotImplementedError):
+        if is_stub_error(found):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(found, BaseException):  # generate_trace keeps generate's own errors: only its set-up raises
             raise found

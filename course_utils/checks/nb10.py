@@ -178,12 +178,33 @@ def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rt
     return f"{said}."
 
 
+@symptoms.bonus
+def _swapped_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """A gradient that holds another one's values (issue 36): the other's accumulator stored or returned in its place.
+    ``None`` unless some output that differs equals what another output should be."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    for name, w, g in zip(names, want, got):
+        if not (isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor)) or tensor_difference(w, g, atol, rtol) is None:
+            continue
+        for other, w2 in zip(names, want):
+            if other != name and isinstance(w2, torch.Tensor) and w2.shape == g.shape \
+                    and tensor_difference(w2, g, atol, rtol) is None:
+                return (f"{name} holds the values {other} should have: is {other}'s accumulator stored (or returned) in "
+                        f"{name}'s place? Check the store or return of each gradient: which tensor goes where.")
+    return None
+
+
 def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, ...] = GRADS,
              atol: float = 1e-5, rtol: float = 1e-4, name_mistakes: bool = True,
-             smallest: Callable[[], str | None] = lambda: None) -> None:
-    """``got`` against the expected ``want`` (``names`` its parts); a failure is hinted by a known mistake, then
-    by where the wrong values lie, then by ``smallest()`` (the ladder's smallest failing configuration beyond the
-    first, which also says which gradients differ there), else by which gradients agree."""
+             smallest: Callable[[], str | None] = lambda: None,
+             rows_hint: Callable[[], str | None] | None = None,
+             p_hint: Callable[[], str | None] | None = None) -> None:
+    """Fail unless ``got`` agrees with ``want``, with the first hint found: a known mistake, ``rows_hint()`` (the
+    backward's ``lse`` read at other rows), which keys were seen, a gradient holding another's values, ``p_hint()``
+    (what is wrong with P, read off a probe's dv), then where the wrong values lie with ``smallest()`` (the
+    ladder's smallest failing configuration beyond the first, which also says which gradients differ there), else
+    which gradients agree."""
     problem = _triple_difference(want, got, names, atol, rtol)
     if problem:
         shapes = ", ".join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))
@@ -191,7 +212,9 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
-            raise _hinted(error, hint or _seen_hint(case, want, got, names)
+            raise _hinted(error, hint or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names)
+                          or _swapped_hint(want, got, names, atol, rtol)
+                          or (p_hint() if p_hint else None)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
                                      smallest() or _agreement_hint(want, got, names, atol, rtol))) from None
 
@@ -260,6 +283,84 @@ def _record_mistakes(exercise: str, case: Case) -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# P read off dv: with dO the identity's first T rows, dv = P^T dO holds P^T in its first T columns
+# ------------------------------------------------------------------------------------------
+#: The key of the step that reads the student's P off dv: its case's, after this.
+P_PROBE = "P read off dv: "
+_PROBE_T, _PROBE_D = 6, 8
+
+
+def _p_probe_inputs() -> tuple[torch.Tensor, ...]:
+    """``q, k, v`` ``(6, 8)`` in float64, and ``do = eye(6, 8)``: then ``dv[j, i] = P[i, j]``."""
+    q, k, v, _ = _inputs(_PROBE_T, _PROBE_D, seed=1071, scale=2.0)
+    return q, k, v, torch.eye(_PROBE_T, _PROBE_D, dtype=torch.float64)
+
+
+def _p_probe_reference() -> Case:
+    q, k, v, do = _p_probe_inputs()
+    return Case("(6, 8), causal, dO = the identity's first 6 rows", (q, k, v, do), {"causal": True})
+
+
+def _p_probe_backward() -> Case:
+    q, k, v, do = _p_probe_inputs()
+    o, lse = forward_statistics(q, k, v, True)  # (6, 8), (6,)
+    return Case("(6, 8), block_q=block_k=3, causal, dO = the identity's first 6 rows", (q, k, v, o, lse, do, 3, 3),
+                {"causal": True})
+
+
+@symptoms.bonus
+def _p_hint(case: Case, found: Any) -> str | None:
+    """What is wrong with the student's P, read off the probe's dv (``found``: ``(dq, dk, dv)``): future keys with
+    weight, scores at another scale (``log P`` linear in ``QK^T`` with another slope), or rows that do not sum to 1
+    with the right proportions (the normalisation). ``None`` where P is right or reads as none of these (dv itself
+    may be wrong)."""
+    if not (isinstance(found, (tuple, list)) and len(found) == 3 and isinstance(found[2], torch.Tensor)
+            and found[2].shape == (_PROBE_T, _PROBE_D)):
+        return None
+    T, D = _PROBE_T, _PROBE_D
+    P = found[2].detach().double()[:, :T].T  # (T, T): P[i, j] = dv[j, i]
+    q, k = case.args[0].double(), case.args[1].double()
+    raw = q @ k.T  # (T, T), unscaled
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    want = torch.softmax((raw / math.sqrt(D)).masked_fill(future, float("-inf")), dim=-1)
+    if not torch.isfinite(P).all() or torch.allclose(P, want, atol=1e-6, rtol=1e-5):
+        return None
+    past = ~future
+    if float(P[past].abs().min()) <= 1e-12:
+        return None  # a key it may see has no weight at all: not a P this diagnosis reads
+    if float(P[future].abs().max()) > 1e-9:
+        return ("future keys get weight: P is not 0 above the diagonal. The causal mask must set the future scores to "
+                "-inf before the exponential (a score of 0 still gives exp(0 - lse) > 0).")
+    if bool((P[past] <= 0).any()):
+        return None
+    # log P[i, j] = c * raw[i, j] - z_i on the keys row i may see: c from the differences within each row
+    logs, xs = [], []
+    for i in range(1, T):
+        logs.append(P[i, : i + 1].log() - P[i, 0].log())
+        xs.append(raw[i, : i + 1] - raw[i, 0])
+    y, x = torch.cat(logs), torch.cat(xs)
+    c = float((x * y).sum() / (x * x).sum())
+    if float((y - c * x).abs().max()) > 1e-6 * max(1.0, float(y.abs().max())):
+        return None
+    sums = P.sum(dim=-1)
+    ratio = c * math.sqrt(D)  # the student's scale over 1 / sqrt(D)
+    if abs(ratio - 1) > 1e-6:
+        if abs(ratio - math.sqrt(D)) < 1e-6:
+            what = "not scaled at all: S = QK^T where it must be QK^T / sqrt(D)"
+        elif abs(ratio - 1 / math.sqrt(D)) < 1e-6:
+            what = "scaled twice: QK^T / D, the 1/sqrt(D) applied to the queries (or the keys) and to the scores"
+        else:
+            return ("P follows scores at another scale than QK^T / sqrt(D): look at how the scores are scaled (once, "
+                    "by 1 / sqrt(D)).")
+        return f"P is the softmax of scores {what}."
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-6):
+        return ("within each row P has the right proportions, but its rows do not sum to 1: the normalisation is off. "
+                "Apply the causal mask to the scores (-inf) before the softmax (or exp(S - lse)), so that each row is "
+                "normalised over the keys it may see; zeroing the weights after the softmax leaves rows summing below 1.")
+    return None
+
+
+# ------------------------------------------------------------------------------------------
 # attention_backward_reference
 # ------------------------------------------------------------------------------------------
 def _reference_cases() -> list[Case]:
@@ -311,7 +412,8 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "attention_backward_reference"
     ladder.record(REFERENCE_LADDER)
     smallest = lambda: ladder.diagnose(REFERENCE_LADDER, outcomes, defer=2)  # noqa: E731
-    plan = [s for s in plan if not ladder.is_rung(s)]
+    probe = next((s for s in plan if s.key.startswith(P_PROBE)), None)
+    plan = [s for s in plan if not ladder.is_rung(s) and not s.key.startswith(P_PROBE)]
     for step in plan:
         want = _expected_grads(exercise, step.case)
         _record_mistakes(exercise, step.case)
@@ -321,14 +423,15 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
             raise _hinted(failed, None if failed.student_error is None else
                           (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case))
                            or ladder.diagnose(REFERENCE_LADDER, outcomes))) from None
-        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6, smallest=smallest)
+        _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6, smallest=smallest,
+                 p_hint=(lambda: _p_hint(probe.case, outcomes[probe.key])) if probe else None)
     return f"{len(plan)} cases agree with autograd in float64 ({'; '.join(s.case.name for s in plan)})"
 
 
 check_attention_backward_reference = declare(
     Spec("attention_backward_reference",
          lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)]
-         + ladder.steps(REFERENCE_LADDER),
+         + [Step(P_PROBE + _p_probe_reference().key(), _p_probe_reference())] + ladder.steps(REFERENCE_LADDER),
          _reference_judge, {ladder.RUN: ladder.call}),
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd.""")
 
@@ -432,6 +535,39 @@ def _backward_diagnose(error: BaseException) -> str | None:
 
 #: The key of the bfloat16 step of ``flash_attention_backward``: its case's, after this.
 HALF = "bfloat16: "
+#: The key of the step that runs the first case again with ``lse`` raised row by row: its case's, after this.
+LSE_RAISED = "lse raised row by row: "
+
+
+def _lse_raised(case: Case) -> Case:
+    """``case`` with query row ``i``'s ``lse`` raised by ``c_i = i / T`` (``(T,)``, the same for every head): a
+    backward that reads ``lse`` at the query's own row then gives ``dq_i`` times ``exp(-c_i)``, since ``P_i = exp(S_i
+    - lse_i)`` and ``delta`` comes from ``o`` and ``do`` alone (:func:`_lse_rows_hint`)."""
+    q, k, v, o, lse, do, *rest = case.args
+    T = lse.shape[-1]
+    higher = lse + torch.arange(T, dtype=lse.dtype) / T  # (..., T)
+    return Case(f"{case.name}, lse raised by i / T at row i", (q, k, v, o, higher, do, *rest), dict(case.kwargs))
+
+
+@symptoms.bonus
+def _lse_rows_hint(case: Case, got: Any, shifted: Any) -> str | None:
+    """Whether ``dq`` followed ``lse`` row by row (:func:`_lse_raised`): ``shifted`` is what the same backward gave
+    with ``lse`` raised. ``None`` where it did (``dq_i`` times ``exp(-c_i)``) or where ``dq`` did not change at all
+    (a backward that recomputes the softmax without ``lse``)."""
+    def dq_of(found: Any) -> torch.Tensor | None:
+        ok = isinstance(found, (tuple, list)) and len(found) == 3 and isinstance(found[0], torch.Tensor)
+        return found[0].detach().double() if ok and found[0].shape == case.args[0].shape else None
+
+    dq, dq_raised = dq_of(got), dq_of(shifted)
+    if dq is None or dq_raised is None or not (torch.isfinite(dq).all() and torch.isfinite(dq_raised).all()):
+        return None
+    T = dq.shape[-2]
+    factor = torch.exp(-torch.arange(T, dtype=torch.float64) / T)[:, None]  # (T, 1)
+    if torch.allclose(dq_raised, dq * factor, atol=1e-5, rtol=1e-4) or torch.allclose(dq_raised, dq, atol=1e-6, rtol=0):
+        return None
+    return ("lse is read at other rows than the queries': raising query row i's lse by c must scale dq's row i by "
+            "exp(-c), since P_i = exp(S_i - lse_i), and yours does not. Slice lse with the query block's range, "
+            "lse[..., q_start:q_end, None], as the scores' rows.")
 
 
 def _backward_rung(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str,
@@ -488,6 +624,9 @@ def _backward_plan(hidden: bool) -> list[Step]:
         steps.append(Step(case.key(), case))
         if hidden or not case.kwargs.get("causal", True):
             steps.append(Step(WATCHED + case.key(), case, "structure"))
+    first = _flash_cases()[0]
+    steps.append(Step(LSE_RAISED + first.key(), _lse_raised(first)))
+    steps.append(Step(P_PROBE + _p_probe_backward().key(), _p_probe_backward()))
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
     half = _half_backward_case()
@@ -497,7 +636,8 @@ def _backward_plan(hidden: bool) -> list[Step]:
 
 def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_backward"
-    calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
+    calls = [s for s in plan if s.run == CALL and not s.key.startswith((HALF, LSE_RAISED, P_PROBE))]
+    probe = next((s for s in plan if s.key.startswith(P_PROBE)), None)
     ladder.record(BACKWARD_LADDER)
     smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, defer=1)  # noqa: E731
     for step in plan:
@@ -506,6 +646,8 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             continue
         if step.run == "structure":
             _judge_backward_structure(exercise, outcomes, step)
+        elif step.key.startswith((LSE_RAISED, P_PROBE)):
+            continue  # read by the hints of the other cases (_lse_rows_hint, _p_hint)
         elif step.key.startswith(HALF):
             q, k, v, _, _, do = (t.to(torch.float64) for t in case.args[:6])
             want = attention_with_grads(q, k, v, do, case.kwargs["causal"])[1:]  # PyTorch's, in float64, run here
@@ -513,6 +655,7 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             if isinstance(got, BaseException):
                 failed = raised(exercise, got, case)
                 raise _hinted(failed, _half_diagnose(got if failed.student_error is not None else failed)) from None
+            _half_dtypes(exercise, case, got)
             _compare(exercise, case, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
         else:
             want = _expected_grads(exercise, case)
@@ -525,7 +668,10 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
                     short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
                     or symptoms.error_hint(got, _sizes_of(case)) or ladder.diagnose(BACKWARD_LADDER, outcomes))
                 raise _hinted(failed, hint) from None
-            _compare(exercise, case, got, want, atol=tol, rtol=1e-4, smallest=smallest)
+            lse_key = LSE_RAISED + step.key
+            rows = (lambda: _lse_rows_hint(case, got, outcomes[lse_key])) if lse_key in {s.key for s in plan} else None
+            _compare(exercise, case, got, want, atol=tol, rtol=1e-4, smallest=smallest, rows_hint=rows,
+                     p_hint=(lambda: _p_hint(probe.case, outcomes[probe.key])) if probe else None)
     return (f"{len(calls)} cases agree with autograd, no (T, T) tensor is made, and causal tiles wholly in the "
             f"future are skipped ({'; '.join(s.case.name for s in calls)}); in bfloat16 the gradients are within "
             f"{HALF_ATOL:g} of float64 attention")
@@ -638,6 +784,11 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
                 "lse) in forward, q, k, v, o, lse = ctx.saved_tensors in backward.")
     if "save_for_backward can only save" in text or "saved_tensors" in text:
         return "ctx.save_for_backward(q, k, v, o, lse) in forward; q, k, v, o, lse = ctx.saved_tensors in backward."
+    unpack = re.match(r"not enough values to unpack \(expected (\d+), got (\d+)\)", text)
+    if unpack and isinstance(error, ValueError):
+        return (f"a tuple of {unpack.group(2)} was unpacked into {unpack.group(1)} names. If it is ctx.saved_tensors: "
+                f"it holds what the LAST call of ctx.save_for_backward saved (a second call replaces the first), so "
+                f"save all five tensors in one call, ctx.save_for_backward(q, k, v, o, lse).")
     return None
 
 
@@ -780,6 +931,19 @@ def _half_diagnose(error: BaseException) -> str | None:
                 "acc = torch.promote_types(q.dtype, torch.float32), .to(acc) on each block you slice, dq, dk and dv "
                 "made with dtype=acc, and return them cast back, dq.to(q.dtype) and so on.")
     return None
+
+
+def _half_dtypes(exercise: str, case: Case, got: Any) -> None:
+    """Fail unless the bfloat16 case's ``(dq, dk, dv)`` come back in the inputs' dtypes (``q``, ``k``, ``v``): the
+    float32 accumulators cast back, as the exercise states."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        return  # _compare names what was returned
+    wrong = [(name, g.dtype) for name, g, x in zip(GRADS, got, case.args[:3]) if g.dtype != x.dtype]
+    if wrong:
+        kinds = sorted({str(d).removeprefix("torch.") for _, d in wrong})
+        fail(exercise, f"returns {', '.join(n for n, _ in wrong)} in {' and '.join(kinds)} for bfloat16 inputs: "
+                       f"accumulate in float32, but cast the gradients back to the inputs' dtypes at the end, "
+                       f"dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype).", case)
 
 
 def _judge_half(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> None:

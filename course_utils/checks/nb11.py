@@ -231,7 +231,7 @@ def _judge_sessions(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(got, BaseException):
             failed = core.CheckFailed(f"❌ {exercise} on case '{case.name}': building {exercise}{tuple(build)} or "
                                       f"reading its key_blocks and value_blocks raised {type(got).__name__}: {got}")
-            if isinstance(got, NotImplementedError):
+            if core.is_stub_error(got):
                 failed = core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
             raise failed
         _well_formed(exercise, got, ops)
@@ -551,7 +551,7 @@ RESIDUAL_HINT = ("after a rejection, draw from the residual max(0, p - q), norma
 
 def _raised(case: Case, error: BaseException) -> core.CheckFailed:
     exercise = "speculative_generate"
-    if isinstance(error, NotImplementedError):
+    if core.is_stub_error(error):
         return core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
     message = f"❌ {exercise} on case '{case.name}': your code raised {type(error).__name__}: {error}"
     if ("context_length" in str(error) and "cache" in str(error)) or "not cut back" in str(error):
@@ -858,7 +858,7 @@ def _judge_batcher(plan: list[Step], outcomes: Outcomes) -> str:
         case = step.case
         got = outcomes[step.key]
         if isinstance(got, BaseException):
-            if isinstance(got, NotImplementedError):
+            if core.is_stub_error(got):
                 raise core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
             hint = BATCH_POSITION_HINT if "positions" in str(got) and "outside" in str(got) else \
                 BATCH_FREED_HINT if "out of blocks" in str(got) or "never freed" in str(got) else None

@@ -23,6 +23,8 @@ from course_utils.checks import expected as _expected
 from course_utils.checks import spec, wire
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
+    is_stub_data,
+    is_stub_error,
     Case,
     CheckFailed,
     call_student,
@@ -136,7 +138,7 @@ def output(exercise: str, view: spec.ModuleView, mode: str, seed: int | None, x:
 def _raised(exercise: str, view: spec.ModuleView, x: torch.Tensor) -> BaseException | None:
     """What the ``eval()`` pass (seed 7) on ``x`` raised, or ``None``; not implemented yet fails at once."""
     got = view.forward("eval", 7, x)
-    if isinstance(got, NotImplementedError):
+    if is_stub_error(got):
         fail(exercise, NOT_IMPLEMENTED)
     return got if isinstance(got, Exception) else None
 
@@ -163,7 +165,7 @@ def built(exercise: str, view: spec.ModuleView, build: tuple, *, reference: str 
     want = expected_parameter_shapes(exercise, build, reference=reference)
     if "error" in found:
         kind, message = found["error"]
-        if kind == "NotImplementedError":
+        if is_stub_data(kind, message):
             fail(exercise, NOT_IMPLEMENTED)
         fail(exercise, f"constructing {found['name']}{build} raised {kind}: {message}")
     if not found.get("module"):
@@ -179,7 +181,7 @@ def student_shapes(exercise: str, view: spec.ModuleView) -> list[tuple[int, ...]
     """The parameter shapes of the construction, or ``None`` when it gave no module (reported later)."""
     found = view.built
     if "error" in found:
-        if found["error"][0] == "NotImplementedError":
+        if is_stub_data(*found["error"]):
             fail(exercise, NOT_IMPLEMENTED)
         return None
     return [tuple(s) for s in found["shapes"]] if found.get("module") else None

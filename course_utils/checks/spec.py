@@ -262,7 +262,7 @@ def with_hidden(exercise: str, visible: Callable[[], list[Case]]) -> Callable[[b
 # --------------------------------------------------------------------------------------------
 def raised(exercise: str, error: BaseException, case: Case | None) -> core.CheckFailed:
     """The failure for a case whose call raised ``error`` (``core.call_student``'s words)."""
-    if isinstance(error, NotImplementedError):
+    if core.is_stub_error(error):
         return core.CheckFailed(f"❌ {exercise}: {core.NOT_IMPLEMENTED}")
     said = str(error).strip()
     said += "" if said.endswith((".", "!", "?")) or not said else "."  # a hint may follow
@@ -395,7 +395,7 @@ def judge_build(exercise: str, built: Any, case: Case, *, reference: str | None 
     try:
         if "error" in built:
             kind, message = built["error"]
-            if kind == "NotImplementedError":
+            if core.is_stub_data(kind, message):
                 core.fail(exercise, core.NOT_IMPLEMENTED)
             core.fail(exercise, f"constructing {built['name']}{build} raised {kind}: {message}")
         if not built.get("module"):

@@ -225,13 +225,21 @@ def keys_seen(q: Any, k: Any, v: Any, want: Any, got: Any, causal: bool, name: s
             if not bool(_off(o, G[l, i]).any()):
                 found = e
                 break
-        if found is None or (causal and found <= i + 1) or (not causal and found == T):
+        if found is None or (causal and found == i + 1) or (not causal and found == T):
             return None
         ends.setdefault(i, found)
         if ends[i] != found:
             return None
     rows = sorted(ends)
     r = rows[0]
+    short = [i for i in rows if ends[i] < i + 1]
+    if causal and short:
+        if len(short) != len(rows):
+            return None
+        return (f"{name}'s query rows {_spans(rows)} stop short of themselves (row {r} attends only to keys 0.."
+                f"{ends[r] - 1}): the keys from there up to each query are never read. Does the causal loop over keys "
+                f"run up to the query block's end (q_end, or (start_m + 1) * BLOCK_M in a kernel), rather than an end "
+                f"counted in key blocks?")
     if causal:
         return (f"{name}'s query rows {_spans(rows)} also attend to future keys (row {r} to keys 0..{ends[r] - 1}, "
                 f"past itself): a tile that holds keys after some of its queries is left unmasked. Is every tile that "

@@ -269,6 +269,9 @@ checks.check_rope_angles(rope_angles, hidden=True)
 #
 # `torch.cat([x1 · cos - x2 · sin, x1 · sin + x2 · cos], dim=-1)`, the same shape as `x`.
 #
+# Return it in `x`'s dtype too: the angle table is float32, so cast `cos` and `sin` to `x.dtype` before
+# the products (a bfloat16 `x` gives a bfloat16 output, not a float32 one).
+#
 # Use your `rope_angles` (with its default base). The check runs your function with **our**
 # `rope_angles`, so that a mistake in Exercise 2 costs only Exercise 2's points.
 
@@ -285,7 +288,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 # %% grade_id="test_apply_rope" points=3
-# Check: several shapes, positions from 0 and a chunk at positions 10, 11, 12.
+# Check: several shapes, positions from 0 and a chunk at positions 10, 11, 12, and a bfloat16 `x`.
 checks.check_apply_rope(apply_rope)
 ### BEGIN HIDDEN TESTS
 checks.check_apply_rope(apply_rope, hidden=True)

@@ -26,6 +26,22 @@ def test_not_implemented_is_named():
     assert "not implemented yet" in _message(checks.check_dot, dot)
 
 
+def test_a_library_not_implemented_error_is_not_the_stub():
+    """Only the stub's NotImplementedError (no message) reads as 'not implemented yet'; PyTorch's own, with words,
+    reads as any raised error (issue 36: F.cross_entropy given integer logits), in the kernel and out of it."""
+    from course_utils.checks import core, wire
+
+    assert core.is_stub_error(NotImplementedError()) and core.is_stub_error(wire.error_of("NotImplementedError", ""))
+    assert not core.is_stub_error(NotImplementedError('"log_softmax_lastdim_kernel_impl" not implemented for \'Long\''))
+    assert not core.is_stub_error(ValueError())
+    assert core.is_stub_data("NotImplementedError", "") and not core.is_stub_data("NotImplementedError", "no kernel")
+
+    def scores(x):
+        raise NotImplementedError("no kernel for this dtype")
+    msg = _message(checks.check_attention_scores, scores)
+    assert "not implemented yet" not in msg and "your code raised NotImplementedError: no kernel for this dtype" in msg
+
+
 def test_wrong_shape_names_expected_and_actual():
     msg = _message(checks.check_attention_scores, lambda x: x.transpose(-2, -1) @ x)
     assert "expected shape (6, 6), got (3, 3)" in msg and "book sentence" in msg

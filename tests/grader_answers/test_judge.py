@@ -1482,8 +1482,8 @@ def test_a_whole_row_reduced_is_judged_outside(tmp_path, honest_online):
 
 def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
     """Per case its (out, lse), then what the watcher saw of it: the first (T, T) tensor made, if any, and the
-    score entries computed; then one more watched run of its own, per check call; then the ladder's rungs
-    (checks/ladder.py: tiny cases, each its (out, lse))."""
+    score entries computed; then one more watched run of its own, per check call; the bfloat16 case; then the
+    ladder's rungs (checks/ladder.py: tiny cases, each its (out, lse))."""
     from course_utils.checks import ladder, nb07
 
     records, sources = honest_flash
@@ -1493,8 +1493,10 @@ def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
         rungs = [k for k in outcomes if k.startswith(ladder.PREFIX)]
         assert rungs == [s.key for s in ladder.steps(nb07.FORWARD_LADDER)]
         assert all(outcomes[k]["result"]["kind"] == "tuple" for k in rungs)
-        calls = [k for k in outcomes if not k.startswith(("watched: ", ladder.PREFIX))]
-        assert len(outcomes) == 2 * len(calls) + 1 + len(rungs) and all(f"watched: {k}" in outcomes for k in calls)
+        half = [k for k in outcomes if k.startswith(nb07.HALF)]  # the bfloat16 case: a plain call
+        calls = [k for k in outcomes if not k.startswith(("watched: ", ladder.PREFIX, nb07.HALF))]
+        assert len(half) == 1 and len(outcomes) == 2 * len(calls) + 1 + len(rungs) + len(half)
+        assert all(f"watched: {k}" in outcomes for k in calls)
         assert all(outcomes[k]["result"]["kind"] == "tuple" for k in calls)
         for key in (k for k in outcomes if k.startswith("watched: ")):
             big, count = outcomes[key]["result"]["items"]
