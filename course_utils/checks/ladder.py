@@ -14,6 +14,7 @@ after an exercise's specific hints, so a known mistake keeps its own words.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -41,8 +42,11 @@ class Rung:
 
 @dataclass(frozen=True)
 class Ladder:
-    """An exercise's rungs, smallest first, and how to read them: ``reference(case)`` computes the expected
-    output of a rung (called through :func:`core.expect`, so the student edition reads a recording),
+    """An exercise's rungs, smallest first, and how to read them. ``make()`` builds the rungs on first use
+    (:attr:`rungs`): nothing is computed when the checks are imported, as the grader's fork server does before it
+    forks (a parallel PyTorch operation there starts OpenMP threads, on which a forked process deadlocks).
+    ``reference(case)`` computes the expected output of a rung (called through :func:`core.expect`, so the student
+    edition reads a recording),
     ``parts(output)`` names the outputs to compare (``[("out", tensor), ("lse", tensor)]``; default: the output
     itself), ``atol``/``rtol`` the tolerance of the check. ``runner``: the spec's runner of a rung (default
     :data:`RUN`, a plain call; a kernel's launch runner for a Triton exercise), and ``output(outcome)`` the output
@@ -50,7 +54,7 @@ class Ladder:
     means the flag is misread (not where the flag picks another code path, as a kernel's stages do)."""
 
     exercise: str
-    rungs: tuple[Rung, ...]
+    make: Callable[[], Sequence[Rung]]
     reference: Callable[[Case], Any]
     parts: Callable[[Any], list[tuple[str, Any]]] | None = None
     atol: float = 1e-5
@@ -58,6 +62,11 @@ class Ladder:
     runner: str = RUN
     output: Callable[[Any], Any] | None = None
     twins: bool = True
+
+    @functools.cached_property
+    def rungs(self) -> tuple[Rung, ...]:
+        """The rungs, built once (their cases' tensors are seeded: the same each time)."""
+        return tuple(self.make())
 
 
 def call(student: Any, case: Case) -> Any:

@@ -234,7 +234,7 @@ def _online_rungs() -> tuple[ladder.Rung, ...]:
     )
 
 
-ONLINE_LADDER = ladder.Ladder("online_softmax", _online_rungs(),
+ONLINE_LADDER = ladder.Ladder("online_softmax", _online_rungs,
                               lambda case: _expected.reference("online_softmax")(*_clone(case.args)))
 
 
@@ -881,7 +881,7 @@ def forward_rungs() -> tuple[ladder.Rung, ...]:
 
 
 FORWARD_LADDER = ladder.Ladder(
-    "flash_attention_forward", forward_rungs(),
+    "flash_attention_forward", forward_rungs,
     lambda case: _expected.reference("flash_attention_forward")(*_clone(case.args), **case.kwargs),
     lambda pair: [("out", pair[0]), ("lse", pair[1])])
 
@@ -925,7 +925,7 @@ def _kernel_rungs() -> tuple[ladder.Rung, ...]:
 #: On a GPU the kernel computes in TF32 (the check's tolerance there is 5e-3); its rungs are compared at that
 #: tolerance everywhere: every mistake here is off by far more.
 KERNEL_LADDER = ladder.Ladder(
-    "flash_attention_triton", _kernel_rungs(),
+    "flash_attention_triton", _kernel_rungs,
     lambda case: _expected.reference("flash_attention_forward")(
         *_clone(case.args), case.kwargs["block_m"], case.kwargs["block_n"], causal=case.kwargs["causal"]),
     lambda pair: [("out", pair[0]), ("lse", pair[1])], atol=5e-3, rtol=5e-3, runner="launch",

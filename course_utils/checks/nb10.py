@@ -403,7 +403,7 @@ def _reference_rungs() -> tuple[ladder.Rung, ...]:
 
 
 REFERENCE_LADDER = ladder.Ladder(
-    "attention_backward_reference", _reference_rungs(),
+    "attention_backward_reference", _reference_rungs,
     lambda case: attention_with_grads(*case.args[:4], case.kwargs["causal"])[1:],
     lambda grads: list(zip(GRADS, grads)), atol=1e-8, rtol=1e-6)
 
@@ -611,7 +611,7 @@ def backward_rungs() -> tuple[ladder.Rung, ...]:
 
 
 BACKWARD_LADDER = ladder.Ladder(
-    "flash_attention_backward", backward_rungs(),
+    "flash_attention_backward", backward_rungs,
     lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[1:],
     lambda grads: list(zip(GRADS, grads)))
 
@@ -1030,7 +1030,7 @@ def _function_rungs() -> tuple[ladder.Rung, ...]:
 
 
 FUNCTION_LADDER = ladder.Ladder(
-    "FlashAttention", _function_rungs(),
+    "FlashAttention", _function_rungs,
     lambda case: attention_with_grads(*case.args, case.kwargs["causal"]),
     lambda found: list(zip(("o", *GRADS), found)), atol=1e-8, rtol=1e-6, runner="ladder_function")
 
@@ -1164,7 +1164,7 @@ def _kernel_rungs() -> tuple[ladder.Rung, ...]:
 #: Compared at the GPU tolerance everywhere (every mistake is off by far more); no causal twins: causal and not
 #: run different loop bounds, so a twin that is right does not mean the flag is misread.
 KERNEL_LADDER = ladder.Ladder(
-    "flash_attention_backward_triton", _kernel_rungs(),
+    "flash_attention_backward_triton", _kernel_rungs,
     lambda case: attention_with_grads(*case.args[:3], case.args[5], case.kwargs["causal"])[2:],
     lambda grads: list(zip(("dk", "dv"), grads)), atol=5e-3, rtol=5e-3, runner="launch",
     output=lambda found: found[0], twins=False)

@@ -63,3 +63,23 @@ def test_the_fork_server_started_early_is_the_one_the_grading_processes_come_fro
     assert forkserver._forkserver._forkserver_pid == server  # noqa: SLF001
     with autograde.grading_pool(1) as pool:
         assert pool.submit(os.getppid).result() == server
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task (Linux)")
+def test_the_fork_servers_imports_start_no_thread():
+    """The grading processes are forks of a process that imported autograde.PRELOAD. A thread started there (an
+    OpenMP pool, which a parallel PyTorch operation run at import time starts) does not survive the fork, and a
+    forked process then deadlocks on its first parallel operation. Run as an instructor may run the grader: with
+    OMP_NUM_THREADS unset (make test sets it to 1, under which OpenMP starts no pool at all)."""
+    import subprocess
+    from pathlib import Path
+
+    code = ("import importlib, os, torch; threads = lambda: len(os.listdir('/proc/self/task')); before = threads(); "
+            f"[importlib.import_module(m) for m in {autograde.PRELOAD!r}]; "
+            "print(before, threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, after = map(int, done.stdout.split())
+    assert after == before, f"importing the fork server's modules started {after - before} thread(s)"
