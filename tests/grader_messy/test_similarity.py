@@ -450,12 +450,14 @@ def _fake_grading(monkeypatch) -> None:
     """autograde() with nbgrader and the sandbox left out: each test scores 1 if its exercise's
     answer contains ``softmax``, else 0. Intake, merging, the CSVs, results.json and reports are real."""
     from grader import autograde as ag
+    from grader import warm
 
     def prepare_course(root, notebooks, settings=None):
         root.mkdir(parents=True, exist_ok=True)
         (root / "gradebook.db").write_bytes(b"")
 
-    def run_pool(per_student, workers, root, work_root, settings, record):
+    def run_pool(per_student, workers, root, work_root, settings, record, prestarted=None):
+        assert prestarted is None  # no grading process here: no warm parent started for one
         for js in per_student.values():
             rows = []
             for j in js:
@@ -471,6 +473,7 @@ def _fake_grading(monkeypatch) -> None:
     monkeypatch.setattr(ag, "sandbox_settings", lambda allow: (True, ""))
     monkeypatch.setattr(ag, "prepare_course", prepare_course)
     monkeypatch.setattr(ag, "_run_pool", run_pool)
+    monkeypatch.setattr(warm, "prestart", lambda *args: None)
     monkeypatch.setattr(ag, "merge_into_gradebook", lambda root, results, files_root, db_url=None: None)
 
 
