@@ -74,11 +74,13 @@ def call(student: Any, case: Case) -> Any:
     return student(*case.args, **case.kwargs)
 
 
-def steps(ladder: Ladder) -> list:
-    """The rungs as steps of the exercise's plan (the ladder's runner; keys start with :data:`PREFIX`)."""
+def steps(ladder: Ladder, hidden: bool = False) -> list:
+    """The rungs as steps of the exercise's visible plan (the ladder's runner; keys start with :data:`PREFIX`);
+    none in the hidden plan: a diagnosis runs once per check, and a hidden plan's judge finds no rung and says
+    nothing of them (:func:`diagnose`). A Triton kernel's rungs take about 0.2 s in the interpreter."""
     from course_utils.checks.spec import Step
 
-    return [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
+    return [] if hidden else [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
 
 def is_rung(step: Any) -> bool:
@@ -162,6 +164,8 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
     ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``defer``: say nothing where one
     of the first ``defer`` rungs is the first to fail and no twin is right (there a check's own symptom hints,
     which gradients agree, say more than "wrong from the smallest case on")."""
+    if any(PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
+        return None  # the hidden plan's outcomes: no rung ran there (:func:`steps`)
     right: list[Rung] = []
     for rung in ladder.rungs:
         try:

@@ -242,7 +242,7 @@ def _online_plan(hidden: bool) -> list[Step]:
     """Every case called, then the streaming run watched, then the ladder's rungs."""
     cases = with_hidden("online_softmax", _online_cases)(hidden)
     return [Step(c.key(), c) for c in cases] + [Step(f"watched: {_streaming_case().key()}", _streaming_case(),
-                                                     "streaming")] + ladder.steps(ONLINE_LADDER)
+                                                     "streaming")] + ladder.steps(ONLINE_LADDER, hidden)
 
 
 def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -664,7 +664,7 @@ def _flash_plan(hidden: bool) -> list[Step]:
     steps = [s for c in cases for s in (Step(c.key(), c), Step(WATCHED + c.key(), c, "structure"))]
     half = _half_case()
     return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
-        + ladder.steps(FORWARD_LADDER)
+        + ladder.steps(FORWARD_LADDER, hidden)
 
 
 def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -819,7 +819,7 @@ check_flash_attention_triton = declare(
     KernelSpec("flash_attention_triton",
                lambda hidden: [Step(c.key(), c, "launch")
                                for c in with_hidden("flash_attention_triton", _triton_cases)(hidden)]
-               + ladder.steps(KERNEL_LADDER),
+               + ladder.steps(KERNEL_LADDER, hidden),
                _triton_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_triton``, launched with :func:`course_utils.flash.launch`.
 

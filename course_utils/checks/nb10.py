@@ -431,7 +431,7 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
 check_attention_backward_reference = declare(
     Spec("attention_backward_reference",
          lambda hidden: [Step(c.key(), c) for c in with_hidden("attention_backward_reference", _reference_cases)(hidden)]
-         + [Step(P_PROBE + _p_probe_reference().key(), _p_probe_reference())] + ladder.steps(REFERENCE_LADDER),
+         + [Step(P_PROBE + _p_probe_reference().key(), _p_probe_reference())] + ladder.steps(REFERENCE_LADDER, hidden),
          _reference_judge, {ladder.RUN: ladder.call}),
     """Check ``attention_backward_reference(q, k, v, do, causal)`` -> ``(dq, dk, dv)`` against autograd.""")
 
@@ -631,7 +631,7 @@ def _backward_plan(hidden: bool) -> list[Step]:
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
     half = _half_backward_case()
     return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
-        + ladder.steps(BACKWARD_LADDER)
+        + ladder.steps(BACKWARD_LADDER, hidden)
 
 
 def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -1050,7 +1050,7 @@ def _function_plan(hidden: bool) -> list[Step]:
     return ([Step(KIND, _KIND, "kind")] + [Step(c.key(), c, "function") for c in cases]
             + [Step(KEPT, Case("what forward keeps", ("kept",)), "kept"), Step(GRADCHECK, gradcheck, "gradcheck")]
             + [Step(SDPA + c.key(), c, "function") for c in _sdpa_cases()]
-            + [Step(HALF + c.key(), c, "function") for c in _half_cases()] + ladder.steps(FUNCTION_LADDER))
+            + [Step(HALF + c.key(), c, "function") for c in _half_cases()] + ladder.steps(FUNCTION_LADDER, hidden))
 
 
 def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
@@ -1208,7 +1208,7 @@ check_flash_attention_backward_triton = declare(
     KernelSpec("flash_attention_backward_triton",
                lambda hidden: [Step(c.key(), c, "launch")
                                for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)]
-               + ladder.steps(KERNEL_LADDER),
+               + ladder.steps(KERNEL_LADDER, hidden),
                _kernel_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
     :func:`course_utils.backward.launch_backward`, against autograd's gradients.

@@ -118,6 +118,10 @@ class Outcomes(Mapping):
         """The positions of the tensor arguments the call changed in place."""
         return list(self._outcome(key).get("changed", []))
 
+    def __contains__(self, key: object) -> bool:
+        """Whether the plan made ``key`` (asking is not reading it)."""
+        return key in self._data
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
 

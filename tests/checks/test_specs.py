@@ -71,7 +71,8 @@ def test_the_judge_reads_only_what_the_plan_makes(notebook, exercise, source, ca
         assert text
     else:
         assert error is not None, f"the wrong {exercise} passed the hidden plan"
-        assert source.hint in str(error), f"the message does not name the mistake ({source.hint!r}): {error}"
+        if not source.visible_only:  # else named by the self-check only (test_hidden_tests holds it to its hint)
+            assert source.hint in str(error), f"the message does not name the mistake ({source.hint!r}): {error}"
 
 
 def _same(a, b) -> bool:
