@@ -318,14 +318,7 @@ class Prestarted:
         """In the process that started them: stop those still running, reap them, remove their folders."""
         for started in self.started:
             started.channel.close()
-            if started.process is not None:
-                if started.process.poll() is None:
-                    started.process.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    started.process.wait(timeout=10)
-            if started.group is not None:
-                started.group.remove()
-            shutil.rmtree(started.folder, ignore_errors=True)
+            _stop(started.process, started.group, started.folder)
 
 
 def prestart(count: int, memory: int, meta: bool, context: Any) -> "Prestarted | None":
@@ -477,10 +470,17 @@ class WarmParent:
         """Stop the parent and every kernel it forked; remove its folders and cgroups."""
         with contextlib.suppress(OSError):
             self._channel.close()
-        if self.process.poll() is None:
-            self.process.kill()
+        _stop(self.process, self.group, self.folder)
+
+
+def _stop(process: "subprocess.Popen | KernelProcess | None", group: "cgroups.Group | None", folder: Path) -> None:
+    """Kill a warm parent's process (where this process holds one) and wait for it; end its cgroup (and what is
+    left in it) and remove its staging folder."""
+    if process is not None:
+        if process.poll() is None:
+            process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-        if self.group is not None:
-            self.group.remove()
-        shutil.rmtree(self.folder, ignore_errors=True)
+            process.wait(timeout=10)
+    if group is not None:
+        group.remove()
+    shutil.rmtree(folder, ignore_errors=True)
