@@ -51,7 +51,9 @@ class Ladder:
     itself), ``atol``/``rtol`` the tolerance of the check. ``runner``: the spec's runner of a rung (default
     :data:`RUN`, a plain call; a kernel's launch runner for a Triton exercise), and ``output(outcome)`` the output
     in what that runner hands out (default: the outcome itself). ``twins``: whether a flag's twin rung being right
-    means the flag is misread (not where the flag picks another code path, as a kernel's stages do)."""
+    means the flag is misread (not where the flag picks another code path, as a kernel's stages do).
+    ``compiled_only``: the rungs run only where the code runs compiled (a Triton kernel on a GPU,
+    :func:`compiled_here`); in Triton's interpreter a kernel's seven rungs cost about 0.2 s a check."""
 
     exercise: str
     make: Callable[[], Sequence[Rung]]
@@ -62,6 +64,7 @@ class Ladder:
     runner: str = RUN
     output: Callable[[Any], Any] | None = None
     twins: bool = True
+    compiled_only: bool = False
 
     @functools.cached_property
     def rungs(self) -> tuple[Rung, ...]:
@@ -74,13 +77,20 @@ def call(student: Any, case: Case) -> Any:
     return student(*case.args, **case.kwargs)
 
 
+def compiled_here() -> bool:
+    """Whether a Triton kernel runs compiled here (a GPU), not in the interpreter."""
+    return torch.cuda.is_available()
+
+
 def steps(ladder: Ladder, hidden: bool = False) -> list:
     """The rungs as steps of the exercise's visible plan (the ladder's runner; keys start with :data:`PREFIX`);
     none in the hidden plan: a diagnosis runs once per check, and a hidden plan's judge finds no rung and says
     nothing of them (:func:`diagnose`). A Triton kernel's rungs take about 0.2 s in the interpreter."""
     from course_utils.checks.spec import Step
 
-    return [] if hidden else [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
+    if hidden or (ladder.compiled_only and not compiled_here()):
+        return []
+    return [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
 
 def is_rung(step: Any) -> bool:

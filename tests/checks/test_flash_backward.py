@@ -388,3 +388,30 @@ def test_reference_backward_kernel_compiles_for_a_gpu_without_one():
     done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["bf16", "True", "True", "fp32", "False", "True"], done.stdout
+
+
+@pytest.mark.parametrize("notebook, exercise, label, words", [
+    ("10_flash_attention_backward", "flash_attention_backward_triton", "held-out D: query_loop_stops_at_key_block",
+     "not stopping at its own key block"),
+    ("07_flash_attention_from_scratch", "flash_attention_triton", None, None),
+    ("10_flash_attention_backward", "flash_attention_backward_triton", None, None),
+])
+def test_a_kernels_ladder_runs_where_the_kernel_is_compiled(monkeypatch, notebook, exercise, label, words):
+    """A Triton kernel's ladder (checks/ladder.py, compiled_only) runs only where the kernel runs compiled (a GPU):
+    in the interpreter its seven rungs cost about 0.2 s a check. Here, as on a GPU, in the interpreter: the
+    solution still passes with the rungs in the plan (their recorded values agree), and a wrong kernel's message
+    names the first rung that goes wrong."""
+    from course_utils.checks import ladder
+    from tests.fixtures.answers import load, solution_answers
+    from tests.support import harness
+
+    monkeypatch.setattr(ladder, "compiled_here", lambda: True)
+    spec = checks.SPECS[exercise]
+    assert any(ladder.is_rung(s) for s in spec.steps(hidden=False))
+    source = load(notebook).WRONG[exercise][label] if label else solution_answers(notebook)[exercise]
+    passed, message = harness.check_verdict(notebook, exercise, source)
+    assert passed == (label is None), message
+    if words:
+        assert words in message, message
+    monkeypatch.setattr(ladder, "compiled_here", lambda: False)
+    assert not any(ladder.is_rung(s) for s in spec.steps(hidden=False))
