@@ -165,6 +165,9 @@ def autograde_config(settings: Settings | None = None) -> Config:
                                               *([JudgeOutside] if settings.judge_outside else [])]
     config.Autograde.autograde_preprocessors = steps
     config.OverwriteCells.add_missing_cells = False  # intake already restored missing tests
+    # nbconvert validates the notebook after each of the pipeline's steps (about 17, a twentieth of a second
+    # per notebook); once, after the last step, is as strict for what is saved.
+    config.Exporter.optimistic_validation = True
     config.RobustExecute.kernel_manager_class = "grader.kernels.SandboxedKernelManager"
     config.RobustExecute.timeout = settings.cell_timeout
     config.RobustExecute.notebook_timeout = settings.notebook_timeout
