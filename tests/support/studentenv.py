@@ -97,15 +97,19 @@ def execute(nb, jupyter_path: Path, kernel: str, cwd: Path, allow_errors: bool, 
     several notebooks can run at once from threads.
     """
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
 
+    from grader.kernels import ReadyClient
+
     specs = KernelSpecManager(kernel_dirs=[str(Path(jupyter_path) / "kernels")])
-    manager = KernelManager(kernel_name=kernel, kernel_spec_manager=specs)
+    manager = AsyncKernelManager(kernel_name=kernel, kernel_spec_manager=specs, client_factory=ReadyClient)
     # Stopped at once after the last cell, as the grader stops its kernels: nothing a test reads happens
     # later, and a graceful exit costs 1 to 2 s per notebook of waiting for Python to wind torch down.
+    # nbclient stops only a kernel it made itself unless told (cleanup_kc): without it, each kernel ran on
+    # until the test session ended, and left its connection file in /tmp.
     NotebookClient(nb, km=manager, timeout=timeout, allow_errors=allow_errors, shutdown_kernel="immediate",
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+                   resources={"metadata": {"path": str(cwd)}}).execute(cleanup_kc=True)
     return nb
 
 
