@@ -76,6 +76,13 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                     f"{found[2]}: a block sliced along the first dimension (x[start:start + block_size], "
                     f"rows) instead of the last one: x[..., start:start + block_size], the columns.")
         return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
+    streamed = _columns_streamed(x, block, got)
+    if streamed is not None:
+        n = x.shape[-1]
+        return (f"m and l hold the statistics of columns 0..{streamed - 1} only, not of all {n}: the loop over "
+                f"blocks stops early, so the columns from {streamed} on never reach m and l (and exp(x - m) / l of "
+                f"those columns can exceed 1, even overflow). Stream every column: for start in range(0, n, "
+                f"block_size) with n = x.shape[-1], the number of columns (not x.shape[0], the rows).")
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
             and bool(torch.isfinite(x).all()) and isinstance(want, torch.Tensor):
         g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
@@ -117,6 +124,25 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
         hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
                 .replace(" (the `dim` argument)", ""))
     return hint
+
+
+@symptoms.bonus
+def _columns_streamed(x: torch.Tensor, block: int, got: object) -> int | None:
+    """``c`` where ``got`` is exp(x - m) / l with m and l the statistics of the first ``c`` columns of ``x`` only (a
+    whole number of blocks, fewer than all ``n``): a loop over blocks that stops early. ``None`` otherwise."""
+    if not (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and x.dim() >= 1):
+        return None
+    n = x.shape[-1]
+    if not (isinstance(block, int) and 0 < block < n) or not bool(torch.isfinite(x).all()):
+        return None
+    g, xd = got.detach().double(), x.detach().double()
+    for c in range(block, n, block):
+        m = xd[..., :c].amax(-1, keepdim=True)  # (..., 1)
+        model = torch.exp(xd - m) / torch.exp(xd[..., :c] - m).sum(-1, keepdim=True)  # (..., n)
+        if torch.equal(torch.isinf(model), torch.isinf(g)) and torch.allclose(
+                torch.where(torch.isinf(model), 0.0, model), torch.where(torch.isinf(g), 0.0, g), atol=1e-5, rtol=1e-4):
+            return c
+    return None
 
 
 @symptoms.bonus
@@ -369,7 +395,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _rows_symptom(case, out, want[0]) or \
+            symptom = _stages_hint(case, out, want[0]) or _rows_symptom(case, out, want[0]) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
                 return symptom
@@ -449,6 +475,104 @@ def row_max(case: Case) -> torch.Tensor | None:
         T = s.shape[-1]
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     return s.amax(-1)
+
+
+@symptoms.bonus
+def _stages_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
+    """What the wrong rows of a causal kernel's ``out`` (``(..., T, D)``) are, read against the kernel's two stages (a
+    query block at ``start`` reads the key blocks before ``lo = start // BLOCK_N * BLOCK_N`` without a mask, then those
+    up to its end with one): rows that give the first stage's keys twice their weight (those blocks read again by the
+    second stage); rows that weigh every key of their masked blocks, future ones and the zero padding past T alike
+    (a mask that keeps them all); or rows wrong exactly where the running maximum grows in the first stage after its
+    first block (no rescaling there). ``None`` where no model explains every wrong row."""
+    kw = case.kwargs
+    if not (kw.get("causal") and "block_m" in kw and isinstance(out, torch.Tensor) and out.shape == want.shape):
+        return None
+    q, k, v = (a.detach().double().reshape(-1, *a.shape[-2:]) for a in case.args[:3])  # (L, T, D) each
+    g = out.detach().double().reshape(q.shape[0], -1, v.shape[-1])  # (L, T, Dv)
+    w = want.detach().double().reshape(g.shape)
+    L, T, D = q.shape
+    bm, bn = kw["block_m"], kw["block_n"]
+    off = symptoms.off_rows(w, g)  # (L, T)
+    if not bool(off.any()):
+        return None
+    s = q @ k.transpose(-2, -1) / math.sqrt(D)  # (L, T, T)
+    rows = torch.arange(T)
+    starts = rows // bm * bm  # (T,) each row's query block start
+    lo = starts // bn * bn  # (T,) where its masked stage begins
+    past = rows[None, :] < lo[:, None]  # (T, T): keys of the unmasked stage
+    causal = rows[None, :] <= rows[:, None]  # (T, T)
+
+    def attend(weight: torch.Tensor, extra: torch.Tensor | float = 0.0) -> torch.Tensor:
+        """sum_j weight_ij exp(s_ij) v_j / (sum_j weight_ij exp(s_ij) + extra_i), per row, stable."""
+        m = torch.where(weight > 0, s, float("-inf")).amax(-1, keepdim=True).clamp(min=0.0)  # (L, T, 1)
+        e = weight * torch.exp(s - m)  # (L, T, T)
+        return (e @ v) / (e.sum(-1, keepdim=True) + extra * torch.exp(-m))
+
+    def explains(model: torch.Tensor) -> bool:
+        return not bool((symptoms.off_rows(model, g) & off).any())  # every wrong row is the model's
+
+    wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
+    said = _spans(wrong)
+    twice = causal.double() + past.double()
+    if bool(past.any()) and explains(attend(twice)):
+        firsts = sorted({int(lo[r]) for r in wrong})
+        return (f"query rows {said} give the keys their unmasked stage reads (keys 0..{firsts[0] - 1} for row "
+                f"{wrong[0]}) twice their weight: those key blocks are read twice, once in the first stage and again "
+                f"in the masked one. The masked (diagonal) stage must start where the first stage stopped: "
+                f"range(lo, hi, BLOCK_N).")
+    ends = ((torch.clamp(starts + bm, max=T) - 1) // bn + 1) * bn  # (T,) the end of the masked stage's last block
+    seen = rows[None, :] < ends[:, None].clamp(max=T)  # (T, T): every real key of the masked blocks
+    padding = (ends - T).clamp(min=0).double()[None, :, None]  # (1, T, 1): zero keys past T, score 0
+    if explains(attend(seen.double(), padding)):
+        right_first = [r for r in range(T) if int(lo[r]) == 0 and r not in wrong]
+        text = (f"query rows {said} weigh every key of their masked key blocks (row {wrong[0]}: keys 0.."
+                f"{min(int(ends[wrong[0]]), T) - 1}, its future ones too"
+                f"{f', and {int(ends[wrong[0]]) - T} padding positions past T, loaded as 0' if ends[wrong[0]] > T else ''}"
+                f"): the mask of the diagonal stage keeps keys it must hide there.")
+        if right_first:
+            text += (f" Rows whose masked stage starts at key 0 (rows {_spans(right_first)}) are right: is the mask "
+                     f"built from the tile's own offsets offs_n (0..BLOCK_N - 1) instead of the keys' positions cols = "
+                     f"start_n + offs_n (cols < T, cols <= offs_m)?")
+        return text
+    blocks = torch.arange(T) // bn  # (T,) each key's block
+    grows = torch.zeros(L, T, dtype=torch.bool)
+    for b in range(1, math.ceil(T / bn)):
+        before = torch.where(blocks < b, s, float("-inf")).amax(-1)  # (L, T)
+        now = torch.where(blocks == b, s, float("-inf")).amax(-1)
+        grows |= (now > before + 1e-9) & (b * bn < lo)[None, :]
+    if bool(grows.any()) and torch.equal(grows, off):
+        return (f"only query rows {said} are wrong: exactly those whose running maximum grows at a key block of the "
+                f"first stage (the blocks read without a mask) after its first one; the rows where it does not grow "
+                f"there are right. In that loop, rescale by alpha = exp(m_i - m_new) when the maximum grows: "
+                f"l_i = l_i * alpha + ..., acc = acc * alpha[:, None] + ..., then m_i = m_new.")
+    return None
+
+
+@symptoms.bonus
+def _row_vector_hint(error: BaseException, case: Case) -> str | None:
+    """A size mismatch on the LAST dimension between the head size and a number of query rows (a block's): a vector of
+    one number per row (l, m, alpha: ``(..., rows)``) broadcast against a ``(..., rows, D)`` tile, which lines it up
+    with the features. ``None`` otherwise."""
+    found = symptoms.broadcast_sizes(error)
+    q, v = case.args[0], case.args[2]
+    if found is None or found[2] is None or found[2] != q.dim() - 1:
+        return None
+    T, block_q = q.shape[-2], case.args[3]
+    features = {q.shape[-1], v.shape[-1]}
+    counts = {block_q, T % block_q, min(block_q, T)} - {0}
+    a, b = found[:2]
+    rows = a if b in features and a in counts else b if a in features and b in counts else None
+    if rows is None or rows in features:
+        return None
+    return (f"a vector of {rows} numbers, one per query row (l, m or alpha: shape (..., {rows})), met the "
+            f"{a if rows == b else b} features of a ({rows}, head_dim) tile along the last dimension: broadcasting "
+            f"lines a vector up with a tensor's LAST dimension, the features. Give the row statistic its trailing axis, "
+            f"l[..., None] (or keepdim=True), so that each row is divided or scaled by its own number.")
+
+
+def _spans(rows: list[int]) -> str:
+    return symptoms.spans(rows)
 
 
 def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
@@ -689,7 +813,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         found = outcomes[step.key]
         if isinstance(found, BaseException):
             failed = raised(exercise, found, case)
-            hint = (short_block_hint(exercise, plan, outcomes, step, found)
+            hint = (short_block_hint(exercise, plan, outcomes, step, found) or _row_vector_hint(found, case)
                     or symptoms.error_hint(found, sizes_of(case)) or smallest()) \
                 if failed.student_error is not None else None
             raise _hinted(failed, hint) from None

@@ -67,6 +67,16 @@ def _off(want: torch.Tensor, got: torch.Tensor, atol: float = _ATOL, rtol: float
     return ((g - w).abs() > atol + rtol * w.abs()) | torch.isnan(g)
 
 
+def off_rows(want: torch.Tensor, got: torch.Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> torch.Tensor:
+    """Which rows of ``got`` (``(..., T, D)``) differ from ``want`` anywhere (NaN included): ``(..., T)``."""
+    return _off(want, got, atol, rtol).any(-1)
+
+
+def spans(rows: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
+    return _spans(rows)
+
+
 def _span(rows: list[int]) -> str:
     return f"{rows[0]}..{rows[-1]}" if len(rows) > 1 else f"{rows[0]}"
 
