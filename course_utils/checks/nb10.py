@@ -212,11 +212,31 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
-            raise _hinted(error, hint or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names)
+            raise _hinted(error, hint or _moved_rows_hint(want, got, names, atol, rtol)
+                          or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names)
                           or _swapped_hint(want, got, names, atol, rtol)
                           or (p_hint() if p_hint else None)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
                                      smallest() or _agreement_hint(want, got, names, atol, rtol))) from None
+
+
+@symptoms.bonus
+def _moved_rows_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """dq (``(..., T, D)``) wrong row by row while its rows add up to the right total over the queries: every share is
+    right and added at the wrong rows. (dk's and dv's totals over the keys say nothing: the rows of dS sum to 0 and
+    those of P to 1 whatever the mistake.)"""
+    if "dq" not in names or not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    w, g = want[names.index("dq")], got[names.index("dq")]
+    if not (isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape and w.dim() >= 2) \
+            or tensor_difference(w, g, atol, rtol) is None or not bool(torch.isfinite(g).all()):
+        return None
+    total, got_total = w.detach().double().sum(-2), g.detach().double().sum(-2)  # (..., D)
+    if float(total.abs().max()) < 1e-3 or not torch.allclose(got_total, total, atol=1e-6, rtol=1e-5):
+        return None
+    return ("dq's rows add up to the right total (summed over the queries), but row by row dq is wrong: every share "
+            "is right and added at the wrong rows. Add each tile's dS K / sqrt(D) to its own query rows, "
+            "dq[..., q_start:q_end, :].")
 
 
 def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
@@ -226,12 +246,53 @@ def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str |
     if "dv" in names and "block_m" in case.kwargs:  # a kernel's launch: which queries each key block read
         q, k, *_, do = case.args
         return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
-                                     case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"]))
+                                     case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"])) \
+            or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")])
     if names[0] != "o":
         return None
     flags = [a for a in case.args if type(a) is bool]
     causal = case.kwargs.get("causal", flags[0] if flags else True)
     return symptoms.keys_seen(*case.args[:3], want[0], got[0], bool(causal), "o")
+
+
+@symptoms.bonus
+def _local_mask_hint(case: Case, want: Any, got: Any) -> str | None:
+    """A kernel's ``dv`` (``(..., T, D)``) that a causal mask gives which compares tile-local offsets (a query's place in
+    its block, 0..BLOCK_M - 1, or a key's in its block) instead of positions; ``None`` where no such mask gives it."""
+    kw = case.kwargs
+    if not (kw.get("causal") and isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
+            and got.shape == want.shape):
+        return None
+    q, k, _, _, lse, do = (a.detach().double() for a in case.args[:6])
+    T, D = q.shape[-2], q.shape[-1]
+    bm, bn = kw["block_m"], kw["block_n"]
+    s = q @ k.transpose(-2, -1) / math.sqrt(D)  # (..., T, T)
+    pos = torch.arange(T)
+    wrong = symptoms.off_rows(want, got).flatten(0, -2).any(0)  # (T,) key rows
+    for rows, cols, what in ((pos % bm, pos, "each query's place in its own block (0..BLOCK_M - 1, offs_m) instead of "
+                              "its position rows = start_m + offs_m"),
+                             (pos, pos % bn, "each key's place in its own block (0..BLOCK_N - 1) instead of its "
+                              "position offs_n = start_n * BLOCK_N + arange")):
+        keep = cols[None, :] <= rows[:, None]  # (T, T)
+        lo = (pos // bn * bn) // bm * bm  # (T,) the first query each key's block visits
+        keep &= pos[:, None] >= lo[None, :]
+        p = torch.exp(s - lse[..., None]) * keep  # (..., T, T): P read with the right lse
+        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do, got).any()):
+            unseen = [j for j in range(T) if not bool(keep[:, j].any())]
+            return (f"dv is what a causal mask gives that compares {what}: "
+                    + (f"keys {symptoms.spans(unseen)} get no gradient from any query, and " if unseen else "")
+                    + f"keys {symptoms.spans([j for j in range(T) if bool(wrong[j]) and j not in unseen])} get it from "
+                    f"fewer queries than see them. The causal test must compare positions: offs_n[None, :] <= "
+                    f"rows[:, None].")
+    causal = pos[None, :] <= pos[:, None]  # (T, T)
+    local = pos % bm  # (T,) the row each query's iteration reads at the tile's own offsets
+    for names, read_q, read_do in (("q and dO", local, local), ("q", local, pos), ("dO", pos, local)):
+        p = torch.exp(q[..., read_q, :] @ k.transpose(-2, -1) / math.sqrt(D) - lse[..., None]) * causal  # (..., T, T)
+        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do[..., read_do, :], got).any()):
+            return (f"dv is what a query loop gives whose every iteration reads {names} at the first query block's "
+                    f"rows 0..{bm - 1} (the tile's offsets offs_m) while lse and delta follow the query blocks: load "
+                    f"{names} at the iteration's positions, rows = start_m + offs_m, as lse and delta are.")
+    return None
 
 
 def _joined(*hints: str | None) -> str | None:
@@ -325,6 +386,13 @@ def _p_hint(case: Case, found: Any) -> str | None:
     want = torch.softmax((raw / math.sqrt(D)).masked_fill(future, float("-inf")), dim=-1)
     if not torch.isfinite(P).all() or torch.allclose(P, want, atol=1e-6, rtol=1e-5):
         return None
+    for c, what in ((1.0, "not scaled at all: S = QK^T where it must be QK^T / sqrt(D)"),
+                    (1 / D, "scaled twice: QK^T / D, the 1/sqrt(D) applied to the queries (or the keys) and to the "
+                            "scores"),
+                    (math.sqrt(D), "multiplied by sqrt(D) where they must be divided by it: S = QK^T * sqrt(D), not "
+                                   "QK^T / sqrt(D) (the scale is 1 / math.sqrt(D))")):
+        if torch.allclose(P, torch.softmax((raw * c).masked_fill(future, float("-inf")), dim=-1), atol=1e-6, rtol=1e-5):
+            return f"P is the softmax of scores {what}."
     past = ~future
     if float(P[past].abs().min()) <= 1e-12:
         return None  # a key it may see has no weight at all: not a P this diagnosis reads
@@ -767,6 +835,10 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
                     f"the order it is given them, FlashAttention.apply(q, k, v, causal, block_q, block_k): write "
                     f"forward(ctx, q, k, v, causal, block_q, block_k), and call flash_attention_forward(q, k, v, "
                     f"block_q, block_k, causal) inside it.")
+    if "'tuple' object is not callable" in text:
+        return ("a tuple was called like a function, name(...). If it is ctx.saved_tensors: it is an attribute that "
+                "holds the saved tensors, not a method: unpack it without parentheses, q, k, v, o, lse = "
+                "ctx.saved_tensors.")
     if "incorrect number of gradients" in text:
         return ("backward must return one gradient per argument of forward, in order: dq, dk, dv, and None for "
                 "causal, block_q and block_k.")
