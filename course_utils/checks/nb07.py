@@ -395,7 +395,8 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _stages_hint(case, out, want[0]) or _rows_symptom(case, out, want[0]) or \
+            symptom = _stages_hint(case, out, want[0]) or _future_zero_hint(case, out, want[0]) or \
+                _rows_symptom(case, out, want[0]) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
                 return symptom
@@ -569,6 +570,32 @@ def _row_vector_hint(error: BaseException, case: Case) -> str | None:
             f"{a if rows == b else b} features of a ({rows}, head_dim) tile along the last dimension: broadcasting "
             f"lines a vector up with a tensor's LAST dimension, the features. Give the row statistic its trailing axis, "
             f"l[..., None] (or keepdim=True), so that each row is divided or scaled by its own number.")
+
+
+@symptoms.bonus
+def _future_zero_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
+    """The tiled forward's causal ``out`` (``(..., T, D)``) whose wrong rows weigh the future keys of the tiles they
+    compute as if those scores were 0 (masked with 0, not -inf). ``None`` otherwise."""
+    if "block_m" in case.kwargs or not (case.kwargs.get("causal", True) and isinstance(out, torch.Tensor)
+                                        and out.shape == want.shape and len(case.args) >= 5):
+        return None
+    q, k, v = (a.detach().double() for a in case.args[:3])
+    block_q, block_k = case.args[3], case.args[4]
+    T = q.shape[-2]
+    rows = torch.arange(T)
+    q_end = torch.clamp(rows // block_q * block_q + block_q, max=T)  # (T,)
+    ends = torch.clamp(((q_end - 1) // block_k + 1) * block_k, max=T)  # (T,) the end of the last tile computed
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
+    future = rows[None, :] > rows[:, None]
+    s = s.masked_fill(future, 0.0).masked_fill(rows[None, :] >= ends[:, None], float("-inf"))
+    model = torch.softmax(s, -1) @ v
+    wrong = symptoms.off_rows(want, out)
+    if not bool(wrong.any()) or bool((symptoms.off_rows(model, out) & wrong).any()):
+        return None
+    r = int(wrong.flatten(0, -2).any(0).nonzero()[0]) if wrong.dim() > 1 else int(wrong.nonzero()[0])
+    return (f"future keys get weight: row {r} weighs the keys after it in its tiles (keys {r + 1}.."
+            f"{int(ends[r]) - 1}) as if their scores were 0. A masked score must be -inf, so that exp gives 0: "
+            f"masked_fill(mask, float(\"-inf\")), not 0 (exp(0 - m) > 0).")
 
 
 def _spans(rows: list[int]) -> str:

@@ -248,11 +248,37 @@ def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str |
         return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
                                      case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"])) \
             or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")])
+    if "dv" in names and len(case.args) >= 8 and type(case.args[6]) is int:  # the tiled backward's case
+        return _last_share_hint(case, want[names.index("dv")], got[names.index("dv")])
     if names[0] != "o":
         return None
     flags = [a for a in case.args if type(a) is bool]
     causal = case.kwargs.get("causal", flags[0] if flags else True)
     return symptoms.keys_seen(*case.args[:3], want[0], got[0], bool(causal), "o")
+
+
+@symptoms.bonus
+def _last_share_hint(case: Case, want: Any, got: Any) -> str | None:
+    """The tiled backward's ``dv`` (``(..., T, D)``) whose every wrong key block holds the share of only the last query
+    block that reads it: an accumulator set, not added to, in the query loop. ``None`` otherwise."""
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape):
+        return None
+    q, k, _, _, lse, do, block_q, block_k = case.args[:8]
+    flags = [a for a in case.args[8:] if type(a) is bool]
+    causal = bool(case.kwargs.get("causal", flags[0] if flags else True))
+    q, k, lse, do = (t.detach().double() for t in (q, k, lse, do))
+    T = q.shape[-2]
+    p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])  # (..., T, T)
+    if causal:
+        p = p.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+    last = (T - 1) // block_q * block_q  # the last query block's first row: every key block's last iteration
+    model = p[..., last:, :].transpose(-2, -1) @ do[..., last:, :]  # (..., T, D)
+    wrong = symptoms.off_rows(want, got)
+    if not bool(wrong.any()) or bool((symptoms.off_rows(model, got) & wrong).any()):
+        return None
+    return (f"dv of each wrong key block holds the share of the last query block alone (queries {last}..{T - 1}): "
+            f"the shares of the earlier query blocks are lost. In the loop over query blocks, add each block's share "
+            f"to the accumulator (dv_blk = dv_blk + P^T dO), instead of setting it.")
 
 
 @symptoms.bonus
@@ -394,6 +420,13 @@ def _p_hint(case: Case, found: Any) -> str | None:
         if torch.allclose(P, torch.softmax((raw * c).masked_fill(future, float("-inf")), dim=-1), atol=1e-6, rtol=1e-5):
             return f"P is the softmax of scores {what}."
     past = ~future
+    below = torch.ones(T, T, dtype=torch.bool).tril(-1)  # (T, T): the keys before each query
+    hidden_past, kept_future = (P.abs() <= 1e-12) & below, (P.abs() > 1e-9) & future  # (T, T) each
+    if bool(hidden_past.any()) and torch.equal(hidden_past.T, kept_future):
+        return ("P is the causal mask's mirror image: the keys before a query that get no weight are exactly those "
+                "after it that keep some. The causal mask has the wrong direction, it hides the past and keeps the "
+                "future: hide key j from query i when j > i (triu(1); in a tile, k_start + j > q_start + i), the "
+                "diagonal kept.")
     if float(P[past].abs().min()) <= 1e-12:
         return None  # a key it may see has no weight at all: not a P this diagnosis reads
     if float(P[future].abs().max()) > 1e-9:
@@ -835,6 +868,10 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
                     f"the order it is given them, FlashAttention.apply(q, k, v, causal, block_q, block_k): write "
                     f"forward(ctx, q, k, v, causal, block_q, block_k), and call flash_attention_forward(q, k, v, "
                     f"block_q, block_k, causal) inside it.")
+    if isinstance(error, ZeroDivisionError) or text.startswith("ZeroDivisionError"):
+        return ("a division by zero: a block size of 0 (False, the causal flag, where a block size goes?). The order is "
+                "flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal), causal last, while "
+                "FlashAttention.apply(q, k, v, causal, block_q, block_k) takes it before the block sizes.")
     if "'tuple' object is not callable" in text:
         return ("a tuple was called like a function, name(...). If it is ctx.saved_tensors: it is an attribute that "
                 "holds the saved tensors, not a method: unpack it without parentheses, q, k, v, o, lse = "
