@@ -383,8 +383,8 @@ def _pair_difference(want: Any, got: Any, atol: float, rtol: float) -> str | Non
     return None
 
 
-def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callable[[], str | None] = lambda: None
-               ) -> str | None:
+def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callable[[], str | None] = lambda: None,
+               tolerance: tuple[float, float] = (1e-5, 1e-4)) -> str | None:
     """The known mistake whose ``(out, lse)`` equals ``got``; else a symptom read off the output; where only lse
     is wrong and no symptom names why, ``smallest()`` (the ladder's smallest failing configuration beyond the
     first) before the formula of lse."""
@@ -395,7 +395,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _stages_hint(case, out, want[0]) or _future_zero_hint(case, out, want[0]) or \
+            symptom = _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
                 _rows_symptom(case, out, want[0]) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
@@ -479,13 +479,14 @@ def row_max(case: Case) -> torch.Tensor | None:
 
 
 @symptoms.bonus
-def _stages_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
+def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
     """What the wrong rows of a causal kernel's ``out`` (``(..., T, D)``) are, read against the kernel's two stages (a
     query block at ``start`` reads the key blocks before ``lo = start // BLOCK_N * BLOCK_N`` without a mask, then those
     up to its end with one): rows that give the first stage's keys twice their weight (those blocks read again by the
     second stage); rows that weigh every key of their masked blocks, future ones and the zero padding past T alike
     (a mask that keeps them all); or rows wrong exactly where the running maximum grows in the first stage after its
-    first block (no rescaling there). ``None`` where no model explains every wrong row."""
+    first block (no rescaling there). ``None`` where no model explains every wrong row. ``atol``, ``rtol``: the
+    check's tolerance (a compiled kernel's TF32 is looser than the interpreter's float32)."""
     kw = case.kwargs
     if not (kw.get("causal") and "block_m" in kw and isinstance(out, torch.Tensor) and out.shape == want.shape):
         return None
@@ -494,7 +495,7 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
     w = want.detach().double().reshape(g.shape)
     L, T, D = q.shape
     bm, bn = kw["block_m"], kw["block_n"]
-    off = symptoms.off_rows(w, g)  # (L, T)
+    off = symptoms.off_rows(w, g, atol, rtol)  # (L, T)
     if not bool(off.any()):
         return None
     s = q @ k.transpose(-2, -1) / math.sqrt(D)  # (L, T, T)
@@ -511,7 +512,7 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
         return (e @ v) / (e.sum(-1, keepdim=True) + extra * torch.exp(-m))
 
     def explains(model: torch.Tensor) -> bool:
-        return not bool((symptoms.off_rows(model, g) & off).any())  # every wrong row is the model's
+        return not bool((symptoms.off_rows(model, g, atol, rtol) & off).any())  # every wrong row is the model's
 
     wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
     said = _spans(wrong)
@@ -683,7 +684,8 @@ def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, r
             fail(exercise, f"{_sentence(problem)} Input shapes: "
                            f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
         except CheckFailed as error:
-            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(1)) or smallest(0)) \
+            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(1), (atol, rtol))
+                          or smallest(0)) \
                 from None
 
 

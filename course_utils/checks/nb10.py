@@ -213,7 +213,7 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
             raise _hinted(error, hint or _moved_rows_hint(want, got, names, atol, rtol)
-                          or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names)
+                          or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names, atol, rtol)
                           or _swapped_hint(want, got, names, atol, rtol)
                           or (p_hint() if p_hint else None)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
@@ -239,7 +239,8 @@ def _moved_rows_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, r
             "dq[..., q_start:q_end, :].")
 
 
-def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str | None:
+def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: float = 1e-5, rtol: float = 1e-4
+               ) -> str | None:
     """Which keys the wrong rows of a wrong output o attended to (:func:`symptoms.keys_seen`)."""
     if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
         return None
@@ -247,7 +248,7 @@ def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...]) -> str |
         q, k, *_, do = case.args
         return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
                                      case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"])) \
-            or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")])
+            or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")], atol, rtol)
     if "dv" in names and len(case.args) >= 8 and type(case.args[6]) is int:  # the tiled backward's case
         return _last_share_hint(case, want[names.index("dv")], got[names.index("dv")])
     if names[0] != "o":
@@ -282,7 +283,7 @@ def _last_share_hint(case: Case, want: Any, got: Any) -> str | None:
 
 
 @symptoms.bonus
-def _local_mask_hint(case: Case, want: Any, got: Any) -> str | None:
+def _local_mask_hint(case: Case, want: Any, got: Any, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
     """A kernel's ``dv`` (``(..., T, D)``) that a causal mask gives which compares tile-local offsets (a query's place in
     its block, 0..BLOCK_M - 1, or a key's in its block) instead of positions; ``None`` where no such mask gives it."""
     kw = case.kwargs
@@ -294,7 +295,7 @@ def _local_mask_hint(case: Case, want: Any, got: Any) -> str | None:
     bm, bn = kw["block_m"], kw["block_n"]
     s = q @ k.transpose(-2, -1) / math.sqrt(D)  # (..., T, T)
     pos = torch.arange(T)
-    wrong = symptoms.off_rows(want, got).flatten(0, -2).any(0)  # (T,) key rows
+    wrong = symptoms.off_rows(want, got, atol, rtol).flatten(0, -2).any(0)  # (T,) key rows
     for rows, cols, what in ((pos % bm, pos, "each query's place in its own block (0..BLOCK_M - 1, offs_m) instead of "
                               "its position rows = start_m + offs_m"),
                              (pos, pos % bn, "each key's place in its own block (0..BLOCK_N - 1) instead of its "
@@ -303,7 +304,7 @@ def _local_mask_hint(case: Case, want: Any, got: Any) -> str | None:
         lo = (pos // bn * bn) // bm * bm  # (T,) the first query each key's block visits
         keep &= pos[:, None] >= lo[None, :]
         p = torch.exp(s - lse[..., None]) * keep  # (..., T, T): P read with the right lse
-        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do, got).any()):
+        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do, got, atol, rtol).any()):
             unseen = [j for j in range(T) if not bool(keep[:, j].any())]
             return (f"dv is what a causal mask gives that compares {what}: "
                     + (f"keys {symptoms.spans(unseen)} get no gradient from any query, and " if unseen else "")
@@ -314,7 +315,7 @@ def _local_mask_hint(case: Case, want: Any, got: Any) -> str | None:
     local = pos % bm  # (T,) the row each query's iteration reads at the tile's own offsets
     for names, read_q, read_do in (("q and dO", local, local), ("q", local, pos), ("dO", pos, local)):
         p = torch.exp(q[..., read_q, :] @ k.transpose(-2, -1) / math.sqrt(D) - lse[..., None]) * causal  # (..., T, T)
-        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do[..., read_do, :], got).any()):
+        if not bool(symptoms.off_rows(p.transpose(-2, -1) @ do[..., read_do, :], got, atol, rtol).any()):
             return (f"dv is what a query loop gives whose every iteration reads {names} at the first query block's "
                     f"rows 0..{bm - 1} (the tile's offsets offs_m) while lse and delta follow the query blocks: load "
                     f"{names} at the iteration's positions, rows = start_m + offs_m, as lse and delta are.")
