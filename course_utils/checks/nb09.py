@@ -1141,14 +1141,58 @@ def _step_specs() -> list[dict]:
     ]
 
 
+def _step_rungs() -> tuple[ladder.Rung, ...]:
+    """train_step's ladder (:mod:`course_utils.checks.ladder`): one SGD step on one row, then two steps, a batch
+    of 2 with its own answer start per row, then AdamW. Each rung is a run of :func:`step_trace` (the ``"steps"``
+    runner) on a tiny stand-in model."""
+    def r(b: int, answer_from: int | list, optimizer: str, steps: int, adds: str, suspects: str) -> ladder.Rung:
+        spec = {"vocab_size": 5, "d": 4, "b": b, "T": 3, "answer_from": answer_from, "optimizer": optimizer,
+                "steps": steps, "seed": 9046}
+        return ladder.Rung(_step_case(spec), adds, suspects)
+    return (
+        r(1, 1, "SGD", 1, "", "what one step runs: logits = model(inputs), the loss F.cross_entropy(logits["
+          "answer_mask], targets[answer_mask]) (the logits first, then the targets; the answer positions only; "
+          "their mean), then optimizer.zero_grad(), loss.backward(), optimizer.step() in that order, and "
+          "loss.item() returned?"),
+        r(1, 1, "SGD", 2, "a second step", "what carries over from one step to the next: the gradients zeroed "
+          "before each backward (optimizer.zero_grad() on every call, before loss.backward()), and one "
+          "optimizer.step() per call?"),
+        r(2, [1, 2], "SGD", 2, "a batch of 2 (each row its own answer start)", "the mask across the batch: "
+          "logits[answer_mask] (the answer positions of every row, (n, vocab_size)) with targets[answer_mask] at the "
+          "same positions, and one mean over all of them (not per row, not over the whole batch)?"),
+        r(2, [1, 2], "AdamW", 2, "an optimizer with a state (AdamW)", "the optimizer given, used as it is: no new "
+          "optimizer and no change of its settings inside train_step, one optimizer.step() per call?"),
+    )
+
+
+def _step_rung_output(found: object) -> object:
+    """A rung's run (:func:`_step_run`) as the ladder compares it: ``(the losses, the parameters after the last
+    step, joined)``; anything else as it is (not the expected form)."""
+    if not (isinstance(found, list) and len(found) == 4 and all(isinstance(f, list) and f for f in found)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in found[0])
+            and isinstance(found[3][-1], list) and all(isinstance(t, torch.Tensor) for t in found[3][-1])):
+        return found
+    return (torch.tensor(found[0], dtype=torch.float64), torch.cat([t.detach().flatten() for t in found[3][-1]]))
+
+
+STEP_LADDER = ladder.Ladder(
+    "train_step", _step_rungs, lambda case: _step_rung_output(_step_run(_expected.reference("train_step"), case)),
+    lambda pair: [("the loss", pair[0]), ("the model after the steps", pair[1])], runner="steps",
+    output=_step_rung_output, twins=False)
+
+
 def _step_plan(hidden: bool) -> list[_spec.Step]:
-    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model."""
+    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model; then
+    the ladder's rungs."""
     specs = _step_specs() + (list(hidden_cases("train_step")) if hidden else [])
-    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs]
+    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs] + ladder.steps(STEP_LADDER, hidden)
 
 
 def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "train_step"
+    ladder.record(STEP_LADDER)
+    smallest = lambda: ladder.diagnose(STEP_LADDER, outcomes)  # noqa: E731
+    plan = [step for step in plan if not ladder.is_rung(step)]
     specs = [step.case.kwargs for step in plan]
     if any(s.get("dropout") for s in specs) and not random_outputs_comparable(exercise):
         plan = [step for step in plan if not step.case.kwargs.get("dropout")]
@@ -1166,7 +1210,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 fail(exercise, f"your code raised {type(found).__name__}: {found}.", case)
             except CheckFailed as error:
                 error.student_error = found
-                raise _hinted(error, _step_error_hint(found)) from found
+                raise _hinted(error, _step_error_hint(found) or smallest()) from found
         got = _step_trace_of(found, spec)
         problem = _trace_problem(want, got)
         if problem is None:
@@ -1181,7 +1225,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
             if _same_trace(output, got):
                 hint = mistake_hint
                 break
-        hint = hint or _step_diagnose(want, got, k, spec)
+        hint = hint or _step_diagnose(want, got, k, spec) or smallest()
         try:
             fail(exercise, problem.rstrip(".") + ".", case)
         except CheckFailed as error:
@@ -1687,8 +1731,8 @@ def _generate_rungs() -> tuple[ladder.Rung, ...]:
           "multiplied) BEFORE the softmax?"),
         r("top_k=3 at temperature 2.0, prompt (2, 2), 8 new tokens, with the cache", 2, 8, 2.0, 3, True, 9073,
           "top_k", "top_k, row by row: the k-th largest logit of each row (torch.topk(logits, k, dim=-1).values[:, "
-          "-1:], exactly k kept, k itself not clipped), the logits below it set to -inf before the softmax, on the "
-          "logits already divided by the temperature?"),
+          "-1:], exactly k kept, k clipped only to the vocabulary, min(top_k, logits.shape[-1])), the logits below it "
+          "set to -inf before the softmax, on the logits already divided by the temperature?"),
     )
 
 
