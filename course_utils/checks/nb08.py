@@ -786,8 +786,8 @@ def _kv_rungs() -> tuple[ladder.Rung, ...]:
     def r(build: tuple, ops: list, name: str, adds: str, suspects: str) -> ladder.Rung:
         return ladder.Rung(Case(f"{name}, built with {build}", (tuple(ops),), build=build), adds, suspects)
     return (
-        r((4, 4, 4, 0.0, 1), one, "x (2, 1, 4) without the cache", "", "what one token runs without the cache: "
-          "the projections W_query, W_key and W_value, a query that sees only its own key (weight 1: the output is "
+        r((4, 4, 4, 0.0, 1), one, "x (2, 1, 4) without the cache", "", "the "
+          "projections W_query, W_key and W_value, a query that sees only its own key (weight 1: the output is "
           "out_proj of its value), and out_proj?"),
         r((4, 4, 4, 0.0, 1), [_forward(x)], "x (2, 4, 4) without the cache", "several tokens (T = context_length)",
           "forward without the cache: the scores q @ k^T scaled by 1/sqrt(head_dim), the causal mask of T tokens "
@@ -1159,15 +1159,42 @@ def _repeat_cases() -> list[Case]:
     ]
 
 
+def _repeat_rungs() -> tuple[ladder.Rung, ...]:
+    """repeat_kv's ladder (:mod:`course_utils.checks.ladder`): n_rep=1, then copies of one group, several groups,
+    then a batch of 2 with T != D."""
+    def r(shape: tuple, n_rep: int, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        return ladder.Rung(Case(f"{shape}, n_rep={n_rep}", (rand(*shape, seed=seed), n_rep)), adds, suspects)
+    return (
+        r((1, 1, 2, 2), 1, 814, "", "the shape (b, G * n_rep, T, D) whatever n_rep, the copies "
+          "made on the head dimension, dim 1 (x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, "
+          "n_rep, T, D).reshape(b, G * n_rep, T, D))?"),
+        r((1, 1, 2, 2), 2, 814, "copies (n_rep=2, one group)", "the copies: n_rep of them, along the heads (dim 1), "
+          "not the batch, the tokens or head_dim?"),
+        r((1, 2, 2, 2), 2, 815, "several groups", "the order of the copies: each group's n_rep copies together "
+          "(groups 0, 0, 1, 1: repeat_interleave, or expand then reshape), not tiled (0, 1, 0, 1: x.repeat)?"),
+        r((2, 2, 3, 2), 3, 816, "a batch of 2 (and T != D)", "the sizes read from x.shape, (b, G, T, D), and each "
+          "head's (T, D) block kept whole (no reshape that mixes the tokens with the heads)?"),
+    )
+
+
+REPEAT_LADDER = ladder.Ladder("repeat_kv", _repeat_rungs,
+                              lambda case: _expected.reference("repeat_kv")(case.args[0].clone(), case.args[1]))
+
+
 def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis)
+    ladder.record(REPEAT_LADDER)
+    plan = [step for step in plan if not ladder.is_rung(step)]
+    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis,
+                          smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
             f"({'; '.join(s.case.name for s in plan)})")
 
 
 _repeat_all = spec.with_hidden("repeat_kv", _repeat_cases)
 
-check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden)), _judge_repeat),
+check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden))
+                                         + ladder.steps(REPEAT_LADDER, hidden), _judge_repeat,
+                                         {ladder.RUN: ladder.call}),
                                """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` =
     group ``h // n_rep``.""")
 
@@ -1325,7 +1352,7 @@ def _gqa_rungs() -> tuple[ladder.Rung, ...]:
                 f"group{'s' if build[5] > 1 else ''}, context_length={build[2]}")
         return ladder.Rung(Case(name, (rand(*shape, seed=seed),), build=build, mode="eval"), adds, suspects)
     return (
-        r((4, 4, 1, 0.0, 1, 1), (1, 1, 4), 840, "", "what one token with one head runs: the projections "
+        r((4, 4, 1, 0.0, 1, 1), (1, 1, 4), 840, "", "the projections "
           "W_query, W_key and W_value (keys and values num_kv_groups * head_dim wide), one query seeing its own key "
           "only (its weight 1, so the output is out_proj of its value), and out_proj at the end?"),
         r((4, 4, 3, 0.0, 1, 1), (1, 3, 4), 841, "several tokens (T = context_length)", "the attention over "

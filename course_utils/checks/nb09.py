@@ -1150,7 +1150,7 @@ def _step_rungs() -> tuple[ladder.Rung, ...]:
                 "steps": steps, "seed": 9046}
         return ladder.Rung(_step_case(spec), adds, suspects)
     return (
-        r(1, 1, "SGD", 1, "", "what one step runs: logits = model(inputs), the loss F.cross_entropy(logits["
+        r(1, 1, "SGD", 1, "", "logits = model(inputs), the loss F.cross_entropy(logits["
           "answer_mask], targets[answer_mask]) (the logits first, then the targets; the answer positions only; "
           "their mean), then optimizer.zero_grad(), loss.backward(), optimizer.step() in that order, and "
           "loss.item() returned?"),

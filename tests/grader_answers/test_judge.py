@@ -1078,11 +1078,13 @@ def test_the_calls_that_must_raise_are_judged_outside(tmp_path, honest_decode):
 
 
 def _plans(exercises: tuple[str, ...]) -> dict[str, tuple[list[str], int]]:
-    """exercise -> (the keys of its hidden plan, the number of its visible steps), as the grader builds them (to be
-    read before a kernel's inputs are set: there the hidden cases come only from the plan sent in)."""
+    """exercise -> (the keys of its hidden plan, the number of its visible steps but a ladder's rungs, which run in
+    the visible plan only), as the grader builds them (to be read before a kernel's inputs are set: there the
+    hidden cases come only from the plan sent in)."""
     from course_utils import checks
 
-    return {e: ([s.key for s in checks.SPECS[e].steps(True)], len(checks.SPECS[e].steps(False))) for e in exercises}
+    return {e: ([s.key for s in checks.SPECS[e].steps(True)],
+                len([s for s in checks.SPECS[e].steps(False) if not ladder.is_rung(s)])) for e in exercises}
 
 
 def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
