@@ -39,7 +39,7 @@ from course_utils import rules
 from course_utils.device import manual_seed
 from course_utils.checks import expected as _expected
 from course_utils.checks import probe as _probe
-from course_utils.checks import probed, spec, symptoms, wire
+from course_utils.checks import ladder, probed, spec, symptoms, wire
 from course_utils.checks.core import (
     FORWARD_SEED,
     NOT_IMPLEMENTED,
@@ -113,6 +113,16 @@ def _bool_masks(exercise: str, steps: Sequence[spec.Step], outcomes: spec.Outcom
                            f"mask, True where a score is hidden (dtype=torch.bool, or add .bool()).", step.case)
 
 
+def _mask_ladder(rungs: ladder.Ladder, steps: Sequence[spec.Step], outcomes: spec.Outcomes) -> Callable[[], str | None]:
+    """A mask exercise's last hint, its ladder's (:func:`ladder.diagnose`): none where a mask is not boolean, as the
+    message names the dtype already."""
+    def smallest() -> str | None:
+        if any(isinstance(outcomes[s.key], torch.Tensor) and outcomes[s.key].dtype != torch.bool for s in steps):
+            return None
+        return ladder.diagnose(rungs, outcomes)
+    return smallest
+
+
 def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int] | None:
     wrong = (got.detach().cpu().bool() != want.detach().cpu().bool()).nonzero()
     return None if len(wrong) == 0 else tuple(int(i) for i in wrong[0].tolist())
@@ -150,10 +160,32 @@ def _decode_cases() -> list[Case]:
     return [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((3, 7), (1, 5), (4, 4), (2, 3))]
 
 
+def _decode_rungs() -> tuple[ladder.Rung, ...]:
+    """decode_causal_mask's ladder (:mod:`course_utils.checks.ladder`): no offset first, then keys already
+    cached."""
+    def r(q: int, k: int, adds: str, suspects: str) -> ladder.Rung:
+        return ladder.Rung(Case(f"num_queries={q}, num_keys={k}", (q, k)), adds, suspects)
+    return (
+        r(3, 3, "", "the square mask (no key cached): True where a key is in the query's future (j > i), a bool "
+          "(num_queries, num_keys) mask, torch.triu(torch.ones(...), diagonal=1)?"),
+        r(1, 4, "keys already cached (an offset)", "the offset: the queries are the LAST num_queries positions, so "
+          "query i sits at position num_keys - num_queries + i and the diagonal moves to num_keys - num_queries + "
+          "1?"),
+        r(2, 5, "several queries after cached keys", "one row per query, each shifted by the same offset: shape "
+          "(num_queries, num_keys) and diagonal = num_keys - num_queries + 1 (not num_queries - num_keys + 1)?"),
+    )
+
+
+DECODE_LADDER = ladder.Ladder("decode_causal_mask", _decode_rungs,
+                              lambda case: _expected.reference("decode_causal_mask")(*case.args))
+
+
 def _judge_decode(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "decode_causal_mask"
-    compared, raising = _split(plan)
-    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_decode_mask_diagnosis)
+    ladder.record(DECODE_LADDER)
+    compared, raising = _split([s for s in plan if not ladder.is_rung(s)])
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_decode_mask_diagnosis,
+                          smallest=_mask_ladder(DECODE_LADDER, compared, outcomes))
     _bool_masks(exercise, compared, outcomes)
     for step in raising:
         q, k = step.case.args
@@ -169,8 +201,9 @@ _decode_all = spec.with_hidden("decode_causal_mask", _decode_cases)
 check_decode_causal_mask = spec.declare(spec.Spec(
     "decode_causal_mask",
     lambda hidden: spec.calls(_decode_all(hidden)) + spec.calls(
-        [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))], MUST_RAISE),
-    _judge_decode),
+        [Case(f"num_queries={q}, num_keys={k}", (q, k)) for q, k in ((5, 3), (2, 1))], MUST_RAISE)
+    + ladder.steps(DECODE_LADDER, hidden),
+    _judge_decode, {ladder.RUN: ladder.call}),
     """Check ``decode_causal_mask(num_queries, num_keys)``: bool ``(Tq, Tk)``, bottom-right aligned,
     and a clear error when there are more queries than keys.""")
 
@@ -300,9 +333,41 @@ def _judge_rope_half(exercise: str, case: Case, got: object) -> None:
                        f"sin.to(x.dtype)): the output keeps x's dtype.", case)
 
 
+def _rope_rungs() -> tuple[ladder.Rung, ...]:
+    """apply_rope's ladder (:mod:`course_utils.checks.ladder`): position 0 (the identity), one pair turned,
+    several pairs, positions not from 0, then batch and heads."""
+    def r(shape: tuple, positions: Sequence[int], seed: int, adds: str, suspects: str) -> ladder.Rung:
+        where = ", ".join(str(p) for p in positions)
+        return ladder.Rung(_rope_case(f"{tuple(shape)} at position{'s' if len(positions) > 1 else ''} {where}",
+                                      rand(*shape, seed=seed), positions), adds, suspects)
+    return (
+        r((1, 2), (0,), 835, "", "at position 0 every angle is 0, so cos = 1, sin = 0 and x must come back "
+          "unchanged: the halves x1 = x[..., :D // 2] and x2 = x[..., D // 2:] joined back in that order "
+          "(torch.cat(..., dim=-1)), cos and sin each in its place in (x1 cos - x2 sin, x1 sin + x2 cos), and the "
+          "table built for the whole head, rope_angles(x.shape[-1], ...)?"),
+        r((2, 2), (0, 1), 835, "a turn (one pair, at positions 0 and 1)", "the turn of one pair by its angle: (x1, "
+          "x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) and its two signs, with one angle row per token, "
+          "angles[positions] of shape (T, D/2), lined up with x's token dimension (-2)?"),
+        r((2, 4), (0, 1), 836, "several pairs (head_dim=4)", "which dimensions pair up and how fast each pair "
+          "turns: x_i with x_(i + D/2) (the two halves, not the neighbours 2i and 2i + 1), turned by column i of "
+          "the table, one column per pair (D/2 of them)?"),
+        r((2, 4), (5, 6), 838, "positions that do not start at 0", "the positions given, not 0..T-1: a table for "
+          "max_positions = int(positions.max()) + 1 (not len(positions)), indexed with the positions themselves?"),
+        r((2, 2, 2, 4), (5, 6), 839, "batch and heads", "the leading dimensions: the halves sliced on the last "
+          "dimension (x[..., :D // 2]), D read from x.shape[-1], cos and sin of shape (T, D/2) broadcast over "
+          "(..., T, D/2)?"),
+    )
+
+
+ROPE_LADDER = ladder.Ladder("apply_rope", _rope_rungs,
+                            lambda case: _expected.reference("apply_rope")(*[a.clone() for a in case.args]))
+
+
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
+    ladder.record(ROPE_LADDER)
     compared = [s for s in plan if not s.key.startswith(HALF)]
-    spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis)
+    spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis,
+                          smallest=lambda: ladder.diagnose(ROPE_LADDER, outcomes))
     for step in plan:
         if step.key.startswith(HALF):
             _judge_rope_half("apply_rope", step.case, outcomes[step.key])
@@ -313,7 +378,8 @@ def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
 _rope_all = spec.with_hidden("apply_rope", _rope_cases)
 
 check_apply_rope = spec.declare(spec.Spec(
-    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)) + spec.calls([_rope_half_case()], HALF), _judge_rope,
+    "apply_rope", lambda hidden: spec.calls(_rope_all(hidden)) + spec.calls([_rope_half_case()], HALF)
+    + ladder.steps(ROPE_LADDER, hidden), _judge_rope, {ladder.RUN: ladder.call},
     helpers=lambda: helper_checks(globals(), "apply_rope")),
     """Check ``apply_rope(x, positions)``: ``(..., T, D)`` rotated pair by pair (``x_i`` with ``x_{i+D/2}``)
     at the given positions; a rotation keeps each vector's length. Runs with our ``rope_angles``.""")
@@ -448,9 +514,11 @@ def _cache_growth_hint(case: DecodeCase, caches: Sequence[object]) -> str | None
 
 
 def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want: torch.Tensor, what: str,
-                       atol: float, rtol: float, caches: Sequence[object] = ()) -> None:
+                       atol: float, rtol: float, caches: Sequence[object] = (),
+                       smallest: Callable[[], str | None] = lambda: None) -> None:
     """Fail, at the first chunk that differs, if the decoded outputs differ from the full forward (``caches``:
-    ``cache_k``'s shape after each chunk, for :func:`_cache_growth_hint`)."""
+    ``cache_k``'s shape after each chunk, for :func:`_cache_growth_hint`). The hint: a known mistake's, the cache's
+    growth, else the ladder's (``smallest()``), else where the first wrong chunk lies."""
     problem = tensor_difference(want, got, atol, rtol)
     if problem is None:
         return
@@ -467,6 +535,7 @@ def _decode_difference(exercise: str, case: DecodeCase, got: torch.Tensor, want:
             break
     if hint is None and bad is not None and bad[0] > 0:
         hint = _cache_growth_hint(case, caches)
+    hint = hint or smallest()
     if hint is None and bad is not None:
         if bad[0] == 0:
             hint = ("with an empty cache, use_cache=True on the prompt must give what forward(prompt) gives: the "
@@ -704,6 +773,81 @@ def _left_alone_other(case: DecodeCase) -> torch.Tensor:
     return rand(*case.x.shape[:1], 3, case.x.shape[2], seed=_kv_inputs()["other"]).to(case.dtype)
 
 
+def _kv_rungs() -> tuple[ladder.Rung, ...]:
+    """MultiHeadAttentionKVCache's ladder (:mod:`course_utils.checks.ladder`): one token without the cache, then
+    T = context_length, one token with the cache, a cached prompt, several cached calls, a call without the cache
+    after them, several heads, then rope=True. Each rung
+    is a session (:func:`session_step`'s operations, :func:`_run_session`) of a module built with ``(d_in, d_out,
+    context_length, dropout, num_heads[, qkv_bias, rope])``; what is compared is each forward call's output."""
+    x = rand(2, 4, 4, seed=845)
+    one, several = [_forward(x[:, :1])], [_RESET] + _decoded(DecodeCase("", (x,), chunks=[1, 1, 2]),
+                                                            [(0, 1), (1, 2), (2, 4)])
+
+    def r(build: tuple, ops: list, name: str, adds: str, suspects: str) -> ladder.Rung:
+        return ladder.Rung(Case(f"{name}, built with {build}", (tuple(ops),), build=build), adds, suspects)
+    return (
+        r((4, 4, 4, 0.0, 1), one, "x (2, 1, 4) without the cache", "", "the "
+          "projections W_query, W_key and W_value, a query that sees only its own key (weight 1: the output is "
+          "out_proj of its value), and out_proj?"),
+        r((4, 4, 4, 0.0, 1), [_forward(x)], "x (2, 4, 4) without the cache", "several tokens (T = context_length)",
+          "forward without the cache: the scores q @ k^T scaled by 1/sqrt(head_dim), the causal mask of T tokens "
+          "before the softmax over the keys (dim=-1), weights @ values, and a length check that lets T = "
+          "context_length through (T > context_length raises, not >=)?"),
+        r((4, 4, 4, 0.0, 1), [_RESET, _forward(x[:, :1], cached=True)], "reset_cache(), then x[:, :1] with "
+          "use_cache=True", "the cache (one token, nothing cached before)", "the cached path on an empty cache: "
+          "reset_cache() emptying it, the new keys and values kept (self.cache_k, self.cache_v), and the same "
+          "attention as without the cache?"),
+        r((4, 4, 4, 0.0, 1), [_RESET, _forward(x, cached=True)], "reset_cache(), then x (2, 4, 4) with "
+          "use_cache=True", "a cached prompt of several tokens (T = context_length)", "the attention of the cached "
+          "path: the scores q @ k^T scaled by 1/sqrt(head_dim), the mask decode_causal_mask(T, num_keys) before the "
+          "softmax over the keys (dim=-1), weights @ values, and a length check that lets num_cached + T = "
+          "context_length through (> raises, not >=)?"),
+        r((4, 4, 4, 0.0, 1), several, "reset_cache(), then chunks of 1, 1 and 2 tokens with use_cache=True",
+          "several cached calls", "what carries over from call to call: the new keys appended to cache_k and the "
+          "new values to cache_v (torch.cat(..., dim=2)) and stored back on every call, the queries attending to "
+          "every key so far with the rows of decode_causal_mask(T_new, num_keys), and the length check counting the "
+          "cached tokens?"),
+        r((4, 4, 4, 0.0, 1), several + [_forward(x)], "reset_cache(), chunks of 1, 1 and 2 tokens with "
+          "use_cache=True, then x without the cache", "a call without the cache after cached ones", "forward "
+          "without use_cache after cached calls: x read as a whole sequence from position 0 (its positions and "
+          "mask rows 0..T-1, a length check on T alone), whatever the cache holds, and the cache left alone?"),
+        r((4, 8, 4, 0.0, 4), several, "reset_cache(), then chunks of 1, 1 and 2 tokens with use_cache=True",
+          "several heads", "the head split and join: queries, keys and values viewed (b, T, heads, head_dim) and "
+          "transposed to (b, heads, T, head_dim), the cache (b, heads, tokens, head_dim) joined along the tokens "
+          "(dim=2), the context transposed back before .contiguous().view(b, T, d_out), and the scale "
+          "1/sqrt(head_dim) with head_dim = d_out // num_heads?"),
+        r((4, 8, 4, 0.0, 2, False, True), [_forward(x)] + several + [_forward(x)], "x without the cache, "
+          "reset_cache(), chunks of 1, 1 and 2 tokens with use_cache=True, then x again without the cache",
+          "rope=True", "RoPE: the queries AND the keys (not the values) turned by apply_rope at their positions, "
+          "num_cached + i with the cache and 0..T-1 without it (whatever the cache holds), before the keys are "
+          "cached?"),
+    )
+
+
+def _session_outputs(found: object) -> object:
+    """A rung's session (:func:`_run_session`) as the ladder compares it: the outputs of its forward calls (a
+    tuple), or the first error it raised (an exception, not raised)."""
+    if not (isinstance(found, dict) and isinstance(found.get("built"), dict) and isinstance(found.get("steps"), list)):
+        return found
+    error = found["built"].get("error")
+    outputs = []
+    for one in ([{"error": error}] if error else []) + found["steps"]:
+        if not isinstance(one, dict):
+            return found
+        if isinstance(one.get("error"), list) and len(one["error"]) == 2 and all(isinstance(e, str) for e in one["error"]):
+            return wire.error_of(*one["error"])
+        if one.get("value") is not None:
+            outputs.append(one["value"])
+    return tuple(outputs)
+
+
+KV_LADDER = ladder.Ladder(
+    "MultiHeadAttentionKVCache", _kv_rungs,
+    lambda case: _session_outputs(_run_session(_expected.reference("MultiHeadAttentionKVCache"), case)),
+    lambda outputs: [(f"call {i + 1}'s output", v) for i, v in enumerate(outputs)], runner=SESSION,
+    output=_session_outputs, twins=False)
+
+
 def _kv_steps(hidden: bool) -> list[spec.Step]:
     """Every session of :func:`_judge_kv`, in its order: the whole-sequence values (with their causality
     diagnosis), each sequence decoded (twice for the first and the hidden ones), a forward without the cache
@@ -742,7 +886,7 @@ def _kv_steps(hidden: bool) -> list[spec.Step]:
         ("copy", "float64", inputs["moves"].to(torch.float64), 7), ("copy", "meta", inputs["moves"].to("meta"), 7)]))
     steps.append(session_step("dropout", cases[2].build, [_forward(inputs["dropout"], seed=seed, mode=mode)
                                                           for mode in ("eval", "train") for seed in (1, 2)]))
-    return steps
+    return steps + ladder.steps(KV_LADDER, hidden)
 
 
 def _called(exercise: str, got: object, case: Case, missing: bool = False) -> object:
@@ -753,8 +897,10 @@ def _called(exercise: str, got: object, case: Case, missing: bool = False) -> ob
     return call_student(exercise, probed.replayed(got), case)
 
 
-def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int, what: str) -> torch.Tensor:
-    """One decoding of ``case`` read from the session: ``reset_cache()`` at ``first``, then each chunk."""
+def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int, what: str,
+                 smallest: Callable[[], str | None] = lambda: None) -> torch.Tensor:
+    """One decoding of ``case`` read from the session: ``reset_cache()`` at ``first``, then each chunk (an error's
+    hint: :func:`_decode_error_hint`'s, else the ladder's, ``smallest()``)."""
     _called(exercise, view.value(first), Case(f"{what}: reset_cache()"), view.step(first).get("missing", False))
     outputs = []
     for k, (start, end) in enumerate(case.spans()):
@@ -763,7 +909,7 @@ def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int,
         if is_stub_error(got):
             fail(exercise, NOT_IMPLEMENTED)
         if isinstance(got, BaseException):
-            hint = _decode_error_hint(got, start, end - start, view.step(i).get("cache"))
+            hint = _decode_error_hint(got, start, end - start, view.step(i).get("cache")) or smallest()
             error = CheckFailed(
                 f"❌ {exercise} on case {case.describe()}: {what}: tokens {start}..{end - 1} with use_cache=True "
                 f"(after {start} cached tokens) raised {type(got).__name__}: {got}" + (f" Hint: {hint}" if hint else ""))
@@ -777,9 +923,10 @@ def _decode_pass(exercise: str, view: SessionView, case: DecodeCase, first: int,
     return torch.cat(outputs, dim=1)
 
 
-def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: bool) -> None:
+def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: bool,
+                  smallest: Callable[[], str | None] = lambda: None) -> None:
     """Decode ``case``, and with ``again`` a second time after ``reset_cache()``: each pass must give the
-    full forward's outputs."""
+    full forward's outputs (``smallest()``: the ladder's hint, :data:`KV_LADDER`)."""
     want = _full_forward(exercise, case)
     probed.built(exercise, view, case.build)
     converted = view.value(0)
@@ -789,9 +936,9 @@ def _judge_decode(exercise: str, view: SessionView, case: DecodeCase, again: boo
     atol, rtol = (1e-10, 1e-8) if tight else (1e-5, 1e-4)
     if _expected.is_recording():
         _decode_mistakes(exercise, case)
-    got = _decode_pass(exercise, view, case, 1, "first sequence")
+    got = _decode_pass(exercise, view, case, 1, "first sequence", smallest)
     caches = [view.step(2 + k).get("cache") for k in range(len(case.spans()))]
-    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol, caches)
+    _decode_difference(exercise, case, got, want, "first sequence", atol, rtol, caches, smallest)
     if not again:
         return
     try:
@@ -897,6 +1044,9 @@ def _judge_main(exercise: str, view: SessionView, build: tuple) -> None:
 def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionKVCache"
     cases, full, full_rope = _kv_setup(exercise, outcomes.hidden)
+    ladder.record(KV_LADDER)
+    smallest = lambda: ladder.diagnose(KV_LADDER, outcomes)  # noqa: E731
+    plan = [step for step in plan if not ladder.is_rung(step)]
     views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
     by_build: dict[tuple, SessionView] = {}
     for step in plan:
@@ -915,9 +1065,11 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
             want = reference_output(exercise, mcase)
             if _expected.is_recording():
                 mistake_outputs(exercise, mcase)
-            spec.judge_forward(exercise, view.forward("eval", 7, case.args[0]), want, mcase, diagnose=causal)
+            spec.judge_forward(exercise, view.forward("eval", 7, case.args[0]), want, mcase, diagnose=causal,
+                               smallest=smallest)
     for k, case in enumerate(cases):
-        _judge_decode(exercise, views[f"decode {k}: {case.key()}"], case, again=k == 0 or case.name.startswith("hidden"))
+        _judge_decode(exercise, views[f"decode {k}: {case.key()}"], case, again=k == 0 or case.name.startswith("hidden"),
+                      smallest=smallest)
     for key, case in _left_alone_cases(cases).items():
         _judge_left_alone(exercise, views[key], case)
     main = views["the main module"]
@@ -1007,15 +1159,42 @@ def _repeat_cases() -> list[Case]:
     ]
 
 
+def _repeat_rungs() -> tuple[ladder.Rung, ...]:
+    """repeat_kv's ladder (:mod:`course_utils.checks.ladder`): n_rep=1, then copies of one group, several groups,
+    then a batch of 2 with T != D."""
+    def r(shape: tuple, n_rep: int, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        return ladder.Rung(Case(f"{shape}, n_rep={n_rep}", (rand(*shape, seed=seed), n_rep)), adds, suspects)
+    return (
+        r((1, 1, 2, 2), 1, 814, "", "the shape (b, G * n_rep, T, D) whatever n_rep, the copies "
+          "made on the head dimension, dim 1 (x.repeat_interleave(n_rep, dim=1), or x[:, :, None].expand(b, G, "
+          "n_rep, T, D).reshape(b, G * n_rep, T, D))?"),
+        r((1, 1, 2, 2), 2, 814, "copies (n_rep=2, one group)", "the copies: n_rep of them, along the heads (dim 1), "
+          "not the batch, the tokens or head_dim?"),
+        r((1, 2, 2, 2), 2, 815, "several groups", "the order of the copies: each group's n_rep copies together "
+          "(groups 0, 0, 1, 1: repeat_interleave, or expand then reshape), not tiled (0, 1, 0, 1: x.repeat)?"),
+        r((2, 2, 3, 2), 3, 816, "a batch of 2 (and T != D)", "the sizes read from x.shape, (b, G, T, D), and each "
+          "head's (T, D) block kept whole (no reshape that mixes the tokens with the heads)?"),
+    )
+
+
+REPEAT_LADDER = ladder.Ladder("repeat_kv", _repeat_rungs,
+                              lambda case: _expected.reference("repeat_kv")(case.args[0].clone(), case.args[1]))
+
+
 def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
-    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis)
+    ladder.record(REPEAT_LADDER)
+    plan = [step for step in plan if not ladder.is_rung(step)]
+    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis,
+                          smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
             f"({'; '.join(s.case.name for s in plan)})")
 
 
 _repeat_all = spec.with_hidden("repeat_kv", _repeat_cases)
 
-check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden)), _judge_repeat),
+check_repeat_kv = spec.declare(spec.Spec("repeat_kv", lambda hidden: spec.calls(_repeat_all(hidden))
+                                         + ladder.steps(REPEAT_LADDER, hidden), _judge_repeat,
+                                         {ladder.RUN: ladder.call}),
                                """Check ``repeat_kv(x, n_rep)``: ``(b, G, T, D) -> (b, G * n_rep, T, D)``, head ``h`` =
     group ``h // n_rep``.""")
 
@@ -1162,10 +1341,49 @@ def _gqa_plan(exercise: str, hidden: bool) -> list[tuple[tuple, list[_probe.Prob
     return plan.items()
 
 
+def _gqa_rungs() -> tuple[ladder.Rung, ...]:
+    """GroupedQueryAttention's ladder (:mod:`course_utils.checks.ladder`): one token and one head first, then T
+    == context_length, T < context_length, several heads with num_kv_groups == num_heads, then groups, then a
+    batch of 2. Each rung builds the module ``(d_in, d_out, context_length, dropout, num_heads, num_kv_groups)``
+    and runs one forward pass in eval() mode (``spec.run_forward``)."""
+    def r(build: tuple, shape: tuple, seed: int, adds: str, suspects: str) -> ladder.Rung:
+        b, T, _ = shape
+        name = (f"x {shape}, {build[4]} head{'s' if build[4] > 1 else ''}, {build[5]} key/value "
+                f"group{'s' if build[5] > 1 else ''}, context_length={build[2]}")
+        return ladder.Rung(Case(name, (rand(*shape, seed=seed),), build=build, mode="eval"), adds, suspects)
+    return (
+        r((4, 4, 1, 0.0, 1, 1), (1, 1, 4), 840, "", "the projections "
+          "W_query, W_key and W_value (keys and values num_kv_groups * head_dim wide), one query seeing its own key "
+          "only (its weight 1, so the output is out_proj of its value), and out_proj at the end?"),
+        r((4, 4, 3, 0.0, 1, 1), (1, 3, 4), 841, "several tokens (T = context_length)", "the attention over "
+          "several keys: the scores q @ k^T scaled by 1/sqrt(head_dim), the causal mask (-inf where the key is in "
+          "the future) before the softmax, the softmax over the keys (dim=-1, not the queries), then weights @ "
+          "values?"),
+        r((4, 4, 3, 0.0, 1, 1), (1, 2, 4), 841, "T < context_length", "the mask cut to the input's length: "
+          "mask[:T, :T] (T read from x), not the whole (context_length, context_length) buffer?"),
+        r((4, 8, 3, 0.0, 4, 4), (1, 3, 4), 842, "several heads (num_kv_groups == num_heads)", "the head split "
+          "and join: queries, keys AND values each viewed (b, T, heads, head_dim) then transposed to (b, heads, T, "
+          "head_dim), the context transposed back before .contiguous().view(b, T, d_out), the scale 1/sqrt(head_dim) "
+          "with head_dim = d_out // num_heads (not d_out), and repeat_kv's n_rep = num_heads // num_kv_groups (1 "
+          "here)?"),
+        r((4, 8, 3, 0.0, 4, 2), (1, 3, 4), 843, "key/value groups (num_kv_groups < num_heads)", "the groups: keys "
+          "and values split into num_kv_groups heads, (b, G, T, head_dim), then repeat_kv(..., n_rep = num_heads // "
+          "num_kv_groups) on both, along the head dimension (dim 1), so that query head h reads group h // n_rep?"),
+        r((4, 8, 3, 0.0, 4, 2), (2, 3, 4), 844, "a batch of 2", "the batch dimension: b read from x.shape and kept "
+          "in every view, transpose and matrix product (no dimension that mixes the sequences)?"),
+    )
+
+
+GQA_LADDER = ladder.Ladder(
+    "GroupedQueryAttention", _gqa_rungs,
+    lambda case: spec.run_forward(_expected.reference("GroupedQueryAttention"), case), runner="forward")
+
+
 def _gqa_steps(hidden: bool) -> list[spec.Step]:
-    """One probed construction per build of :func:`_gqa_plan` (``spec.probe_step``): what the judge reads."""
+    """One probed construction per build of :func:`_gqa_plan` (``spec.probe_step``): what the judge reads; then
+    the ladder's rungs."""
     return [spec.probe_step(build, [(p.mode, p.seed, p.copy, p.x, p.kwargs) for p in probes])
-            for build, probes in _gqa_plan("GroupedQueryAttention", hidden)]
+            for build, probes in _gqa_plan("GroupedQueryAttention", hidden)] + ladder.steps(GQA_LADDER, hidden)
 
 
 def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
@@ -1173,6 +1391,9 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     hidden = outcomes.hidden
     extra = hidden_cases(exercise) if hidden else {"configs": [], "not_dividing": []}
     configs = _gqa_configs() + extra["configs"]
+    ladder.record(GQA_LADDER)
+    smallest = lambda: ladder.diagnose(GQA_LADDER, outcomes)  # noqa: E731
+    plan = [step for step in plan if not ladder.is_rung(step)]
     views = probed.views(exercise, plan, outcomes)
 
     def view(build: tuple) -> spec.ModuleView:
@@ -1189,7 +1410,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
                 probed.output(exercise, view(build), "eval", None, case.args[0], f"{case.name}, built with {build}")
             except CheckFailed as error:
                 hint = diagnose(Case(case.name, case.args, build=build), getattr(error, "student_error", None) or error,
-                                None)
+                                None) or smallest()
                 if not hint:
                     raise
                 hinted = CheckFailed(f"{error} Hint: {hint}")
@@ -1202,7 +1423,8 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
             want = reference_output(exercise, mcase)
             if _expected.is_recording():
                 mistake_outputs(exercise, mcase)
-            spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose)
+            spec.judge_forward(exercise, view(build).forward("eval", 7, case.args[0]), want, mcase, diagnose=diagnose,
+                               smallest=smallest)
     for build in _GQA_NOT_DIVIDING + extra["not_dividing"]:
         found = view(build).built
         if "error" in found and is_stub_data(*found["error"]):
@@ -1227,7 +1449,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
 
 
 check_GroupedQueryAttention = spec.declare(spec.Spec(
-    "GroupedQueryAttention", _gqa_steps, _judge_gqa, runners={spec.MODULE: spec.run_module},
+    "GroupedQueryAttention", _gqa_steps, _judge_gqa, runners={spec.MODULE: spec.run_module, "forward": spec.run_forward},
     helpers=lambda: helper_checks(globals(), "GroupedQueryAttention")),
     """Outputs equal the expected ones for the same seed (MHA and MQA as special cases), no position sees
     the future, a clear error when ``num_kv_groups`` does not divide ``num_heads`` and a ValueError past
@@ -1405,21 +1627,43 @@ def _window_cases() -> list[Case]:
 _window_all = spec.with_hidden("sliding_window_mask", _window_cases)
 
 
+def _window_rungs() -> tuple[ladder.Rung, ...]:
+    """sliding_window_mask's ladder (:mod:`course_utils.checks.ladder`): a window that hides nothing of the past
+    first (window >= T: the causal mask), then smaller ones."""
+    def r(T: int, w: int, adds: str, suspects: str) -> ladder.Rung:
+        return ladder.Rung(Case(f"num_tokens={T}, window={w}", (T, w)), adds, suspects)
+    return (
+        r(3, 3, "", "the causal part, all a window >= T leaves: True where key j is in query i's future (j > i), a "
+          "bool (T, T) mask, and the distance measured from the query back to the key, i - j (not j - i)?"),
+        r(5, 2, "a window smaller than the sequence", "the window's far edge: query i keeps its window keys i - "
+          "window + 1 .. i (itself included), so key j is hidden where i - j >= window (>=, not >; i - j, not j - "
+          "i)?"),
+        r(4, 1, "window=1", "the smallest window: each query keeps only its own key, the diagonal (i - j >= 1 "
+          "hides every earlier key)?"),
+    )
+
+
+WINDOW_LADDER = ladder.Ladder("sliding_window_mask", _window_rungs,
+                              lambda case: _expected.reference("sliding_window_mask")(*case.args))
+
+
 def _window_plan(hidden: bool) -> list[spec.Step]:
     """The mask's calls, its call that must raise, and each case's mask made from the companion's ``mask_mod``
     (always planned: its runner says ``"absent"`` where the test cell gave none)."""
     cases = _window_all(hidden)
     return spec.calls(cases) + spec.calls([Case("num_tokens=4, window=0", (4, 0))], MUST_RAISE) + \
-        [spec.Step(f"{MOD_STEP}{case.key()}", case, "mask_mod") for case in cases]
+        [spec.Step(f"{MOD_STEP}{case.key()}", case, "mask_mod") for case in cases] + ladder.steps(WINDOW_LADDER, hidden)
 
 
 def _judge_window(plan: list[spec.Step], outcomes: spec.Outcomes, mod: object = _NO_MOD) -> str:
     """``mod``: the test cell's ``sliding_window_mask_mod`` (the grader's stand-in for it, outside), ``None``
     where it gave none."""
     exercise = "sliding_window_mask"
+    ladder.record(WINDOW_LADDER)
     mods = [s for s in plan if s.run == "mask_mod"]
-    compared, raising = _split([s for s in plan if s.run != "mask_mod"])
-    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_window_diagnosis)
+    compared, raising = _split([s for s in plan if s.run not in ("mask_mod", ladder.RUN)])
+    spec.compare_outcomes(exercise, compared, outcomes, diagnose=_window_diagnosis,
+                          smallest=_mask_ladder(WINDOW_LADDER, compared, outcomes))
     _bool_masks(exercise, compared, outcomes)
     if any(_returned(outcomes[step.key]) for step in raising):
         fail(exercise, "sliding_window_mask(4, 0) returned a mask: with window=0 a token could not even see itself "
@@ -1440,7 +1684,8 @@ def _judge_window(plan: list[spec.Step], outcomes: spec.Outcomes, mod: object = 
 
 
 _WINDOW_SPEC = spec.Spec("sliding_window_mask", _window_plan, _judge_window,
-                         runners={"mask_mod": lambda student, case: _mask_mod_run(_mod_of(student), case)})
+                         runners={"mask_mod": lambda student, case: _mask_mod_run(_mod_of(student), case),
+                                  ladder.RUN: ladder.call})
 
 
 @check
@@ -1453,7 +1698,8 @@ def check_sliding_window_mask(sliding_window_mask: Callable, sliding_window_mask
     run by a runner bound here to the companion the test cell gives."""
     mod = sliding_window_mask_mod
     bound = dataclasses.replace(_WINDOW_SPEC, judge=functools.partial(_judge_window, mod=mod),
-                                runners={"mask_mod": lambda student, case: _mask_mod_run(mod, case)})
+                                runners={"mask_mod": lambda student, case: _mask_mod_run(mod, case),
+                                         ladder.RUN: ladder.call})
     bound.check(sliding_window_mask, hidden)
 
 

@@ -47,7 +47,7 @@ from course_utils.checks import modules
 from course_utils.checks import probe as _probe
 from course_utils.checks import spec as _spec
 from course_utils.checks import probed, wire
-from course_utils.checks import symptoms
+from course_utils.checks import ladder, symptoms
 from course_utils.checks.cached import cached_trace, check_cached_path, piece_sizes, trace_has_form
 from course_utils.checks.core import (
     NOT_IMPLEMENTED,
@@ -1141,14 +1141,58 @@ def _step_specs() -> list[dict]:
     ]
 
 
+def _step_rungs() -> tuple[ladder.Rung, ...]:
+    """train_step's ladder (:mod:`course_utils.checks.ladder`): one SGD step on one row, then two steps, a batch
+    of 2 with its own answer start per row, then AdamW. Each rung is a run of :func:`step_trace` (the ``"steps"``
+    runner) on a tiny stand-in model."""
+    def r(b: int, answer_from: int | list, optimizer: str, steps: int, adds: str, suspects: str) -> ladder.Rung:
+        spec = {"vocab_size": 5, "d": 4, "b": b, "T": 3, "answer_from": answer_from, "optimizer": optimizer,
+                "steps": steps, "seed": 9046}
+        return ladder.Rung(_step_case(spec), adds, suspects)
+    return (
+        r(1, 1, "SGD", 1, "", "logits = model(inputs), the loss F.cross_entropy(logits["
+          "answer_mask], targets[answer_mask]) (the logits first, then the targets; the answer positions only; "
+          "their mean), then optimizer.zero_grad(), loss.backward(), optimizer.step() in that order, and "
+          "loss.item() returned?"),
+        r(1, 1, "SGD", 2, "a second step", "what carries over from one step to the next: the gradients zeroed "
+          "before each backward (optimizer.zero_grad() on every call, before loss.backward()), and one "
+          "optimizer.step() per call?"),
+        r(2, [1, 2], "SGD", 2, "a batch of 2 (each row its own answer start)", "the mask across the batch: "
+          "logits[answer_mask] (the answer positions of every row, (n, vocab_size)) with targets[answer_mask] at the "
+          "same positions, and one mean over all of them (not per row, not over the whole batch)?"),
+        r(2, [1, 2], "AdamW", 2, "an optimizer with a state (AdamW)", "the optimizer given, used as it is: no new "
+          "optimizer and no change of its settings inside train_step, one optimizer.step() per call?"),
+    )
+
+
+def _step_rung_output(found: object) -> object:
+    """A rung's run (:func:`_step_run`) as the ladder compares it: ``(the losses, the parameters after the last
+    step, joined)``; anything else as it is (not the expected form)."""
+    if not (isinstance(found, list) and len(found) == 4 and all(isinstance(f, list) and f for f in found)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in found[0])
+            and isinstance(found[3][-1], list) and all(isinstance(t, torch.Tensor) for t in found[3][-1])):
+        return found
+    return (torch.tensor(found[0], dtype=torch.float64), torch.cat([t.detach().flatten() for t in found[3][-1]]))
+
+
+STEP_LADDER = ladder.Ladder(
+    "train_step", _step_rungs, lambda case: _step_rung_output(_step_run(_expected.reference("train_step"), case)),
+    lambda pair: [("the loss", pair[0]), ("the model after the steps", pair[1])], runner="steps",
+    output=_step_rung_output, twins=False)
+
+
 def _step_plan(hidden: bool) -> list[_spec.Step]:
-    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model."""
+    """One step per spec of :func:`step_trace`: the whole run of ``train_step`` on a fresh stand-in model; then
+    the ladder's rungs."""
     specs = _step_specs() + (list(hidden_cases("train_step")) if hidden else [])
-    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs]
+    return [_spec.Step(_step_spec_name(s), _step_case(s), "steps") for s in specs] + ladder.steps(STEP_LADDER, hidden)
 
 
 def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "train_step"
+    ladder.record(STEP_LADDER)
+    smallest = lambda: ladder.diagnose(STEP_LADDER, outcomes)  # noqa: E731
+    plan = [step for step in plan if not ladder.is_rung(step)]
     specs = [step.case.kwargs for step in plan]
     if any(s.get("dropout") for s in specs) and not random_outputs_comparable(exercise):
         plan = [step for step in plan if not step.case.kwargs.get("dropout")]
@@ -1166,7 +1210,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 fail(exercise, f"your code raised {type(found).__name__}: {found}.", case)
             except CheckFailed as error:
                 error.student_error = found
-                raise _hinted(error, _step_error_hint(found)) from found
+                raise _hinted(error, _step_error_hint(found) or smallest()) from found
         got = _step_trace_of(found, spec)
         problem = _trace_problem(want, got)
         if problem is None:
@@ -1181,7 +1225,7 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
             if _same_trace(output, got):
                 hint = mistake_hint
                 break
-        hint = hint or _step_diagnose(want, got, k, spec)
+        hint = hint or _step_diagnose(want, got, k, spec) or smallest()
         try:
             fail(exercise, problem.rstrip(".") + ".", case)
         except CheckFailed as error:
@@ -1367,8 +1411,9 @@ def _same_generation(a: dict, b: dict) -> bool:
     return True
 
 
-def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
-    """What the model's calls say about a ``generate`` whose calls differ from ours (answer-free)."""
+def _calls_hint(spec: dict, want_calls: list, got_calls: list, raised: bool = False) -> str | None:
+    """What the model's calls say about a ``generate`` whose calls differ from ours (answer-free). ``raised``:
+    ``generate`` raised, so fewer calls than reads are its consequence, not a cause (issue 36): not said."""
     got = [tuple(c) for c in got_calls]
     want = [tuple(c) for c in want_calls]
     if got == want:
@@ -1392,7 +1437,7 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list) -> str | None:
     elif want and got and got[-1][0] != want[-1][0]:
         return ("without the cache every step reads the whole sequence so far, model(tokens), prompt and new tokens "
                 "together.")
-    if len(got) != len(want):
+    if len(got) != len(want) and not (raised and len(got) < len(want)):
         return (f"the model was called {len(got)} times for {len(want)} reads: one call per new token, and none "
                 f"after the last one (the last new token is never read).")
     return None
@@ -1648,12 +1693,78 @@ def _generate_specs() -> list[dict]:
     return specs + errors
 
 
+def _generate_rungs() -> tuple[ladder.Rung, ...]:
+    """generate's ladder (:mod:`course_utils.checks.ladder`): greedy, batch 1, one new token; then several new
+    tokens, batch 2, the cache, sampling, a temperature, top_k. Each rung is one call of ``generate`` on a fresh
+    stand-in model (:func:`generate_trace`, the ``"generate"`` runner)."""
+    base = {"vocab_size": 7, "d": 6, "context_length": 12, "top_k": None, "prefill": 0}
+
+    def r(name: str, b: int, n: int, temperature: float, top_k: int | None, use_cache: bool, seed: int, adds: str,
+          suspects: str) -> ladder.Rung:
+        spec = {**base, "name": name, "b": b, "runs": [(2, n)], "temperature": temperature, "top_k": top_k,
+                "use_cache": use_cache, "seed": seed}
+        return ladder.Rung(_generate_case(spec), adds, suspects)
+    return (
+        r("greedy, prompt (1, 2), 1 new token, without the cache", 1, 1, 0.0, None, False, 9070, "",
+          "the model read on the prompt, the logits of its LAST position (logits[:, -1, :], (b, V)), with "
+          "temperature 0 their argmax over the vocabulary (dim=-1, keepdim=True: token ids, not values; no "
+          "division by the temperature first), and the new token appended after the prompt (torch.cat([tokens, "
+          "new], dim=1): the output (b, T0 + max_new_tokens), prompt first)?"),
+        r("greedy, prompt (1, 2), 3 new tokens, without the cache", 1, 3, 0.0, None, False, 9070,
+          "several new tokens", "the loop: max_new_tokens steps, each reading the whole sequence so far "
+          "(model(tokens), prompt and new tokens, not the prompt alone) and appending its token, so that the next "
+          "step reads it?"),
+        r("greedy, prompt (2, 2), 3 new tokens, without the cache", 2, 3, 0.0, None, False, 9071, "batch 2",
+          "something that mixes the batch rows: the last position of EACH row (logits[:, -1, :], not logits[-1]), "
+          "the argmax over the vocabulary (dim=-1, not dim=0), the new tokens appended along the tokens (dim=1, not "
+          "dim=0)?"),
+        r("greedy, prompt (2, 2), 3 new tokens, with the cache", 2, 3, 0.0, None, True, 9071, "the cache",
+          "the cached path: reset_cache() first, the whole prompt read once with use_cache=True, then only the "
+          "newest token (tokens[:, -1:]) per step with use_cache=True, its logits logits[:, -1, :], and no read "
+          "after the last new token?"),
+        r("sampling at temperature 1.0, prompt (2, 2), 5 new tokens, with the cache", 2, 5, 1.0, None, True, 9072,
+          "sampling (temperature 1.0)", "the sampling branch (temperature > 0): torch.multinomial on the "
+          "probabilities softmax(logits, dim=-1) (not on the logits, not softmax over the batch), one sample per "
+          "row, (b, 1) token ids?"),
+        r("sampling at temperature 0.5, prompt (2, 2), 5 new tokens, with the cache", 2, 5, 0.5, None, True, 9072,
+          "a temperature other than 1", "the temperature: the logits divided by it (logits / temperature, not "
+          "multiplied) BEFORE the softmax?"),
+        r("top_k=3 at temperature 2.0, prompt (2, 2), 8 new tokens, with the cache", 2, 8, 2.0, 3, True, 9073,
+          "top_k", "top_k, row by row: the k-th largest logit of each row (torch.topk(logits, k, dim=-1).values[:, "
+          "-1:], exactly k kept, k clipped only to the vocabulary, min(top_k, logits.shape[-1])), the logits below it "
+          "set to -inf before the softmax, on the logits already divided by the temperature?"),
+    )
+
+
+GENERATE_LADDER = ladder.Ladder(
+    "generate", _generate_rungs,
+    lambda case: _generate_rung_output(_generate_run(_expected.reference("generate"), case)),
+    lambda pair: [("the output", pair[0]), ("the model's calls", pair[1])], runner="generate",
+    output=lambda found: _generate_rung_output(found), twins=False)
+#: The same rungs where sampled tokens are not compared (:func:`random_outputs_comparable`): the greedy ones.
+GREEDY_LADDER = ladder.Ladder(
+    "generate", lambda: GENERATE_LADDER.rungs[:4], GENERATE_LADDER.reference, GENERATE_LADDER.parts,
+    runner="generate", output=GENERATE_LADDER.output, twins=False)
+
+
+def _generate_rung_output(found: object) -> object:
+    """A rung's outcome (:func:`_generate_run`, one call of ``generate``) as the ladder compares it: ``(tokens,
+    the model's calls)``, or the error ``generate`` raised (an exception of its type name, not raised)."""
+    if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], list) and len(found[0]) == 3):
+        return found
+    out, error, calls = found[0]
+    if isinstance(error, list) and len(error) == 2 and all(isinstance(e, str) for e in error):
+        return wire.error_of(*error)
+    return (out, calls)
+
+
 def _generate_plan(hidden: bool) -> list[_spec.Step]:
     """One step per spec of :func:`generate_trace`: every call of ``generate`` on a fresh stand-in model; then
-    what the exercise states beyond the tokens (:func:`_leaves_run`)."""
+    what the exercise states beyond the tokens (:func:`_leaves_run`), then the ladder's rungs."""
     specs = _generate_specs() + (list(hidden_cases("generate")) if hidden else [])
     return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs] + \
-        [_spec.Step(s["name"], Case(s["name"], (), dict(s)), LEAVES) for s in _LEAVES_SPECS]
+        [_spec.Step(s["name"], Case(s["name"], (), dict(s)), LEAVES) for s in _LEAVES_SPECS] + \
+        ladder.steps(GENERATE_LADDER, hidden)
 
 
 #: The runner of the steps that check what the exercise states beyond the tokens (:func:`_leaves_run`).
@@ -1724,13 +1835,17 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "generate"
-    leaves, plan = plan, [step for step in plan if step.run != LEAVES]
+    leaves, plan = plan, [step for step in plan if step.run != LEAVES and not ladder.is_rung(step)]
     specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
+    rungs = GENERATE_LADDER
+    ladder.record(GENERATE_LADDER)
     if sampled and not random_outputs_comparable(exercise, "sampling"):
         plan = [step for step in plan if step.case.kwargs not in sampled]
         compared = "greedy decoding"
+        rungs = GREEDY_LADDER
+    smallest = lambda: ladder.diagnose(rungs, outcomes)  # noqa: E731
     for step in plan:
         spec = step.case.kwargs
         case = Case(spec["name"], (spec,))
@@ -1754,7 +1869,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
             if g["error"] is not None:
                 hint = (_loop_error_hint(spec, k, g["error"], g["calls"])
                         or symptoms.error_hint(RuntimeError(str(g["error"][1])))
-                        or _calls_hint(spec, w["calls"], g["calls"]))
+                        or _calls_hint(spec, w["calls"], g["calls"], raised=True) or smallest())
                 try:
                     fail(exercise, f"{where}: {call}generate raised {g['error'][0]}: {g['error'][1]}; the model's "
                                    f"calls were: {_calls_text(g['calls'])}.", case)
@@ -1772,7 +1887,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                         break
             if hint is None:
                 hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
-                        or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"]))
+                        or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"])
+                        or smallest())
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
                                f"expected: {_calls_text(w['calls'])}")
             try:

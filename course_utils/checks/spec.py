@@ -310,17 +310,19 @@ def expected_output(exercise: str, case: Case, reference: str | None = None) -> 
 
 def compare_outcomes(exercise: str, plan: Sequence[Step], outcomes: Outcomes, *, reference: str | None = None,
                      atol: float = 1e-5, rtol: float = 1e-4, diagnose: core.Diagnose | None = None,
-                     diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None) -> str:
+                     diagnose_for: Callable[[Outcomes], core.Diagnose] | None = None,
+                     smallest: Callable[[], str | None] = lambda: None) -> str:
     """The judge of a function exercise: each :data:`CALL` step's outcome against the reference's output
     on its case, in the plan's order; the ✅ line's text when all agree. ``diagnose_for(outcomes)``: a
-    diagnose that reads the student's code (``outcomes.student``) or other outcomes, instead of ``diagnose``."""
+    diagnose that reads the student's code (``outcomes.student``) or other outcomes, instead of ``diagnose``.
+    ``smallest()``: the exercise's ladder, the last hint (:func:`judge_case`)."""
     if diagnose_for is not None:
         diagnose = diagnose_for(outcomes)
     steps = [s for s in plan if s.run == CALL]
     for step in steps:
         want = expected_output(exercise, step.case, reference)
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), want, step.case,
-                   atol=atol, rtol=rtol, diagnose=diagnose)
+                   atol=atol, rtol=rtol, diagnose=diagnose, smallest=smallest)
     return f"{len(steps)} cases agree with the reference ({'; '.join(s.case.name for s in steps)})"
 
 
@@ -414,16 +416,19 @@ def judge_build(exercise: str, built: Any, case: Case, *, reference: str | None 
 
 
 def judge_forward(exercise: str, got: Any, want: Any, case: Case, *, atol: float = 1e-5, rtol: float = 1e-4,
-                  diagnose: core.Diagnose | None = None) -> None:
-    """Fail if one forward pass's outcome ``got`` is not ``want`` (``core._compare_forward``'s words)."""
+                  diagnose: core.Diagnose | None = None, smallest: Callable[[], str | None] = lambda: None) -> None:
+    """Fail if one forward pass's outcome ``got`` is not ``want`` (``core._compare_forward``'s words); the hint is
+    ``core.explain``'s, else ``smallest()`` (the exercise's ladder, :mod:`course_utils.checks.ladder`)."""
     label = Case(f"{case.name}, {case.mode}() mode, built with {case.build}", case.args, case.kwargs)
     if isinstance(got, BaseException):
-        raise core._hinted(raised(exercise, got, label), core.explain(exercise, case, got, want, diagnose)) from None
+        raise core._hinted(raised(exercise, got, label),
+                           core.explain(exercise, case, got, want, diagnose) or smallest()) from None
     problem = core._difference(want, got, atol, rtol)
     if problem:
         hint = core.explain(exercise, case, got, want, diagnose)
         if hint is None and case.mode == "train":
             hint = "dropout must act on the attention weights, after softmax, and only in training mode."
+        hint = hint or smallest()
         try:
             core.fail(exercise, f"{core._sentence(problem)} Input shape {core.describe_shape(case.args[0])}.", label)
         except core.CheckFailed as error:

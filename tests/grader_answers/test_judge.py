@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 import torch
 
-from course_utils.checks import layouts, probe, wire
+from course_utils.checks import ladder, layouts, probe, wire
 from grader import autograde, course, intake, judge
 from tests.fixtures.answers import load
 from tests.support import harness
@@ -1078,11 +1078,13 @@ def test_the_calls_that_must_raise_are_judged_outside(tmp_path, honest_decode):
 
 
 def _plans(exercises: tuple[str, ...]) -> dict[str, tuple[list[str], int]]:
-    """exercise -> (the keys of its hidden plan, the number of its visible steps), as the grader builds them (to be
-    read before a kernel's inputs are set: there the hidden cases come only from the plan sent in)."""
+    """exercise -> (the keys of its hidden plan, the number of its visible steps but a ladder's rungs, which run in
+    the visible plan only), as the grader builds them (to be read before a kernel's inputs are set: there the
+    hidden cases come only from the plan sent in)."""
     from course_utils import checks
 
-    return {e: ([s.key for s in checks.SPECS[e].steps(True)], len(checks.SPECS[e].steps(False))) for e in exercises}
+    return {e: ([s.key for s in checks.SPECS[e].steps(True)],
+                len([s for s in checks.SPECS[e].steps(False) if not ladder.is_rung(s)])) for e in exercises}
 
 
 def _hidden_in_plan(exercise: str, hidden: list, plans: dict) -> None:
@@ -1161,7 +1163,8 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
         handoff.remove()
     # one record per try and per check call: the visible plan's two tries, then the hidden plan's
     assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1), ("hidden", 2)]
-    assert all("error" in o for _, o in records[0]["outcomes"]) and all("result" in o for _, o in records[1]["outcomes"])
+    cases = [[(k, o) for k, o in r["outcomes"] if not k.startswith(ladder.PREFIX)] for r in records[:2]]  # not rungs
+    assert all("error" in o for _, o in cases[0]) and all("result" in o for _, o in cases[1])
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
     assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
     both = _copy(records)
@@ -1434,7 +1437,7 @@ def test_an_honest_online_softmax_hand_off_passes(tmp_path, honest_online):
     """The outputs of every case, then what the watcher saw of the streaming run: no whole row reduced (for the
     visible check call, then for the hidden one), then, in the visible plan only, the ladder's rungs
     (checks/ladder.py: tiny cases, each its output)."""
-    from course_utils.checks import ladder, nb07
+    from course_utils.checks import nb07
 
     records, sources = honest_online
     assert [r["plan"] for r in records] == ["visible", "hidden"]
@@ -1484,7 +1487,7 @@ def test_an_honest_flash_hand_off_passes(tmp_path, honest_flash):
     """Per case its (out, lse), then what the watcher saw of it: the first (T, T) tensor made, if any, and the
     score entries computed; then one more watched run of its own, per check call; the bfloat16 case; then the
     ladder's rungs (checks/ladder.py: tiny cases, each its (out, lse))."""
-    from course_utils.checks import ladder, nb07
+    from course_utils.checks import nb07
 
     records, sources = honest_flash
     counts = []
@@ -1889,7 +1892,8 @@ def test_notebook_09s_hidden_cases_reach_the_kernel_as_data(monkeypatch):
     from course_utils import checks
 
     plans = _plans(("train_step", "generate", "LearnedPositionalEmbedding", "TransformerBlock", "TinyGPT"))
-    traced = {e: len([s for s in checks.SPECS[e].steps(False) if s.run in ("steps", "generate")])
+    traced = {e: len([s for s in checks.SPECS[e].steps(False) if s.run in ("steps", "generate")
+                      and not ladder.is_rung(s)])
               for e in ("train_step", "generate")}  # the visible traces (generate's plan has steps of other runs)
     handoff = judge.prepare(NB09)
     try:
