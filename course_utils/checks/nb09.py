@@ -101,7 +101,24 @@ def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
     if torch.allclose(got[0], torch.zeros(d)):
         return ("row 0 is all zeros: cos(0) = 1, so position 0 is [0, 1, 0, 1, ...]. Are the odd columns filled with "
                 "cos?")
-    return None
+    return _frequency_hint(got.double(), want.double())
+
+
+def _frequency_hint(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Where every column pair of ``got`` ``(P, d)`` is the sine and cosine of one angle (the layout right) but the
+    angles are not ours: the first pair whose frequency (its angle at position 1) differs, read off both."""
+    P, d = want.shape
+    if P < 2 or d < 2 or not torch.allclose(got[:, 0::2] ** 2 + got[:, 1::2] ** 2, torch.ones_like(got[:, 0::2]), atol=1e-3):
+        return None
+    turned, meant = torch.atan2(got[1, 0::2], got[1, 1::2]), torch.atan2(want[1, 0::2], want[1, 1::2])
+    off = [i for i in range(d // 2) if abs(float(turned[i] - meant[i])) > 1e-3]
+    if not off:
+        return None
+    i = off[0]
+    return (f"each column pair holds the sine and cosine of one angle, but the angles are off: pair {i} (columns "
+            f"{2 * i}, {2 * i + 1}) turns by {float(turned[i]):.3g} per position, where 1 / 10000 ** ({2 * i} / {d}) = "
+            f"{float(meant[i]):.3g}. The frequency of pair i is 1 / 10000 ** (2i / d_model): mind the parentheses "
+            f"around the exponent.")
 
 
 #: The key of ``sinusoidal_positions``' call with an odd ``d_model``, which must raise.
@@ -1432,6 +1449,12 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list, raised: bool = Fa
         if want and got and got[0][0] != want[0][0]:
             return (f"the first call read {got[0][0]} tokens: read the whole prompt ({want[0][0]} tokens) in one "
                     f"call with use_cache=True.")
+        for i in range(1, len(got)):  # a cached call finds every token read since the prompt, unless emptied
+            read = sum(n for n, _, _ in got[:i])
+            if got[i][1] and got[i][2] < read and all(c[1] for c in got[:i]):
+                return (f"call {i + 1} found {got[i][2]} tokens in the cache where the calls before it had read {read}: "
+                        f"the cache was emptied between steps, so each new token was read without the tokens before "
+                        f"it. Call model.reset_cache() once before the prompt and once after the loop, not inside it.")
     elif any(c[1] for c in got):
         return "use_cache=False was asked, but the model was called with use_cache=True: read model(tokens) every step."
     elif want and got and got[-1][0] != want[-1][0]:
@@ -1441,6 +1464,24 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list, raised: bool = Fa
         return (f"the model was called {len(got)} times for {len(want)} reads: one call per new token, and none "
                 f"after the last one (the last new token is never read).")
     return None
+
+
+@symptoms.bonus
+def _temperature_order_hint(spec: dict, error: list, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> str | None:
+    """Where torch.multinomial refused a row with top_k at a temperature other than 1, while every case with top_k
+    at temperature 1 ran: the top-k threshold and the logits it masks were taken on different sides of the
+    division by the temperature (issue 36), which at temperature 1 are the same."""
+    if "probability tensor contains" not in error[1] or not spec.get("top_k") or spec["temperature"] in (0, 1):
+        return None
+    at_one = [step for step in plan if step.case.kwargs.get("top_k") and step.case.kwargs.get("temperature") == 1.0
+              and "says" not in step.case.kwargs]
+    if not at_one or any(run["error"] is not None for step in at_one
+                         for run in _generate_trace_of(outcomes[step.key], step.case.kwargs)["runs"]):
+        return None
+    return (f"top_k sampled at temperature 1, but at temperature {spec['temperature']} the top-k mask left a row with "
+            f"no token: the k-th largest logit and the logits it masks were taken on different sides of the division "
+            f"by the temperature (at temperature 1 both sides are the same). Divide first, logits = logits / "
+            f"temperature, then take the k-th largest of those and mask the logits below it.")
 
 
 @symptoms.bonus
@@ -1764,6 +1805,7 @@ def _generate_plan(hidden: bool) -> list[_spec.Step]:
     specs = _generate_specs() + (list(hidden_cases("generate")) if hidden else [])
     return [_spec.Step(s["name"], _generate_case(s), "generate") for s in specs] + \
         [_spec.Step(s["name"], Case(s["name"], (), dict(s)), LEAVES) for s in _LEAVES_SPECS] + \
+        [_spec.Step(_SEEDS_SPEC["name"], Case(_SEEDS_SPEC["name"], (), dict(_SEEDS_SPEC)), SEEDS)] + \
         ladder.steps(GENERATE_LADDER, hidden)
 
 
@@ -1774,7 +1816,44 @@ _LEAVES_SPECS = [
      "n": 4, "temperature": 0.0, "top_k": None, "seed": 9059},
     {"name": "top_k larger than the vocabulary", "vocab_size": 7, "d": 6, "context_length": 12, "b": 2, "T0": 3,
      "n": 4, "temperature": 1.0, "top_k": 10, "seed": 9059},
+    {"name": "generate without the cache on a model in train() mode", "vocab_size": 7, "d": 6, "context_length": 12,
+     "b": 2, "T0": 3, "n": 4, "temperature": 0.0, "top_k": None, "seed": 9059, "use_cache": False},
 ]
+
+
+#: The runner of the step that asks whether ``generate`` draws from the caller's seed (:func:`_seeds_run`).
+SEEDS = "seeds"
+_SEEDS_SPEC = {"name": "sampling after two different seeds", "vocab_size": 7, "d": 6, "context_length": 12, "b": 2,
+               "T0": 3, "n": 6, "temperature": 1.0, "seed": 9059, "seeds": [1, 2]}
+
+
+def _seeds_run(generate: Callable, case: Case) -> list:
+    """``generate`` sampling (temperature 1, with the cache) on the same stand-in model and prompt after
+    ``torch.manual_seed(s)`` for each seed ``s`` of the case, as plain data: each run's tokens ``(b, T0 + n)`` as
+    nested lists of ints, or ``None`` where it gave no tensor. Our ``generate`` draws different tokens after
+    seeds 1 and 2; the same tokens say that ``generate`` seeds the generator itself (issue 36)."""
+    spec = case.kwargs
+    manual_seed(spec["seed"])
+    model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"]).eval()
+    prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
+    runs = []
+    for seed in spec["seeds"]:
+        manual_seed(seed)
+        out = generate(model, prompt.clone(), spec["n"], temperature=spec["temperature"], top_k=None, use_cache=True)
+        runs.append(out.tolist() if isinstance(out, torch.Tensor) and out.dtype == torch.long else None)
+    return runs
+
+
+def _seeds_hint(steps: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> str | None:
+    """Where sampled tokens differ from ours: whether ``generate`` drew the same tokens after two different seeds
+    (:func:`_seeds_run`), which says it seeds the generator itself."""
+    for step in steps:
+        found = outcomes[step.key]
+        if isinstance(found, list) and len(found) == 2 and found[0] is not None and found[0] == found[1]:
+            return ("generate drew the same tokens after torch.manual_seed(1) and after torch.manual_seed(2): it "
+                    "does not draw from the caller's seed. Does it call torch.manual_seed itself? Seeding is the "
+                    "caller's job; generate only draws, with torch.multinomial.")
+    return None
 
 
 class _WatchedLM(CachedStandInLM):
@@ -1790,7 +1869,8 @@ class _WatchedLM(CachedStandInLM):
 
 
 def _leaves_run(generate: Callable, case: Case) -> list:
-    """``generate`` with the cache on a stand-in model left in ``train()`` mode, as plain data: ``[whether the
+    """``generate`` (with the cache unless the case says ``use_cache``) on a stand-in model left in ``train()`` mode,
+    as plain data: ``[whether the
     model was in train() mode at each call, the tokens still cached afterwards, the output's shape]`` (issue 36:
     what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a ``top_k`` larger than the
     vocabulary that keeps every token)."""
@@ -1799,7 +1879,8 @@ def _leaves_run(generate: Callable, case: Case) -> list:
     model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
     model.train()
     prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
-    out = generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=spec["top_k"], use_cache=True)
+    out = generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=spec["top_k"],
+                   use_cache=spec.get("use_cache", True))
     return [[bool(m) for m in model.modes], int(model.num_cached),
             list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__]
 
@@ -1825,8 +1906,11 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
             _spec.refuse(exercise, "calls on a model in train() mode")
         modes, cached, _ = found
         if any(modes):
-            fail(exercise, "the model was in train() mode while generate called it: call model.eval() first, as the "
-                           "exercise says (dropout must be off while generating).", case)
+            without = spec.get("use_cache", True) is False
+            fail(exercise, "the model was in train() mode while generate called it" +
+                 (" with use_cache=False" if without else "") + ": call model.eval() first, as the exercise says" +
+                 (", whether or not the cache is used" if without else "") + " (dropout must be off while generating).",
+                 case)
         if cached:
             fail(exercise, f"after generate the model's cache still holds {cached} tokens: call model.reset_cache() at "
                            f"the end too, as the exercise says, so that the model's next call starts a new sequence.",
@@ -1835,7 +1919,8 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "generate"
-    leaves, plan = plan, [step for step in plan if step.run != LEAVES and not ladder.is_rung(step)]
+    leaves, plan = plan, [step for step in plan if step.run not in (LEAVES, SEEDS) and not ladder.is_rung(step)]
+    seeds = [step for step in leaves if step.run == SEEDS]
     specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]
     compared = "greedy and seeded sampling (temperature, top_k)"
@@ -1867,7 +1952,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                     fail(exercise, f"{where}: {call}{found[0]}.", case)
                 continue
             if g["error"] is not None:
-                hint = (_loop_error_hint(spec, k, g["error"], g["calls"])
+                hint = (_temperature_order_hint(spec, g["error"], plan, outcomes)
+                        or _loop_error_hint(spec, k, g["error"], g["calls"])
                         or symptoms.error_hint(RuntimeError(str(g["error"][1])))
                         or _calls_hint(spec, w["calls"], g["calls"], raised=True) or smallest())
                 try:
@@ -1885,6 +1971,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                     if _same_generation(output, got):
                         hint = mistake_hint
                         break
+            if hint is None and spec.get("temperature", 0) > 0:
+                hint = _seeds_hint(seeds, outcomes)
             if hint is None:
                 hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
                         or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"])
@@ -1902,6 +1990,6 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
 
 
 check_generate = _spec.declare(_spec.Spec("generate", _generate_plan, _judge_generate,
-                                          runners={"generate": _generate_run, LEAVES: _leaves_run}),
+                                          runners={"generate": _generate_run, LEAVES: _leaves_run, SEEDS: _seeds_run}),
                                """Check ``generate(model, prompt_ids, max_new_tokens, temperature, top_k,
     use_cache)`` on a stand-in model.""")
