@@ -221,6 +221,10 @@ def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
                 f"cos/sin caches repeat the angles for both halves; that comes later, in apply_rope.)")
     if tuple(got.shape) == (head_dim // 2, max_positions):
         return "the axes are swapped: one row per position, one column per pair, (max_positions, head_dim // 2)."
+    if got.dim() == 2 and got.shape[0] == max_positions and 0 < got.shape[1] < head_dim // 2:
+        return (f"{got.shape[1]} frequencies where there is one per pair of dimensions, head_dim // 2 = {head_dim // 2}: "
+                f"the pair indices 2i run over the whole head, torch.arange(0, head_dim, 2) (not up to head_dim // 2), "
+                f"and the exponent is 2i / head_dim.")
     return None
 
 
@@ -282,6 +286,12 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
         return (f"the angle table has {D // 4} columns where each half of x has {D // 2}: it was built for head_dim "
                 f"{D // 2}. Build it for the whole head, rope_angles(head_dim={D}, ...): (max_positions, head_dim // "
                 f"2), one angle per pair.")
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.dim() == want.dim() >= 2 \
+            and got.shape[-1] * 2 == want.shape[-1] and got.shape[-2] == 2 * want.shape[-2] \
+            and got.shape[:-2] == want.shape[:-2]:
+        return (f"the output is {tuple(got.shape)}: twice the tokens, half the features. The two turned halves, each "
+                f"(..., T, D // 2), were joined along the tokens (dim=-2): join them along the features, "
+                f"torch.cat([..., ...], dim=-1), to give back (..., T, D) = {tuple(want.shape)}.")
     if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape \
             and isinstance(positions, torch.Tensor) and D % 2 == 0:
         angle = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (T, D/2)
@@ -1468,6 +1478,11 @@ def _window_diagnosis(case: Case, got: object, want: object) -> str | None:
         return None
     T, window = case.args
     i, j = at
+    rows, cols = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    future, far = cols > rows, rows - cols >= window
+    if bool(want.any()) and torch.equal(got.bool(), future & far):
+        return ("the mask hides a key only when it is both in the future AND too far back, which never happens: a key "
+                "is hidden when it is in the future OR too far back, (j > i) | (i - j >= window).")
     if bool(want[i, j]):
         why = "the future" if j > i else f"{i - j} positions back, and a window of {window} keeps {window} keys: " \
                                           f"the query itself and the {window - 1} before it"
