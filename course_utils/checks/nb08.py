@@ -375,7 +375,7 @@ ROPE_LADDER = ladder.Ladder("apply_rope", _rope_rungs,
 
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     ladder.record(ROPE_LADDER)
-    compared = [s for s in plan if not s.key.startswith(HALF)]
+    compared = [s for s in plan if not s.key.startswith(HALF) and not ladder.is_rung(s)]
     spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis,
                           smallest=lambda: ladder.diagnose(ROPE_LADDER, outcomes))
     for step in plan:
