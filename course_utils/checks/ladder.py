@@ -94,8 +94,8 @@ def steps(ladder: Ladder, hidden: bool = False) -> list:
 
 
 def is_rung(step: Any) -> bool:
-    """Whether a plan's step is a rung (the judge's loops over cases leave them out)."""
-    return str(getattr(step, "key", "")).startswith(PREFIX)
+    """Whether a plan's step (or a step's key) is a rung (``spec.Spec.verdict`` leaves them out of the judge's plan)."""
+    return str(step if isinstance(step, str) else getattr(step, "key", "")).startswith(PREFIX)
 
 
 def _outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:

@@ -828,8 +828,6 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
         case = step.case
-        if ladder.is_rung(step):
-            continue
         if step.run == "structure":
             _judge_structure(exercise, outcomes, step)
             continue
@@ -941,7 +939,6 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ladder.record(KERNEL_LADDER)
     smallest = lambda defer=0: ladder.diagnose(KERNEL_LADDER, outcomes, defer)  # noqa: E731
     devices = set()
-    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         case = step.case
         want = _triton_expected(exercise, case)

@@ -183,7 +183,7 @@ DECODE_LADDER = ladder.Ladder("decode_causal_mask", _decode_rungs,
 def _judge_decode(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "decode_causal_mask"
     ladder.record(DECODE_LADDER)
-    compared, raising = _split([s for s in plan if not ladder.is_rung(s)])
+    compared, raising = _split(plan)
     spec.compare_outcomes(exercise, compared, outcomes, diagnose=_decode_mask_diagnosis,
                           smallest=_mask_ladder(DECODE_LADDER, compared, outcomes))
     _bool_masks(exercise, compared, outcomes)
@@ -375,7 +375,7 @@ ROPE_LADDER = ladder.Ladder("apply_rope", _rope_rungs,
 
 def _judge_rope(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     ladder.record(ROPE_LADDER)
-    compared = [s for s in plan if not s.key.startswith(HALF) and not ladder.is_rung(s)]
+    compared = [s for s in plan if not s.key.startswith(HALF)]
     spec.compare_outcomes("apply_rope", compared, outcomes, diagnose=_rope_diagnosis,
                           smallest=lambda: ladder.diagnose(ROPE_LADDER, outcomes))
     for step in plan:
@@ -1056,7 +1056,6 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     cases, full, full_rope = _kv_setup(exercise, outcomes.hidden)
     ladder.record(KV_LADDER)
     smallest = lambda: ladder.diagnose(KV_LADDER, outcomes)  # noqa: E731
-    plan = [step for step in plan if not ladder.is_rung(step)]
     views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
     by_build: dict[tuple, SessionView] = {}
     for step in plan:
@@ -1193,7 +1192,6 @@ REPEAT_LADDER = ladder.Ladder("repeat_kv", _repeat_rungs,
 
 def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     ladder.record(REPEAT_LADDER)
-    plan = [step for step in plan if not ladder.is_rung(step)]
     spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis,
                           smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
@@ -1403,7 +1401,6 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     configs = _gqa_configs() + extra["configs"]
     ladder.record(GQA_LADDER)
     smallest = lambda: ladder.diagnose(GQA_LADDER, outcomes)  # noqa: E731
-    plan = [step for step in plan if not ladder.is_rung(step)]
     views = probed.views(exercise, plan, outcomes)
 
     def view(build: tuple) -> spec.ModuleView:
@@ -1676,7 +1673,7 @@ def _judge_window(plan: list[spec.Step], outcomes: spec.Outcomes, mod: object = 
     exercise = "sliding_window_mask"
     ladder.record(WINDOW_LADDER)
     mods = [s for s in plan if s.run == "mask_mod"]
-    compared, raising = _split([s for s in plan if s.run not in ("mask_mod", ladder.RUN)])
+    compared, raising = _split([s for s in plan if s.run != "mask_mod"])
     spec.compare_outcomes(exercise, compared, outcomes, diagnose=_window_diagnosis,
                           smallest=_mask_ladder(WINDOW_LADDER, compared, outcomes))
     _bool_masks(exercise, compared, outcomes)

@@ -1209,7 +1209,6 @@ def _judge_train_step(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "train_step"
     ladder.record(STEP_LADDER)
     smallest = lambda: ladder.diagnose(STEP_LADDER, outcomes)  # noqa: E731
-    plan = [step for step in plan if not ladder.is_rung(step)]
     specs = [step.case.kwargs for step in plan]
     if any(s.get("dropout") for s in specs) and not random_outputs_comparable(exercise):
         plan = [step for step in plan if not step.case.kwargs.get("dropout")]
@@ -1919,7 +1918,7 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     exercise = "generate"
-    leaves, plan = plan, [step for step in plan if step.run not in (LEAVES, SEEDS) and not ladder.is_rung(step)]
+    leaves, plan = plan, [step for step in plan if step.run not in (LEAVES, SEEDS)]
     seeds = [step for step in leaves if step.run == SEEDS]
     specs = [step.case.kwargs for step in plan]
     sampled = [s for s in specs if s.get("temperature", 0) > 0 and "says" not in s]

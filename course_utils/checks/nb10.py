@@ -515,7 +515,7 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ladder.record(REFERENCE_LADDER)
     smallest = lambda: ladder.diagnose(REFERENCE_LADDER, outcomes, defer=2)  # noqa: E731
     probe = next((s for s in plan if s.key.startswith(P_PROBE)), None)
-    plan = [s for s in plan if not ladder.is_rung(s) and not s.key.startswith(P_PROBE)]
+    plan = [s for s in plan if not s.key.startswith(P_PROBE)]
     for step in plan:
         want = _expected_grads(exercise, step.case)
         _record_mistakes(exercise, step.case)
@@ -744,8 +744,6 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
     smallest = lambda: ladder.diagnose(BACKWARD_LADDER, outcomes, defer=1)  # noqa: E731
     for step in plan:
         case = step.case
-        if ladder.is_rung(step):
-            continue
         if step.run == "structure":
             _judge_backward_structure(exercise, outcomes, step)
         elif step.key.startswith((LSE_RAISED, P_PROBE)):
@@ -1285,7 +1283,6 @@ def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
     kernel_rules(exercise, outcomes)
     ladder.record(KERNEL_LADDER)
     devices = set()
-    plan = [s for s in plan if not ladder.is_rung(s)]
     for step in plan:
         case = step.case
         q, k, v, o, lse, do = case.args

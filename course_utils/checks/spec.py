@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from course_utils.checks import core, modules, wire
+from course_utils.checks import core, ladder, modules, wire
 from course_utils.checks import probe as _probe
 from course_utils.checks.core import Case
 
@@ -202,6 +202,11 @@ class Spec:
             raise ValueError(f"the plan of {self.exercise} names runners it does not have: {sorted(unknown)}")
         return found
 
+    def verdict(self, plan: Sequence[Step], outcomes: "Outcomes") -> str:
+        """The judge's verdict on ``outcomes`` of ``plan``, given the plan without a ladder's rungs: the rungs are
+        read by ``ladder.diagnose`` (by key, after a failure), never judged as cases."""
+        return self.judge([step for step in plan if not ladder.is_rung(step)], outcomes)
+
     def check(self, student: Any, hidden: bool = False) -> None:
         """The self-check, the kernel's part under the grader, or the grader's judgement: see the module
         docstring."""
@@ -239,7 +244,7 @@ class Spec:
             outcomes = Outcomes(exercise, execute(exercise, plan, student, self.runners, tracebacks))
             outcomes.tracebacks = tracebacks
         outcomes.student, outcomes.hidden = student, hidden
-        core.passed(exercise, self.judge(plan, outcomes))
+        core.passed(exercise, self.verdict(plan, outcomes))
 
 
 def declare(spec: Spec, doc: str) -> Callable[..., None]:

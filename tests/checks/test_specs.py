@@ -61,7 +61,7 @@ def test_the_judge_reads_only_what_the_plan_makes(notebook, exercise, source, ca
         outcomes.student, outcomes.hidden = student, True
         try:
             core.check_rules(exercise, student)
-            text = declared.judge(plan, outcomes)
+            text = declared.verdict(plan, outcomes)
             error = None
         except core.CheckFailed as exc:
             error = exc

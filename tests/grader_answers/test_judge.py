@@ -1163,7 +1163,7 @@ def test_apply_ropes_tries_are_read_in_order(tmp_path, monkeypatch):
         handoff.remove()
     # one record per try and per check call: the visible plan's two tries, then the hidden plan's
     assert [(r["plan"], r["attempt"]) for r in records] == [("visible", 1), ("visible", 2), ("hidden", 1), ("hidden", 2)]
-    cases = [[(k, o) for k, o in r["outcomes"] if not k.startswith(ladder.PREFIX)] for r in records[:2]]  # not rungs
+    cases = [[(k, o) for k, o in r["outcomes"] if not ladder.is_rung(k)] for r in records[:2]]  # not rungs
     assert all("error" in o for _, o in cases[0]) and all("result" in o for _, o in cases[1])
     verdict = _verdict_of(tmp_path, NB08, "test_apply_rope", records, sources)
     assert verdict.ename is None and "cases agree" in verdict.text, verdict.evalue
@@ -1220,7 +1220,7 @@ def test_gqas_tries_are_told_apart(tmp_path, gqa_own_repeat):
 
     def errors(attempt: int) -> int:  # the probed passes that raised, over every construction of that try (not rungs)
         return sum("error" in p for r in records if r["attempt"] == attempt for k, o in r["outcomes"]
-                   if not k.startswith(ladder.PREFIX) for p in wire.decode(o["result"])["passes"])
+                   if not ladder.is_rung(k) for p in wire.decode(o["result"])["passes"])
 
     assert errors(1) > 100 and errors(2) == 2, (errors(1), errors(2))  # with ours every pass raises; with its own,
     # only the input too long (once for the visible cases' check, once for the hidden's)
