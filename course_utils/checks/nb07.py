@@ -515,7 +515,7 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
         return not bool((symptoms.off_rows(model, g, atol, rtol) & off).any())  # every wrong row is the model's
 
     wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
-    said = _spans(wrong)
+    said = symptoms.spans(wrong)
     twice = causal.double() + past.double()
     if bool(past.any()) and explains(attend(twice)):
         firsts = sorted({int(lo[r]) for r in wrong})
@@ -533,7 +533,7 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
                 f"{f', and {int(ends[wrong[0]]) - T} padding positions past T, loaded as 0' if ends[wrong[0]] > T else ''}"
                 f"): the mask of the diagonal stage keeps keys it must hide there.")
         if right_first:
-            text += (f" Rows whose masked stage starts at key 0 (rows {_spans(right_first)}) are right: is the mask "
+            text += (f" Rows whose masked stage starts at key 0 (rows {symptoms.spans(right_first)}) are right: is the mask "
                      f"built from the tile's own offsets offs_n (0..BLOCK_N - 1) instead of the keys' positions cols = "
                      f"start_n + offs_n (cols < T, cols <= offs_m)?")
         return text
@@ -597,10 +597,6 @@ def _future_zero_hint(case: Case, out: Any, want: torch.Tensor) -> str | None:
     return (f"future keys get weight: row {r} weighs the keys after it in its tiles (keys {r + 1}.."
             f"{int(ends[r]) - 1}) as if their scores were 0. A masked score must be -inf, so that exp gives 0: "
             f"masked_fill(mask, float(\"-inf\")), not 0 (exp(0 - m) > 0).")
-
-
-def _spans(rows: list[int]) -> str:
-    return symptoms.spans(rows)
 
 
 def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:

@@ -72,11 +72,6 @@ def off_rows(want: torch.Tensor, got: torch.Tensor, atol: float = _ATOL, rtol: f
     return _off(want, got, atol, rtol).any(-1)
 
 
-def spans(rows: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
-    return _spans(rows)
-
-
 def _span(rows: list[int]) -> str:
     return f"{rows[0]}..{rows[-1]}" if len(rows) > 1 else f"{rows[0]}"
 
@@ -136,7 +131,7 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     zero = zero & ~want_zero & rows_off
     if block and bool(zero.any()) and not bool(zero.all()):
         other = "key" if who == "query" else "query"
-        return (f"{name} is exactly 0 on rows {_spans([int(r) for r in rows[zero]])} (where it must not be): no "
+        return (f"{name} is exactly 0 on rows {spans([int(r) for r in rows[zero]])} (where it must not be): no "
                 f"{other} block ever added its share to those {who} rows. Does the loop over {other} blocks include "
                 f"them, its start and its end? Each key block must meet every query that sees it: when causal, the "
                 f"queries from the query block that holds its first key k_start on, up to T.")
@@ -161,8 +156,8 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     other = tokens.other_block
     inside = [b for b in range(n) if other and (b * block) % other]
     if who == "query" and tokens.causal and other and other > block and inside and bad == inside:
-        wrong = _spans([r for b in bad for r in range(b * block, min((b + 1) * block, T))])
-        return (f"{name} is wrong exactly on query block{'s' if len(bad) > 1 else ''} {_spans(bad)} (rows {wrong}), "
+        wrong = spans([r for b in bad for r in range(b * block, min((b + 1) * block, T))])
+        return (f"{name} is wrong exactly on query block{'s' if len(bad) > 1 else ''} {spans(bad)} (rows {wrong}), "
                 f"right on the others: those whose first query is not a multiple of the key block size {other}, so "
                 f"their diagonal begins inside a key block. Does the split between the key blocks read without a mask "
                 f"and the masked diagonal ones fall on a key-block boundary: the query block's start rounded down to a "
@@ -201,7 +196,7 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     return None
 
 
-def _spans(rows: list[int]) -> str:
+def spans(rows: list[int]) -> str:
     """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
     parts, start = [], None
     for i, r in enumerate(rows):
@@ -246,21 +241,21 @@ def keys_seen(q: Any, k: Any, v: Any, want: Any, got: Any, causal: bool, name: s
     if causal and short:
         if len(short) != len(rows):
             return None
-        return (f"{name}'s query rows {_spans(rows)} stop short of themselves (row {r} attends only to keys 0.."
+        return (f"{name}'s query rows {spans(rows)} stop short of themselves (row {r} attends only to keys 0.."
                 f"{ends[r] - 1}): the keys from there up to each query are never read. Does the causal loop over keys "
                 f"run up to the query block's end (q_end, or (start_m + 1) * BLOCK_M in a kernel), rather than an end "
                 f"counted in key blocks?")
     if causal:
-        return (f"{name}'s query rows {_spans(rows)} also attend to future keys (row {r} to keys 0..{ends[r] - 1}, "
+        return (f"{name}'s query rows {spans(rows)} also attend to future keys (row {r} to keys 0..{ends[r] - 1}, "
                 f"past itself): a tile that holds keys after some of its queries is left unmasked. Is every tile that "
                 f"crosses the diagonal masked (any tile whose last key, k_end - 1, is after the block's first query, "
                 f"q_start), and does each tile start and end on its block's boundaries?")
     if all(ends[i] == i + 1 for i in rows):
-        return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {_spans(rows)} "
+        return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {spans(rows)} "
                 f"attend only to the keys up to themselves (row {r} to keys 0..{r}): that is the causal output. Is "
                 f"causal passed on to every call that takes it (its default is causal), and the mask applied only "
                 f"when causal is True?")
-    return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {_spans(rows)} attend "
+    return (f"with causal=False every query must attend to all {T} keys, but {name}'s query rows {spans(rows)} attend "
             f"only to keys 0..{ends[r] - 1} (row {r}): the end a causal loop would use. Does the key loop (or the mask) "
             f"run to T when causal is False?")
 
