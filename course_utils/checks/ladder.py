@@ -23,11 +23,10 @@ import torch
 from course_utils.checks import core, symptoms
 from course_utils.checks import expected as _expected
 from course_utils.checks.core import Case
+from course_utils.checks.spec import RUNG_PREFIX, Step, is_rung  # noqa: F401 - is_rung: ladder.is_rung
 
 #: The runner name of a rung's step (a plain call of the student's code on the rung's case).
 RUN = "ladder"
-#: The key of a rung's step starts with this.
-PREFIX = "ladder: "
 
 
 @dataclass(frozen=True)
@@ -83,30 +82,24 @@ def compiled_here() -> bool:
 
 
 def steps(ladder: Ladder, hidden: bool = False) -> list:
-    """The rungs as steps of the exercise's visible plan (the ladder's runner; keys start with :data:`PREFIX`);
+    """The rungs as steps of the exercise's visible plan (the ladder's runner; keys start with :data:`spec.RUNG_PREFIX`);
     none in the hidden plan: a diagnosis runs once per check, and a hidden plan's judge finds no rung and says
     nothing of them (:func:`diagnose`). A Triton kernel's rungs take about 0.2 s in the interpreter."""
-    from course_utils.checks.spec import Step
-
     if hidden or (ladder.compiled_only and not compiled_here()):
         return []
-    return [Step(PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
+    return [Step(RUNG_PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
-
-def is_rung(step: Any) -> bool:
-    """Whether a plan's step (or a step's key) is a rung (``spec.Spec.verdict`` leaves them out of the judge's plan)."""
-    return str(step if isinstance(step, str) else getattr(step, "key", "")).startswith(PREFIX)
 
 
 def _outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:
     """A rung's output, or the exception its run raised."""
-    got = outcomes[PREFIX + rung.case.key()]
+    got = outcomes[RUNG_PREFIX + rung.case.key()]
     return got if isinstance(got, BaseException) or ladder.output is None else ladder.output(got)
 
 
 def _want(ladder: Ladder, rung: Rung) -> Any:
     case = rung.case
-    return core.expect(ladder.exercise, PREFIX + case.key(), lambda: ladder.reference(case))
+    return core.expect(ladder.exercise, RUNG_PREFIX + case.key(), lambda: ladder.reference(case))
 
 
 def record(ladder: Ladder) -> None:
@@ -174,7 +167,7 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
     ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``defer``: say nothing where one
     of the first ``defer`` rungs is the first to fail and no twin is right (there a check's own symptom hints,
     which gradients agree, say more than "wrong from the smallest case on")."""
-    if any(PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
+    if any(RUNG_PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
         return None  # the hidden plan's outcomes: no rung ran there (:func:`steps`)
     right: list[Rung] = []
     for rung in ladder.rungs:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from course_utils.checks import core, ladder, modules, wire
+from course_utils.checks import core, modules, wire
 from course_utils.checks import probe as _probe
 from course_utils.checks.core import Case
 
@@ -205,7 +205,7 @@ class Spec:
     def verdict(self, plan: Sequence[Step], outcomes: "Outcomes") -> str:
         """The judge's verdict on ``outcomes`` of ``plan``, given the plan without a ladder's rungs: the rungs are
         read by ``ladder.diagnose`` (by key, after a failure), never judged as cases."""
-        return self.judge([step for step in plan if not ladder.is_rung(step)], outcomes)
+        return self.judge([step for step in plan if not is_rung(step)], outcomes)
 
     def check(self, student: Any, hidden: bool = False) -> None:
         """The self-check, the kernel's part under the grader, or the grader's judgement: see the module
@@ -245,6 +245,15 @@ class Spec:
             outcomes.tracebacks = tracebacks
         outcomes.student, outcomes.hidden = student, hidden
         core.passed(exercise, self.verdict(plan, outcomes))
+
+
+#: The start of a ladder's rung's key (:mod:`course_utils.checks.ladder` makes the rungs; the judge never sees them).
+RUNG_PREFIX = "ladder: "
+
+
+def is_rung(step: Any) -> bool:
+    """Whether a plan's step (or a step's key) is a ladder's rung (:meth:`Spec.verdict` leaves them out)."""
+    return str(step if isinstance(step, str) else getattr(step, "key", "")).startswith(RUNG_PREFIX)
 
 
 def declare(spec: Spec, doc: str) -> Callable[..., None]:
