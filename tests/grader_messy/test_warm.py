@@ -639,6 +639,20 @@ def test_a_tests_kernel_starts_cold_where_a_fork_would_differ(tmp_path):
     assert (text, forked) == (f"{tmp_path / 'course_utils' / '__init__.py'}\n", False)
 
 
+def test_a_tests_kernel_talks_over_unix_sockets_of_its_own():
+    """No TCP ports: a port the manager picked and closed could be taken before the kernel bound it, and the
+    kernel died before it answered. Its sockets' folder is its own, and goes with it."""
+    _need_tests_warm()
+    seen: dict = {}
+
+    def during(km, kc):
+        seen.update(transport=km.transport, folder=os.path.dirname(km.ip), files=os.listdir(os.path.dirname(km.ip)))
+
+    assert _tests_kernel("print('one')", during=during)[::2] == ("one\n", True)
+    assert seen["transport"] == "ipc" and len(seen["files"]) == 5, seen
+    assert not os.path.exists(seen["folder"])
+
+
 def test_a_forked_tests_kernel_is_interrupted_and_killed_with_what_it_started(tmp_path):
     """The kernel manager interrupts a forked kernel (SIGINT to its process group, as a cold one) and its
     shutdown kills what the kernel started in its session."""

@@ -27,9 +27,11 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -153,6 +155,24 @@ class WarmProvisioner(LocalProvisioner):
     ``forked`` says which."""
 
     forked = False
+    sockets = ""
+
+    async def pre_launch(self, **kwargs):
+        # Unix sockets in a folder of this kernel's own, as the grader's kernels have (grader/kernels.py), not
+        # TCP ports: the manager picks free ports and closes them, and the kernel binds them later; one that
+        # something took meanwhile (another kernel's client connecting, say) killed the kernel before it
+        # answered ("Kernel died before replying to kernel_info"), with two kernels starting at once.
+        km = self.parent
+        if km is not None and not self.sockets:
+            self.sockets = tempfile.mkdtemp(prefix="course-kernel-")
+            km.transport, km.ip = "ipc", os.path.join(self.sockets, "k")
+        return await super().pre_launch(**kwargs)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart)
+        if self.sockets and not restart:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = ""
 
     async def launch_kernel(self, cmd: list[str], **kwargs):
         env = dict(kwargs.get("env") or os.environ)
