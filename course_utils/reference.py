@@ -1350,11 +1350,11 @@ class PagedKVCache:
                                f"tokens, but only {len(self.free_list)} are free")
         for _ in range(needed):
             table.append(self.free_list.pop(0))  # the lowest-numbered free block
-        for t in range(new):
-            position = length + t
-            block, slot = table[position // self.block_size], position % self.block_size
-            self.key_blocks[block, :, slot] = k[:, t]  # (num_kv_heads, head_dim)
-            self.value_blocks[block, :, slot] = v[:, t]
+        positions = torch.arange(length, length + new)  # (T_new,) each new token's place in the sequence
+        blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]  # (T_new,)
+        slots = positions % self.block_size  # (T_new,)
+        self.key_blocks[blocks, :, slots] = k.transpose(0, 1).to(self.key_blocks.dtype)  # (T_new, kv, D)
+        self.value_blocks[blocks, :, slots] = v.transpose(0, 1).to(self.value_blocks.dtype)
         self.lengths[seq_id] = length + new
 
     def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
