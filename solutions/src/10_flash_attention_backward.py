@@ -266,6 +266,9 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward: (..., T, D) inputs, lse (..., T) -> (dq, dk, dv), no (T, T) tensor."""
     ### BEGIN SOLUTION
+    order = "flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal)"
+    _check_block(block_q, "block_q", order)  # a bool here is most often the causal flag, given in apply's order
+    _check_block(block_k, "block_k", order)
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / math.sqrt(D)
     acc = torch.promote_types(q.dtype, torch.float32)  # tiles and sums in float32 at least, as the forward
