@@ -90,7 +90,6 @@ def steps(ladder: Ladder, hidden: bool = False) -> list:
     return [Step(RUNG_PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
 
-
 def _outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:
     """A rung's output, or the exception its run raised."""
     got = outcomes[RUNG_PREFIX + rung.case.key()]

@@ -1869,10 +1869,9 @@ class _WatchedLM(CachedStandInLM):
 
 def _leaves_run(generate: Callable, case: Case) -> list:
     """``generate`` (with the cache unless the case says ``use_cache``) on a stand-in model left in ``train()`` mode,
-    as plain data: ``[whether the
-    model was in train() mode at each call, the tokens still cached afterwards, the output's shape]`` (issue 36:
-    what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a ``top_k`` larger than the
-    vocabulary that keeps every token)."""
+    as plain data: ``[whether the model was in train() mode at each call, the tokens still cached afterwards, the
+    output's shape]`` (issue 36: what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a
+    ``top_k`` larger than the vocabulary that keeps every token)."""
     spec = case.kwargs
     manual_seed(spec["seed"])
     model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
