@@ -582,7 +582,8 @@ checks.check_ContinuousBatcher(ContinuousBatcher, hidden=True)
 #
 # 24 held-out prompts, each asking for between 1 and 6 digits of its answer (a mix of lengths), served
 # with your `ContinuousBatcher` and your `PagedKVCache`: 40 blocks of 4, 4 requests at a time. Each
-# request's tokens should be what `generate` writes for its prompt alone.
+# request's tokens should be what `generate` writes for its prompt alone. The loop stops with an error if a
+# step writes no token: then no request can run or join, and the loop would never end.
 
 # %%
 paged = serving.PagedTinyGPT(target)
@@ -596,8 +597,11 @@ for prompt, n in requests:
     batcher.add_request(prompt, n)
 continuous_steps = 0
 while batcher.waiting or batcher.running:
-    batcher.step()
+    wrote = batcher.step()
     continuous_steps += 1
+    if not wrote:  # nothing ran and nothing joined: the loop would never end
+        raise RuntimeError(f"step {continuous_steps} wrote no token, with {len(batcher.waiting)} requests waiting and "
+                           f"{len(batcher.running)} running: do finished requests free their blocks?")
 served = {rid: tokens for rid, tokens in enumerate(batcher.written)}
 alone = {rid: generate(target, prompt[None], n, temperature=0.0)[0, len(prompt):].tolist()
          for rid, (prompt, n) in enumerate(requests)}
