@@ -88,7 +88,28 @@ def use_interpreter_without_gpu() -> bool:
     if sys.modules.get("triton") is not None and importlib.util.find_spec("triton") is not None:
         _interpret_language()
         _index_scalars_with_numpy_2()
+        _skip_dropped_overflow_checks()
     return True
+
+
+def _skip_dropped_overflow_checks() -> None:
+    """Skip the interpreter's integer overflow checks, which it computes and then drops.
+
+    For every integer ``+``, ``-`` and ``*`` in a kernel, Triton redoes the operation in int64 and compares it
+    with the int32 limits (``sanitize_overflow``), then hands the result to ``device_assert``, which does
+    nothing unless the kernel runs in debug mode: never in the interpreter, and on a GPU only when asked.
+    In the interpreter that is NumPy work on every operation, about a tenth of a small kernel's time, for
+    nothing: turning it off changes nothing a kernel computes or raises (``tests/checks/test_flash.py``).
+    """
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and getattr(options, "debug", True) is False \
+            and getattr(options, "sanitize_overflow", False) is True:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def _index_scalars_with_numpy_2() -> None:

@@ -159,6 +159,36 @@ def test_launch_refuses_sizes_the_kernel_cannot_take():
         flash.launch(R.flash_attention_triton, q, q, q, block_m=24)
 
 
+def _overflowing_kernel(X, OUT, N: tl.constexpr):  # noqa: F821 - ``tl`` is set by the test that jit-compiles it
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    tl.store(OUT + offs, x * 1_000_000 + x)  # int32: overflows for 3,000 and 4,000
+
+
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="the interpreter runs without a GPU only")
+def test_the_interpreter_s_overflow_checks_are_off_and_were_dropped_anyway(monkeypatch):
+    """flash._skip_dropped_overflow_checks: Triton's interpreter computes an overflow check for each integer
+    operation and hands it to device_assert, which drops it outside debug mode. With the check on or off, an
+    int32 product that overflows runs the same: no error, the same wrapped values."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    monkeypatch.setitem(globals(), "tl", flash.import_triton()[1])  # what the kernel's annotation and body read
+    builder = interpreter.interpreter_builder
+    assert builder.options.debug is False and builder.options.sanitize_overflow is False
+    x = torch.tensor([1, 2, 3_000, 4_000], dtype=torch.int32)
+    run = flash._jitted(_overflowing_kernel)
+    results = []
+    for sanitize in (True, False):
+        monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=sanitize))
+        out = torch.zeros_like(x)
+        run[(1,)](x, out, N=4)
+        results.append(out)
+    wrapped = ((x.long() * 1_000_001 + 2**31) % 2**32 - 2**31).int()
+    assert torch.equal(results[0], wrapped) and torch.equal(results[1], wrapped)
+
+
 def test_without_triton_the_check_is_skipped_with_a_reason_and_grading_fails(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
