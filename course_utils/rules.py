@@ -594,27 +594,32 @@ def source_of(obj: object) -> str | None:
     return None
 
 
-#: The source of each function's code object read so far (``id(code) -> (code, source)``; the code
-#: object is kept, so its id is not reused while it is here).
-_SOURCES: dict[int, tuple[object, str]] = {}
+#: What reading the source of each function's code object, and of each class, gave so far (``id(key) -> (key,
+#: source or the error it raised)``; the key is kept, so its id is not reused while it is here).
+_SOURCES: dict[int, tuple[object, str | OSError | TypeError]] = {}
 
 
 def _getsource(obj: object) -> str:
-    """``inspect.getsource(obj)``, remembered per code object for functions: a code object's text does
-    not change (a notebook cell that is run again makes new code objects), and reading it (the cell's
-    lines, then tokenising them to find the function's end) is most of what a rules check costs."""
+    """``inspect.getsource(obj)``, remembered per code object for functions and per class object for classes,
+    failures included: a code object's text does not change (a notebook cell that is run again makes new
+    code objects, and new classes), and reading it (the cell's lines, then tokenising them to find the
+    function's end; for a class, parsing its whole file to find it) is most of what a rules check costs."""
     target = inspect.unwrap(obj) if callable(obj) else obj  # as inspect.getsource reads it
-    code = getattr(target, "__code__", None) if inspect.isfunction(target) else None
-    if code is None:
+    key = target.__code__ if inspect.isfunction(target) else target if isinstance(target, type) else None
+    if key is None:
         return inspect.getsource(obj)  # type: ignore[arg-type]
-    known = _SOURCES.get(id(code))
-    if known is not None and known[0] is code:
+    known = _SOURCES.get(id(key))
+    if known is None or known[0] is not key:
+        try:
+            found: str | OSError | TypeError = inspect.getsource(obj)  # type: ignore[arg-type]
+        except (OSError, TypeError) as exc:
+            found = exc
+        if len(_SOURCES) >= 4096:
+            _SOURCES.clear()
+        _SOURCES[id(key)] = known = (key, found)
+    if isinstance(known[1], str):
         return known[1]
-    source = inspect.getsource(obj)  # type: ignore[arg-type]
-    if len(_SOURCES) >= 4096:
-        _SOURCES.clear()
-    _SOURCES[id(code)] = (code, source)
-    return source
+    raise type(known[1])(*known[1].args)
 
 
 def violations_of(obj: object, exercise: str) -> list[Violation]:
