@@ -503,6 +503,18 @@ def _released_stubs(notebook: str) -> dict[str, str]:
     return answer_sources(nbformat.read(path, as_version=4), judged_exercises(notebook))
 
 
+def _through_last(nb: NotebookNode, test_ids: set[str]) -> NotebookNode:
+    """``nb`` without the cells after the last of the test cells ``test_ids``: only those tests' verdicts are read
+    from a kernel of first tries, and a cell cannot change what ran before it (a test's records are written
+    when its cell ends). Notebook 09's test of TinyGPT, for one, is cell 36 of 81: its training comes after."""
+    from grader import cells
+
+    last = max((i for i, cell in enumerate(nb.cells) if cells.grade_id(cell) in test_ids), default=None)
+    if last is not None:
+        del nb.cells[last + 1:]
+    return nb
+
+
 class JudgeOutside(NbGraderPreprocessor):
     """Write the verdict of every judged test cell into its outputs, from what the kernel handed out
     (see the module docstring). Runs after execution, before ``SaveAutoGrades``."""
@@ -587,7 +599,7 @@ class JudgeOutside(NbGraderPreprocessor):
             try:
                 again["course_first_try_reference"] = str(reference_subset.write_subset(helpers, Path(folder)))
                 nb_again, again = PrepareHandOff(parent=self.parent, config=self.config).preprocess(
-                    copy.deepcopy(unexecuted), again)
+                    _through_last(copy.deepcopy(unexecuted), {test_id for _, test_id in mine}), again)
                 RobustExecute(parent=self.parent, config=self.config).preprocess(nb_again, again)
                 handoff: HandOff | None = again.get("course_handoff")
                 for cell, test_id in mine:

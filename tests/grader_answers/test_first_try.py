@@ -339,6 +339,33 @@ def test_only_written_answers_get_a_kernel_of_first_tries(monkeypatch):
     assert len(runs) == 2
 
 
+def test_a_kernel_of_first_tries_runs_no_cell_after_the_last_test_it_is_for(monkeypatch):
+    """Only the failed tests' verdicts are read from a kernel of first tries, so it stops after the last of them."""
+    import nbformat
+
+    from grader.execute import RobustExecute
+    from grader.judge import JudgeOutside
+
+    ran: list[list[str]] = []
+
+    def execute(self, nb, resources, km=None):
+        ran.append([c.source for c in nb.cells])
+        return nb, resources
+
+    monkeypatch.setattr(RobustExecute, "preprocess", execute)
+    answer_cell = next(c for c in harness.solution_notebook(NB08).cells
+                       if harness.grade_id(c) == "GroupedQueryAttention")
+    test_cell = nbformat.v4.new_code_cell("checks.check_GroupedQueryAttention(GroupedQueryAttention)")
+    test_cell.metadata["nbgrader"] = {"grade_id": _GQA_TEST, "grade": True, "points": 1}
+    after = nbformat.v4.new_code_cell("print('training for minutes')")
+    nb = nbformat.v4.new_notebook(cells=[answer_cell, test_cell, after])
+    resources = {"nbgrader": {"notebook": NB08}, "course_unexecuted": nb}
+    failed = [(nbformat.v4.new_code_cell(), _GQA_TEST, "GroupedQueryAttention")]
+    JudgeOutside().first_tries(nb, resources, NB08, failed, {"GroupedQueryAttention": answer_cell.source})
+    assert len(ran) == 1 and len(ran[0]) == 2 and "training for minutes" not in "".join(ran[0])
+    assert len(nb.cells) == 3  # the notebook graded keeps every cell
+
+
 def test_an_overflowing_softmax_stable_costs_context_vectors_nothing_in_the_grader(monkeypatch, tmp_path):
     """Notebook 02 through the grader's own steps, in the real sandbox: an overflowing softmax_stable under a
     right context_vectors that calls it. The student edition's kernel finds context_vectors wrong with the
