@@ -506,7 +506,8 @@ def _released_stubs(notebook: str) -> dict[str, str]:
 def _through_last(nb: NotebookNode, test_ids: set[str]) -> NotebookNode:
     """``nb`` without the cells after the last of the test cells ``test_ids``: only those tests' verdicts are read
     from a kernel of first tries, and a cell cannot change what ran before it (a test's records are written
-    when its cell ends). Notebook 09's test of TinyGPT, for one, is cell 36 of 81: its training comes after."""
+    when its cell ends). Notebook 09's test of TinyGPT, for one, is cell 36 of 81: the tests of train_step and
+    generate, and the figures, come after it."""
     from grader import cells
 
     last = max((i for i, cell in enumerate(nb.cells) if cells.grade_id(cell) in test_ids), default=None)
