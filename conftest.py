@@ -54,6 +54,23 @@ SHARED_WORKER = {
 }
 
 
+#: The live expectations of the known-answers files, kept for the process: they judge about 1,500 answers
+#: against the same cases and ask for 690 keys about 23,000 times (``expected.remembering``).
+_EXPECTATIONS: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _known_answers_remember_expectations(request):
+    """In the files of the ``known-answers`` group, each live expectation is computed once per worker."""
+    if SHARED_WORKER.get(request.node.nodeid.split("::", 1)[0]) != "known-answers":
+        yield
+        return
+    from course_utils.checks import expected
+
+    with expected.remembering(_EXPECTATIONS):
+        yield
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadfile`` every test file is one unit of work (a graded class, a JupyterLab, a

@@ -124,3 +124,27 @@ def test_a_failed_check_shows_its_message_not_a_traceback_wall(tmp_path):
     assert "total = total + undefined_name * x[i]" in shown, "the student's own line must be shown"
     assert "NameError" in shown and "❌ dot" in shown
     assert "core.py" not in shown, shown
+
+
+def test_remembered_expectations_are_computed_once_per_key_and_only_live():
+    """``expected.remembering`` (the known-answers files' store, conftest.py) gives a live key's first value again;
+    recorded values, recordings and everything outside the block are untouched."""
+    from course_utils.checks import expected
+
+    runs = []
+
+    def compute(value):
+        runs.append(value)
+        return torch.tensor([float(value)])
+
+    store: dict = {}
+    with expected.using(expected.LIVE), expected.remembering(store):
+        first = expected.expect("demo", "case a", lambda: compute(1))
+        again = expected.expect("demo", "case a", lambda: compute(2))
+        other = expected.expect("demo", "case b", lambda: compute(3))
+    assert runs == [1, 3] and again is first and other.item() == 3 and set(store) == {"demo|case a", "demo|case b"}
+    with expected.using(expected.LIVE):
+        assert expected.expect("demo", "case a", lambda: compute(4)).item() == 4  # outside the block: live again
+    with expected.recording() as recorded, expected.remembering(store):
+        assert expected.expect("demo", "case a", lambda: compute(5)).item() == 5  # a recording computes anew
+    assert runs == [1, 3, 4, 5] and recorded["demo|case a"].item() == 5
