@@ -368,6 +368,11 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
         if dim == 0 and sizes == {b, T}:
             return ("the position vectors line up with the batch axis: (T, d_model) broadcasts against x's "
                     "(b, T, d_model) as it is (or unsqueeze(0) to (1, T, d_model)); (T, 1, d_model) does not.")
+        if dim == 1 and T in sizes and len(sizes) == 2 and isinstance(start, int):
+            n = next(iter(sizes - {T}))  # the position vectors added, where x has T tokens (issue 36)
+            return (f"{n} position vectors met the {T} tokens of x along dimension 1: there must be one per token, "
+                    f"positions {start}..{start + T - 1} (start..start + T - 1), which torch.arange(start, start + T, "
+                    f"device=x.device) gives: arange's end is left out, so it is start + T, with T = x.shape[1].")
     return None
 
 
@@ -711,11 +716,31 @@ _GPT_ERRORS = (
 )
 
 
+def _gpt_error(case: Case, error: BaseException) -> str | None:
+    """A raw PyTorch error inside the model's forward, translated: a known message (:data:`_GPT_ERRORS`), or the
+    token embeddings (d_model features) meeting vectors of context_length entries, a position table built
+    (d_model, context_length) (issue 36: was the generic words of a broadcast)."""
+    text = str(error)
+    hint = next((hint for key, hint in _GPT_ERRORS if key in text), None)
+    found = symptoms.broadcast_sizes(text)
+    if hint or not found or not case.build or len(case.build) < 5:
+        return hint
+    d_model, context_length = case.build[1], case.build[4]
+    sinusoidal = len(case.build) > 6 and case.build[6] == "sinusoidal"
+    if found[2] == 2 and {found[0], found[1]} == {d_model, context_length} and d_model != context_length:
+        table = ("sinusoidal_positions(context_length, d_model), in that order" if sinusoidal else
+                 "LearnedPositionalEmbedding(context_length, d_model), in that order")
+        return (f"the token embeddings, d_model = {d_model} features each, met vectors of {context_length} = "
+                f"context_length entries along dimension 2: is the position table (d_model, context_length), its "
+                f"two sizes swapped? It is (context_length, d_model), one row of d_model numbers per position: "
+                f"{table}.")
+    return None
+
+
 def _gpt_diagnose(exercise: str, views: dict) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException):
-            text = str(got)
-            return next((hint for key, hint in _GPT_ERRORS if key in text), None)
+            return _gpt_error(case, got)
         if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
             return None
         if got.dim() == 2 and tuple(got.shape) == (want.shape[0], want.shape[2]):
