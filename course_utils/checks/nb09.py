@@ -517,8 +517,35 @@ def _block_diagnose(causal: Callable) -> Callable:
             x = case.args[0]
             if tensor_difference(want - x, got, atol=1e-4) is None:
                 return "the input is not added back: return x + the branches' outputs (the residual connections)."
+            if case.mode == "eval" and _lacks_attention(case, got, want):
+                return ("your output is ours minus the attention branch, att(norm1(x)): the attention's result is "
+                        "not in the output (the feed-forward branch may have read it). The second residual adds to "
+                        "x AFTER the attention: x = x + drop_resid(att(norm1(x))), then return x + "
+                        "drop_resid(ff(norm2(x))) with that x, not with the block's input.")
         return causal(case, got, want)
     return diagnose
+
+
+def _lacks_attention(case: Case, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``got`` is the expected output minus the attention branch (:func:`_attention_branch`); ``False`` where this
+    edition holds no such branch (a hidden case in the student edition)."""
+    try:
+        branch = _attention_branch(case)
+    except _expected.MissingExpectation:
+        return False
+    return isinstance(branch, torch.Tensor) and branch.shape == want.shape and \
+        tensor_difference(want - branch, got, atol=1e-4) is None
+
+
+def _attention_branch(case: Case) -> torch.Tensor:
+    """The reference block's attention branch, ``att(norm1(x))`` ``(b, T, d)``, with the test weights, on an
+    ``eval()`` module case (recorded for the visible cases): what a block whose output lacks it left out."""
+    def compute() -> torch.Tensor:
+        block = set_test_weights(construct(_expected.reference("TransformerBlock"), case.build)).eval()
+        with torch.no_grad():
+            return block.att(block.norm1(case.args[0]))
+
+    return expect("TransformerBlock", f"attention branch: {case.key()}", compute)
 
 
 def _block_configs() -> list[tuple[tuple, list[Case]]]:
@@ -563,6 +590,10 @@ def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         _sharing_check(exercise, views[build], build)
         _shape_check(exercise, views[build], build, _block_shapes)
     diagnose = _block_diagnose(probed.not_causal(exercise, views))
+    if _expected.is_recording():  # the attention branch a diagnosis compares with (_attention_branch)
+        for build, cases in configs:
+            for case in cases:
+                _attention_branch(Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
     first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
     probed.built(exercise, views[first], first)
     probed.finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
