@@ -1192,6 +1192,9 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     if factor is not None and abs(factor - 2.0) < 1e-3:
         return ("every gradient is twice the expected one: loss.backward() ran twice before optimizer.step() (the "
                 "gradients add up in .grad): call it once per step.")
+    diluted = _diluted_mean(factor, want, got, k, spec)
+    if diluted:
+        return diluted
     if factor is not None:
         return (f"every gradient is {factor:.3g} times the expected one when optimizer.step() runs: the gradients of "
                 f"the mean loss itself go to the optimizer, not rescaled ones (no clip_grad_norm_ here, no loss "
@@ -1204,6 +1207,25 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
         if not same_params and abs(got["loss"][0] - want["loss"][0]) < 1e-4 * (1 + abs(want["loss"][0])):
             return "the loss is right but the step is not: step once with the gradients of this loss."
     return None
+
+
+def _diluted_mean(factor: float | None, want: dict, got: dict, k: int, spec: dict) -> str | None:
+    """Where the loss of step ``k`` and every gradient are ``n / (b * T)`` times ours (``n`` answer positions of
+    ``b * T``): the loss is the mean over every position, those outside the answers counted as 0 (issue 36)."""
+    b, T, answer_from = spec["b"], spec["T"], spec["answer_from"]
+    starts = [answer_from] * b if isinstance(answer_from, int) else list(answer_from)
+    n = sum(max(T - int(a), 0) for a in starts)
+    loss, ours = got["loss"][k], want["loss"][k]
+    if factor is None or not 0 < n < b * T or not isinstance(loss, (int, float)) or isinstance(loss, bool) \
+            or not isinstance(ours, (int, float)) or abs(ours) < 1e-6:
+        return None
+    share = n / (b * T)
+    if abs(factor - share) > 1e-3 * share or abs(loss / ours - share) > 1e-3 * share:
+        return None
+    return (f"the loss and every gradient are {share:.3g} times ours, the share of answer positions ({n} of b * T = "
+            f"{b * T}): the loss is averaged over every position, the ones outside the answers counting as 0. "
+            f"Average over the {n} answer positions only: F.cross_entropy(logits[answer_mask], targets[answer_mask]) "
+            f"(or divide the masked sum by answer_mask.sum(), not by b * T).")
 
 
 def _step_specs() -> list[dict]:
