@@ -1534,7 +1534,8 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list, raised: bool = Fa
                         f"it. Call model.reset_cache() once before the prompt and once after the loop, not inside it.")
     elif any(c[1] for c in got):
         return "use_cache=False was asked, but the model was called with use_cache=True: read model(tokens) every step."
-    elif want and got and got[-1][0] != want[-1][0]:
+    elif want and got and (any(g[0] != w[0] for g, w in zip(got, want)) if raised else got[-1][0] != want[-1][0]):
+        # after a raise, only the calls made count: those that read what ours read say nothing (issue 36)
         return ("without the cache every step reads the whole sequence so far, model(tokens), prompt and new tokens "
                 "together.")
     if len(got) != len(want) and not (raised and len(got) < len(want)):
@@ -1566,6 +1567,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
     message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
     kind, message = error
+    if kind == "TypeError" and spec.get("top_k") is None and "NoneType" in message \
+            and re.search(r"'[<>]=?' not supported", message):
+        return ("top_k = None (the default: no top-k) was compared with a number, which Python refuses: test for None "
+                "first, `if top_k is not None and top_k < 1`, and apply the top-k mask only when top_k is not None.")
+    sizes = symptoms.broadcast_sizes(message)
+    b, V = spec["b"], spec["vocab_size"]
+    if sizes and sizes[2] in (None, 1) and spec.get("top_k") and spec["temperature"] > 0 and b != V \
+            and {sizes[0], sizes[1]} == {b, V}:
+        return (f"one value per row, ({b},), met the ({b}, {V}) logits along the vocabulary: with top_k the k-th "
+                f"largest logit of each row lost its dimension. Keep it (b, 1), torch.topk(logits, k, "
+                f"dim=-1).values[:, -1:] (not values[:, -1]), so that each row is compared with its own k-th largest.")
     if "probability tensor contains" in message:
         if spec["temperature"] == 0:
             return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
@@ -1757,6 +1769,27 @@ def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got
     return (f"row {row}, new token {position - prompt_len + 1} (position {position}): expected token "
             f"{int(want[row, position])}, got {int(got[row, position])} ({int((got != want).sum())} of "
             f"{want.shape[0] * n} new tokens differ)")
+
+
+def _prompt_problem(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """Where the output of call ``k`` does not start with the prompt (issue 36): ``None`` where it does (or has
+    not the expected shape); else where the prompt is, if every row holds it in one place, or ``""``."""
+    T0 = spec["runs"][k][0]
+    if not (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype):
+        return None
+    prompt = want[:, :T0]
+    if torch.equal(got[:, :T0], prompt):
+        return None
+    n = want.shape[1] - T0
+    at = [p for p in range(1, n + 1) if torch.equal(got[:, p:p + T0], prompt)]
+    if not at:
+        return ""
+    if at[-1] == n:
+        return (f"the prompt ends each row instead of starting it: the new tokens were put in front of it "
+                f"(torch.cat([new, tokens], dim=1)). Append each new token after the tokens so far, "
+                f"torch.cat([tokens, new], dim=1): the output is the prompt followed by the new tokens.")
+    return (f"the prompt starts at position {at[0]} of each row instead of 0: tokens were put in front of it. "
+            f"Append each new token after the tokens so far, torch.cat([tokens, new], dim=1).")
 
 
 def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str | None] | None:
@@ -2049,6 +2082,10 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                         break
             if hint is None and spec.get("temperature", 0) > 0:
                 hint = _seeds_hint(seeds, outcomes)
+            moved = _prompt_problem(spec, k, w["out"], g["out"])
+            if moved is not None:  # the rank hints read the new tokens after the prompt: not where the prompt is not
+                hint = (moved or None) if hint is None else hint
+                hint = hint or smallest()
             if hint is None:
                 hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
                         or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"])
