@@ -1928,6 +1928,10 @@ _LEAVES_SPECS = [
      "n": 4, "temperature": 1.0, "top_k": 10, "seed": 9059},
     {"name": "generate without the cache on a model in train() mode", "vocab_size": 7, "d": 6, "context_length": 12,
      "b": 2, "T0": 3, "n": 4, "temperature": 0.0, "top_k": None, "seed": 9059, "use_cache": False},
+    # a top_k above the vocabulary keeps every token, so it samples as top_k=None does after the same seed; on
+    # 3 tokens at temperature 2 the least likely is drawn often, so one kept fewer tokens shows (issue 36)
+    {"name": "top_k above a vocabulary of 3, against top_k=None", "vocab_size": 3, "d": 6, "context_length": 12,
+     "b": 2, "T0": 3, "n": 6, "temperature": 2.0, "top_k": 5, "seed": 9059, "against_none": True},
 ]
 
 
@@ -1981,17 +1985,33 @@ class _WatchedLM(CachedStandInLM):
 def _leaves_run(generate: Callable, case: Case) -> list:
     """``generate`` (with the cache unless the case says ``use_cache``) on a stand-in model left in ``train()`` mode,
     as plain data: ``[whether the model was in train() mode at each call, the tokens still cached afterwards, the
-    output's shape]`` (issue 36: what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a
-    ``top_k`` larger than the vocabulary that keeps every token)."""
+    output's shape, None]`` (issue 36: what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a
+    ``top_k`` larger than the vocabulary that keeps every token). Where the case says ``against_none``, the last item
+    is the tokens ``(b, T0 + n)`` as nested lists (``None`` where no tensor of ids came back) of that run and of a
+    second one after the same seed with ``top_k=None``, which must be the same."""
     spec = case.kwargs
-    manual_seed(spec["seed"])
-    model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
-    model.train()
-    prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
-    out = generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=spec["top_k"],
-                   use_cache=spec.get("use_cache", True))
-    return [[bool(m) for m in model.modes], int(model.num_cached),
-            list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__]
+
+    def run(top_k: int | None) -> tuple[_WatchedLM, object]:
+        manual_seed(spec["seed"])
+        model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
+        model.train()
+        prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
+        return model, generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=top_k,
+                               use_cache=spec.get("use_cache", True))
+
+    def ids(out: object) -> list | None:
+        return out.tolist() if isinstance(out, torch.Tensor) and out.dtype == torch.long and out.dim() == 2 else None
+
+    model, out = run(spec["top_k"])
+    found = [[bool(m) for m in model.modes], int(model.num_cached),
+             list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__, None]
+    if spec.get("against_none"):  # the same seed again, without top_k: the tokens of both runs
+        try:
+            again = run(None)[1]
+        except Exception:  # noqa: BLE001 - top_k=None has cases of its own; here only a comparison is missing
+            again = None
+        found[3] = [ids(out), ids(again)]
+    return found
 
 
 def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> None:
@@ -2010,10 +2030,11 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
                 said += (" A top_k larger than the vocabulary keeps every token: torch.topk(logits, min(top_k, "
                          "logits.shape[-1])).")
             fail(exercise, said, case)
-        if not (isinstance(found, list) and len(found) == 3 and isinstance(found[0], list)
-                and all(isinstance(m, bool) for m in found[0]) and type(found[1]) is int):
+        if not (isinstance(found, list) and len(found) == 4 and isinstance(found[0], list)
+                and all(isinstance(m, bool) for m in found[0]) and type(found[1]) is int
+                and (found[3] is None or _token_pair(found[3]))):
             _spec.refuse(exercise, "calls on a model in train() mode")
-        modes, cached, _ = found
+        modes, cached, _, pair = found
         if any(modes):
             without = spec.get("use_cache", True) is False
             fail(exercise, "the model was in train() mode while generate called it" +
@@ -2024,6 +2045,30 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
             fail(exercise, f"after generate the model's cache still holds {cached} tokens: call model.reset_cache() at "
                            f"the end too, as the exercise says, so that the model's next call starts a new sequence.",
                  case)
+        if spec.get("against_none") and pair is not None and None not in pair and pair[0] != pair[1]:
+            fail(exercise, _against_none_text(spec, *pair), case)
+
+
+def _token_pair(value: object) -> bool:
+    """Two runs' tokens as :func:`_leaves_run` gives them: each ``None`` or rows of ints (an outcome: untrusted)."""
+    def rows(v: object) -> bool:
+        return v is None or (isinstance(v, list) and all(isinstance(r, list) and all(type(t) is int for t in r)
+                                                         for r in v))
+    return isinstance(value, list) and len(value) == 2 and all(rows(v) for v in value)
+
+
+def _against_none_text(spec: dict, with_k: list, without: list) -> str:
+    """Why a ``top_k`` above the vocabulary must sample as ``top_k=None`` does, with the first token that differs."""
+    said = (f"generate(model, prompt ({spec['b']}, {spec['T0']}), max_new_tokens={spec['n']}, temperature="
+            f"{spec['temperature']}, top_k={spec['top_k']}) with a vocabulary of {spec['vocab_size']} tokens drew other "
+            f"tokens than with top_k=None after the same seed")
+    if len(with_k) == len(without) and all(len(a) == len(b) for a, b in zip(with_k, without)):
+        row, pos = next((r, p) for r in range(len(with_k)) for p in range(len(with_k[r]))
+                        if with_k[r][p] != without[r][p])
+        said += f" (row {row}, position {pos}: token {with_k[row][pos]}, where top_k=None drew {without[row][pos]})"
+    return (said + f": were tokens dropped? As the exercise says, a top_k above the vocabulary size keeps every "
+            f"token, so it samples exactly as top_k=None does. Clip top_k to the vocabulary, the last dimension of the "
+            f"logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
 
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
