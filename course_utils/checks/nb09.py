@@ -1785,9 +1785,9 @@ def _prompt_problem(spec: dict, k: int, want: torch.Tensor, got: object) -> str 
     if not at:
         return ""
     if at[-1] == n:
-        return (f"the prompt ends each row instead of starting it: the new tokens were put in front of it "
-                f"(torch.cat([new, tokens], dim=1)). Append each new token after the tokens so far, "
-                f"torch.cat([tokens, new], dim=1): the output is the prompt followed by the new tokens.")
+        return ("the prompt ends each row instead of starting it: the new tokens were put in front of it "
+                "(torch.cat([new, tokens], dim=1)). Append each new token after the tokens so far, "
+                "torch.cat([tokens, new], dim=1): the output is the prompt followed by the new tokens.")
     return (f"the prompt starts at position {at[0]} of each row instead of 0: tokens were put in front of it. "
             f"Append each new token after the tokens so far, torch.cat([tokens, new], dim=1).")
 
@@ -2066,9 +2066,9 @@ def _against_none_text(spec: dict, with_k: list, without: list) -> str:
         row, pos = next((r, p) for r in range(len(with_k)) for p in range(len(with_k[r]))
                         if with_k[r][p] != without[r][p])
         said += f" (row {row}, position {pos}: token {with_k[row][pos]}, where top_k=None drew {without[row][pos]})"
-    return (said + f": were tokens dropped? As the exercise says, a top_k above the vocabulary size keeps every "
-            f"token, so it samples exactly as top_k=None does. Clip top_k to the vocabulary, the last dimension of the "
-            f"logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
+    return (said + ": were tokens dropped? As the exercise says, a top_k above the vocabulary size keeps every "
+            "token, so it samples exactly as top_k=None does. Clip top_k to the vocabulary, the last dimension of the "
+            "logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
 
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
