@@ -311,7 +311,8 @@ def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose 
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
             return transformation_hint(want, got)
         if isinstance(got, BaseException):
-            return shape_error_hint(got) or _symptoms.error_hint(got) or pair_error_hint(got)
+            shapes = [tuple(t.shape) for t in (*case.args, want) if isinstance(t, torch.Tensor)]
+            return shape_error_hint(got, shapes) or _symptoms.error_hint(got) or pair_error_hint(got)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
@@ -343,14 +344,17 @@ def pair_error_hint(error: BaseException) -> str | None:
             f"meant: take its .values (x.{op}(dim, keepdim=True).values{also}).")
 
 
-def shape_error_hint(error: BaseException) -> str | None:
+def shape_error_hint(error: BaseException, shapes: Sequence[Sequence[int]] = ()) -> str | None:
     """What a raw PyTorch shape error raised inside the student's code means, in words; ``None`` for
     any other error.
 
     ``mat1 and mat2 shapes cannot be multiplied (4x3 and 4x2)`` becomes "a matrix product of a
     (4, 3) and a (4, 2) operand: the first's columns (3) must equal the second's rows (4)", with a
     missing transpose named when transposing an operand would make it fit. A broadcasting error
-    names the two sizes and the dimension, and the usual cause (a reduction without keepdim).
+    names the two sizes and the dimension; it names a reduction without keepdim only where that is what
+    the sizes show: a tensor of one of ``shapes`` (the case's tensors, e.g. its inputs and the expected
+    output) combined with itself reduced over one dimension fails with exactly these sizes at this
+    dimension (issue 36: a guess that blamed keepdim for every broadcast misled).
     """
     text = str(error)
     match = _MATMUL_ERROR.search(text)
@@ -372,9 +376,47 @@ def shape_error_hint(error: BaseException) -> str | None:
     match = _symptoms.broadcast_sizes(text)
     if match:
         a, b, dim = match
-        return (f"two tensors combined element by element do not broadcast: one has {a} entries along "
-                f"{'a dimension' if dim is None else f'dimension {dim}'}, the other {b}. Often a reduction lost its dimension: keep it with keepdim=True (or index "
-                f"[..., None]) so that the result lines up with the tensor it is combined with.")
+        saw = (f"two tensors combined element by element do not broadcast: one has {a} entries along "
+               f"{'a dimension' if dim is None else f'dimension {dim}'}, the other {b}.")
+        lost = _lost_reduction(a, b, dim, shapes)
+        if lost is None:
+            return f"{saw} Print the shapes of both operands on that line: which one has a size you did not mean there?"
+        shape, r, reduced = lost
+        return (f"{saw} These are the sizes of a {_shape_text(shape)} tensor meeting itself reduced over dimension "
+                f"{r} without keepdim, {_shape_text(reduced)}: did a reduction lose its dimension? Keep it with "
+                f"keepdim=True (or index [..., None]) so that the result lines up with the tensor it is combined with.")
+    return None
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return f"({shape[0]},)" if len(shape) == 1 else str(tuple(shape))
+
+
+def _broadcast_failure(first: Sequence[int], second: Sequence[int]) -> tuple[int, int, int] | None:
+    """``(a, b, dim)`` of the error PyTorch raises when tensors of these shapes are combined element by element
+    (it compares sizes from the last dimension on and names the first pair that differs, neither of them 1)."""
+    n = max(len(first), len(second))
+    for i in range(n - 1, -1, -1):
+        sa = first[i - n + len(first)] if i >= n - len(first) else 1
+        sb = second[i - n + len(second)] if i >= n - len(second) else 1
+        if sa != sb and 1 not in (sa, sb):
+            return sa, sb, i
+    return None
+
+
+def _lost_reduction(a: int, b: int, dim: int | None, shapes: Sequence[Sequence[int]]
+                    ) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """``(shape, r, reduced)`` where a tensor of one of ``shapes`` combined with itself reduced over dimension
+    ``r`` without keepdim (``reduced``), in either order, fails with sizes ``a``, ``b`` at ``dim`` (any dimension
+    where ``dim`` is ``None``); else ``None``."""
+    for shape in shapes:
+        shape = tuple(int(n) for n in shape)
+        for r in range(len(shape)):
+            reduced = shape[:r] + shape[r + 1:]
+            for first, second in ((shape, reduced), (reduced, shape)):
+                found = _broadcast_failure(first, second)
+                if found is not None and found[:2] == (a, b) and dim in (None, found[2]):
+                    return shape, r, reduced
     return None
 
 

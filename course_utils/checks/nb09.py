@@ -368,6 +368,11 @@ def _learned_error(case: Case, error: BaseException) -> str | None:
         if dim == 0 and sizes == {b, T}:
             return ("the position vectors line up with the batch axis: (T, d_model) broadcasts against x's "
                     "(b, T, d_model) as it is (or unsqueeze(0) to (1, T, d_model)); (T, 1, d_model) does not.")
+        if dim == 1 and T in sizes and len(sizes) == 2 and isinstance(start, int):
+            n = next(iter(sizes - {T}))  # the position vectors added, where x has T tokens (issue 36)
+            return (f"{n} position vectors met the {T} tokens of x along dimension 1: there must be one per token, "
+                    f"positions {start}..{start + T - 1} (start..start + T - 1), which torch.arange(start, start + T, "
+                    f"device=x.device) gives: arange's end is left out, so it is start + T, with T = x.shape[1].")
     return None
 
 
@@ -512,8 +517,35 @@ def _block_diagnose(causal: Callable) -> Callable:
             x = case.args[0]
             if tensor_difference(want - x, got, atol=1e-4) is None:
                 return "the input is not added back: return x + the branches' outputs (the residual connections)."
+            if case.mode == "eval" and _lacks_attention(case, got, want):
+                return ("your output is ours minus the attention branch, att(norm1(x)): the attention's result is "
+                        "not in the output (the feed-forward branch may have read it). The second residual adds to "
+                        "x AFTER the attention: x = x + drop_resid(att(norm1(x))), then return x + "
+                        "drop_resid(ff(norm2(x))) with that x, not with the block's input.")
         return causal(case, got, want)
     return diagnose
+
+
+def _lacks_attention(case: Case, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``got`` is the expected output minus the attention branch (:func:`_attention_branch`); ``False`` where this
+    edition holds no such branch (a hidden case in the student edition)."""
+    try:
+        branch = _attention_branch(case)
+    except _expected.MissingExpectation:
+        return False
+    return isinstance(branch, torch.Tensor) and branch.shape == want.shape and \
+        tensor_difference(want - branch, got, atol=1e-4) is None
+
+
+def _attention_branch(case: Case) -> torch.Tensor:
+    """The reference block's attention branch, ``att(norm1(x))`` ``(b, T, d)``, with the test weights, on an
+    ``eval()`` module case (recorded for the visible cases): what a block whose output lacks it left out."""
+    def compute() -> torch.Tensor:
+        block = set_test_weights(construct(_expected.reference("TransformerBlock"), case.build)).eval()
+        with torch.no_grad():
+            return block.att(block.norm1(case.args[0]))
+
+    return expect("TransformerBlock", f"attention branch: {case.key()}", compute)
 
 
 def _block_configs() -> list[tuple[tuple, list[Case]]]:
@@ -558,6 +590,10 @@ def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         _sharing_check(exercise, views[build], build)
         _shape_check(exercise, views[build], build, _block_shapes)
     diagnose = _block_diagnose(probed.not_causal(exercise, views))
+    if _expected.is_recording():  # the attention branch a diagnosis compares with (_attention_branch)
+        for build, cases in configs:
+            for case in cases:
+                _attention_branch(Case(case.name, case.args, case.kwargs, build=build, mode="eval"))
     first, dropped = (8, 2, 6, 0.0), (8, 2, 6, 0.25)
     probed.built(exercise, views[first], first)
     probed.finite(exercise, views[first], x, "built with (8, 2, 6, 0.0)")
@@ -711,11 +747,31 @@ _GPT_ERRORS = (
 )
 
 
+def _gpt_error(case: Case, error: BaseException) -> str | None:
+    """A raw PyTorch error inside the model's forward, translated: a known message (:data:`_GPT_ERRORS`), or the
+    token embeddings (d_model features) meeting vectors of context_length entries, a position table built
+    (d_model, context_length) (issue 36: was the generic words of a broadcast)."""
+    text = str(error)
+    hint = next((hint for key, hint in _GPT_ERRORS if key in text), None)
+    found = symptoms.broadcast_sizes(text)
+    if hint or not found or not case.build or len(case.build) < 5:
+        return hint
+    d_model, context_length = case.build[1], case.build[4]
+    sinusoidal = len(case.build) > 6 and case.build[6] == "sinusoidal"
+    if found[2] == 2 and {found[0], found[1]} == {d_model, context_length} and d_model != context_length:
+        table = ("sinusoidal_positions(context_length, d_model), in that order" if sinusoidal else
+                 "LearnedPositionalEmbedding(context_length, d_model), in that order")
+        return (f"the token embeddings, d_model = {d_model} features each, met vectors of {context_length} = "
+                f"context_length entries along dimension 2: is the position table (d_model, context_length), its "
+                f"two sizes swapped? It is (context_length, d_model), one row of d_model numbers per position: "
+                f"{table}.")
+    return None
+
+
 def _gpt_diagnose(exercise: str, views: dict) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
         if isinstance(got, BaseException):
-            text = str(got)
-            return next((hint for key, hint in _GPT_ERRORS if key in text), None)
+            return _gpt_error(case, got)
         if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
             return None
         if got.dim() == 2 and tuple(got.shape) == (want.shape[0], want.shape[2]):
@@ -1136,6 +1192,9 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
     if factor is not None and abs(factor - 2.0) < 1e-3:
         return ("every gradient is twice the expected one: loss.backward() ran twice before optimizer.step() (the "
                 "gradients add up in .grad): call it once per step.")
+    diluted = _diluted_mean(factor, want, got, k, spec)
+    if diluted:
+        return diluted
     if factor is not None:
         return (f"every gradient is {factor:.3g} times the expected one when optimizer.step() runs: the gradients of "
                 f"the mean loss itself go to the optimizer, not rescaled ones (no clip_grad_norm_ here, no loss "
@@ -1148,6 +1207,25 @@ def _step_diagnose(want: dict, got: dict, k: int, spec: dict) -> str | None:
         if not same_params and abs(got["loss"][0] - want["loss"][0]) < 1e-4 * (1 + abs(want["loss"][0])):
             return "the loss is right but the step is not: step once with the gradients of this loss."
     return None
+
+
+def _diluted_mean(factor: float | None, want: dict, got: dict, k: int, spec: dict) -> str | None:
+    """Where the loss of step ``k`` and every gradient are ``n / (b * T)`` times ours (``n`` answer positions of
+    ``b * T``): the loss is the mean over every position, those outside the answers counted as 0 (issue 36)."""
+    b, T, answer_from = spec["b"], spec["T"], spec["answer_from"]
+    starts = [answer_from] * b if isinstance(answer_from, int) else list(answer_from)
+    n = sum(max(T - int(a), 0) for a in starts)
+    loss, ours = got["loss"][k], want["loss"][k]
+    if factor is None or not 0 < n < b * T or not isinstance(loss, (int, float)) or isinstance(loss, bool) \
+            or not isinstance(ours, (int, float)) or abs(ours) < 1e-6:
+        return None
+    share = n / (b * T)
+    if abs(factor - share) > 1e-3 * share or abs(loss / ours - share) > 1e-3 * share:
+        return None
+    return (f"the loss and every gradient are {share:.3g} times ours, the share of answer positions ({n} of b * T = "
+            f"{b * T}): the loss is averaged over every position, the ones outside the answers counting as 0. "
+            f"Average over the {n} answer positions only: F.cross_entropy(logits[answer_mask], targets[answer_mask]) "
+            f"(or divide the masked sum by answer_mask.sum(), not by b * T).")
 
 
 def _step_specs() -> list[dict]:
@@ -1456,7 +1534,8 @@ def _calls_hint(spec: dict, want_calls: list, got_calls: list, raised: bool = Fa
                         f"it. Call model.reset_cache() once before the prompt and once after the loop, not inside it.")
     elif any(c[1] for c in got):
         return "use_cache=False was asked, but the model was called with use_cache=True: read model(tokens) every step."
-    elif want and got and got[-1][0] != want[-1][0]:
+    elif want and got and (any(g[0] != w[0] for g, w in zip(got, want)) if raised else got[-1][0] != want[-1][0]):
+        # after a raise, only the calls made count: those that read what ours read say nothing (issue 36)
         return ("without the cache every step reads the whole sequence so far, model(tokens), prompt and new tokens "
                 "together.")
     if len(got) != len(want) and not (raised and len(got) < len(want)):
@@ -1488,6 +1567,17 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
     message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
     kind, message = error
+    if kind == "TypeError" and spec.get("top_k") is None and "NoneType" in message \
+            and re.search(r"'[<>]=?' not supported", message):
+        return ("top_k = None (the default: no top-k) was compared with a number, which Python refuses: test for None "
+                "first, `if top_k is not None and top_k < 1`, and apply the top-k mask only when top_k is not None.")
+    sizes = symptoms.broadcast_sizes(message)
+    b, V = spec["b"], spec["vocab_size"]
+    if sizes and sizes[2] in (None, 1) and spec.get("top_k") and spec["temperature"] > 0 and b != V \
+            and {sizes[0], sizes[1]} == {b, V}:
+        return (f"one value per row, ({b},), met the ({b}, {V}) logits along the vocabulary: with top_k the k-th "
+                f"largest logit of each row lost its dimension. Keep it (b, 1), torch.topk(logits, k, "
+                f"dim=-1).values[:, -1:] (not values[:, -1]), so that each row is compared with its own k-th largest.")
     if "probability tensor contains" in message:
         if spec["temperature"] == 0:
             return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
@@ -1681,6 +1771,27 @@ def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got
             f"{want.shape[0] * n} new tokens differ)")
 
 
+def _prompt_problem(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """Where the output of call ``k`` does not start with the prompt (issue 36): ``None`` where it does (or has
+    not the expected shape); else where the prompt is, if every row holds it in one place, or ``""``."""
+    T0 = spec["runs"][k][0]
+    if not (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype):
+        return None
+    prompt = want[:, :T0]
+    if torch.equal(got[:, :T0], prompt):
+        return None
+    n = want.shape[1] - T0
+    at = [p for p in range(1, n + 1) if torch.equal(got[:, p:p + T0], prompt)]
+    if not at:
+        return ""
+    if at[-1] == n:
+        return ("the prompt ends each row instead of starting it: the new tokens were put in front of it "
+                "(torch.cat([new, tokens], dim=1)). Append each new token after the tokens so far, "
+                "torch.cat([tokens, new], dim=1): the output is the prompt followed by the new tokens.")
+    return (f"the prompt starts at position {at[0]} of each row instead of 0: tokens were put in front of it. "
+            f"Append each new token after the tokens so far, torch.cat([tokens, new], dim=1).")
+
+
 def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str | None] | None:
     """What is wrong with call ``k`` of a case where ``generate`` must raise a ``ValueError``."""
     says = spec.get("says", [])
@@ -1817,6 +1928,10 @@ _LEAVES_SPECS = [
      "n": 4, "temperature": 1.0, "top_k": 10, "seed": 9059},
     {"name": "generate without the cache on a model in train() mode", "vocab_size": 7, "d": 6, "context_length": 12,
      "b": 2, "T0": 3, "n": 4, "temperature": 0.0, "top_k": None, "seed": 9059, "use_cache": False},
+    # a top_k above the vocabulary keeps every token, so it samples as top_k=None does after the same seed; on
+    # 3 tokens at temperature 2 the least likely is drawn often, so one kept fewer tokens shows (issue 36)
+    {"name": "top_k above a vocabulary of 3, against top_k=None", "vocab_size": 3, "d": 6, "context_length": 12,
+     "b": 2, "T0": 3, "n": 6, "temperature": 2.0, "top_k": 5, "seed": 9059, "against_none": True},
 ]
 
 
@@ -1870,17 +1985,33 @@ class _WatchedLM(CachedStandInLM):
 def _leaves_run(generate: Callable, case: Case) -> list:
     """``generate`` (with the cache unless the case says ``use_cache``) on a stand-in model left in ``train()`` mode,
     as plain data: ``[whether the model was in train() mode at each call, the tokens still cached afterwards, the
-    output's shape]`` (issue 36: what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a
-    ``top_k`` larger than the vocabulary that keeps every token)."""
+    output's shape, None]`` (issue 36: what the exercise states, ``model.eval()``, the final ``reset_cache()``, and a
+    ``top_k`` larger than the vocabulary that keeps every token). Where the case says ``against_none``, the last item
+    is the tokens ``(b, T0 + n)`` as nested lists (``None`` where no tensor of ids came back) of that run and of a
+    second one after the same seed with ``top_k=None``, which must be the same."""
     spec = case.kwargs
-    manual_seed(spec["seed"])
-    model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
-    model.train()
-    prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
-    out = generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=spec["top_k"],
-                   use_cache=spec.get("use_cache", True))
-    return [[bool(m) for m in model.modes], int(model.num_cached),
-            list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__]
+
+    def run(top_k: int | None) -> tuple[_WatchedLM, object]:
+        manual_seed(spec["seed"])
+        model = _WatchedLM(spec["vocab_size"], spec["d"], spec["context_length"])
+        model.train()
+        prompt = tokens(spec["b"], spec["T0"], spec["vocab_size"], spec["seed"] + 10)
+        return model, generate(model, prompt, spec["n"], temperature=spec["temperature"], top_k=top_k,
+                               use_cache=spec.get("use_cache", True))
+
+    def ids(out: object) -> list | None:
+        return out.tolist() if isinstance(out, torch.Tensor) and out.dtype == torch.long and out.dim() == 2 else None
+
+    model, out = run(spec["top_k"])
+    found = [[bool(m) for m in model.modes], int(model.num_cached),
+             list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__, None]
+    if spec.get("against_none"):  # the same seed again, without top_k: the tokens of both runs
+        try:
+            again = run(None)[1]
+        except Exception:  # noqa: BLE001 - top_k=None has cases of its own; here only a comparison is missing
+            again = None
+        found[3] = [ids(out), ids(again)]
+    return found
 
 
 def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> None:
@@ -1899,10 +2030,11 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
                 said += (" A top_k larger than the vocabulary keeps every token: torch.topk(logits, min(top_k, "
                          "logits.shape[-1])).")
             fail(exercise, said, case)
-        if not (isinstance(found, list) and len(found) == 3 and isinstance(found[0], list)
-                and all(isinstance(m, bool) for m in found[0]) and type(found[1]) is int):
+        if not (isinstance(found, list) and len(found) == 4 and isinstance(found[0], list)
+                and all(isinstance(m, bool) for m in found[0]) and type(found[1]) is int
+                and (found[3] is None or _token_pair(found[3]))):
             _spec.refuse(exercise, "calls on a model in train() mode")
-        modes, cached, _ = found
+        modes, cached, _, pair = found
         if any(modes):
             without = spec.get("use_cache", True) is False
             fail(exercise, "the model was in train() mode while generate called it" +
@@ -1913,6 +2045,30 @@ def _judge_leaves(exercise: str, plan: Sequence[_spec.Step], outcomes: _spec.Out
             fail(exercise, f"after generate the model's cache still holds {cached} tokens: call model.reset_cache() at "
                            f"the end too, as the exercise says, so that the model's next call starts a new sequence.",
                  case)
+        if spec.get("against_none") and pair is not None and None not in pair and pair[0] != pair[1]:
+            fail(exercise, _against_none_text(spec, *pair), case)
+
+
+def _token_pair(value: object) -> bool:
+    """Two runs' tokens as :func:`_leaves_run` gives them: each ``None`` or rows of ints (an outcome: untrusted)."""
+    def rows(v: object) -> bool:
+        return v is None or (isinstance(v, list) and all(isinstance(r, list) and all(type(t) is int for t in r)
+                                                         for r in v))
+    return isinstance(value, list) and len(value) == 2 and all(rows(v) for v in value)
+
+
+def _against_none_text(spec: dict, with_k: list, without: list) -> str:
+    """Why a ``top_k`` above the vocabulary must sample as ``top_k=None`` does, with the first token that differs."""
+    said = (f"generate(model, prompt ({spec['b']}, {spec['T0']}), max_new_tokens={spec['n']}, temperature="
+            f"{spec['temperature']}, top_k={spec['top_k']}) with a vocabulary of {spec['vocab_size']} tokens drew other "
+            f"tokens than with top_k=None after the same seed")
+    if len(with_k) == len(without) and all(len(a) == len(b) for a, b in zip(with_k, without)):
+        row, pos = next((r, p) for r in range(len(with_k)) for p in range(len(with_k[r]))
+                        if with_k[r][p] != without[r][p])
+        said += f" (row {row}, position {pos}: token {with_k[row][pos]}, where top_k=None drew {without[row][pos]})"
+    return (said + ": were tokens dropped? As the exercise says, a top_k above the vocabulary size keeps every "
+            "token, so it samples exactly as top_k=None does. Clip top_k to the vocabulary, the last dimension of the "
+            "logits: torch.topk(logits, min(top_k, logits.shape[-1])).")
 
 
 def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
@@ -1971,6 +2127,10 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                         break
             if hint is None and spec.get("temperature", 0) > 0:
                 hint = _seeds_hint(seeds, outcomes)
+            moved = _prompt_problem(spec, k, w["out"], g["out"])
+            if moved is not None:  # the rank hints read the new tokens after the prompt: not where the prompt is not
+                hint = (moved or None) if hint is None else hint
+                hint = hint or smallest()
             if hint is None:
                 hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
                         or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"])

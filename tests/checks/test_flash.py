@@ -285,8 +285,12 @@ def test_a_raw_matmul_shape_error_is_translated_into_operands_and_a_missing_tran
     assert "missing transpose" in hint and "A.T @ B" in hint
     hint = shape_error_hint(_raised(lambda: torch.randn(5, 3) @ torch.randn(4, 3)))
     assert "A @ B.T" in hint
-    hint = shape_error_hint(_raised(lambda: torch.randn(2, 6, 2) - torch.randn(2, 6)))
-    assert "keepdim=True" in hint and "dimension" in hint
+    error = _raised(lambda: torch.randn(2, 6, 2) - torch.randn(2, 6))
+    hint = shape_error_hint(error, [(2, 6, 2)])  # the sizes of a (2, 6, 2) tensor minus its sum over dim 2
+    assert "keepdim=True" in hint and "(2, 6, 2) tensor meeting itself reduced over dimension 2" in hint
+    hint = shape_error_hint(error)  # nothing to confirm a lost reduction with: says what it saw, asks
+    assert "2 entries along dimension 2, the other 6" in hint and "keepdim" not in hint
+    assert "keepdim" not in shape_error_hint(error, [(3, 5, 4)])
     assert shape_error_hint(ValueError("something else")) is None
 
 
