@@ -1007,9 +1007,9 @@ def _half_expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _judge_half(exercise: str, case: Case, got: Any) -> None:
-    """The bfloat16 step: it runs, ``out`` has the inputs' dtype, and ``out`` and ``lse`` agree with float64
-    attention within bfloat16's tolerance (``lse`` in float32 is the exercise's advice; a bfloat16 one within the
-    tolerance passes, as correct alternatives do)."""
+    """The bfloat16 step: it runs, ``out`` has the inputs' dtype and ``lse`` the statistics' float32 (the exercise:
+    "``m + log(l)`` into ``lse`` (in the float32 of the statistics)"; notebook 10's backward rebuilds the weights from
+    it), and ``out`` and ``lse`` agree with float64 attention within bfloat16's tolerance."""
     if isinstance(got, BaseException):
         failed = raised(exercise, got, case)
         hint = symptoms.error_hint(got, sizes_of(case)) if failed.student_error is not None else None
@@ -1020,6 +1020,13 @@ def _judge_half(exercise: str, case: Case, got: Any) -> None:
             fail(exercise, f"returns out in {str(out.dtype).removeprefix('torch.')} for bfloat16 inputs: cast the "
                            f"output back to q.dtype. m, l and acc stay in float32; each query block's rows are "
                            f"(acc / l[..., None]).to(q.dtype).", case)
+        stats = torch.promote_types(case.args[0].dtype, torch.float32)
+        if lse.dtype != stats:
+            fail(exercise, f"returns lse in {str(lse.dtype).removeprefix('torch.')} for bfloat16 inputs: lse stays in "
+                           f"the statistics' {str(stats).removeprefix('torch.')} whatever the inputs' dtype, as m and l "
+                           f"do: allocate it with dtype=stats (q.new_empty(q.shape[:-1], dtype=stats)), not in "
+                           f"q.dtype. bfloat16 keeps only 8 significant bits, and notebook 10's backward rebuilds the "
+                           f"weights p = exp(s - lse) from lse.", case)
     problem = _pair_difference(_half_expected(case), got, HALF_ATOL, HALF_RTOL)
     if problem:
         fail(exercise, f"{_sentence(problem)} In bfloat16, compute each tile in float32 (the statistics' dtype) and "
