@@ -83,6 +83,17 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                 f"blocks stops early, so the columns from {streamed} on never reach m and l (and exp(x - m) / l of "
                 f"those columns can exceed 1, even overflow). Stream every column: for start in range(0, n, "
                 f"block_size) with n = x.shape[-1], the number of columns (not x.shape[0], the rows).")
+    stepped = _blocks_stepped(x, block, got)
+    if stepped is not None:
+        step, counts = stepped
+        said = _counted(counts)
+        if step < block:
+            return (f"l counts each column once per block that holds it ({said}; block_size={block}): the blocks "
+                    f"overlap, as they do when the loop over blocks steps by {step} instead of block_size. Step by the "
+                    f"block size, for start in range(0, n, block_size), so that each column is in exactly one block.")
+        return (f"m and l leave columns out ({said}; block_size={block}): the blocks leave gaps, as they do when the "
+                f"loop over blocks steps by {step} instead of block_size. Step by the block size, for start in "
+                f"range(0, n, block_size), so that each column is in exactly one block.")
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
             and bool(torch.isfinite(x).all()) and isinstance(want, torch.Tensor):
         g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
@@ -143,6 +154,41 @@ def _columns_streamed(x: torch.Tensor, block: int, got: object) -> int | None:
                 torch.where(torch.isinf(model), 0.0, model), torch.where(torch.isinf(g), 0.0, g), atol=1e-5, rtol=1e-4):
             return c
     return None
+
+
+@symptoms.bonus
+def _blocks_stepped(x: torch.Tensor, block: int, got: object) -> tuple[int, list[int]] | None:
+    """``(step, counts)`` where ``got`` is exp(x - m) / l with m and l streamed from blocks of ``block`` columns that
+    start every ``step`` columns (``step`` not ``block``: blocks that overlap, or leave gaps), ``counts[j]`` the number
+    of blocks that hold column ``j``: l sums column ``j`` that many times. ``None`` otherwise."""
+    if not (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and x.dim() >= 1):
+        return None
+    n = x.shape[-1]
+    if not (isinstance(block, int) and 0 < block < n) or not bool(torch.isfinite(x).all()):
+        return None
+    g, xd = got.detach().double(), x.detach().double()
+    columns = torch.arange(n)
+    for step in (s for s in range(1, min(2 * block, n - 1) + 1) if s != block):
+        starts = torch.arange(0, n, step)
+        counts = ((columns[None, :] >= starts[:, None]) & (columns[None, :] < starts[:, None] + block)).sum(0)  # (n,)
+        m = xd.masked_fill(counts == 0, float("-inf")).amax(-1, keepdim=True)  # (..., 1)
+        model = torch.exp(xd - m) / (counts * torch.exp(xd - m)).sum(-1, keepdim=True)  # (..., n)
+        if torch.equal(torch.isinf(model), torch.isinf(g)) and torch.allclose(
+                torch.where(torch.isinf(model), 0.0, model), torch.where(torch.isinf(g), 0.0, g), atol=1e-5, rtol=1e-4):
+            return step, [int(c) for c in counts]
+    return None
+
+
+def _counted(counts: list[int]) -> str:
+    """``[1, 2, 2, 0]`` as "column 0 once, columns 1..2 twice, column 3 never"."""
+    times = {0: "never", 1: "once", 2: "twice"}
+    parts, start = [], 0
+    for j in range(1, len(counts) + 1):
+        if j == len(counts) or counts[j] != counts[start]:
+            which = f"column {start}" if j - 1 == start else f"columns {start}..{j - 1}"
+            parts.append(f"{which} {times.get(counts[start], f'{counts[start]} times')}")
+            start = j
+    return ", ".join(parts)
 
 
 @symptoms.bonus
@@ -395,7 +441,9 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
+            symptom = _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
+                or _keys_weighed(case, out, lse, *tolerance) or \
+                _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
                 _rows_symptom(case, out, want[0]) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
@@ -476,6 +524,149 @@ def row_max(case: Case) -> torch.Tensor | None:
         T = s.shape[-1]
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     return s.amax(-1)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """Softmax attention in float64 with the scores scaled by ``scale``: ``(..., T, Dv)`` from ``(..., T, D)`` q and k
+    and ``(..., T, Dv)`` v."""
+    q, k, v = (a.detach().double().cpu() for a in (q, k, v))
+    s = q @ k.transpose(-2, -1) * scale  # (..., T, T)
+    if causal:
+        T = s.shape[-1]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), _INF)
+    return torch.softmax(s, -1) @ v
+
+
+def _is(model: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Whether ``got`` is ``model`` within the tolerance, every entry (NaN is not)."""
+    return got.shape == model.shape and not bool(symptoms.off_rows(model, got, atol, rtol).any())
+
+
+@symptoms.bonus
+def _scale_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """``out`` (``(..., T, D)``) that is attention's with the scores scaled by 1/sqrt(n) or 1/n for another size n of
+    the case (the number of tokens T, a block size) instead of 1/sqrt(D). ``None`` otherwise."""
+    q, k, v = case.args[:3]
+    if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2):
+        return None
+    causal = bool(case.kwargs.get("causal", True))
+    T, D = q.shape[-2], q.shape[-1]
+    kernel = "block_m" in case.kwargs
+    block_q, block_k = _blocks_of(case)
+    sizes = [("T", T, "the number of tokens"), ("BLOCK_M" if kernel else "block_q", block_q, "a block size"),
+             ("BLOCK_N" if kernel else "block_k", block_k, "a block size")]
+    for form, power in (("1/sqrt({})", 0.5), ("1/{}", 1.0)):
+        values = sorted({n for _, n, _ in sizes if n > 1 and abs(n ** -power - D ** -0.5) > 1e-9})
+        for n in values:
+            if not _is(_attention(q, k, v, n ** -power, causal), out, atol, rtol):
+                continue
+            named = " or ".join(f"{form.format(name)}, {name} = {n} {what}" for name, size, what in sizes if size == n)
+            right = ("scale, which the launch passes as 1/sqrt(HEAD_DIM)" if kernel
+                     else "1/math.sqrt(D), D = q.shape[-1]")
+            return (f"out is attention's with the scores scaled by {form.format(n)} ({named}) instead of "
+                    f"1/sqrt(D) = 1/sqrt({D}), D the head size (the size of each query and key): scale them by "
+                    f"{right}.")
+    return None
+
+
+@symptoms.bonus
+def _values_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """``out`` (``(..., T, D)``) that is the right attention weights applied to the keys (or the queries) instead of
+    the values. ``None`` otherwise."""
+    q, k, v = case.args[:3]
+    if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.shape == k.shape == v.shape):
+        return None
+    causal = bool(case.kwargs.get("causal", True))
+    kernel = "block_m" in case.kwargs
+    for name, pointer, other in (("keys", "K", k), ("queries", "Q", q)):
+        if torch.equal(other, v) or not _is(_attention(q, k, other, q.shape[-1] ** -0.5, causal), out, atol, rtol):
+            continue
+        where = (f"load each value block from V (V + bh * stride_vb + cols[:, None] * stride_vt + offs_d[None, :]), "
+                 f"not from {pointer}, in both stages" if kernel else
+                 f"multiply p by the value block v[..., k_start:k_end, :], not the {name}' block")
+        return (f"out is the right attention weights applied to the {name} instead of the values (out = P {pointer}, "
+                f"not P V): every row of out is a weighted mean of the {name}' rows. {where[0].upper()}{where[1:]}.")
+    return None
+
+
+@symptoms.bonus
+def _keys_weighed(case: Case, out: Any, lse: Any, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """With ``causal=False``: how many times ``out`` (``(..., T, D)``) and ``lse`` (``(..., T)``) weigh each key, when
+    that is a whole number shared by every query (``c_j``: a key read twice, or never), plus a number of padding
+    keys past ``T`` (zero key, so score 0, and zero value, as a kernel loads them with other=0.0): solved from the
+    outputs (``exp(lse_i)`` is the sum of the weights of row ``i``, ``out_i`` their mean of the values), then checked.
+    ``None`` unless whole numbers explain both outputs and some key is not weighed once."""
+    kw = case.kwargs
+    q, k, v = case.args[:3]
+    if kw.get("causal", True) or not (isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)):
+        return None
+    Q, K, V = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (q, k, v))  # (L, T, D) each
+    L, T, D = Q.shape
+    G = out.detach().double().cpu().reshape(L, T, V.shape[-1])  # (L, T, Dv)
+    Z = lse.detach().double().cpu().reshape(L, T)  # (L, T)
+    if not (bool(torch.isfinite(G).all()) and bool(torch.isfinite(Z).all())):
+        return None
+    s = Q @ K.transpose(-2, -1) / math.sqrt(D)  # (L, T, T)
+    a = torch.exp(s - Z[..., None])  # (L, T, T): each key's weight for c_j = 1
+    if not bool(torch.isfinite(a).all()):
+        return None
+    pad = torch.exp(-Z)  # (L, T): a padding key's weight
+    means = torch.cat([(a[..., None] * V[:, None]).permute(0, 1, 3, 2).reshape(-1, T),  # (L*T*Dv, T)
+                       torch.zeros(L * T * V.shape[-1], 1, dtype=torch.float64)], 1)
+    sums = torch.cat([a.reshape(-1, T), pad.reshape(-1, 1)], 1)  # (L*T, T + 1)
+    system = torch.cat([means, sums])
+    found = torch.linalg.lstsq(system, torch.cat([G.reshape(-1), torch.ones(L * T, dtype=torch.float64)])[:, None])
+    weights = found.solution[:, 0]  # (T + 1,)
+    counts = weights.round()
+    if bool(((weights - counts).abs() > 0.05).any()) or bool((counts < 0).any()):
+        return None
+    c, padding = counts[:T], int(counts[T])
+    if bool((c == 1).all()) and padding == 0:
+        return None
+    e = c * torch.exp(s - s.amax(-1, keepdim=True))  # (L, T, T)
+    total = e.sum(-1) + padding * torch.exp(-s.amax(-1))  # (L, T)
+    model_out, model_lse = (e @ V) / total[..., None], torch.log(total) + s.amax(-1)
+    if not (_is(model_out, G, atol, rtol) and _is(model_lse[..., None], Z[..., None], atol, rtol)):
+        return None
+    return _weighed_text(case, [int(x) for x in c], padding)
+
+
+def _weighed_text(case: Case, counts: list[int], padding: int) -> str:
+    """The message of :func:`_keys_weighed`: what ``counts`` (each key's weight) and ``padding`` say."""
+    T = len(counts)
+    kernel = "block_m" in case.kwargs
+    block = case.kwargs["block_n"] if kernel else case.args[4]
+    groups: dict[int, list[int]] = {}
+    for j, n in enumerate(counts):
+        groups.setdefault(n, []).append(j)
+    times = {0: "never", 2: "twice"}
+    said = [f"key{'s' if len(keys) > 1 else ''} {symptoms.spans(keys)} {times.get(n, f'{n} times')}"
+            for n, keys in sorted(groups.items(), key=lambda item: -item[0]) if n != 1]
+    if padding:
+        said.append(f"{'one' if padding == 1 else padding} key{'s' if padding > 1 else ''} past the end of the sequence as well (position"
+                    f"{'s' if padding > 1 else ''} {T}{f'..{T + padding - 1}' if padding > 1 else ''}, loaded as 0: "
+                    f"score 0, value 0)")
+    text = (f"with causal=False each query must weigh each of the {T} keys once, but out and lse weigh "
+            f"{'; '.join(said)}.")
+    twice, never = [j for j, n in enumerate(counts) if n > 1], [j for j, n in enumerate(counts) if n == 0]
+    if kernel:
+        lo = T // block * block
+        if twice:
+            text += (f" Keys {symptoms.spans(twice)} are read by two key blocks that overlap: the masked stage must "
+                     f"start where the first stage stopped, at lo, a key position on a block boundary (T // BLOCK_N * "
+                     f"BLOCK_N = {lo} here)")
+            text += (f", not T // BLOCK_N = {T // block}, a number of blocks." if twice[0] == T // block != lo
+                     else ".")
+        elif never:
+            text += (f" Keys {symptoms.spans(never)} are in no key block: the first stage must run up to lo = T // "
+                     f"BLOCK_N * BLOCK_N ({lo} here) and the masked stage from lo up to hi = T.")
+        if padding:
+            text += (" Keys at positions T and later are padding: keep only cols < T"
+                     + (" (cols <= T keeps position T)." if padding == 1 else "; set the others' scores to -inf."))
+    elif twice or never:
+        text += (" The key blocks overlap or leave gaps: the key loop must step by block_k, for k_start in range(0, T, "
+                 "block_k), and each block end at k_end = min(k_start + block_k, T).")
+    return text
 
 
 @symptoms.bonus
@@ -571,6 +762,36 @@ def _row_vector_hint(error: BaseException, case: Case) -> str | None:
             f"{a if rows == b else b} features of a ({rows}, head_dim) tile along the last dimension: broadcasting "
             f"lines a vector up with a tensor's LAST dimension, the features. Give the row statistic its trailing axis, "
             f"l[..., None] (or keepdim=True), so that each row is divided or scaled by its own number.")
+
+
+@symptoms.bonus
+def _leading_dims_hint(error: BaseException, case: Case) -> str | None:
+    """A size mismatch in the LEADING dimensions of inputs with (batch, head) dimensions, between one of those sizes
+    and a size a tile has only in its last two dimensions (a block size, the head size): a tile whose dimensions
+    were all reversed (``.T`` on more than two dimensions) or permuted, so its own sizes stand where the batch
+    dimensions belong. ``None`` otherwise."""
+    found = symptoms.broadcast_sizes(error)
+    q = case.args[0]
+    if found is None or found[2] is None or not isinstance(q, torch.Tensor) or q.dim() < 3:
+        return None
+    lead = [int(n) for n in q.shape[:-2]]
+    T, D = q.shape[-2], q.shape[-1]
+    block_q, block_k = _blocks_of(case)
+    tile = {"block_k": block_k, "block_q": block_q, "the head size D": D, "T % block_k": T % block_k,
+            "T % block_q": T % block_q}
+    a, b, dim = found
+    if not 0 <= dim < q.dim() - 2:
+        return None
+    batch, other = (a, b) if a in lead and b not in lead else (b, a) if b in lead and a not in lead else (None, None)
+    names = [name for name, n in tile.items() if n == other and n > 1]
+    if batch is None or not names:
+        return None
+    block = tuple(lead) + (block_k, D)
+    return (f"a leading (batch, head) dimension of size {batch} met a size {other} ({' or '.join(names)}), a size a "
+            f"tile has only in its last two dimensions: a tile's dimensions are out of order, its own sizes moved in "
+            f"front. .T reverses ALL the dimensions of a tensor with more than two (a key block {block}.T is "
+            f"{block[::-1]}), which only works for plain 2-D inputs: swap the last two with .transpose(-2, -1) "
+            f"(or .mT).")
 
 
 @symptoms.bonus
@@ -786,9 +1007,9 @@ def _half_expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _judge_half(exercise: str, case: Case, got: Any) -> None:
-    """The bfloat16 step: it runs, ``out`` has the inputs' dtype, and ``out`` and ``lse`` agree with float64
-    attention within bfloat16's tolerance (``lse`` in float32 is the exercise's advice; a bfloat16 one within the
-    tolerance passes, as correct alternatives do)."""
+    """The bfloat16 step: it runs, ``out`` has the inputs' dtype and ``lse`` the statistics' float32 (the exercise:
+    "``m + log(l)`` into ``lse`` (in the float32 of the statistics)"; notebook 10's backward rebuilds the weights from
+    it), and ``out`` and ``lse`` agree with float64 attention within bfloat16's tolerance."""
     if isinstance(got, BaseException):
         failed = raised(exercise, got, case)
         hint = symptoms.error_hint(got, sizes_of(case)) if failed.student_error is not None else None
@@ -799,6 +1020,13 @@ def _judge_half(exercise: str, case: Case, got: Any) -> None:
             fail(exercise, f"returns out in {str(out.dtype).removeprefix('torch.')} for bfloat16 inputs: cast the "
                            f"output back to q.dtype. m, l and acc stay in float32; each query block's rows are "
                            f"(acc / l[..., None]).to(q.dtype).", case)
+        stats = torch.promote_types(case.args[0].dtype, torch.float32)
+        if lse.dtype != stats:
+            fail(exercise, f"returns lse in {str(lse.dtype).removeprefix('torch.')} for bfloat16 inputs: lse stays in "
+                           f"the statistics' {str(stats).removeprefix('torch.')} whatever the inputs' dtype, as m and l "
+                           f"do: allocate it with dtype=stats (q.new_empty(q.shape[:-1], dtype=stats)), not in "
+                           f"q.dtype. bfloat16 keeps only 8 significant bits, and notebook 10's backward rebuilds the "
+                           f"weights p = exp(s - lse) from lse.", case)
     problem = _pair_difference(_half_expected(case), got, HALF_ATOL, HALF_RTOL)
     if problem:
         fail(exercise, f"{_sentence(problem)} In bfloat16, compute each tile in float32 (the statistics' dtype) and "
@@ -837,7 +1065,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(found, BaseException):
             failed = raised(exercise, found, case)
             hint = (short_block_hint(exercise, plan, outcomes, step, found) or _row_vector_hint(found, case)
-                    or symptoms.error_hint(found, sizes_of(case)) or smallest()) \
+                    or _leading_dims_hint(found, case) or symptoms.error_hint(found, sizes_of(case)) or smallest()) \
                 if failed.student_error is not None else None
             raise _hinted(failed, hint) from None
         _compare_pair(exercise, case, found, want, 1e-5, 1e-4, smallest)
@@ -988,7 +1216,6 @@ _FRESH = ("what each query block starts afresh and where it reads and writes: m,
 
 def _forward_rung(shape: tuple, block_q: int, block_k: int, causal: bool, seed: int, adds: str, suspects: str,
                   note: str = "") -> ladder.Rung:
-    T = shape[-2]
     name = (f"{tuple(shape)}, block_q={block_q}, block_k={block_k}, {'causal' if causal else 'causal=False'}"
             f"{note}")
     return ladder.Rung(Case(name, (*_qkv(*shape, seed=seed), block_q, block_k), {"causal": causal}), adds,
