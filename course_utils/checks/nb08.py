@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -225,7 +226,40 @@ def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
         return (f"{got.shape[1]} frequencies where there is one per pair of dimensions, head_dim // 2 = {head_dim // 2}: "
                 f"the pair indices 2i run over the whole head, torch.arange(0, head_dim, 2) (not up to head_dim // 2), "
                 f"and the exponent is 2i / head_dim.")
-    return None
+    return _frequencies_hint(case, got, want)
+
+
+@symptoms.bonus
+def _frequencies_hint(case: Case, got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Angles ``(max_positions, head_dim // 2)`` that grow with the position as they should, ``angle[p, i] = p *
+    theta_i``, but whose frequencies ``theta_i = base ** (-e_i)`` have exponents ``e_i`` a constant factor ``r`` times
+    the right ``2i / head_dim`` (read off row 1; ``None`` unless every pair has the same factor, not 1)."""
+    head_dim, max_positions = case.args[:2]
+    base = float(case.kwargs.get("base", case.args[2] if len(case.args) > 2 else 10000.0))
+    if got.shape != want.shape or max_positions < 2 or head_dim < 4 or base <= 1:
+        return None
+    g = got.detach().double()
+    theta = g[1]  # (head_dim // 2,): the angle of position 1 is the frequency itself
+    if not (bool(torch.isfinite(g).all()) and bool((theta > 0).all())) or abs(float(theta[0]) - 1) > 1e-4 \
+            or not torch.allclose(g, torch.outer(torch.arange(max_positions, dtype=torch.float64), theta),
+                                  atol=1e-5, rtol=1e-4):
+        return None
+    pairs = torch.arange(1, head_dim // 2, dtype=torch.float64)
+    ratio = (-torch.log(theta[1:]) / math.log(base)) / (2 * pairs / head_dim)  # (head_dim // 2 - 1,)
+    r = float(ratio.mean())
+    if not torch.allclose(ratio, torch.full_like(ratio, r), rtol=1e-3) or abs(r - 1) < 1e-2:
+        return None
+    if base != 10000.0 and abs(r - math.log(10000.0) / math.log(base)) < 1e-2:
+        return (f"the frequencies are those of base 10000.0, not of the base given, {base:g}: the base argument is "
+                f"ignored (10000.0 is only its default).")
+    said = (f"the angles grow with the position as they should (angle[p, i] = p * theta_i), but the frequencies "
+            f"theta_i fall as base ** (-{2 * r:.3g} i / head_dim), not base ** (-2 i / head_dim): the exponent is "
+            f"{r:.3g} times what it should be (pair 1: theta_1 = {float(theta[1]):.3g} where it is "
+            f"{base ** (-2 / head_dim):.3g} with head_dim = {head_dim}).")
+    if abs(r - 2) < 1e-2:
+        return said + (" Is 2i divided by head_dim // 2? The exponent is 2i / head_dim, torch.arange(0, head_dim, 2) "
+                       "/ head_dim.")
+    return said + " The exponent is 2i / head_dim, torch.arange(0, head_dim, 2) / head_dim."
 
 
 def _angles_cases() -> list[Case]:
@@ -305,6 +339,9 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
                               torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1))):
             if torch.allclose(got.double(), other, atol=1e-4, rtol=1e-4):
                 return words
+    tokens = _tokens_as_head_hint(x, got)
+    if tokens:
+        return tokens
     found = _OUT_OF_BOUNDS.search(str(got)) if isinstance(got, IndexError) else None
     if not (found and isinstance(positions, torch.Tensor) and positions.numel()):
         return None
@@ -315,6 +352,35 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
     return (f"the angle table has {size} rows{counted}, but the positions go up to {largest}: row p of "
             f"rope_angles(head_dim, max_positions) is position p, so build it for max_positions = "
             f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
+
+
+@symptoms.bonus
+def _tokens_as_head_hint(x: torch.Tensor, got: object) -> str | None:
+    """``apply_rope`` on ``x`` (``(..., T, D)``, ``T != D``) that raised as the head size ``T`` gives: ``rope_angles``
+    refusing an odd head size (T odd, D even; a number its message names is T), or, for an even ``T``, halves and
+    angles of sizes ``T // 2`` and ``D - T // 2`` that do not broadcast."""
+    T, D = x.shape[-2], x.shape[-1]
+    if not isinstance(got, BaseException) or T == D or D % 2:
+        return None
+    text = str(got)
+    sizes = symptoms.broadcast_sizes(got) if isinstance(got, RuntimeError) else None
+    numbers = {int(n) for n in re.findall(r"\b\d+\b", text)}
+    if isinstance(got, ValueError) and T % 2 == 1 and re.search(r"head_dim|even|odd|pair", text, re.I) \
+            and numbers <= {T}:
+        if T in numbers:
+            return (f"rope_angles refused head_dim {T}, and {T} is the number of tokens, x.shape[-2], of this x "
+                    f"{tuple(x.shape)}: the head size D is x.shape[-1] = {D}. " + _HEAD_SIZE)
+        return (f"an error for an odd head size, but the head size of this x {tuple(x.shape)} is x.shape[-1] = {D}, "
+                f"even: was it read from the tokens, x.shape[-2] = {T}? " + _HEAD_SIZE)
+    if T % 2 == 0 and sizes is not None and {sizes[0], sizes[1]} == {T // 2, D - T // 2}:
+        return (f"the halves and the angle table have sizes {T // 2} and {D - T // 2}, a split at {T // 2} = T // 2: "
+                f"T = x.shape[-2] = {T} is the number of tokens of this x {tuple(x.shape)}, and the head size D is "
+                f"x.shape[-1] = {D}. " + _HEAD_SIZE)
+    return None
+
+
+_HEAD_SIZE = ("Read D from the last dimension, D = x.shape[-1], for the angle table (rope_angles(D, ...)) and the "
+              "halves x[..., :D // 2], x[..., D // 2:].")
 
 
 #: The key of ``apply_rope``'s bfloat16 step: its case's, after this.

@@ -216,8 +216,61 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
                           or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names, atol, rtol)
                           or _swapped_hint(want, got, names, atol, rtol)
                           or (p_hint() if p_hint else None)
+                          or _scaled_hint(case, want, got, names, atol, rtol)
                           or _joined(_where_hint(case, want, got, names, atol, rtol),
                                      smallest() or _agreement_hint(want, got, names, atol, rtol))) from None
+
+
+@symptoms.bonus
+def _scaled_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """Gradients (``(..., T, D)``) that differ from the right ones by one constant factor each, the same for all of
+    them (a scale applied twice, or missing, on the way to them); ``None`` otherwise."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
+        return None
+    D = next((a.shape[-1] for a in case.args if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    factors = {}
+    for name, w, g in zip(names, want, got):
+        if not (isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape) \
+                or tensor_difference(w, g, atol, rtol) is None:
+            continue
+        w, g = w.detach().double().cpu(), g.detach().double().cpu()
+        norm = float((w * w).sum())
+        if not (norm > 1e-12 and bool(torch.isfinite(g).all())):
+            return None
+        c = float((w * g).sum()) / norm
+        if abs(c) < 1e-3 or not torch.allclose(g, c * w, atol=atol, rtol=rtol):  # 0 times: nothing was added
+            return None
+        factors[name] = c
+    if not factors or D is None \
+            or max(factors.values()) - min(factors.values()) > 1e-3 * max(map(abs, factors.values())):
+        return None
+    c = sum(factors.values()) / len(factors)
+    off = [n for n in names if n in factors]
+    ok = [n for n in names if n not in factors]
+    which = " and ".join(off) if len(off) < 3 else f"{off[0]}, {off[1]} and {off[2]}"
+    are, it, them = ("are", "they", "them") if len(off) > 1 else ("is", "it", "it")
+    said = (f"{' and '.join(ok)} {'agree' if len(ok) > 1 else 'agrees'}; {which} {'do' if len(off) > 1 else 'does'} "
+            f"not: " if ok else "") + (f"{which} {are} {c:.4g} times the right values, everywhere (D = {D}, sqrt(D) = "
+                                       f"{math.sqrt(D):.4g})")
+    formulas = {"dq": "dq = dS K / sqrt(D)", "dk": "dk = dS^T Q / sqrt(D)", "dv": "dv = P^T dO, with no scale",
+                "o": "o = P V, with no scale"}
+    written = ", ".join(formulas.get(n, n) for n in off)
+    shared = "in dS = P * (dP - delta), which they share, or in " if set(off) == {"dq", "dk"} else "in "
+    root = math.sqrt(D)
+    if set(off) <= {"dq", "dk"}:
+        for value, why in ((1 / root, f"the 1/sqrt(D) is applied twice on the way to {them} (to dS, say, and again in "
+                                      f"{written}): apply it once"),
+                           (root, f"the 1/sqrt(D) of {written} is missing"),
+                           (float(D), f"{it} {are} multiplied by sqrt(D) where {it} must be divided by it ({written})"),
+                           (-1.0, f"a sign is flipped ({shared}{written})")):
+            if abs(c - value) <= 1e-3 * abs(value):
+                return f"{said}: {why}."
+    elif abs(c - 1 / root) <= 1e-3 / root:
+        return f"{said}: {it} {are} multiplied by the scale 1/sqrt(D), which {written.replace(', with no scale', '')} " \
+               f"does not take."
+    times = round(c)
+    added = f" (each share added {times} times, or a factor {times})" if times >= 2 and abs(c - times) < 1e-3 else ""
+    return f"{said}: a constant factor on the way to {them}{added}; look at the scales ({written})."
 
 
 @symptoms.bonus
@@ -248,7 +301,8 @@ def _seen_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: fl
         q, k, *_, do = case.args
         return symptoms.queries_seen(q, k, do, want[names.index("dv")], got[names.index("dv")],
                                      case.kwargs["block_n"], case.kwargs["block_m"], bool(case.kwargs["causal"])) \
-            or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")], atol, rtol)
+            or _local_mask_hint(case, want[names.index("dv")], got[names.index("dv")], atol, rtol) \
+            or _kernel_reads_hint(case, want, got, names, atol, rtol)
     if "dv" in names and len(case.args) >= 8 and type(case.args[6]) is int:  # the tiled backward's case
         return _last_share_hint(case, want[names.index("dv")], got[names.index("dv")])
     if names[0] != "o":
@@ -322,6 +376,81 @@ def _local_mask_hint(case: Case, want: Any, got: Any, atol: float = 1e-5, rtol: 
     return None
 
 
+def _kernel_model(case: Case, q_read: torch.Tensor, do_read: torch.Tensor, lse_at: Callable, delta_at: Callable
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dk, dv)`` (``(L, T, D)``, float64) of a kernel launched on ``case`` whose program for key block ``b`` reads, for
+    query row ``r``, the rows ``q_read[:, r]`` and ``do_read[:, r]`` (``(L, T, D)``) and the statistics at rows
+    ``lse_at(r, b)`` and ``delta_at(r, b)`` (``(T,)`` index tensors; a row past ``T`` reads 0, as the masked loads do).
+    The mask and the loops are the right ones."""
+    q, k, v, o, _, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in case.args[:6])  # (L, T, D)
+    L, T, D = q.shape
+    lse = case.args[4].detach().double().cpu().reshape(L, T)
+    delta = (do * o).sum(-1)  # (L, T)
+    bn, causal = case.kwargs["block_n"], bool(case.kwargs["causal"])
+    rows = torch.arange(T)
+    dk, dv = torch.zeros(L, T, D, dtype=torch.float64), torch.zeros(L, T, D, dtype=torch.float64)
+
+    def read(stat: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # (L, T) at rows ``at``, 0 past T
+        return torch.where(at < T, stat[:, at.clamp(max=T - 1)], torch.zeros(()))
+
+    for b in range(math.ceil(T / bn)):
+        keys = torch.arange(b * bn, min((b + 1) * bn, T))
+        s = q_read @ k[:, keys].transpose(-2, -1) / math.sqrt(D)  # (L, T, Bn)
+        keep = (keys[None, :] <= rows[:, None]) if causal else torch.ones(T, len(keys), dtype=torch.bool)
+        p = torch.exp(s - read(lse, lse_at(rows, b))[..., None]) * keep  # (L, T, Bn)
+        dv[:, keys] = p.transpose(-2, -1) @ do_read
+        ds = p * (do_read @ v[:, keys].transpose(-2, -1) - read(delta, delta_at(rows, b))[..., None])
+        dk[:, keys] = ds.transpose(-2, -1) @ q_read / math.sqrt(D)
+    return dk, dv
+
+
+@symptoms.bonus
+def _kernel_reads_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float
+                       ) -> str | None:
+    """A kernel's ``(dk, dv)`` that equals what it gives when it reads some rows at the wrong place (issue 36): lse or
+    delta at the key positions ``offs_n`` or at the tile's offsets ``offs_m`` instead of the query rows, or q and dO
+    at ``rows + offs_d`` without the row stride (overlapping slices of the first rows). Output-only: the models are
+    computed here from the case's inputs. ``None`` where none gives it."""
+    if names != ("dk", "dv") or not (isinstance(got, (tuple, list)) and len(got) == 2
+                                     and all(isinstance(g, torch.Tensor) and g.shape == w.shape
+                                             for g, w in zip(got, want))):
+        return None
+    q, do = (case.args[i].detach().double().cpu() for i in (0, 5))
+    q, do = q.reshape(-1, *q.shape[-2:]), do.reshape(-1, *do.shape[-2:])  # (L, T, D)
+    T, D = q.shape[-2:]
+    bm, bn = case.kwargs["block_m"], case.kwargs["block_n"]
+
+    def unstrided(x: torch.Tensor) -> torch.Tensor:  # (L, T, D): row r read as the D numbers from element r on
+        return x.flatten(1).unfold(1, D, 1)[:, :T]
+
+    right = lambda r, b: r  # noqa: E731
+    at_keys = lambda r, b: b * bn + r % bm  # noqa: E731 - each query row i of a tile reads key start_n * BLOCK_N + i
+    at_offsets = lambda r, b: r % bm  # noqa: E731
+    models = [(f"{stat} is loaded at the key positions offs_n (query row i of each tile reads the {stat} of key "
+               f"start_n * BLOCK_N + i) instead of at the query rows: load it at rows = start_m + offs_m, masked "
+               f"with rows < T",
+               q, do, *((at_keys, right) if stat == "lse" else (right, at_keys))) for stat in ("delta", "lse")]
+    models += [(f"{stat} is loaded at the tile's offsets offs_m (0..BLOCK_M - 1, the first query block's rows) in "
+                f"every iteration instead of at the query rows: load it at rows = start_m + offs_m",
+                q, do, *((at_offsets, right) if stat == "lse" else (right, at_offsets))) for stat in ("delta", "lse")]
+    models += [(f"{which} {'are' if which == 'q and dO' else 'is'} loaded at rows[:, None] + offs_d[None, :], "
+                f"without the row stride: row r is read as the {D} numbers from element r on (overlapping slices of "
+                f"the first rows), not from element r * stride_t. Load {'them' if which == 'q and dO' else 'it'} at "
+                f"rows[:, None] * stride_t + "
+                f"offs_d[None, :], as k and v are loaded", q_read, do_read, right, right)
+               for which, q_read, do_read in (("q and dO", unstrided(q), unstrided(do)), ("q", unstrided(q), do),
+                                              ("dO", q, unstrided(do)))]
+    agree = [tensor_difference(w, g, atol, rtol) is None for w, g in zip(want, got)]
+    for words, q_read, do_read, lse_at, delta_at in models:
+        dk, dv = _kernel_model(case, q_read, do_read, lse_at, delta_at)
+        if all(not bool(symptoms.off_rows(m, g.detach().double().cpu().reshape(m.shape), atol, rtol).any())
+               for m, g in zip((dk, dv), got)):
+            said = {(False, True): "dv agrees, dk does not", (True, False): "dk agrees, dv does not"}.get(
+                tuple(agree), "both are wrong")
+            return f"dk and dv are what a kernel gives whose {words} ({said})."
+    return None
+
+
 def _joined(*hints: str | None) -> str | None:
     return " ".join(h for h in hints if h) or None
 
@@ -347,10 +476,15 @@ def _where_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: f
     if not (isinstance(got, (tuple, list)) and len(got) == len(names)):
         return None
     try:
+        # dv = P^T dO sums over every tile the loops visit: where it agrees, the loops' ranges are right
+        dv = names.index("dv") if "dv" in names else None
+        loops_right = dv is not None and isinstance(got[dv], torch.Tensor) and got[dv].shape == want[dv].shape \
+            and tensor_difference(want[dv], got[dv], atol, rtol) is None
         for name, w, g in zip(names, want, got):
             if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape \
                     and tensor_difference(w, g, atol, rtol) is not None:
-                return symptoms.where_wrong(tokens_of(case, name), w, g, name, atol=atol, rtol=rtol)
+                return symptoms.where_wrong(tokens_of(case, name), w, g, name, atol=atol, rtol=rtol,
+                                            loops_right=loops_right)
     except Exception:  # noqa: BLE001 - a hint is a bonus
         return None
     return None
@@ -621,6 +755,48 @@ def _judge_backward_structure(exercise: str, outcomes: Outcomes, step: Step) -> 
             fail(exercise, problem, case)
 
 
+def _blocks_of(case: Case) -> tuple[int, int, int, bool] | None:
+    """``(T, block_q, block_k, causal)`` of a tiled backward's case, ``None`` if it has no block sizes."""
+    sizes = [a for a in case.args if type(a) is int]
+    flags = [a for a in case.args if type(a) is bool]
+    if len(sizes) < 2 or not isinstance(case.args[0], torch.Tensor):
+        return None
+    return case.args[0].shape[-2], sizes[0], sizes[1], bool(case.kwargs.get("causal", flags[0] if flags else True))
+
+
+@symptoms.bonus
+def _mask_shape_hint(plan: list[Step], outcomes: Outcomes, step: Step, error: BaseException) -> str | None:
+    """A causal tile's mask of another shape than the tile's ``(Bq, Bk)`` scores (issue 36): ``error`` met the sizes
+    ``block_q`` and ``block_k`` of ``step``'s causal case, another causal case raised so too where no last, shorter
+    block has either size (``T % block`` is 0 or neither block size), and a case with ``causal=False`` (no mask) and
+    ``block_q != block_k`` ran."""
+    sizes, blocks = symptoms.broadcast_sizes(error), _blocks_of(step.case)
+    if sizes is None or blocks is None:
+        return None
+    T, block_q, block_k, causal = blocks
+    if not causal or block_q == block_k or {sizes[0], sizes[1]} != {block_q, block_k}:
+        return None
+    even = unmasked = None
+    for other in plan:
+        found, b = outcomes[other.key], _blocks_of(other.case)
+        if other is step or b is None or b[1] == b[2]:
+            continue
+        if b[3] and isinstance(found, BaseException) and (s := symptoms.broadcast_sizes(found)) \
+                and {s[0], s[1]} == {b[1], b[2]} and b[0] % b[1] not in (b[1], b[2]) and b[0] % b[2] not in (b[1], b[2]):
+            even = even or other.case
+        if not b[3] and not isinstance(found, BaseException):
+            unmasked = unmasked or other.case
+    if even is None or unmasked is None:
+        return None
+    return (f"a causal tile's mask does not have the shape of the tile's scores, (Bq, Bk) = (block_q = {block_q} "
+            f"query rows, block_k = {block_k} key columns): they met with sizes {sizes[0]} and {sizes[1]}. The case "
+            f"'{unmasked.name}' (no mask, block_q != block_k) runs; the causal ones with block_q != block_k raise "
+            f"with their two block sizes, also '{even.name}', where no last, shorter block has either size. Build the "
+            f"mask with the "
+            f"queries down the rows and the keys across: rows = arange(q_start, q_end)[:, None] (Bq, 1), cols = "
+            f"arange(k_start, k_end)[None, :] (1, Bk), masked where cols > rows.")
+
+
 def _backward_diagnose(error: BaseException) -> str | None:
     """The hint for a tiled backward that raised ``error``: a row statistic sliced without its last dimension."""
     found = symptoms.broadcast_sizes(error)
@@ -765,7 +941,8 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
             if isinstance(got, BaseException):
                 failed = raised(exercise, got, case)
                 hint = None if failed.student_error is None else (
-                    short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
+                    _mask_shape_hint(plan, outcomes, step, got)
+                    or short_block_hint(exercise, plan, outcomes, step, got) or _backward_diagnose(got)
                     or symptoms.error_hint(got, _sizes_of(case)) or ladder.diagnose(BACKWARD_LADDER, outcomes))
                 raise _hinted(failed, hint) from None
             lse_key = LSE_RAISED + step.key
@@ -871,6 +1048,14 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
         return ("a division by zero: a block size of 0 (False, the causal flag, where a block size goes?). The order is "
                 "flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal), causal last, while "
                 "FlashAttention.apply(q, k, v, causal, block_q, block_k) takes it before the block sizes.")
+    given = re.search(r"forward\(\) takes (?:from \d+ to )?(\d+) positional arguments? but 7 were given", text)
+    if given:
+        names = _forward_parameters(cls) if cls is not None else None
+        yours = (f": yours takes ({', '.join(names)}), without ctx" if names and "ctx" not in names
+                 else f", but yours takes at most {given.group(1)}")
+        return (f"apply calls forward with ctx first and then its own 6 arguments, (ctx, q, k, v, causal, block_q, "
+                f"block_k): 7 in all{yours}. Write forward(ctx, q, k, v, causal, block_q, block_k), ctx first as in "
+                f"backward(ctx, do).")
     if "'tuple' object is not callable" in text:
         return ("a tuple was called like a function, name(...). If it is ctx.saved_tensors: it is an attribute that "
                 "holds the saved tensors, not a method: unpack it without parentheses, q, k, v, o, lse = "

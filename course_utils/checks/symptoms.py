@@ -78,12 +78,14 @@ def _span(rows: list[int]) -> str:
 
 @bonus
 def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: bool = False,
-                atol: float = _ATOL, rtol: float = _RTOL) -> str | None:
+                atol: float = _ATOL, rtol: float = _RTOL, loops_right: bool = False) -> str | None:
     """Which (batch, head) slices or which token rows of ``got`` (``(*lead, T, D)`` or ``(*lead, T)``) are wrong,
     when that pattern points at code: only the first (batch, head) right (an offset that ignores them); NaN on
     whole blocks (a tile never computed); rows from the first one that reads a second block on (the update
     carried from block to block); every block but the first (state not started afresh per block); the last,
-    shorter block alone (its end). ``vector``: ``got`` has no feature dimension (lse: ``(*lead, T)``)."""
+    shorter block alone (its end). ``vector``: ``got`` has no feature dimension (lse: ``(*lead, T)``).
+    ``loops_right``: another output that sums over every tile the loops visit agrees (the backward's dv), so the
+    patterns that blame a loop's range are not said."""
     if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)) or got.shape != want.shape:
         return None
     w = want if not vector else want[..., None]
@@ -129,7 +131,7 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     zero = (g.detach().double() == 0).flatten(0, -3).all(0).all(-1) if g.dim() > 2 else (g.detach() == 0).all(-1)
     want_zero = (w.detach().double() == 0).flatten(0, -3).any(0).all(-1) if w.dim() > 2 else (w.detach() == 0).all(-1)
     zero = zero & ~want_zero & rows_off
-    if block and bool(zero.any()) and not bool(zero.all()):
+    if block and bool(zero.any()) and not bool(zero.all()) and not loops_right:
         other = "key" if who == "query" else "query"
         return (f"{name} is exactly 0 on rows {spans([int(r) for r in rows[zero]])} (where it must not be): no "
                 f"{other} block ever added its share to those {who} rows. Does the loop over {other} blocks include "
@@ -167,16 +169,16 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
         return (f"{name} is right for queries 0..{other - 1}, which read one key block, and wrong from query {other} "
                 f"on, the first to read a second key block (block_k = {other}): look at what carries from one key "
                 f"block to the next: m_new, alpha = exp(m - m_new), l and acc rescaled by alpha, and m = m_new.")
-    if who == "key" and not tokens.causal and suffix:
+    if who == "key" and not tokens.causal and suffix and not loops_right:
         return (f"{name} is right for the first key block{'s' if bad[0] > 1 else ''} and wrong for key blocks "
                 f"{_span(bad)} ({span}), in a case with causal=False: with causal=False every query sees every key, "
                 f"also the queries before a key block. Does the query loop start at 0 when causal is False (not at "
                 f"the key block's diagonal, which is the causal start)?")
-    if who == "key" and prefix:
+    if who == "key" and prefix and not loops_right:
         return (f"{name} is wrong for key blocks {_span(bad)} ({span}) and right for the last key block{'s' if n - len(bad) > 1 else ''} "
                 f"({flag}): each key must receive a gradient from every query that sees it, up to the last query "
                 f"T - 1. Does the query loop for a key block run to T (and not stop at that key block's own end)?")
-    if who == "query" and not tokens.causal and prefix:
+    if who == "query" and not tokens.causal and prefix and not loops_right:
         return (f"{name} is wrong for query blocks {_span(bad)} ({span}) and right for the later ones, in a case with "
                 f"causal=False: with causal=False every query reads all T keys; the early query blocks are those "
                 f"that a causal end (q_end) cuts short. Does the key loop run to T when causal is False?")

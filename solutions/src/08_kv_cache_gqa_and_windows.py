@@ -247,7 +247,7 @@ def rope_angles(head_dim: int, max_positions: int, base: float = 10000.0) -> tor
     """(max_positions, head_dim // 2) float32: angle[p, i] = p * base ** (-2 i / head_dim)."""
     ### BEGIN SOLUTION
     if head_dim % 2 != 0:
-        raise ValueError(f"head_dim must be even (pairs of dimensions turn together), got {head_dim}")
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,): theta_i
     return torch.outer(torch.arange(max_positions, dtype=torch.float64), theta).float()  # (P, D/2)
     ### END SOLUTION

@@ -415,3 +415,17 @@ def test_a_kernels_ladder_runs_where_the_kernel_is_compiled(monkeypatch, noteboo
         assert words in message, message
     monkeypatch.setattr(ladder, "compiled_here", lambda: False)
     assert not any(ladder.is_rung(s) for s in spec.steps(hidden=False))
+
+
+def test_rows_wrong_by_key_block_blame_the_query_loop_only_while_dv_is_wrong_too():
+    """symptoms.where_wrong's key-block patterns (dk wrong for the first key blocks: does the query loop run to T?)
+    are not said where dv agrees (``loops_right``): dv = P^T dO sums over every tile the loops visit, so a loop's
+    range cannot be what is wrong (held-out G: delta read at the key positions was blamed on the query loop)."""
+    from course_utils.checks import symptoms
+
+    want = torch.ones(1, 1, 8, 2, dtype=torch.float64)  # (B, H, T, D): two key blocks of 4
+    got = want.clone()
+    got[..., :4, :] += 1.0  # the first key block wrong, the last right
+    tokens = symptoms.Tokens(block=4, other_block=4, causal=True, rows="key")
+    assert "Does the query loop for a key block run to T" in symptoms.where_wrong(tokens, want, got, "dk")
+    assert "query loop" not in (symptoms.where_wrong(tokens, want, got, "dk", loops_right=True) or "")
