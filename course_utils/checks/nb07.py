@@ -141,19 +141,29 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
 def _columns_streamed(x: torch.Tensor, block: int, got: object) -> int | None:
     """``c`` where ``got`` is exp(x - m) / l with m and l the statistics of the first ``c`` columns of ``x`` only (a
     whole number of blocks, fewer than all ``n``): a loop over blocks that stops early. ``None`` otherwise."""
-    if not (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and x.dim() >= 1):
+    if not _streamable(x, block, got):
         return None
-    n = x.shape[-1]
-    if not (isinstance(block, int) and 0 < block < n) or not bool(torch.isfinite(x).all()):
-        return None
-    g, xd = got.detach().double(), x.detach().double()
+    g, xd, n = got.detach().double(), x.detach().double(), x.shape[-1]
     for c in range(block, n, block):
         m = xd[..., :c].amax(-1, keepdim=True)  # (..., 1)
         model = torch.exp(xd - m) / torch.exp(xd[..., :c] - m).sum(-1, keepdim=True)  # (..., n)
-        if torch.equal(torch.isinf(model), torch.isinf(g)) and torch.allclose(
-                torch.where(torch.isinf(model), 0.0, model), torch.where(torch.isinf(g), 0.0, g), atol=1e-5, rtol=1e-4):
+        if _same_softmax(model, g):
             return c
     return None
+
+
+def _streamable(x: torch.Tensor, block: object, got: object) -> bool:
+    """Whether ``got`` can be modelled as a streamed softmax of the finite ``x`` (``(..., n)``) in blocks of ``block``
+    columns, fewer than ``n``: a float tensor of ``x``'s shape."""
+    return (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and x.dim() >= 1
+            and isinstance(block, int) and 0 < block < x.shape[-1] and bool(torch.isfinite(x).all()))
+
+
+def _same_softmax(model: torch.Tensor, got: torch.Tensor) -> bool:
+    """Whether ``got`` is ``model`` (both ``(..., n)``, float64): inf in the same places, the rest within 1e-5."""
+    inf = torch.isinf(model)
+    return torch.equal(inf, torch.isinf(got)) and torch.allclose(
+        torch.where(inf, 0.0, model), torch.where(torch.isinf(got), 0.0, got), atol=1e-5, rtol=1e-4)
 
 
 @symptoms.bonus
@@ -161,20 +171,16 @@ def _blocks_stepped(x: torch.Tensor, block: int, got: object) -> tuple[int, list
     """``(step, counts)`` where ``got`` is exp(x - m) / l with m and l streamed from blocks of ``block`` columns that
     start every ``step`` columns (``step`` not ``block``: blocks that overlap, or leave gaps), ``counts[j]`` the number
     of blocks that hold column ``j``: l sums column ``j`` that many times. ``None`` otherwise."""
-    if not (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and x.dim() >= 1):
+    if not _streamable(x, block, got):
         return None
-    n = x.shape[-1]
-    if not (isinstance(block, int) and 0 < block < n) or not bool(torch.isfinite(x).all()):
-        return None
-    g, xd = got.detach().double(), x.detach().double()
+    g, xd, n = got.detach().double(), x.detach().double(), x.shape[-1]
     columns = torch.arange(n)
     for step in (s for s in range(1, min(2 * block, n - 1) + 1) if s != block):
         starts = torch.arange(0, n, step)
         counts = ((columns[None, :] >= starts[:, None]) & (columns[None, :] < starts[:, None] + block)).sum(0)  # (n,)
         m = xd.masked_fill(counts == 0, float("-inf")).amax(-1, keepdim=True)  # (..., 1)
         model = torch.exp(xd - m) / (counts * torch.exp(xd - m)).sum(-1, keepdim=True)  # (..., n)
-        if torch.equal(torch.isinf(model), torch.isinf(g)) and torch.allclose(
-                torch.where(torch.isinf(model), 0.0, model), torch.where(torch.isinf(g), 0.0, g), atol=1e-5, rtol=1e-4):
+        if _same_softmax(model, g):
             return step, [int(c) for c in counts]
     return None
 
