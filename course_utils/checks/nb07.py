@@ -96,6 +96,13 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
             return (f"m and l leave columns out ({said}; block_size={block}): the blocks leave gaps, as they do when "
                     f"the loop over blocks steps by {step} instead of block_size. Step by the block size, for start in "
                     f"range(0, n, block_size), so that each column is in exactly one block.")
+        n = x.shape[-1]
+        last = (n - 1) // block * block
+        if counts == [0] * last + [1] * (n - last):  # what l overwritten by each block's sum gives too
+            return (f"l sums only the last block's columns {last}..{n - 1} (block_size={block}; columns "
+                    f"0..{last - 1} never): the earlier blocks are lost. Either the loop skips them (it must start at "
+                    f"0: range(0, n, block_size)), or l is overwritten by each block's sum instead of rescaled and "
+                    f"added to: l = l * exp(m - m_new) + exp(block - m_new).sum(...).")
         seen = []
         if first != 0:
             seen.append(f"the first block starts at column {first}, not 0 (range({first}, n, ...))")
