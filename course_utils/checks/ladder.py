@@ -207,3 +207,23 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
                 f"wrong from {rung.adds} on ({where}: {fact}). So the mistake is in what only matters from there "
                 f"on: {rung.suspects}")
     return None
+
+
+@symptoms.bonus
+def first_wrong(ladder: Ladder, outcomes: Any) -> tuple[Rung, Any, Any] | None:
+    """``(rung, output, expected)`` of the first rung whose output (not an exception) differs from its expected value,
+    for a check's own symptoms to read where the failing case itself raised; ``None`` where a rung before it raised,
+    lacks its outcome or its expected value, or every rung agrees."""
+    if any(RUNG_PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
+        return None
+    for rung in ladder.rungs:
+        got = _outcome(ladder, outcomes, rung)
+        if isinstance(got, BaseException):
+            return None
+        try:
+            want = _want(ladder, rung)
+        except _expected.MissingExpectation:
+            return None
+        if _wrong_parts(ladder, want, got) != []:
+            return rung, got, want
+    return None

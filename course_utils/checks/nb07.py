@@ -85,15 +85,36 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                 f"block_size) with n = x.shape[-1], the number of columns (not x.shape[0], the rows).")
     stepped = _blocks_stepped(x, block, got)
     if stepped is not None:
-        step, counts = stepped
+        first, step, length, counts = stepped
         said = _counted(counts)
-        if step < block:
-            return (f"l counts each column once per block that holds it ({said}; block_size={block}): the blocks "
-                    f"overlap, as they do when the loop over blocks steps by {step} instead of block_size. Step by the "
-                    f"block size, for start in range(0, n, block_size), so that each column is in exactly one block.")
-        return (f"m and l leave columns out ({said}; block_size={block}): the blocks leave gaps, as they do when the "
-                f"loop over blocks steps by {step} instead of block_size. Step by the block size, for start in "
-                f"range(0, n, block_size), so that each column is in exactly one block.")
+        if first == 0 and length == block:
+            if step < block:
+                return (f"l counts each column once per block that holds it ({said}; block_size={block}): the "
+                        f"blocks overlap, as they do when the loop over blocks steps by {step} instead of block_size. "
+                        f"Step by the block size, for start in range(0, n, block_size), so that each column is in "
+                        f"exactly one block.")
+            return (f"m and l leave columns out ({said}; block_size={block}): the blocks leave gaps, as they do when "
+                    f"the loop over blocks steps by {step} instead of block_size. Step by the block size, for start in "
+                    f"range(0, n, block_size), so that each column is in exactly one block.")
+        n = x.shape[-1]
+        last = (n - 1) // block * block
+        if counts == [0] * last + [1] * (n - last):  # what l overwritten by each block's sum gives too
+            return (f"l sums only the last block's columns {last}..{n - 1} (block_size={block}; columns "
+                    f"0..{last - 1} never): the earlier blocks are lost. Either the loop skips them (it must start at "
+                    f"0: range(0, n, block_size)), or l is overwritten by each block's sum instead of rescaled and "
+                    f"added to: l = l * exp(m - m_new) + exp(block - m_new).sum(...).")
+        seen = []
+        if first != 0:
+            seen.append(f"the first block starts at column {first}, not 0 (range({first}, n, ...))")
+        if length != block:
+            sign = "+" if length > block else "-"
+            seen.append(f"each block holds {length} columns, not block_size = {block} (x[..., start:start + "
+                        f"block_size {sign} {abs(length - block)}])")
+        if step != block:
+            seen.append(f"the loop steps by {step}")
+        return (f"m and l count {said} (block_size={block}): each column must be counted exactly once. That is what "
+                f"blocks give where {' and '.join(seen)}. Use for start in range(0, n, block_size) and the block "
+                f"x[..., start:start + block_size], so that each column is in exactly one block.")
     if isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point() and got.numel() \
             and bool(torch.isfinite(x).all()) and isinstance(want, torch.Tensor):
         g, w, xd = got.detach().double(), want.detach().double(), x.detach().double()
@@ -167,21 +188,30 @@ def _same_softmax(model: torch.Tensor, got: torch.Tensor) -> bool:
 
 
 @symptoms.bonus
-def _blocks_stepped(x: torch.Tensor, block: int, got: object) -> tuple[int, list[int]] | None:
-    """``(step, counts)`` where ``got`` is exp(x - m) / l with m and l streamed from blocks of ``block`` columns that
-    start every ``step`` columns (``step`` not ``block``: blocks that overlap, or leave gaps), ``counts[j]`` the number
-    of blocks that hold column ``j``: l sums column ``j`` that many times. ``None`` otherwise."""
+def _blocks_stepped(x: torch.Tensor, block: int, got: object) -> tuple[int, int, int, list[int]] | None:
+    """``(first, step, length, counts)`` where ``got`` is exp(x - m) / l with m and l streamed from blocks of
+    ``length`` columns that start at ``first`` and then every ``step`` columns, not each column exactly once (blocks
+    that overlap, leave gaps, or skip the first ones); ``counts[j]`` the number of blocks that hold column ``j``: l
+    sums column ``j`` that many times, and m is the largest column counted. The loops tried first are those of the
+    right block size from column 0 (a wrong step); then a first block that is not at 0, a block one column too long
+    or too short. ``None`` otherwise."""
     if not _streamable(x, block, got):
         return None
     g, xd, n = got.detach().double(), x.detach().double(), x.shape[-1]
     columns = torch.arange(n)
-    for step in (s for s in range(1, min(2 * block, n - 1) + 1) if s != block):
-        starts = torch.arange(0, n, step)
-        counts = ((columns[None, :] >= starts[:, None]) & (columns[None, :] < starts[:, None] + block)).sum(0)  # (n,)
+    loops = [(0, s, block) for s in range(1, min(2 * block, n - 1) + 1) if s != block]
+    loops += [(f, s, length) for length in (block, block + 1, block - 1) for f in range(0, min(2 * block, n - 1) + 1)
+              for s in (block, block + 1, block - 1) if (f, s, length) != (0, block, block) and length > 0 and s > 0
+              and (f, s, length) not in loops]
+    for first, step, length in loops:
+        starts = torch.arange(first, n, step)
+        counts = ((columns[None, :] >= starts[:, None]) & (columns[None, :] < starts[:, None] + length)).sum(0)  # (n,)
+        if bool((counts == 1).all()) or not bool((counts > 0).any()):
+            continue
         m = xd.masked_fill(counts == 0, float("-inf")).amax(-1, keepdim=True)  # (..., 1)
         model = torch.exp(xd - m) / (counts * torch.exp(xd - m)).sum(-1, keepdim=True)  # (..., n)
         if _same_softmax(model, g):
-            return step, [int(c) for c in counts]
+            return first, step, length, [int(c) for c in counts]
     return None
 
 
@@ -450,7 +480,8 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
             symptom = _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
-                _rows_symptom(case, out, want[0]) or \
+                _rows_symptom(case, out, want[0]) or _base_hint(case, out, want[0], *tolerance) or \
+                _carry_hint(case, out, lse, want[0], *tolerance) or _block_cut_hint(case, out, want[0], *tolerance) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
                 return symptom
@@ -858,6 +889,194 @@ def _rows_symptom(case: Case, out: Any, want: torch.Tensor) -> str | None:
     return None
 
 
+#: One factor of the carry-over changed (:func:`_carry_hint`): its name, then what the loop did, in words.
+_CARRY_VARIANTS = (
+    ("tile_max", "alpha taken against the tile's own maximum, exp(m - rowmax(s)), instead of against the new running "
+                 "maximum: alpha = exp(m - m_new), m_new = max(m, rowmax(s))"),
+    ("inverted", "alpha inverted, exp(m_new - m) instead of exp(m - m_new) (it must be at most 1)"),
+    ("l_kept", "l not rescaled: l = alpha * l + p.sum(-1), not l + p.sum(-1)"),
+    ("acc_kept", "acc not rescaled: acc = alpha * acc + p @ v_blk, not acc + p @ v_blk"),
+    ("none", "nothing rescaled (alpha left out of both l and acc)"),
+)
+
+
+def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int, causal: bool,
+           variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiled forward in float64 (``(..., T, D)`` inputs; ``(out, lse)``, ``(..., T, Dv)`` and ``(..., T)``) with
+    one factor of the carry-over from key block to key block changed (:data:`_CARRY_VARIANTS`)."""
+    q, k, v = (a.detach().double().cpu() for a in (q, k, v))
+    T = q.shape[-2]
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float64)
+    for qs in range(0, T, block_q):
+        qe = min(qs + block_q, T)
+        qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+        m = torch.full(qb.shape[:-1], _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+        for ks in range(0, qe if causal else T, block_k):
+            ke = min(ks + block_k, T)
+            s = qb @ k[..., ks:ke, :].transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = {"tile_max": lambda: torch.exp(m - s.amax(-1)), "inverted": lambda: torch.exp(m_new - m),
+                     "none": lambda: torch.ones_like(m)}.get(variant, lambda: torch.exp(m - m_new))()
+            p = torch.exp(s - m_new[..., None])
+            l = (l if variant == "l_kept" else alpha * l) + p.sum(-1)
+            acc = (acc if variant == "acc_kept" else alpha[..., None] * acc) + p @ v[..., ks:ke, :]
+            m = m_new
+        out[..., qs:qe, :] = acc / l[..., None]
+        lse[..., qs:qe] = m + torch.log(l)
+    return out, lse
+
+
+@symptoms.bonus
+def _carry_hint(case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4
+                ) -> str | None:
+    """``out`` (``(..., T, D)``, and ``lse`` ``(..., T)``) equal to the tiled forward's with ONE factor of the
+    carry-over between key blocks changed (:data:`_CARRY_VARIANTS`), where that changes the output: the change,
+    named. Both checks' cases (a kernel's blocks are BLOCK_M and BLOCK_N). ``None`` otherwise."""
+    q, k, v = case.args[:3]
+    if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2 and q.shape[-2] <= 64):
+        return None
+    block_q, block_k = _blocks_of(case)
+    causal = bool(case.kwargs.get("causal", True))
+    kernel = "block_m" in case.kwargs
+    for variant, words in _CARRY_VARIANTS:
+        model_out, model_lse = _tiled(q, k, v, block_q, block_k, causal, variant)
+        if _is(model_out, want.detach().double().cpu(), atol, rtol) or not _is(model_out, out.detach().double().cpu(),
+                                                                                atol, rtol):
+            continue
+        both = isinstance(lse, torch.Tensor) and lse.shape == model_lse.shape and \
+            _is(model_lse[..., None], lse.detach().double().cpu()[..., None], atol, rtol)
+        names = ("m_i", "l_i") if kernel else ("m", "l")
+        return (f"out{' and lse are' if both else ' is'} what the loop over key blocks gives with {words}. Such a "
+                f"slip shows only where the running maximum {names[0]} changes from one key block to the next"
+                f"{' (in either stage)' if kernel else ''}.")
+    return None
+
+
+@symptoms.bonus
+def _block_cut_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """``out`` (``(..., T, D)``) whose rows are each softmax attention over the keys 0..c, with ONE cut ``c`` shared by
+    every row of a query block (in blocks of block_q or BLOCK_M) where the right cut is each query's own position
+    (causal) or T - 1: with causal, the block's first query position (the mask compares the keys with the block's
+    start); with causal=False, its last (the keys stop at the query block's end). ``None`` unless every row of every
+    query block with a wrong row is explained by one of those two. (A causal cut at the block's last query is also
+    what a crossing tile left unmasked gives, and a cut at a key block's end what a loop's end gives: those are
+    :func:`symptoms.keys_seen`'s to say.)"""
+    q, k, v = case.args[:3]
+    if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2 and k.shape[-2] == q.shape[-2]):
+        return None
+    block_q, _ = _blocks_of(case)
+    causal = bool(case.kwargs.get("causal", True))
+    Q, K, V = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (q, k, v))  # (L, T, D) each
+    G = out.detach().double().cpu().reshape(Q.shape[0], Q.shape[1], V.shape[-1])  # (L, T, Dv)
+    W = want.detach().double().cpu().reshape(G.shape)
+    L, T, _ = Q.shape
+    if block_q < 2 or T > 64 or not bool(torch.isfinite(G).all()):
+        return None
+    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (L, T, T)
+    e = torch.exp(s - s.amax(-1, keepdim=True))  # (L, T, T)
+    prefix = torch.cumsum(e[..., None] * V[:, None], -2) / torch.cumsum(e, -1)[..., None]  # (L, T, c, Dv): keys 0..c
+    fits = ~symptoms.off_rows(prefix, G[:, :, None, :].expand_as(prefix), atol, rtol).any(0)  # (T, c)
+    off = symptoms.off_rows(W, G, atol, rtol).any(0)  # (T,)
+    cuts: dict[tuple[int, int], int] = {}
+    for qs in range(0, T, block_q):
+        qe = min(qs + block_q, T)
+        if not bool(off[qs:qe].any()):
+            continue
+        common = fits[qs:qe].all(0).nonzero()
+        if qe - qs < 2 or len(common) != 1:
+            return None
+        cuts[(qs, qe)] = int(common[0])
+    if not cuts:
+        return None
+    said = "; ".join(f"rows {qs}..{qe - 1} see keys 0..{c}" for (qs, qe), c in cuts.items())
+    kernel = "block_m" in case.kwargs
+    seen = (f"every query of a query block sees the same keys, 0..c for one c per block ({said}), where "
+            + ("each query i must see the keys 0..i. " if causal else f"with causal=False each must see all {T}. "))
+    if causal and all(c == qs for (qs, _), c in cuts.items()):
+        own = "offs_m" if kernel else "q_start + i, the rows of the tile"
+        first = "start_m * BLOCK_M" if kernel else "q_start"
+        return seen + (f"c is the block's first query position: the causal mask compares the keys with {first} "
+                       f"instead of each query's own position, {own} (keep key j for query i when j <= i).")
+    if not causal and all(c == qe - 1 for (_, qe), c in cuts.items()):
+        return seen + ("c is the query block's last position: the keys stop at the query block's end q_end, as a "
+                       "causal loop's would. With causal=False the key loop runs to T and each key block ends at "
+                       "k_end = min(k_start + block_k, T), whatever the query block.")
+    return None
+
+
+@symptoms.bonus
+def _base_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """``out`` (``(..., T, D)``) that is attention with the scaled scores also multiplied by ln 2 (exponentials in base
+    2, exp2, of scores never multiplied by log2(e)) or by log2(e) (scores ready for exp2 given to exp). ``None``
+    otherwise."""
+    q, k, v = case.args[:3]
+    if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2):
+        return None
+    causal = bool(case.kwargs.get("causal", True))
+    kernel = "block_m" in case.kwargs
+    exp2, exp = ("tl.exp2", "tl.exp") if kernel else ("torch.exp2", "torch.exp")
+    for factor, words in (
+            (math.log(2), f"ln 2: a softmax in base 2. {exp2}(x) is 2**x = exp(x * ln 2), so the scaled scores must be "
+                          f"multiplied by log2(e) = 1.4427 before every {exp2} (and lse turned back to base e, "
+                          f"(m + log2(l)) * ln 2); or use {exp}."),
+            (1 / math.log(2), f"log2(e): the scores were scaled for {exp2} but given to {exp}. Use {exp2} with those "
+                              f"scores, or leave log2(e) out.")):
+        if _is(_attention(q, k, v, factor / math.sqrt(q.shape[-1]), causal), out.detach().double().cpu(), atol, rtol):
+            return f"out is attention with every score multiplied by {factor:.4f} = {words}"
+    return None
+
+
+_BATCH_PRODUCT = re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] but got: "
+                            r"\[(\d+), (\d+)\]")
+
+
+@symptoms.bonus
+def _tile_product_hint(error: BaseException, case: Case) -> str | None:
+    """A matrix product whose inner sizes are a query block's and a key block's (``block_q != block_k``): one tile of
+    the product sliced with the query block's range, the other with the key block's (p @ v_blk with v sliced by
+    q_start:q_end, or the keys). ``None`` otherwise."""
+    text = str(error)
+    found = core._MATMUL_ERROR.search(text)
+    if found:
+        inner = {int(found.group(2)), int(found.group(3))}
+    elif (found := _BATCH_PRODUCT.search(text)):
+        inner = {int(found.group(2)), int(found.group(4))}
+    else:
+        return None
+    q = case.args[0]
+    block_q, block_k = _blocks_of(case)
+    T = q.shape[-2]
+    queries = {min(block_q, T)} | ({T % block_q} if T % block_q else set())
+    keys = {min(block_k, T)} | ({T % block_k} if T % block_k else set())
+    if block_q == block_k or len(inner) != 2 or not any(a in queries and b in keys for a in inner for b in inner):
+        return None
+    a, b = sorted(inner)
+    return (f"a matrix product met {a} against {b} along its inner dimension, a query block's size and a key block's "
+            f"(block_q = {block_q}, block_k = {block_k}): one of its tiles was sliced with the query block's range "
+            f"where the key block's belongs. Only q takes q_start:q_end; k and v both take the key block's rows, "
+            f"[..., k_start:k_end, :], so that p, (block_q, block_k), meets the value tile's block_k rows in p @ v.")
+
+
+
+@symptoms.bonus
+def rung_symptom(steps: ladder.Ladder, outcomes: Outcomes) -> str | None:
+    """Where the failing case raised: the symptom (:func:`_block_cut_hint`, :func:`_carry_hint`) of the output of the
+    smallest rung of ``steps`` (a forward's ladder, outputs ``(out, lse)``) that is wrong, said with that rung's name;
+    ``None`` where there is none."""
+    found = ladder.first_wrong(steps, outcomes)
+    if found is None:
+        return None
+    rung, got, want = found
+    out, lse = got
+    hint = _block_cut_hint(rung.case, out, want[0]) or _carry_hint(rung.case, out, lse, want[0])
+    return f"on the smallest configuration that goes wrong, {rung.case.name}, {hint[0].lower()}{hint[1:]}" \
+        if hint else None
+
 _SIZES_DIFFER = (symptoms.BROADCAST_ERROR,
                  re.compile(r"Expected size (\d+) but got size (\d+)"))
 
@@ -1071,7 +1290,9 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(found, BaseException):
             failed = raised(exercise, found, case)
             hint = (short_block_hint(exercise, plan, outcomes, step, found) or _row_vector_hint(found, case)
-                    or _leading_dims_hint(found, case) or symptoms.error_hint(found, sizes_of(case)) or smallest()) \
+                    or _leading_dims_hint(found, case) or _tile_product_hint(found, case)
+                    or symptoms.error_hint(found, sizes_of(case)) or rung_symptom(FORWARD_LADDER, outcomes)
+                    or smallest()) \
                 if failed.student_error is not None else None
             raise _hinted(failed, hint) from None
         _compare_pair(exercise, case, found, want, 1e-5, 1e-4, smallest)
