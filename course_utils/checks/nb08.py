@@ -222,6 +222,12 @@ def _angles_diagnosis(case: Case, got: object, want: object) -> str | None:
                 f"cos/sin caches repeat the angles for both halves; that comes later, in apply_rope.)")
     if tuple(got.shape) == (head_dim // 2, max_positions):
         return "the axes are swapped: one row per position, one column per pair, (max_positions, head_dim // 2)."
+    if got.dim() == 2 and got.shape[1] == head_dim // 2 and got.shape[0] != max_positions:
+        rows = min(got.shape[0], max_positions)
+        same = (f" The rows you have are right for positions 0..{rows - 1}."
+                if rows and torch.allclose(got[:rows].double(), want[:rows].double(), atol=1e-5, rtol=1e-4) else "")
+        return (f"{got.shape[0]} rows where there is one per position 0..max_positions - 1, {max_positions} rows."
+                f"{same} The positions are torch.arange(max_positions): 0 to max_positions - 1, all of them.")
     if got.dim() == 2 and got.shape[0] == max_positions and 0 < got.shape[1] < head_dim // 2:
         return (f"{got.shape[1]} frequencies where there is one per pair of dimensions, head_dim // 2 = {head_dim // 2}: "
                 f"the pair indices 2i run over the whole head, torch.arange(0, head_dim, 2) (not up to head_dim // 2), "
@@ -339,7 +345,10 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
                               torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1))):
             if torch.allclose(got.double(), other, atol=1e-4, rtol=1e-4):
                 return words
-    tokens = _tokens_as_head_hint(x, got)
+        halves = _halves_hint(got.double(), want.double(), x1, x2, cos, sin)
+        if halves:
+            return halves
+    tokens = _tokens_as_head_hint(x, got, positions)
     if tokens:
         return tokens
     found = _OUT_OF_BOUNDS.search(str(got)) if isinstance(got, IndexError) else None
@@ -355,18 +364,56 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
 
 
 @symptoms.bonus
-def _tokens_as_head_hint(x: torch.Tensor, got: object) -> str | None:
+def _halves_hint(got: torch.Tensor, want: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> str | None:
+    """``apply_rope``'s output ``(..., T, D)`` read half by half (issue 36): where one half,
+    ``x1 cos - x2 sin`` (first) or ``x1 sin + x2 cos`` (second), is right and the other is not, that is said, with
+    what the wrong half is where it is one of the inputs' halves unchanged or one of the formula's two terms
+    (``x1``, ``x2``, ``x1 cos``, ``x2 sin``, ...). ``x1, x2``: ``(..., T, D/2)``; ``cos, sin``: ``(T, D/2)``."""
+    D = got.shape[-1]
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+    parts = [("first", "x1 cos - x2 sin", got[..., :D // 2], want[..., :D // 2]),
+             ("second", "x1 sin + x2 cos", got[..., D // 2:], want[..., D // 2:])]
+    right = [close(g, w) for _, _, g, w in parts]
+    if right.count(True) != 1:
+        return None
+    (good, good_formula, _, _), (bad, bad_formula, g, _) = parts if right[0] else parts[::-1]
+    terms = {"x1 unchanged (not turned)": x1, "x2 unchanged (not turned)": x2, "x1 cos alone": x1 * cos,
+             "x2 cos alone": x2 * cos, "x1 sin alone": x1 * sin, "x2 sin alone": x2 * sin,
+             "-x2 sin alone": -x2 * sin}
+    seen = next((name for name, value in terms.items() if close(g, value)), None)
+    what = f": it is {seen}" if seen else ""
+    return (f"the {good} half of the output, {good_formula}, is right; the {bad} half (the last dimension's "
+            f"{'first' if bad == 'first' else 'last'} D/2 entries) differs{what}. It must be {bad_formula}, with the "
+            f"same cos and sin.")
+
+
+@symptoms.bonus
+def _tokens_as_head_hint(x: torch.Tensor, got: object, positions: object = None) -> str | None:
     """``apply_rope`` on ``x`` (``(..., T, D)``, ``T != D``) that raised as the head size ``T`` gives: ``rope_angles``
     refusing an odd head size (T odd, D even; a number its message names is T), or, for an even ``T``, halves and
-    angles of sizes ``T // 2`` and ``D - T // 2`` that do not broadcast."""
+    angles of sizes ``T // 2`` and ``D - T // 2`` that do not broadcast. Where the odd number refused is also the
+    table's length ``P = int(positions.max()) + 1`` (positions 0..T-1 give P = T), the head size may have been
+    given where the length belongs (the arguments of ``rope_angles`` swapped): both readings are said (issue 36)."""
     T, D = x.shape[-2], x.shape[-1]
     if not isinstance(got, BaseException) or T == D or D % 2:
         return None
     text = str(got)
     sizes = symptoms.broadcast_sizes(got) if isinstance(got, RuntimeError) else None
     numbers = {int(n) for n in re.findall(r"\b\d+\b", text)}
-    if isinstance(got, ValueError) and T % 2 == 1 and re.search(r"head_dim|even|odd|pair", text, re.I) \
-            and numbers <= {T}:
+    P = int(positions.max()) + 1 if isinstance(positions, torch.Tensor) and positions.numel() else None
+    refused = isinstance(got, ValueError) and bool(re.search(r"head_dim|even|odd|pair", text, re.I))
+    if refused and P is not None and P % 2 == 1 and P != D and numbers == {P}:
+        read = (f"the number of tokens, x.shape[-2], and also the table's length int(positions.max()) + 1"
+                if P == T else "the table's length int(positions.max()) + 1, not any size of x")
+        return (f"rope_angles refused head_dim {P}, and {P} is {read}, while the head size D of this x "
+                f"{tuple(x.shape)} is x.shape[-1] = {D}. rope_angles takes the head size first, then the length: "
+                f"rope_angles(D, int(positions.max()) + 1). Is it called with its arguments swapped, or with D read "
+                f"from x.shape[-2]?")
+    if refused and T % 2 == 1 and numbers <= {T}:
         if T in numbers:
             return (f"rope_angles refused head_dim {T}, and {T} is the number of tokens, x.shape[-2], of this x "
                     f"{tuple(x.shape)}: the head size D is x.shape[-1] = {D}. " + _HEAD_SIZE)
@@ -917,6 +964,42 @@ def _session_outputs(found: object) -> object:
     return tuple(outputs)
 
 
+@symptoms.bonus
+def _one_key_weight(outcomes: spec.Outcomes) -> str | None:
+    """The ladder's rung of one token with the cache, nothing cached before (rung 3), wrong where the same token
+    without the cache (rung 1) is right (issue 36, batch H). With one key, its weight is 1 whatever the score (the
+    softmax of one number), so the output is ``out_proj(v) = W v + b``; an output ``W (c v) + b`` for every row,
+    ``c`` not 1, means weights that sum to ``c``: something applied to them after the softmax. Read off the two
+    rows of the batch: ``got_0 - got_1 = c (want_0 - want_1)``. ``None`` where no rung ran (the hidden plan)."""
+    rungs = KV_LADDER.rungs
+    if any(ladder.RUNG_PREFIX + rung.case.key() not in outcomes for rung in rungs[:3]) \
+            or ladder._right(KV_LADDER, outcomes, 0) is None:  # noqa: SLF001 - the ladder's own test of a rung
+        return None
+    got = ladder._outcome(KV_LADDER, outcomes, rungs[2])  # noqa: SLF001
+    want = ladder._want(KV_LADDER, rungs[2])  # noqa: SLF001
+    if not (isinstance(got, tuple) and isinstance(want, tuple) and len(got) == len(want) == 1
+            and isinstance(got[0], torch.Tensor) and got[0].shape == want[0].shape and want[0].shape[0] >= 2):
+        return None
+    g, w = got[0].detach().double().flatten(1), want[0].detach().double().flatten(1)  # (b, T * d_out), T = 1
+    dg, dw = g[1:] - g[:1], w[1:] - w[:1]
+    norm = float((dw * dw).sum())
+    if norm < 1e-12 or not bool(torch.isfinite(g).all()):
+        return None
+    c = float((dg * dw).sum()) / norm
+    if abs(c - 1) < 1e-3 or not torch.allclose(dg, c * dw, atol=1e-5, rtol=1e-4):
+        return None
+    head_dim = rungs[2].case.build[1] // rungs[2].case.build[4]
+    said = (f"with one token and nothing cached (reset_cache(), then x[:, :1] with use_cache=True), the only key's "
+            f"weight must be 1 whatever its score (the softmax of one number), so the output is out_proj of its "
+            f"value, as your call without the cache gives. Yours is out_proj of {c:.3g} times that value: the "
+            f"weights of that call sum to {c:.3g}, not 1.")
+    if abs(c - head_dim ** -0.5) < 1e-3:
+        return said + (f" {c:.3g} is 1/sqrt(head_dim), head_dim = {head_dim}: the weights are divided by sqrt("
+                       f"head_dim) after the softmax. The scale belongs to the scores, inside it: softmax(scores / "
+                       f"sqrt(head_dim), dim=-1).")
+    return said + " Is something applied to the weights after the softmax (a scale, a mask)?"
+
+
 KV_LADDER = ladder.Ladder(
     "MultiHeadAttentionKVCache", _kv_rungs,
     lambda case: _session_outputs(_run_session(_expected.reference("MultiHeadAttentionKVCache"), case)),
@@ -1121,7 +1204,7 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     exercise = "MultiHeadAttentionKVCache"
     cases, full, full_rope = _kv_setup(exercise, outcomes.hidden)
     ladder.record(KV_LADDER)
-    smallest = lambda: ladder.diagnose(KV_LADDER, outcomes)  # noqa: E731
+    smallest = lambda: _one_key_weight(outcomes) or ladder.diagnose(KV_LADDER, outcomes)  # noqa: E731
     views = {step.key: SessionView(exercise, step, outcomes[step.key]) for step in plan}
     by_build: dict[tuple, SessionView] = {}
     for step in plan:
@@ -1364,10 +1447,14 @@ def _same_tokens() -> torch.Tensor:
     return rand(1, 1, 6, seed=828).expand(2, 6, 6).contiguous()
 
 
-def _weights_sum(view: spec.ModuleView, then: Callable) -> Callable:
+def _weights_sum(view: spec.ModuleView, then: Callable,
+                 one_head: Callable[[], str | bool | None] = lambda: False) -> Callable:
     """A ``diagnose``: the output on :func:`_same_tokens` first, then ``then``. With every token the same, every
     value row is the same, so each query's output, a weighted average of the values, is that row whatever the
-    scores and the mask: outputs that differ between positions mean weights that do not sum to 1 over the keys."""
+    scores and the mask: outputs that differ between positions mean weights that do not sum to 1 over the keys,
+    or, where ``one_head()`` names a configuration of one head and several tokens that is right (its weights sum
+    to 1), tokens and heads mixed by the split into heads or the merge back (issue 36, batch H); ``one_head()``
+    ``None``: not known (no such run), both causes are said."""
     @symptoms.bonus
     def rows_differ() -> str | None:
         out = view.forward("eval", None, _same_tokens())
@@ -1376,6 +1463,20 @@ def _weights_sum(view: spec.ModuleView, then: Callable) -> Callable:
         spread = float((out - out[:, :1]).abs().max())
         if spread <= 1e-5 * max(1.0, float(out.abs().max())):
             return None
+        right = one_head()
+        if right is None:  # no rung ran (the hidden plan): both causes of this symptom stay open
+            return ("with one token repeated at every position, every output row must be the same (each query "
+                    "averages equal values), but yours differ between positions. Either a query's attention weights "
+                    "do not sum to 1 over the keys (the softmax over dim=-1, the mask applied to the scores before it), or "
+                    "tokens and heads are mixed in the split into heads or the merge back (the context (b, heads, T, "
+                    "head_dim).transpose(1, 2) before the reshape to (b, T, d_out)).")
+        if right:
+            return ("with one token repeated at every position, every output row must be the same (each query "
+                    "averages equal values), but yours differ between positions; with one head and several tokens "
+                    f"({right}) your output is right, so there the weights sum to 1 over the keys. So tokens and heads "
+                    "are mixed where there are several heads: in the split, view(b, T, heads, head_dim) then "
+                    "transpose(1, 2), or in the merge back, the context (b, heads, T, head_dim).transpose(1, 2) "
+                    "before the reshape to (b, T, d_out)?")
         return ("with one token repeated at every position, every output row must be the same (each query averages "
                 "equal values), but yours differ between positions: a query's attention "
                 "weights do not sum to 1 over the keys. Is the softmax taken over the keys, dim=-1 (not the queries, "
@@ -1448,6 +1549,16 @@ def _gqa_rungs() -> tuple[ladder.Rung, ...]:
     )
 
 
+def _one_head_right(outcomes: spec.Outcomes) -> str | bool | None:
+    """The name of the ladder's rung of one head and several tokens (T = context_length) when the student's
+    output is right there (and on the rung before it); ``False`` where it is not; ``None`` where no rung ran (the
+    hidden plan)."""
+    if any(ladder.RUNG_PREFIX + rung.case.key() not in outcomes for rung in GQA_LADDER.rungs[:2]):
+        return None
+    rung = ladder._right(GQA_LADDER, outcomes, 1)  # noqa: SLF001 - the ladder's own test of one rung
+    return rung.case.name if rung is not None and ladder._right(GQA_LADDER, outcomes, 0) is not None else False  # noqa: SLF001
+
+
 GQA_LADDER = ladder.Ladder(
     "GroupedQueryAttention", _gqa_rungs,
     lambda case: spec.run_forward(_expected.reference("GroupedQueryAttention"), case), runner="forward")
@@ -1475,7 +1586,8 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     dropout_build = _GQA_DROPOUT_BUILD
     for build in dict.fromkeys([build for build, _ in configs] + [dropout_build]):
         probed.check_shapes(exercise, view(build), build, _gqa_shapes)
-    diagnose = _weights_sum(view(configs[0][0]), _gqa_error_hint(probed.not_causal(exercise, views)))
+    diagnose = _weights_sum(view(configs[0][0]), _gqa_error_hint(probed.not_causal(exercise, views)),
+                            lambda: _one_head_right(outcomes))
     for build, cases in configs:
         probed.built(exercise, view(build), build)  # the runs without a seed of their own
         for case in cases:

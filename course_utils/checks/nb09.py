@@ -1145,6 +1145,13 @@ def _step_error_hint(error: BaseException) -> str | None:
         return ("the loss has no computation graph: the forward pass ran under torch.no_grad() (or the logits were "
                 "detached, or the loss was made from loss.item()). Compute the loss from model(inputs) with "
                 "gradients on, then call loss.backward().")
+    sizes = re.search(r"Expected target size \[(\d+), (\d+)\], got \[(\d+), (\d+)\]", text)
+    if sizes and sizes.group(1) == sizes.group(3):
+        b, classes, second = sizes.group(1), sizes.group(2), sizes.group(4)
+        return (f"F.cross_entropy takes the classes on dim 1: given 3-D logits (b, T, V) it reads T as the classes "
+                f"and expects targets (b, V) = ({b}, {classes}), while yours are ({b}, {second}). Give it (n, V) "
+                f"logits and (n,) targets, logits[answer_mask] and targets[answer_mask] (or move the classes to dim "
+                f"1 first: logits.transpose(1, 2)).")
     if "Expected input batch_size" in text or "size mismatch" in text or "must match the size" in text:
         return ("the logits and the targets do not line up: select the same positions from both, "
                 "logits[answer_mask] (n, V) and targets[answer_mask] (n,).")
@@ -1754,6 +1761,15 @@ def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got
         return f"generate returned {got[0] if isinstance(got, list) else type(got).__name__}, not a tensor of token ids"
     n = want.shape[1] - prompt_len
     if got.shape != want.shape:
+        if got.dim() == 2 and got.shape[0] == want.shape[0] and prompt_len <= got.shape[1] < want.shape[1] \
+                and torch.equal(got[:, :prompt_len], want[:, :prompt_len]):
+            k = got.shape[1] - prompt_len
+            short = (f" {n - k} is the prompt's length: does the loop run max_new_tokens - T0 times, as if "
+                     f"max_new_tokens were the total length? max_new_tokens counts the NEW tokens only"
+                     if n - k == prompt_len else " The loop must add max_new_tokens new tokens")
+            return (f"the output has shape {tuple(got.shape)}: the prompt ({prompt_len} tokens) followed by only {k} "
+                    f"new tokens where max_new_tokens = {n} asks for {n}, ({want.shape[0]}, {want.shape[1]}) in "
+                    f"all.{short}")
         if tuple(got.shape) == (want.shape[0], n) and n != want.shape[1]:
             return (f"the output has shape {tuple(got.shape)}: only the {n} new tokens. Return the prompt followed "
                     f"by the new tokens, ({want.shape[0]}, {want.shape[1]})")
