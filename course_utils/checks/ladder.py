@@ -90,13 +90,19 @@ def steps(ladder: Ladder, hidden: bool = False) -> list:
     return [Step(RUNG_PREFIX + rung.case.key(), rung.case, ladder.runner) for rung in ladder.rungs]
 
 
-def _outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:
+def ran(ladder: Ladder, outcomes: Any, count: int | None = None) -> bool:
+    """Whether the first ``count`` rungs (every rung where ``count`` is None) ran: only the visible plan runs them."""
+    return all(RUNG_PREFIX + rung.case.key() in outcomes for rung in ladder.rungs[:count])
+
+
+def outcome(ladder: Ladder, outcomes: Any, rung: Rung) -> Any:
     """A rung's output, or the exception its run raised."""
     got = outcomes[RUNG_PREFIX + rung.case.key()]
     return got if isinstance(got, BaseException) or ladder.output is None else ladder.output(got)
 
 
-def _want(ladder: Ladder, rung: Rung) -> Any:
+def expected_output(ladder: Ladder, rung: Rung) -> Any:
+    """A rung's expected output (live, or recorded in the student edition)."""
     case = rung.case
     return core.expect(ladder.exercise, RUNG_PREFIX + case.key(), lambda: ladder.reference(case))
 
@@ -106,7 +112,7 @@ def record(ladder: Ladder) -> None:
     (a judge calls this where it records the known mistakes' outputs)."""
     if _expected.is_recording():
         for rung in ladder.rungs:
-            _want(ladder, rung)
+            expected_output(ladder, rung)
 
 
 def _parts(ladder: Ladder, value: Any) -> list[tuple[str, Any]]:
@@ -141,16 +147,16 @@ def _twins(a: Case, b: Case) -> bool:
          type(x) is type(y) and not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a.args, b.args))
 
 
-def _right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
+def right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
     """Rung ``index`` when it has its expected value and its outcome agrees with it; else ``None``."""
     if index >= len(ladder.rungs):
         return None
     rung = ladder.rungs[index]
-    got = _outcome(ladder, outcomes, rung)
+    got = outcome(ladder, outcomes, rung)
     if isinstance(got, BaseException):
         return None
     try:
-        want = _want(ladder, rung)
+        want = expected_output(ladder, rung)
     except _expected.MissingExpectation:
         return None
     return rung if _wrong_parts(ladder, want, got) == [] else None
@@ -166,15 +172,15 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
     ``outcomes``: the check's :class:`spec.Outcomes` (rungs looked up by key). ``defer``: say nothing where one
     of the first ``defer`` rungs is the first to fail and no twin is right (there a check's own symptom hints,
     which gradients agree, say more than "wrong from the smallest case on")."""
-    if any(RUNG_PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
+    if not ran(ladder, outcomes):
         return None  # the hidden plan's outcomes: no rung ran there (:func:`steps`)
     right: list[Rung] = []
     for rung in ladder.rungs:
         try:
-            want = _want(ladder, rung)
+            want = expected_output(ladder, rung)
         except _expected.MissingExpectation:
             return None
-        got = _outcome(ladder, outcomes, rung)
+        got = outcome(ladder, outcomes, rung)
         if isinstance(got, BaseException):
             fact = f"your code raises {type(got).__name__} there"
         else:
@@ -186,7 +192,7 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
                     else "its output has not the expected form there")
         where = f"{rung.case.name}"
         later = next((r for i in range(len(right) + 1, len(ladder.rungs))
-                      if ladder.twins and _twins(rung.case, ladder.rungs[i].case) and (r := _right(ladder, outcomes, i)) is not None),
+                      if ladder.twins and _twins(rung.case, ladder.rungs[i].case) and (r := right(ladder, outcomes, i)) is not None),
                      None)
         if later is not None:
             said = (f"already the smallest configuration fails ({where}: {fact})" if not right else
@@ -214,14 +220,14 @@ def first_wrong(ladder: Ladder, outcomes: Any) -> tuple[Rung, Any, Any] | None:
     """``(rung, output, expected)`` of the first rung whose output (not an exception) differs from its expected value,
     for a check's own symptoms to read where the failing case itself raised; ``None`` where a rung before it raised,
     lacks its outcome or its expected value, or every rung agrees."""
-    if any(RUNG_PREFIX + rung.case.key() not in outcomes for rung in ladder.rungs):
+    if not ran(ladder, outcomes):
         return None
     for rung in ladder.rungs:
-        got = _outcome(ladder, outcomes, rung)
+        got = outcome(ladder, outcomes, rung)
         if isinstance(got, BaseException):
             return None
         try:
-            want = _want(ladder, rung)
+            want = expected_output(ladder, rung)
         except _expected.MissingExpectation:
             return None
         if _wrong_parts(ladder, want, got) != []:

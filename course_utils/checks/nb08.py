@@ -972,11 +972,10 @@ def _one_key_weight(outcomes: spec.Outcomes) -> str | None:
     ``c`` not 1, means weights that sum to ``c``: something applied to them after the softmax. Read off the two
     rows of the batch: ``got_0 - got_1 = c (want_0 - want_1)``. ``None`` where no rung ran (the hidden plan)."""
     rungs = KV_LADDER.rungs
-    if any(ladder.RUNG_PREFIX + rung.case.key() not in outcomes for rung in rungs[:3]) \
-            or ladder._right(KV_LADDER, outcomes, 0) is None:  # noqa: SLF001 - the ladder's own test of a rung
+    if not ladder.ran(KV_LADDER, outcomes, 3) or ladder.right(KV_LADDER, outcomes, 0) is None:
         return None
-    got = ladder._outcome(KV_LADDER, outcomes, rungs[2])  # noqa: SLF001
-    want = ladder._want(KV_LADDER, rungs[2])  # noqa: SLF001
+    got = ladder.outcome(KV_LADDER, outcomes, rungs[2])
+    want = ladder.expected_output(KV_LADDER, rungs[2])
     if not (isinstance(got, tuple) and isinstance(want, tuple) and len(got) == len(want) == 1
             and isinstance(got[0], torch.Tensor) and got[0].shape == want[0].shape and want[0].shape[0] >= 2):
         return None
@@ -1553,10 +1552,10 @@ def _one_head_right(outcomes: spec.Outcomes) -> str | bool | None:
     """The name of the ladder's rung of one head and several tokens (T = context_length) when the student's
     output is right there (and on the rung before it); ``False`` where it is not; ``None`` where no rung ran (the
     hidden plan)."""
-    if any(ladder.RUNG_PREFIX + rung.case.key() not in outcomes for rung in GQA_LADDER.rungs[:2]):
+    if not ladder.ran(GQA_LADDER, outcomes, 2):
         return None
-    rung = ladder._right(GQA_LADDER, outcomes, 1)  # noqa: SLF001 - the ladder's own test of one rung
-    return rung.case.name if rung is not None and ladder._right(GQA_LADDER, outcomes, 0) is not None else False  # noqa: SLF001
+    rung = ladder.right(GQA_LADDER, outcomes, 1)
+    return rung.case.name if rung is not None and ladder.right(GQA_LADDER, outcomes, 0) is not None else False
 
 
 GQA_LADDER = ladder.Ladder(
