@@ -213,6 +213,7 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
             raise _hinted(error, hint or _moved_rows_hint(want, got, names, atol, rtol)
+                          or _backward_family_hint(case, want, got, names, atol, rtol)
                           or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names, atol, rtol)
                           or _swapped_hint(want, got, names, atol, rtol)
                           or (p_hint() if p_hint else None)
@@ -271,6 +272,139 @@ def _scaled_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: 
     times = round(c)
     added = f" (each share added {times} times, or a factor {times})" if times >= 2 and abs(c - times) < 1e-3 else ""
     return f"{said}: a constant factor on the way to {them}{added}; look at the scales ({written})."
+
+
+def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
+    """``(kind, block_q, block_k, causal)`` of a backward's case: ``"reference"`` (``(q, k, v, do)``, one tile),
+    ``"tiled"`` (``(q, k, v, o, lse, do, block_q, block_k)``) or ``"kernel"`` (block sizes in the kwargs)."""
+    args, kw = case.args, case.kwargs
+    if not (args and isinstance(args[0], torch.Tensor)):
+        return None
+    T = args[0].shape[-2]
+    if "block_m" in kw:
+        return "kernel", kw["block_m"], kw["block_n"], bool(kw.get("causal", True))
+    if len(args) == 4:
+        return "reference", T, T, bool(kw.get("causal", True))
+    if len(args) >= 8 and type(args[6]) is int and type(args[7]) is int:
+        flags = [a for a in args[8:] if type(a) is bool]
+        return "tiled", args[6], args[7], bool(kw.get("causal", flags[0] if flags else True))
+    return None
+
+
+def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
+                    scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
+                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds") -> tuple[torch.Tensor, ...] | None:
+    """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
+    changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
+    to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
+    the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, or dq / dk built from ``"p"`` instead of dS.
+    The loops are the right ones (a key block starts at the first query block that sees it). ``None`` where a slice
+    does not fit."""
+    do = case.args[3] if len(case.args) == 4 else case.args[5]
+    q, k, v, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (*case.args[:3], do))  # (L, T, D)
+    T, D = q.shape[-2:]
+    scale = 1 / math.sqrt(D)
+    s_all = q @ k.transpose(-2, -1) * scale  # (L, T, T)
+    if causal:
+        s_all = s_all.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    lse = s_all.logsumexp(-1)  # (L, T)
+    o = torch.softmax(s_all, -1) @ v  # (L, T, D)
+    delta = (do * o).sum(-1)  # (L, T)
+    keep = keep or (lambda r, c, lr, lc: c <= r)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for ks in range(0, T, block_k):
+        ke = min(ks + block_k, T)
+        for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
+            qe = min(qs + block_q, T)
+            qr, dr = (slice(ks, ke) if at == "key" else slice(qs, qe) for at in (q_at, do_at))
+            if (qr.stop - qr.start) != qe - qs or (dr.stop - dr.start) != qe - qs:
+                return None
+            q_blk, do_blk = q[:, qr], do[:, dr]  # (L, Bq, D)
+            s = q_blk @ k[:, ks:ke].transpose(-2, -1) * scale  # (L, Bq, Bk)
+            if causal and (scope == "every" or ke - 1 > qs):
+                rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+                s = s.masked_fill(~keep(rows, cols, rows - qs, cols - ks), float("-inf"))
+            p = torch.exp(s + lse_sign * lse[:, qs:qe, None])  # (L, Bq, Bk)
+            dv[:, ks:ke] += p.transpose(-2, -1) @ do_blk
+            x = {"v": v, "o": o, "k": k, "q": q}[dp_with][:, ks:ke]  # (L, Bk, D)
+            ds = p * (do_blk @ x.transpose(-2, -1) - delta[:, qs:qe, None])  # (L, Bq, Bk)
+            dq[:, qs:qe] += (p if dq_with == "p" else ds) @ k[:, ks:ke] * scale
+            dk[:, ks:ke] += (p if dk_with == "p" else ds).transpose(-2, -1) @ q_blk * scale
+    return dq, dk, dv
+
+
+def _backward_variants(kind: str) -> list[tuple[str, dict]]:
+    """The one-thing-changed backwards of :func:`_backward_model` (a family of mistakes: one comparison turned,
+    one slice shifted, one operand swapped, one sign flipped), each with the words that name it for ``kind``."""
+    kernel = kind == "kernel"
+    loop = "each query block's" if kind == "tiled" else "the"
+    found = [("P is recomputed as exp(S + lse): the saved log-sum-exp is added where it must be subtracted, P = "
+              "exp(S - lse)", {"lse_sign": 1.0})] if kind != "reference" else []
+    for op, keep in ((">=", lambda r, c, lr, lc: c >= r), (">", lambda r, c, lr, lc: c > r),
+                     ("<", lambda r, c, lr, lc: c < r)):
+        test = (f"offs_n[None, :] {op} rows[:, None]" if kernel else f"key {op} query")
+        what = {">=": "keeps each query's own key and the keys after it and hides the earlier ones: the comparison is "
+                      "turned round", ">": "keeps only the keys after each query: the comparison is turned round",
+                "<": "hides each query's own key (the diagonal) as well"}[op]
+        right = "offs_n[None, :] <= rows[:, None]" if kernel else "key <= query (masked where cols > rows)"
+        found += [(f"the causal test keeps {test}: it {what}. Keep {right}", {"keep": keep, "scope": scope})
+                  for scope in ("every", "diagonal")]
+    if kind == "tiled":
+        for where, keep in (("query and key", lambda r, c, lr, lc: lc <= lr),
+                            ("query", lambda r, c, lr, lc: c <= lr), ("key", lambda r, c, lr, lc: lc <= r)):
+            found += [(f"the causal mask of a tile compares the {where} positions inside the tile (counted from 0 at the "
+                       f"tile's first row or column) instead of the positions in the sequence: rows = arange(q_start, "
+                       f"q_end)[:, None], cols = arange(k_start, k_end)[None, :]", {"keep": keep, "scope": scope})
+                      for scope in ("every", "diagonal")]
+    if kind != "reference":
+        for name, arg in (("dO", "do_at"), ("q", "q_at")):
+            found.append(((f"{name} is loaded at the key positions offs_n instead of the query rows rows = start_m + "
+                           f"offs_m" if kernel else
+                           f"the {name} tile is sliced with the key block's range, {name.lower()}[..., k_start:k_end, "
+                           f":], instead of {loop} range, {name.lower()}[..., q_start:q_end, :]"), {arg: "key"}))
+    for x in ("o", "k", "q"):
+        found.append((f"dP = dO {x.upper()}^T takes {x.upper() if x != 'o' else 'the output O'} where it takes the "
+                      f"values: dP = dO V^T", {"dp_with": x}))
+    for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
+        found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    return found
+
+
+@symptoms.bonus
+def _backward_family_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], atol: float, rtol: float
+                          ) -> str | None:
+    """The one thing changed in the backward (:func:`_backward_variants`) whose gradients equal ``got`` (issue 36):
+    output-only, the models are computed here from the case's inputs in float64. ``None`` where none does."""
+    layout = _backward_layout(case)
+    if layout is None or not (isinstance(got, (tuple, list)) and len(got) == len(names)
+                              and all(isinstance(g, torch.Tensor) and g.shape == w.shape for g, w in zip(got, want))):
+        return None
+    kind, block_q, block_k, causal = layout
+    index = {"dq": 0, "dk": 1, "dv": 2}
+    if not set(names) <= set(index):
+        return None
+    mine = [g.detach().double().cpu().reshape(-1, *g.shape[-2:]) for g in got]
+    if not all(bool(torch.isfinite(g).all()) for g in mine):
+        return None
+    for words, change in _backward_variants(kind):
+        if not causal and ("keep" in change):
+            continue
+        model = _backward_model(case, block_q, block_k, causal, **change)
+        if model is None:
+            continue
+        model = [model[index[n]] for n in names]
+        if all(torch.allclose(m, w.detach().double().cpu().reshape(m.shape), atol=atol, rtol=rtol)
+               for m, w in zip(model, want)):
+            continue  # the change does nothing on this case: it cannot be told from the right backward
+        # float32 noise grows with the largest gradient (P = exp(S + lse) makes them large): tolerate a tenth of rtol of it
+        if all(torch.allclose(g, m, atol=atol + 0.1 * rtol * float(m.abs().max()), rtol=rtol)
+               for g, m in zip(mine, model)):
+            agree = [n for n, w, g in zip(names, want, got) if tensor_difference(w, g, atol, rtol) is None]
+            if len(agree) == len(names):
+                return None
+            said = f" ({' and '.join(agree)} {'agree' if len(agree) > 1 else 'agrees'})" if agree else ""
+            return f"{', '.join(names[:-1])} and {names[-1]} are what a backward gives when {words}{said}."
+    return None
 
 
 @symptoms.bonus
@@ -933,6 +1067,7 @@ def _backward_judge(plan: list[Step], outcomes: Outcomes) -> str:
                 raise _hinted(failed, _half_diagnose(got if failed.student_error is not None else failed)) from None
             _half_dtypes(exercise, case, got)
             _compare(exercise, case, got, want, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
+            _half_tiles(exercise, case, got)
         else:
             want = _expected_grads(exercise, case)
             _record_mistakes(exercise, case)
@@ -1044,6 +1179,12 @@ def _function_diagnose(error: BaseException, cls: Any = None) -> str | None:
                     f"the order it is given them, FlashAttention.apply(q, k, v, causal, block_q, block_k): write "
                     f"forward(ctx, q, k, v, causal, block_q, block_k), and call flash_attention_forward(q, k, v, "
                     f"block_q, block_k, causal) inside it.")
+    missing = re.search(r"'(\w*Backward\w*)' object has no attribute '(\w+)'", text)
+    if missing:
+        name = missing.group(2)
+        return (f"backward read ctx.{name}, which forward never set: ctx is the only thing forward hands on to backward, "
+                f"so every value backward reads from it must be saved there in forward (ctx.{name} = {name}; tensors "
+                f"with ctx.save_for_backward).")
     if isinstance(error, ZeroDivisionError) or text.startswith("ZeroDivisionError"):
         return ("a division by zero: a block size of 0 (False, the causal flag, where a block size goes?). The order is "
                 "flash_attention_backward(q, k, v, o, lse, do, block_q, block_k, causal), causal last, while "
@@ -1237,6 +1378,36 @@ def _half_dtypes(exercise: str, case: Case, got: Any) -> None:
         fail(exercise, f"returns {', '.join(n for n, _ in wrong)} in {' and '.join(kinds)} for bfloat16 inputs: "
                        f"accumulate in float32, but cast the gradients back to the inputs' dtypes at the end, "
                        f"dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype).", case)
+
+
+def _half_tiles(exercise: str, case: Case, got: Any) -> None:
+    """Fail unless the bfloat16 case's ``(dq, dk, dv)`` (``(..., T, D)``) are, within two steps of bfloat16 (and a
+    thousandth of the largest gradient), what the answer gives with ``delta``, every tile and every sum in float32,
+    as the exercise states ("Compute `delta`, every tile and the running `dk_blk`, `dv_blk` in `acc`"): float32 sums
+    taken in another order move a bfloat16 result by one step at most; a ``delta`` or a tile rounded to bfloat16
+    moves it by more."""
+    model = expect(exercise, "float32 tiles: " + case.key(),
+                   lambda: _expected.reference("flash_attention_backward")(*case.args, **case.kwargs))
+    off = {}
+    for name, m, g in zip(GRADS, model, got):
+        m, g = m.float(), g.detach().float().cpu()
+        step = torch.ldexp(torch.ones_like(m), torch.frexp(m.abs())[1] - 8)  # bfloat16's step at |m| (8 bits)
+        excess = (g - m).abs() / (2 * step + 1e-3 * float(m.abs().max()))  # (..., T, D): over 1 is too far
+        if bool((excess > 1).any()):
+            at = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+            off[name] = (at, float(g[at]), float(m[at]))
+    if not off:
+        return
+    name, (at, g, m) = next(iter(off.items()))
+    names = " and ".join(off)
+    same = [n for n in GRADS if n not in off]
+    only = f" ({' and '.join(same)} {'are' if len(same) > 1 else 'is'}): something only {names} use" if same \
+        else ": something"
+    fail(exercise, f"in bfloat16, {names} are within bfloat16's tolerance of float64 attention but not what float32 "
+                   f"tiles give: {name} at {list(at)} is {g:.4g} where float32 tiles give {m:.4g}, more than two "
+                   f"steps of bfloat16 apart{only} was rounded to bfloat16 on the way, delta = rowsum(dO * O) computed "
+                   f"before .to(acc)? Compute delta, every tile and every sum in acc = torch.promote_types(q.dtype, "
+                   f"torch.float32), and cast only the returned gradients back.", case)
 
 
 def _judge_half(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> None:

@@ -429,3 +429,32 @@ def test_rows_wrong_by_key_block_blame_the_query_loop_only_while_dv_is_wrong_too
     tokens = symptoms.Tokens(block=4, other_block=4, causal=True, rows="key")
     assert "Does the query loop for a key block run to T" in symptoms.where_wrong(tokens, want, got, "dk")
     assert "query loop" not in (symptoms.where_wrong(tokens, want, got, "dk", loops_right=True) or "")
+
+
+@pytest.mark.parametrize("kind", ["reference", "tiled", "kernel"])
+def test_the_backward_family_names_each_variant_and_not_the_right_gradients(kind: str) -> None:
+    """Issue 36, batch H: each one-thing-changed backward of nb10's family (a comparison turned, a slice shifted, an
+    operand swapped, a sign flipped) is named by its own words, whichever the exercise's layout; the right gradients
+    get no words. Float64 models on a small case: no launch."""
+    q, k, v, do = nb10._inputs(1, 2, 12, 4, seed=7)
+    o, lse = nb10.forward_statistics(q, k, v, True)
+    case = {"reference": nb10.Case("ref", (q, k, v, do), {"causal": True}),
+            "tiled": nb10.Case("tiled", (q, k, v, o, lse, do, 4, 4), {"causal": True}),
+            "kernel": nb10.Case("kernel", (q, k, v, o, lse, do), {"causal": True, "block_m": 4, "block_n": 4})}[kind]
+    names = ("dk", "dv") if kind == "kernel" else nb10.GRADS
+    pick = (lambda grads: grads[1:]) if kind == "kernel" else (lambda grads: grads)
+    want = pick(nb10.attention_with_grads(q, k, v, do, True)[1:])
+    assert nb10._backward_family_hint(case, want, want, names, 1e-8, 1e-6) is None
+    variants = nb10._backward_variants(kind)
+    assert len(variants) >= 6
+    named = 0
+    for words, change in variants:
+        model = nb10._backward_model(case, *nb10._backward_layout(case)[1:], **change)
+        got = tuple(g.reshape(w.shape) for g, w in zip(pick(model), want))
+        hint = nb10._backward_family_hint(case, want, got, names, 1e-8, 1e-6)
+        if all(torch.allclose(g, w) for g, w in zip(got, want)):  # a change this case cannot show (dq in a kernel)
+            assert hint is None
+            continue
+        assert hint is not None and words in hint, (words, hint)
+        named += 1
+    assert named >= 6
