@@ -1768,7 +1768,7 @@ def _tokens_problem(spec: dict, k: int, prompt_len: int, want: torch.Tensor, got
                      f"max_new_tokens were the total length? max_new_tokens counts the NEW tokens only"
                      if n - k == prompt_len else " The loop must add max_new_tokens new tokens")
             return (f"the output has shape {tuple(got.shape)}: the prompt ({prompt_len} tokens) followed by only {k} "
-                    f"new tokens where max_new_tokens = {n} asks for {n}, ({want.shape[0]}, {want.shape[1]}) in "
+                    f"new token{'' if k == 1 else 's'} where max_new_tokens = {n} asks for {n}, ({want.shape[0]}, {want.shape[1]}) in "
                     f"all.{short}")
         if tuple(got.shape) == (want.shape[0], n) and n != want.shape[1]:
             return (f"the output has shape {tuple(got.shape)}: only the {n} new tokens. Return the prompt followed "
