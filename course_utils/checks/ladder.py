@@ -152,6 +152,13 @@ def right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
     if index >= len(ladder.rungs):
         return None
     rung = ladder.rungs[index]
+    found = _compared(ladder, outcomes, rung)
+    return rung if found is not None and found[2] == [] else None
+
+
+def _compared(ladder: Ladder, outcomes: Any, rung: Rung) -> tuple[Any, Any, list] | None:
+    """``(output, expected, the wrong parts)`` of a rung that ran without raising and has its expected value; else
+    ``None``."""
     got = outcome(ladder, outcomes, rung)
     if isinstance(got, BaseException):
         return None
@@ -159,7 +166,7 @@ def right(ladder: Ladder, outcomes: Any, index: int) -> Rung | None:
         want = expected_output(ladder, rung)
     except _expected.MissingExpectation:
         return None
-    return rung if _wrong_parts(ladder, want, got) == [] else None
+    return got, want, _wrong_parts(ladder, want, got)
 
 
 @symptoms.bonus
@@ -223,13 +230,9 @@ def first_wrong(ladder: Ladder, outcomes: Any) -> tuple[Rung, Any, Any] | None:
     if not ran(ladder, outcomes):
         return None
     for rung in ladder.rungs:
-        got = outcome(ladder, outcomes, rung)
-        if isinstance(got, BaseException):
+        found = _compared(ladder, outcomes, rung)
+        if found is None:
             return None
-        try:
-            want = expected_output(ladder, rung)
-        except _expected.MissingExpectation:
-            return None
-        if _wrong_parts(ladder, want, got) != []:
-            return rung, got, want
+        if found[2] != []:
+            return rung, found[0], found[1]
     return None
