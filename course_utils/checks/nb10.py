@@ -293,11 +293,13 @@ def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
 
 def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
                     scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
-                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds") -> tuple[torch.Tensor, ...] | None:
+                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o"
+                    ) -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
     to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
-    the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, or dq / dk built from ``"p"`` instead of dS.
+    the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
+    or dq / dk built from ``"p"`` instead of dS.
     The loops are the right ones (a key block starts at the first query block that sees it). ``None`` where a slice
     does not fit."""
     do = case.args[3] if len(case.args) == 4 else case.args[5]
@@ -309,7 +311,7 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
         s_all = s_all.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     lse = s_all.logsumexp(-1)  # (L, T)
     o = torch.softmax(s_all, -1) @ v  # (L, T, D)
-    delta = (do * o).sum(-1)  # (L, T)
+    delta = (do * {"o": o, "q": q, "k": k, "v": v}[delta_with]).sum(-1)  # (L, T)
     keep = keep or (lambda r, c, lr, lc: c <= r)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for ks in range(0, T, block_k):
@@ -365,6 +367,9 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
     for x in ("o", "k", "q"):
         found.append((f"dP = dO {x.upper()}^T takes {x.upper() if x != 'o' else 'the output O'} where it takes the "
                       f"values: dP = dO V^T", {"dp_with": x}))
+    for x in ("q", "k", "v"):
+        found.append((f"delta = rowsum(dO * {x.upper()}) takes {x.upper()} where it takes the output: delta = "
+                      f"rowsum(dO * O), one number per query row", {"delta_with": x}))
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
     return found
