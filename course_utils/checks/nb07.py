@@ -582,7 +582,8 @@ def _is(model: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> boo
 @symptoms.bonus
 def _scale_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
     """``out`` (``(..., T, D)``) that is attention's with the scores scaled by 1/sqrt(n) or 1/n for another size n of
-    the case (the number of tokens T, a block size) instead of 1/sqrt(D). ``None`` otherwise."""
+    the case (the number of tokens T, a block size) instead of 1/sqrt(D), or attention over unscaled scores with the
+    output divided by sqrt(D). ``None`` otherwise."""
     q, k, v = case.args[:3]
     if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2):
         return None
@@ -603,6 +604,10 @@ def _scale_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rt
             return (f"out is attention's with the scores scaled by {form.format(n)} ({named}) instead of "
                     f"1/sqrt(D) = 1/sqrt({D}), D the head size (the size of each query and key): scale them by "
                     f"{right}.")
+    if D > 1 and _is(_attention(q, k, v, 1.0, causal) * D ** -0.5, out, atol, rtol):
+        return (f"out is attention over unscaled scores, divided by sqrt(D) = sqrt({D}) afterwards: the 1/sqrt(D) "
+                f"is applied to the output instead of to the scores. It belongs inside the softmax: scale the "
+                f"scores (or the query block) by 1/sqrt(D), and divide the output only by l.")
     return None
 
 
