@@ -567,11 +567,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     """Softmax attention in float64 with the scores scaled by ``scale``: ``(..., T, Dv)`` from ``(..., T, D)`` q and k
     and ``(..., T, Dv)`` v."""
     q, k, v = (a.detach().double().cpu() for a in (q, k, v))
-    s = q @ k.transpose(-2, -1) * scale  # (..., T, T)
-    if causal:
-        T = s.shape[-1]
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), _INF)
-    return torch.softmax(s, -1) @ v
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
 def _is(model: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> bool:
