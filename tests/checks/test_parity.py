@@ -4,6 +4,8 @@ Every answer in tests/fixtures/answers, wrong and right, goes through the visibl
 expected values computed live from the reference (instructor edition) and read from a fresh
 recording (student edition). Verdict and message must be identical: the recording holds every
 value the checks need, including the outputs of the known mistakes that name a student's error.
+The student's code runs in the live check; the recorded check judges those same outcomes (as the
+grader judges what a kernel handed out), once its plan is shown to be the same (``harness.executions``).
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ def fresh_recording(tmp_path_factory):
 @pytest.mark.parametrize("notebook, exercise, source", list(_answers()))
 def test_recorded_checks_say_what_live_checks_say(fresh_recording, notebook, exercise, source):
     fresh_recording(notebook)
-    with expected.using(expected.LIVE):
+    harness._executed(notebook)  # the solution notebook's own checks run once, before and outside the log
+    runs: list = []
+    with expected.using(expected.LIVE), harness.executions(runs, replay=False):
         live = harness.check_verdict(notebook, exercise, source)
-    with expected.using(expected.RECORDED):
+    with expected.using(expected.RECORDED), harness.executions(runs, replay=True):
         recorded = harness.check_verdict(notebook, exercise, source)
     assert recorded == live
 

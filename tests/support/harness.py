@@ -11,6 +11,7 @@ import contextlib
 import functools
 import linecache
 import os
+import sys
 from pathlib import Path
 
 import nbformat
@@ -112,6 +113,86 @@ def check_verdict(notebook: str, exercise: str, answer_source: str) -> tuple[boo
     except Exception as error:  # noqa: BLE001 - the verdict is the result
         return False, f"{type(error).__name__}: {error}"
     return True, out.getvalue()
+
+
+@contextlib.contextmanager
+def executions(log: list, replay: bool):
+    """Inside the block, every run of a spec's plan (``spec.execute``: the one place a check runs the student's code)
+    is written to ``log`` or, with ``replay``, taken back from it (the first run of the same exercise on the same
+    plan) instead of run again.
+
+    For ``tests/checks/test_parity.py``, which runs the same answer's self-check twice, live then recorded, to show
+    that the recorded verdict and message are the live ones. Running the student's code is the same in both
+    (a plan is plain data), so the recorded run judges the live
+    run's outcomes, as the grader judges what a kernel handed out. A run that asked ``expected`` for anything
+    (a runner that reads a recorded value, or the reference) is run again: its outcomes may depend on the
+    edition. So is a plan the live check did not run on the same inputs (:func:`_same_plan`): a check's own
+    caches may differ between the editions (a helper's verdict, say). Runs inside an ``expected.expect`` (the reference's, for a value the
+    recorded check reads from the recording instead) are neither logged nor replayed."""
+    from course_utils.checks import expected, spec
+
+    original, original_mode = spec.execute, expected.mode
+    asked = [0]
+
+    def counting_mode() -> str:
+        asked[0] += 1
+        return original_mode()
+
+    def computing() -> bool:
+        """Whether ``expected.expect`` is on the stack (however a module imported it)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is expected.expect.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def recording(exercise, plan, student, runners, tracebacks=None):
+        if computing():  # the reference's run, for an expected value: the recorded check reads that value
+            return original(exercise, plan, student, runners, tracebacks)
+        before = asked[0]
+        outcomes = original(exercise, plan, student, runners, tracebacks)
+        log.append((exercise, list(plan), None if asked[0] != before else outcomes, dict(tracebacks or {})))
+        return outcomes
+
+    def replaying(exercise, plan, student, runners, tracebacks=None):
+        for index, (was, steps, outcomes, where) in enumerate(log):
+            if was == exercise and outcomes is not None and _same_plan(steps, plan):
+                del log[index]
+                if tracebacks is not None:
+                    tracebacks.update(where)
+                return dict(outcomes)
+        return original(exercise, plan, student, runners, tracebacks)  # not run live so: run it now
+
+    spec.execute = replaying if replay else recording
+    expected.mode = counting_mode
+    try:
+        yield log
+    finally:
+        spec.execute, expected.mode = original, original_mode
+
+
+def _same_plan(a, b) -> bool:
+    """Whether two plans (lists of ``spec.Step``) are the same steps with the same inputs."""
+    import torch
+
+    def same(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape and \
+                x.device == y.device and (x.device.type == "meta" or torch.equal(x, y))
+        if isinstance(x, (list, tuple)):
+            return type(x) is type(y) and len(x) == len(y) and all(same(i, j) for i, j in zip(x, y))
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, torch.nn.Module):  # a case's module (count_parameters'): the same layout and values
+            return type(x) is type(y) and same(list(x.named_parameters()), list(y.named_parameters())) and \
+                same(list(x.named_buffers()), list(y.named_buffers())) and \
+                [p.requires_grad for p in x.parameters()] == [p.requires_grad for p in y.parameters()]
+        if hasattr(x, "__dataclass_fields__"):
+            return type(x) is type(y) and all(same(getattr(x, f), getattr(y, f)) for f in x.__dataclass_fields__)
+        return type(x) is type(y) and x == y
+
+    return same(list(a), list(b))
 
 
 def run_tests_with_answer(notebook: str, exercise: str, answer_source: str) -> None:
