@@ -270,7 +270,7 @@ _STREAMING_BLOCK = 4
 def _streaming_run(student: Callable, case: Case) -> list | None:
     """The runner of the streaming step: ``student`` on ``case`` under a :class:`TensorWatcher`,
     :func:`_whole_row` of what it did. Raises what the student's code raised."""
-    watcher = TensorWatcher()
+    watcher = TensorWatcher(memory=False)  # what was made, multiplied, reduced: no byte counts
     with torch.no_grad(), watcher:
         student(*_clone(case.args), **case.kwargs)
     return _whole_row(watcher, case.args[1])
@@ -1160,7 +1160,7 @@ def _structure_run(student: Callable, case: Case) -> list:
     ``[first_full, score_entries]`` (:func:`_first_full`, and the score entries computed), plain data.
     Raises what the student's code raised."""
     q, k, v = case.args[:3]
-    watcher = TensorWatcher()
+    watcher = TensorWatcher(memory=False)  # what was made, multiplied, reduced: no byte counts
     with torch.no_grad(), watcher:
         student(*_clone(case.args), **case.kwargs)
     return [_first_full(watcher, q.shape[-2]), int(watcher.score_entries(q.shape[-1], v.shape[-1]))]

@@ -869,7 +869,7 @@ def _structure_run(student: Callable, case: Case) -> list:
     entries]`` (the first ``(T, T)`` tensor made, nb07's ``_first_full``, and :func:`_tile_entries`), plain
     data. Raises what the student's code raised."""
     q = case.args[0]
-    watcher = TensorWatcher()
+    watcher = TensorWatcher(memory=False)  # what was made, multiplied, reduced: no byte counts
     with torch.no_grad(), watcher:
         student(*_clone(case.args), **case.kwargs)
     return [_first_full(watcher, q.shape[-2]), _tile_entries(watcher, q.shape[-1])]
@@ -1251,7 +1251,7 @@ def _kept_facts(cls: Any, case: Any = None) -> list:
     T, D, block_q, block_k = _KEPT_T, 4, 8, 8
     q, k, v, do = _inputs(1, 2, T, D, seed=1053)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    watcher = TensorWatcher()
+    watcher = TensorWatcher(memory=False)  # what was made, multiplied, reduced: no byte counts
     with torch.enable_grad(), watcher:
         o = cls.apply(q, k, v, True, block_q, block_k)
         torch.autograd.grad(o, (q, k, v), do, retain_graph=True)

@@ -146,9 +146,12 @@ class TensorWatcher(TorchDispatchMode):
         peak_bytes: the most bytes held at once by tensors made inside the block (inputs made
             before it are not counted): a measurement of tensor memory, on any device.
         with_lines: find the line of the caller's code for each record (a little slower).
+        memory: count live and peak bytes (``False``: ``peak_bytes`` stays 0, and each operator costs less;
+            for a check that asks only what was made, multiplied or reduced).
     """
 
     with_lines: bool = True
+    memory: bool = True
     made: list[Made] = field(default_factory=list)
     products: list[Product] = field(default_factory=list)
     reductions: list[Reduction] = field(default_factory=list)
@@ -184,7 +187,8 @@ class TensorWatcher(TorchDispatchMode):
             ".out" not in name
         for tensor in _tensors_in(out):
             if id(tensor) not in inputs:
-                self._track(tensor, new_storage=not getattr(func, "is_view", False))
+                if self.memory:
+                    self._track(tensor, new_storage=not getattr(func, "is_view", False))
                 if new_memory and tensor.device.type != "meta":
                     self.made.append(Made(name, tuple(tensor.shape), tensor.dtype,
                                           tensor.numel() * tensor.element_size(), line))
