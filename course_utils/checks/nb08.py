@@ -1308,6 +1308,67 @@ def _which_heads(x: torch.Tensor, n_rep: int, got: torch.Tensor) -> str | None:
             f"before any reshape: x[:, :, None].expand(b, G, n_rep, T, D) or repeat_interleave(n_rep, dim=1).")
 
 
+#: A family of index maps (:func:`_repeat_family_hint`): output head h = input head map(h, G, n_rep), where the
+#: right one is h // n_rep; each member names itself and what it swaps.
+_HEAD_MAPS = {
+    "h // G": (lambda h, G, n_rep: h // G,
+               "output head h takes input head h // G, G = num_kv_groups = {G} the number of groups, instead of "
+               "h // n_rep, n_rep = {n_rep} the copies of each group"),
+    "h % n_rep": (lambda h, G, n_rep: h % n_rep,
+                  "output head h takes input head h % n_rep (n_rep = {n_rep}) instead of h // n_rep: the copies of one "
+                  "group are counted, not the groups"),
+}
+
+
+def _head_map_outcome(x: torch.Tensor, n_rep: int, rule: Callable) -> torch.Tensor | None:
+    """``x`` (b, G, T, D) indexed along the heads by ``rule(h, G, n_rep)`` for h = 0..G * n_rep - 1; ``None``
+    where an index reaches past the last head (an IndexError)."""
+    G = x.shape[1]
+    index = rule(torch.arange(G * n_rep), G, n_rep)
+    return None if int(index.max()) >= G or int(index.min()) < 0 else x[:, index]
+
+
+def _repeat_family_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
+    """The member of :data:`_HEAD_MAPS` that gives what the student's code gave on every case (the same tensor, or
+    an IndexError where the member's index reaches past the last head), where exactly one does and it differs from
+    the right map on some case; ``None`` otherwise."""
+    x, n_rep = case.args
+    found = []
+    for name, (rule, words) in _HEAD_MAPS.items():
+        differs, agrees = False, True
+        for other, got in calls:
+            ox, orep = other.args
+            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0):
+                agrees = False
+                break
+            model = _head_map_outcome(ox, orep, rule)
+            right = ox.repeat_interleave(orep, dim=1)
+            if model is None:
+                agrees = isinstance(got, BaseException) and "out of bounds" in str(got)
+                differs = True
+            else:
+                agrees = isinstance(got, torch.Tensor) and got.shape == model.shape \
+                    and torch.allclose(got.to(model.dtype), model, atol=1e-6)
+                differs = differs or not torch.equal(model, right)
+            if not agrees:
+                break
+        if agrees and differs:
+            found.append((rule, words))
+    if len(found) != 1:
+        return None
+    rule, words = found[0]
+    G = x.shape[1]
+    index = [int(i) for i in rule(torch.arange(G * n_rep), G, n_rep)]
+    if max(index) >= G:
+        here = f"here its index reaches head {max(index)}, past the last of the G = {G} key/value heads"
+    else:
+        h = next(h for h, i in enumerate(index) if i != h // n_rep)
+        here = f"here output head {h} gets group {index[h]}, not {h} // {n_rep} = {h // n_rep}"
+    return (f"{words.format(G=G, n_rep=n_rep)}: that is what your code gives on every case ({here}). Output head h "
+            f"is a copy of group h // n_rep: index with torch.arange(G * n_rep) // n_rep, or use "
+            f"x.repeat_interleave(n_rep, dim=1).")
+
+
 def _repeat_cases() -> list[Case]:
     return [
         Case("(2, 2, 5, 3), n_rep=3", (rand(2, 2, 5, 3, seed=811), 3)),
@@ -1340,7 +1401,10 @@ REPEAT_LADDER = ladder.Ladder("repeat_kv", _repeat_rungs,
 
 def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     ladder.record(REPEAT_LADDER)
-    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis,
+    calls = [(s.case, outcomes[s.key]) for s in plan if s.run == spec.CALL]
+    spec.compare_outcomes("repeat_kv", plan, outcomes,
+                          diagnose=lambda case, got, want: _repeat_family_hint(case, calls)
+                          or _repeat_diagnosis(case, got, want),
                           smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
             f"({'; '.join(s.case.name for s in plan)})")
