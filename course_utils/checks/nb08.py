@@ -342,7 +342,20 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
                               torch.cat([x1 * sin - x2 * cos, x1 * cos + x2 * sin], -1)),
                              ("each pair is turned the wrong way (by minus its angle): a sign flipped. The pair (x1, "
                               "x2) turns to (x1 cos - x2 sin, x1 sin + x2 cos).",
-                              torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1))):
+                              torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)),
+                             ("the two turned halves are right but put back interleaved: torch.stack([...], "
+                              "dim=-1).flatten(-2) gives dimension 2i the first half's entry i and 2i + 1 the second's. "
+                              "Output dimension i must hold x1 cos - x2 sin and dimension i + D/2 must hold x1 sin + "
+                              "x2 cos: join the halves end to end, torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * "
+                              "cos], dim=-1).",
+                              torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)),
+                             ("neighbours are paired, x_2i with x_(2i + 1) (the interleaved convention), and put back "
+                              "interleaved: this course pairs x_i with x_(i + D/2), the two halves x[..., :D // 2] and "
+                              "x[..., D // 2:], and joins the turned halves end to end with torch.cat(..., dim=-1).",
+                              _neighbours_turned(x.double(), cos, sin, interleave=True)),
+                             ("neighbours are paired, x_2i with x_(2i + 1) (x[..., 0::2] and x[..., 1::2]): this course "
+                              "pairs x_i with x_(i + D/2), the two halves x[..., :D // 2] and x[..., D // 2:].",
+                              _neighbours_turned(x.double(), cos, sin, interleave=False))):
             if torch.allclose(got.double(), other, atol=1e-4, rtol=1e-4):
                 return words
         halves = _halves_hint(got.double(), want.double(), x1, x2, cos, sin)
@@ -361,6 +374,14 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
     return (f"the angle table has {size} rows{counted}, but the positions go up to {largest}: row p of "
             f"rope_angles(head_dim, max_positions) is position p, so build it for max_positions = "
             f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
+
+
+def _neighbours_turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """``x`` (..., T, D) turned with the pairs (x_2i, x_(2i + 1)) instead of the halves, the turned pairs put back
+    interleaved (dimensions 2i and 2i + 1) or end to end (i and i + D/2)."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    first, second = a * cos - b * sin, a * sin + b * cos
+    return torch.stack([first, second], -1).flatten(-2) if interleave else torch.cat([first, second], -1)
 
 
 @symptoms.bonus
