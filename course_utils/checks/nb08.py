@@ -623,6 +623,12 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
         return (f"the mask does not fit the scores: {n} new queries against {start + n} cached keys give scores "
                 f"(b, num_heads, {n}, {start + n}), so the mask is the ({n}, {start + n}) rows {start}..{start + n - 1} "
                 f"of the causal mask, decode_causal_mask({n}, {start + n}).")
+    numbers = {int(v) for v in re.findall(r"\b\d+\b", text)}
+    if isinstance(error, ValueError) and start > 0 and "context_length" not in text and {start + n, n} <= numbers:
+        keys = f"{n} key" + ("" if n == 1 else "s")
+        return (f"the mask was asked for {start + n} queries against {keys}: decode_causal_mask is called with its "
+                f"arguments swapped. It takes the number of new queries first, then the number of keys so far: "
+                f"decode_causal_mask(T, start + T) = decode_causal_mask({n}, {start + n}) here.")
     if "context_length" in text or "num_tokens" in text:
         return (f"only {start + n} tokens have been given since the last reset_cache(): is the number of cached "
                 f"tokens read on the TOKEN dimension (cache_k.shape[2] for (b, num_heads, t, head_dim), not shape[1], "
