@@ -76,6 +76,14 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                     f"{found[2]}: a block sliced along the first dimension (x[start:start + block_size], "
                     f"rows) instead of the last one: x[..., start:start + block_size], the columns.")
         return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and x.dim() == 1 and got.dim() == 2 \
+            and got.shape == (x.shape[0], x.shape[0]) and want.shape == x.shape \
+            and torch.allclose(got.detach().double(), want.detach().double().expand(got.shape), atol=1e-5, rtol=1e-4):
+        n = x.shape[0]
+        return (f"for this 1-D x of {n} columns your output is {tuple(got.shape)}: {n} copies of the right softmax. m "
+                f"and l were made with x.shape[0] = {n} rows, shape ({n}, 1), as if x were always a matrix; for a 1-D x "
+                f"x.shape[0] counts the columns, and ({n}, 1) broadcasts against the row. Shape them from the end, "
+                f"x.shape[:-1] + (1,) ((1,) here), one number per row whatever the leading dimensions.")
     streamed = _columns_streamed(x, block, got)
     if streamed is not None:
         n = x.shape[-1]
@@ -156,6 +164,77 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
         hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
                 .replace(" (the `dim` argument)", ""))
     return hint
+
+
+def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
+    """The family of one carry-over step changed (issue 36): exp(x - m) / l streamed in float64 over the blocks of
+    ``x`` (``(..., n)``, blocks of ``block`` columns), with l's update changed, by name: the new block's sum taken
+    over the whole row x (``whole_row``), the factor exp(m - m_new) applied to the new block's sum instead of to l
+    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``)."""
+    xd, n = x.detach().double(), x.shape[-1]
+    found = {}
+    for name in ("whole_row", "alpha_on_block", "overwritten"):
+        m = torch.full(xd.shape[:-1] + (1,), _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        for start in range(0, n, block):
+            part = xd[..., start:start + block]
+            m_new = torch.maximum(m, part.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - shift)
+            if name == "whole_row":
+                l = l * alpha + torch.exp(xd - shift).sum(-1, keepdim=True)
+            elif name == "alpha_on_block":
+                l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
+            else:
+                l = torch.exp(part - shift).sum(-1, keepdim=True)
+            m = m_new
+        found[name] = torch.exp(xd - m) / l
+    return found
+
+
+_CARRY_WORDS = {
+    "whole_row": ("l adds the sum of exp over the WHOLE row at every block (exp(x - m_new).sum(...), x instead of the "
+                  "block), so l counts every column once per block ({blocks} blocks here: each row sums to 1/{blocks}). "
+                  "Add only the new block's columns: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, "
+                  "keepdim=True)."),
+    "alpha_on_block": ("the rescaling factor exp(m - m_new) multiplies the new block's sum instead of l: l = l + "
+                       "exp(m - m_new) * exp(block - m_new).sum(...) leaves the old sum unrescaled, and on the first "
+                       "block (m = -inf) the factor is 0, so the first block is lost. Rescale the running sum, then "
+                       "add the block: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, keepdim=True)."),
+}
+
+
+def _same_model(model: torch.Tensor, got: object) -> bool:
+    """Whether ``got`` is ``model`` (float64): the same shape, NaN and inf in the same places, the rest within 1e-5."""
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.shape == model.shape):
+        return False
+    g = got.detach().double()
+    nan = torch.isnan(model)
+    return torch.equal(nan, torch.isnan(g)) and _same_softmax(torch.where(nan, 0.0, model), torch.where(nan, 0.0, g))
+
+
+def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]) -> str | None:
+    """The member of :func:`_carry_models` that gives what the student's code gave on this case and on every other
+    case it returned a tensor of the right shape for, where exactly one member does (``overwritten``, the words of
+    :func:`_online_diagnose`, is only there to leave a case it explains too undecided); ``None`` otherwise."""
+    x, block = case.args[0], case.args[1]
+    if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and isinstance(block, int) and block > 0
+            and isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point()):
+        return None
+    here = _carry_models(x, block)
+    found = [name for name, model in here.items() if _same_model(model, got)]
+    for other, outcome in calls:
+        if len(found) < 2:
+            break
+        ox, oblock = other.args[0], other.args[1]
+        if other is case or not isinstance(ox, torch.Tensor) or not isinstance(oblock, int) or oblock <= 0 \
+                or not isinstance(outcome, torch.Tensor) or outcome.shape != ox.shape:
+            continue
+        models = _carry_models(ox, oblock)
+        found = [name for name in found if _same_model(models[name], outcome)]
+    if len(found) != 1 or found[0] not in _CARRY_WORDS:
+        return None
+    return _CARRY_WORDS[found[0]].format(blocks=-(-x.shape[-1] // block))
 
 
 @symptoms.bonus
@@ -357,9 +436,11 @@ def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "online_softmax"
     calls = [s for s in plan if s.run == CALL]
     ladder.record(ONLINE_LADDER)
+    returned = [(s.case, outcomes[s.key]) for s in calls]
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
-                   step.case, diagnose=_online_diagnose, smallest=lambda: ladder.diagnose(ONLINE_LADDER, outcomes))
+                   step.case, diagnose=lambda case, got, want: _carry_family_hint(case, got, returned)
+                   or _online_diagnose(case, got, want), smallest=lambda: ladder.diagnose(ONLINE_LADDER, outcomes))
     for step in (s for s in plan if s.run == "streaming"):
         problem = _streaming_text(_streaming_of(exercise, outcomes, step), step.case.args[1])
         if problem:
