@@ -826,6 +826,9 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
 
     wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
     said = symptoms.spans(wrong)
+    staged = _stage_bounds_hint(case, g, off, attend, rows, starts, lo, causal, atol, rtol)
+    if staged:
+        return staged
     twice = causal.double() + past.double()
     if bool(past.any()) and explains(attend(twice)):
         firsts = sorted({int(lo[r]) for r in wrong})
@@ -858,6 +861,55 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
                 f"first stage (the blocks read without a mask) after its first one; the rows where it does not grow "
                 f"there are right. In that loop, rescale by alpha = exp(m_i - m_new) when the maximum grows: "
                 f"l_i = l_i * alpha + ..., acc = acc * alpha[:, None] + ..., then m_i = m_new.")
+    return None
+
+
+def _stage_bounds_hint(case: Case, g: torch.Tensor, off: torch.Tensor, attend: Callable, rows: torch.Tensor,
+                       starts: torch.Tensor, lo: torch.Tensor, causal: torch.Tensor, atol: float, rtol: float
+                       ) -> str | None:
+    """Two members of the family of the kernel's unmasked stage changed (issue 36), each named where it gives every
+    row of ``g`` (``(L, T, Dv)``) that it can model: the key positions of that stage without start_n (each iteration
+    loads key block 0 again: block 0 weighed once per iteration, the other blocks before lo never), and the stage
+    ending at start_m * BLOCK_N instead of lo (the query block's index times the key block size: a query block sees
+    every key before there unmasked; rows whose stage runs past T read keys that are not there, anything, and are
+    left out of the comparison). ``lo``: each row's right end of the stage; ``starts``: its query block's start."""
+    kw = case.kwargs
+    bm, bn, T = kw["block_m"], kw["block_n"], g.shape[1]
+
+    def gives(model: torch.Tensor, free: torch.Tensor) -> bool:
+        """Whether ``g`` is ``model`` on every row not ``free``, and some such row is wrong."""
+        kept = ~free[None, :]
+        return bool((off & kept).any()) and not bool((symptoms.off_rows(model, g, atol, rtol) & kept).any())
+
+    keys = rows[None, :]  # (1, T)
+    iterations = (lo // bn).double()[:, None]  # (T, 1): the unmasked stage's iterations of each row
+    first = torch.where(keys < lo[:, None], torch.where(keys < bn, iterations, 0.0), causal.double())
+    none_free = torch.zeros(T, dtype=torch.bool)
+    if bool((lo > bn).any()) and gives(attend(first), none_free):
+        said = symptoms.spans(sorted({int(r) for r in off.nonzero()[:, 1]}))
+        r = int(next(i for i in range(T) if int(lo[i]) > bn))
+        return (f"query rows {said} weigh key block 0 (keys 0..{bn - 1}) once per iteration of the unmasked stage "
+                f"({int(lo[r]) // bn} times for row {r}) and the other keys of that stage (keys {bn}..{int(lo[r]) - 1}) "
+                f"never: every iteration loads the first key block again. The key positions there must move with the "
+                f"loop, cols = start_n + offs_n, as in the masked stage.")
+    ends = starts // bm * bn  # (T,) start_m * BLOCK_N of each row's query block
+    free = ends > T  # rows whose unmasked stage reads past the last key
+    unmasked = (keys < ends[:, None]) | causal
+    if bool((ends != lo).any()) and gives(attend(unmasked.double()), free):
+        wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
+        seen = [r for r in wrong if not bool(free[r])]
+        past = [r for r in wrong if bool(free[r])]
+        r = seen[0]
+        text = (f"query rows {symptoms.spans(seen)} see keys 0..{int(ends[r]) - 1} without a mask, their future ones "
+                f"too (row {r})")
+        if past:
+            text += (f", and rows {symptoms.spans(past)} read keys up to {int(ends[past[0]]) - 1}, past T = {T}, "
+                     f"without a mask")
+        return (f"{text}: the unmasked stage of query block {int(starts[r]) // bm} ends at start_m * BLOCK_N = "
+                f"{int(ends[r])}, its index times the key block size, instead of its first query position rounded down "
+                f"to a key block, lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N = {int(lo[r])}. The two differ when "
+                f"BLOCK_N (= {bn}) > BLOCK_M (= {bm}): key blocks that cross the diagonal are then read without the "
+                f"causal mask.")
     return None
 
 
