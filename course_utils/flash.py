@@ -227,7 +227,10 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     T, D = check_launch(q, block_m, block_n)
     run = _jitted(kernel)
     batch = q.shape[:-2]
-    q3, k3, v3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v))  # (BH, T, D)
+    # Each in a buffer with zero rows after the last (batch, head): a kernel that reads past T without a mask reads
+    # those zeros (or the next head's rows), the same on every run, never whatever the memory past the end held.
+    pad = (-(-T // block_m) + 1) * max(block_m, block_n)
+    q3, k3, v3 = (_padded(t.reshape(-1, T, D), pad) for t in (q, k, v))  # (BH, T, D)
     # NaN until the kernel writes them: an entry a kernel never writes shows as NaN, never as whatever the
     # memory held (which would differ from run to run, and from the GPU to the CPU).
     out = torch.full_like(q3, float("nan"))  # (BH, T, D)
@@ -237,6 +240,14 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
               v3.stride(1), out.stride(0), out.stride(1), T, 1.0 / D ** 0.5,
               HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal))
     return out.reshape(*batch, T, D), lse.reshape(*batch, T)
+
+
+def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t`` ``(BH, T, D)``, contiguous, as the front of a buffer that holds ``pad`` zero rows after it."""
+    BH, T, D = t.shape
+    buffer = torch.zeros(BH * T + pad, D, dtype=t.dtype, device=t.device)
+    buffer[:BH * T] = t.reshape(BH * T, D)
+    return buffer[:BH * T].view(BH, T, D)
 
 
 # --------------------------------------------------------------------------------------------

@@ -733,8 +733,8 @@ def decode_causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
     if num_queries < 0 or num_keys < 0:
         raise ValueError(f"num_queries and num_keys must be non-negative, got {num_queries} and {num_keys}")
     if num_queries > num_keys:
-        raise ValueError(f"num_queries > num_keys ({num_queries} > {num_keys}): the queries are the last "
-                         f"num_queries of the num_keys positions, so there cannot be more of them")
+        # the solution notebook's words: the self-check quotes them, and must say the same in both editions
+        raise ValueError(f"num_queries > num_keys ({num_queries} > {num_keys}): the queries are the last positions")
     offset = num_keys - num_queries  # how many keys come before the first query
     return torch.triu(torch.ones(num_queries, num_keys, dtype=torch.bool), diagonal=offset + 1)
 

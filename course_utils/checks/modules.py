@@ -106,8 +106,9 @@ class ProbePlan:
 def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build: tuple) -> str | None:
     """Name what differs between two lists of parameter shapes, when it is a known pattern.
 
-    ``build`` follows the book's constructor, ``(d_in, d_out, context_length, dropout, num_heads,
-    qkv_bias)``.
+    ``build`` follows the book's constructor, ``(d_in, d_out, context_length, dropout, num_heads, ...)``; which
+    bias is missing (or too many) is read from the shapes, not from ``build`` (GroupedQueryAttention's sixth
+    argument is num_kv_groups, not qkv_bias).
     """
     if got == want:
         return None
@@ -120,17 +121,36 @@ def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build
                 "d_out), created after the query, key and value projections")
     matrices = [s for s in got if len(s) != 1] == [s for s in want if len(s) != 1]
     if matrices and len(got) != len(want):
-        qkv_bias = len(build) > 5 and bool(build[5])
-        if len(got) < len(want) and qkv_bias:
+        owners = _bias_owners(got, want)  # which matrices' biases are missing (or too many), read from the shapes
+        last = sum(len(s) != 1 for s in want) - 1  # out_proj, the last matrix
+        if len(got) < len(want) and owners == {last}:
+            return (f"out_proj's bias is missing (the last shape, {want[-1]}): only the query, key and value "
+                    f"projections follow qkv_bias; out_proj keeps nn.Linear's default bias, nn.Linear(d_out, d_out) "
+                    f"without bias=qkv_bias")
+        if len(got) < len(want) and owners and last not in owners:
             return ("a bias is missing: with qkv_bias=True the query, key and value projections have biases: pass "
                     "bias=qkv_bias to their nn.Linear")
-        if len(got) < len(want):
-            return ("a bias is missing: only the query, key and value projections follow qkv_bias; out_proj keeps "
-                    "nn.Linear's default bias")
-        if not qkv_bias:
+        if len(got) > len(want) and owners and last not in owners:
             return ("a bias too many: with qkv_bias=False the query, key and value projections have no bias: pass "
                     "bias=qkv_bias to their nn.Linear")
     return None
+
+
+def _bias_owners(got: list[tuple[int, ...]], want: list[tuple[int, ...]]) -> set[int] | None:
+    """The matrices (numbered in order) whose bias one list has and the other lacks, where the two lists differ
+    only by biases (1-D shapes, each right after its matrix); ``None`` otherwise."""
+    longer, shorter = (want, got) if len(want) > len(got) else (got, want)
+    owners, j, matrix = set(), 0, -1
+    for shape in longer:
+        if len(shape) != 1:
+            matrix += 1
+        if j < len(shorter) and shorter[j] == shape:
+            j += 1
+        elif len(shape) == 1 and matrix >= 0:
+            owners.add(matrix)
+        else:
+            return None
+    return owners if j == len(shorter) and owners else None
 
 
 # ------------------------------------------------------------------------------------------

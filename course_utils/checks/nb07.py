@@ -76,6 +76,14 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
                     f"{found[2]}: a block sliced along the first dimension (x[start:start + block_size], "
                     f"rows) instead of the last one: x[..., start:start + block_size], the columns.")
         return _NO_KEEPDIM if shape_error_hint(got) and "must match the size" in str(got) else None
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and x.dim() == 1 and got.dim() == 2 \
+            and got.shape == (x.shape[0], x.shape[0]) and want.shape == x.shape \
+            and torch.allclose(got.detach().double(), want.detach().double().expand(got.shape), atol=1e-5, rtol=1e-4):
+        n = x.shape[0]
+        return (f"for this 1-D x of {n} columns your output is {tuple(got.shape)}: {n} copies of the right softmax. m "
+                f"and l were made with x.shape[0] = {n} rows, shape ({n}, 1), as if x were always a matrix; for a 1-D x "
+                f"x.shape[0] counts the columns, and ({n}, 1) broadcasts against the row. Shape them from the end, "
+                f"x.shape[:-1] + (1,) ((1,) here), one number per row whatever the leading dimensions.")
     streamed = _columns_streamed(x, block, got)
     if streamed is not None:
         n = x.shape[-1]
@@ -156,6 +164,77 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
         hint = (hint.replace("along `dim`", "along the last dimension").replace("over `dim`", "over the last dimension")
                 .replace(" (the `dim` argument)", ""))
     return hint
+
+
+def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
+    """The family of one carry-over step changed (issue 36): exp(x - m) / l streamed in float64 over the blocks of
+    ``x`` (``(..., n)``, blocks of ``block`` columns), with l's update changed, by name: the new block's sum taken
+    over the whole row x (``whole_row``), the factor exp(m - m_new) applied to the new block's sum instead of to l
+    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``)."""
+    xd, n = x.detach().double(), x.shape[-1]
+    found = {}
+    for name in ("whole_row", "alpha_on_block", "overwritten"):
+        m = torch.full(xd.shape[:-1] + (1,), _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        for start in range(0, n, block):
+            part = xd[..., start:start + block]
+            m_new = torch.maximum(m, part.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - shift)
+            if name == "whole_row":
+                l = l * alpha + torch.exp(xd - shift).sum(-1, keepdim=True)
+            elif name == "alpha_on_block":
+                l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
+            else:
+                l = torch.exp(part - shift).sum(-1, keepdim=True)
+            m = m_new
+        found[name] = torch.exp(xd - m) / l
+    return found
+
+
+_CARRY_WORDS = {
+    "whole_row": ("l adds the sum of exp over the WHOLE row at every block (exp(x - m_new).sum(...), x instead of the "
+                  "block), so l counts every column once per block ({blocks} blocks here: each row sums to 1/{blocks}). "
+                  "Add only the new block's columns: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, "
+                  "keepdim=True)."),
+    "alpha_on_block": ("the rescaling factor exp(m - m_new) multiplies the new block's sum instead of l: l = l + "
+                       "exp(m - m_new) * exp(block - m_new).sum(...) leaves the old sum unrescaled, and on the first "
+                       "block (m = -inf) the factor is 0, so the first block is lost. Rescale the running sum, then "
+                       "add the block: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, keepdim=True)."),
+}
+
+
+def _same_model(model: torch.Tensor, got: object) -> bool:
+    """Whether ``got`` is ``model`` (float64): the same shape, NaN and inf in the same places, the rest within 1e-5."""
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.shape == model.shape):
+        return False
+    g = got.detach().double()
+    nan = torch.isnan(model)
+    return torch.equal(nan, torch.isnan(g)) and _same_softmax(torch.where(nan, 0.0, model), torch.where(nan, 0.0, g))
+
+
+def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]) -> str | None:
+    """The member of :func:`_carry_models` that gives what the student's code gave on this case and on every other
+    case it returned a tensor of the right shape for, where exactly one member does (``overwritten``, the words of
+    :func:`_online_diagnose`, is only there to leave a case it explains too undecided); ``None`` otherwise."""
+    x, block = case.args[0], case.args[1]
+    if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and isinstance(block, int) and block > 0
+            and isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point()):
+        return None
+    here = _carry_models(x, block)
+    found = [name for name, model in here.items() if _same_model(model, got)]
+    for other, outcome in calls:
+        if len(found) < 2:
+            break
+        ox, oblock = other.args[0], other.args[1]
+        if other is case or not isinstance(ox, torch.Tensor) or not isinstance(oblock, int) or oblock <= 0 \
+                or not isinstance(outcome, torch.Tensor) or outcome.shape != ox.shape:
+            continue
+        models = _carry_models(ox, oblock)
+        found = [name for name in found if _same_model(models[name], outcome)]
+    if len(found) != 1 or found[0] not in _CARRY_WORDS:
+        return None
+    return _CARRY_WORDS[found[0]].format(blocks=-(-x.shape[-1] // block))
 
 
 @symptoms.bonus
@@ -357,9 +436,11 @@ def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "online_softmax"
     calls = [s for s in plan if s.run == CALL]
     ladder.record(ONLINE_LADDER)
+    returned = [(s.case, outcomes[s.key]) for s in calls]
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
-                   step.case, diagnose=_online_diagnose, smallest=lambda: ladder.diagnose(ONLINE_LADDER, outcomes))
+                   step.case, diagnose=lambda case, got, want: _carry_family_hint(case, got, returned)
+                   or _online_diagnose(case, got, want), smallest=lambda: ladder.diagnose(ONLINE_LADDER, outcomes))
     for step in (s for s in plan if s.run == "streaming"):
         problem = _streaming_text(_streaming_of(exercise, outcomes, step), step.case.args[1])
         if problem:
@@ -745,6 +826,9 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
 
     wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
     said = symptoms.spans(wrong)
+    staged = _stage_bounds_hint(case, g, off, attend, rows, starts, lo, causal, atol, rtol)
+    if staged:
+        return staged
     twice = causal.double() + past.double()
     if bool(past.any()) and explains(attend(twice)):
         firsts = sorted({int(lo[r]) for r in wrong})
@@ -777,6 +861,55 @@ def _stages_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, r
                 f"first stage (the blocks read without a mask) after its first one; the rows where it does not grow "
                 f"there are right. In that loop, rescale by alpha = exp(m_i - m_new) when the maximum grows: "
                 f"l_i = l_i * alpha + ..., acc = acc * alpha[:, None] + ..., then m_i = m_new.")
+    return None
+
+
+def _stage_bounds_hint(case: Case, g: torch.Tensor, off: torch.Tensor, attend: Callable, rows: torch.Tensor,
+                       starts: torch.Tensor, lo: torch.Tensor, causal: torch.Tensor, atol: float, rtol: float
+                       ) -> str | None:
+    """Two members of the family of the kernel's unmasked stage changed (issue 36), each named where it gives every
+    row of ``g`` (``(L, T, Dv)``) that it can model: the key positions of that stage without start_n (each iteration
+    loads key block 0 again: block 0 weighed once per iteration, the other blocks before lo never), and the stage
+    ending at start_m * BLOCK_N instead of lo (the query block's index times the key block size: a query block sees
+    every key before there unmasked; rows whose stage runs past T read keys that are not there, anything, and are
+    left out of the comparison). ``lo``: each row's right end of the stage; ``starts``: its query block's start."""
+    kw = case.kwargs
+    bm, bn, T = kw["block_m"], kw["block_n"], g.shape[1]
+
+    def gives(model: torch.Tensor, free: torch.Tensor) -> bool:
+        """Whether ``g`` is ``model`` on every row not ``free``, and some such row is wrong."""
+        kept = ~free[None, :]
+        return bool((off & kept).any()) and not bool((symptoms.off_rows(model, g, atol, rtol) & kept).any())
+
+    keys = rows[None, :]  # (1, T)
+    iterations = (lo // bn).double()[:, None]  # (T, 1): the unmasked stage's iterations of each row
+    first = torch.where(keys < lo[:, None], torch.where(keys < bn, iterations, 0.0), causal.double())
+    none_free = torch.zeros(T, dtype=torch.bool)
+    if bool((lo > bn).any()) and gives(attend(first), none_free):
+        said = symptoms.spans(sorted({int(r) for r in off.nonzero()[:, 1]}))
+        r = int(next(i for i in range(T) if int(lo[i]) > bn))
+        return (f"query rows {said} weigh key block 0 (keys 0..{bn - 1}) once per iteration of the unmasked stage "
+                f"({int(lo[r]) // bn} times for row {r}) and the other keys of that stage (keys {bn}..{int(lo[r]) - 1}) "
+                f"never: every iteration loads the first key block again. The key positions there must move with the "
+                f"loop, cols = start_n + offs_n, as in the masked stage.")
+    ends = starts // bm * bn  # (T,) start_m * BLOCK_N of each row's query block
+    free = ends > T  # rows whose unmasked stage reads past the last key
+    unmasked = (keys < ends[:, None]) | causal
+    if bool((ends != lo).any()) and gives(attend(unmasked.double()), free):
+        wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
+        seen = [r for r in wrong if not bool(free[r])]
+        past = [r for r in wrong if bool(free[r])]
+        r = seen[0]
+        text = (f"query rows {symptoms.spans(seen)} see keys 0..{int(ends[r]) - 1} without a mask, their future ones "
+                f"too (row {r})")
+        if past:
+            text += (f", and rows {symptoms.spans(past)} read keys up to {int(ends[past[0]]) - 1}, past T = {T}, "
+                     f"without a mask")
+        return (f"{text}: the unmasked stage of query block {int(starts[r]) // bm} ends at start_m * BLOCK_N = "
+                f"{int(ends[r])}, its index times the key block size, instead of its first query position rounded down "
+                f"to a key block, lo = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N = {int(lo[r])}. The two differ when "
+                f"BLOCK_N (= {bn}) > BLOCK_M (= {bm}): key blocks that cross the diagonal are then read without the "
+                f"causal mask.")
     return None
 
 

@@ -342,7 +342,20 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
                               torch.cat([x1 * sin - x2 * cos, x1 * cos + x2 * sin], -1)),
                              ("each pair is turned the wrong way (by minus its angle): a sign flipped. The pair (x1, "
                               "x2) turns to (x1 cos - x2 sin, x1 sin + x2 cos).",
-                              torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1))):
+                              torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)),
+                             ("the two turned halves are right but put back interleaved: torch.stack([...], "
+                              "dim=-1).flatten(-2) gives dimension 2i the first half's entry i and 2i + 1 the second's. "
+                              "Output dimension i must hold x1 cos - x2 sin and dimension i + D/2 must hold x1 sin + "
+                              "x2 cos: join the halves end to end, torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * "
+                              "cos], dim=-1).",
+                              torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)),
+                             ("neighbours are paired, x_2i with x_(2i + 1) (the interleaved convention), and put back "
+                              "interleaved: this course pairs x_i with x_(i + D/2), the two halves x[..., :D // 2] and "
+                              "x[..., D // 2:], and joins the turned halves end to end with torch.cat(..., dim=-1).",
+                              _neighbours_turned(x.double(), cos, sin, interleave=True)),
+                             ("neighbours are paired, x_2i with x_(2i + 1) (x[..., 0::2] and x[..., 1::2]): this course "
+                              "pairs x_i with x_(i + D/2), the two halves x[..., :D // 2] and x[..., D // 2:].",
+                              _neighbours_turned(x.double(), cos, sin, interleave=False))):
             if torch.allclose(got.double(), other, atol=1e-4, rtol=1e-4):
                 return words
         halves = _halves_hint(got.double(), want.double(), x1, x2, cos, sin)
@@ -361,6 +374,14 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
     return (f"the angle table has {size} rows{counted}, but the positions go up to {largest}: row p of "
             f"rope_angles(head_dim, max_positions) is position p, so build it for max_positions = "
             f"int(positions.max()) + 1 = {largest + 1} and index it with the positions themselves.")
+
+
+def _neighbours_turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """``x`` (..., T, D) turned with the pairs (x_2i, x_(2i + 1)) instead of the halves, the turned pairs put back
+    interleaved (dimensions 2i and 2i + 1) or end to end (i and i + D/2)."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    first, second = a * cos - b * sin, a * sin + b * cos
+    return torch.stack([first, second], -1).flatten(-2) if interleave else torch.cat([first, second], -1)
 
 
 @symptoms.bonus
@@ -602,6 +623,12 @@ def _decode_error_hint(error: BaseException, start: int, n: int, cache: object =
         return (f"the mask does not fit the scores: {n} new queries against {start + n} cached keys give scores "
                 f"(b, num_heads, {n}, {start + n}), so the mask is the ({n}, {start + n}) rows {start}..{start + n - 1} "
                 f"of the causal mask, decode_causal_mask({n}, {start + n}).")
+    numbers = {int(v) for v in re.findall(r"\b\d+\b", text)}
+    if isinstance(error, ValueError) and start > 0 and "context_length" not in text and {start + n, n} <= numbers:
+        keys = f"{n} key" + ("" if n == 1 else "s")
+        return (f"the mask was asked for {start + n} queries against {keys}: decode_causal_mask is called with its "
+                f"arguments swapped. It takes the number of new queries first, then the number of keys so far: "
+                f"decode_causal_mask(T, start + T) = decode_causal_mask({n}, {start + n}) here.")
     if "context_length" in text or "num_tokens" in text:
         return (f"only {start + n} tokens have been given since the last reset_cache(): is the number of cached "
                 f"tokens read on the TOKEN dimension (cache_k.shape[2] for (b, num_heads, t, head_dim), not shape[1], "
@@ -1308,6 +1335,67 @@ def _which_heads(x: torch.Tensor, n_rep: int, got: torch.Tensor) -> str | None:
             f"before any reshape: x[:, :, None].expand(b, G, n_rep, T, D) or repeat_interleave(n_rep, dim=1).")
 
 
+#: A family of index maps (:func:`_repeat_family_hint`): output head h = input head map(h, G, n_rep), where the
+#: right one is h // n_rep; each member names itself and what it swaps.
+_HEAD_MAPS = {
+    "h // G": (lambda h, G, n_rep: h // G,
+               "output head h takes input head h // G, G = num_kv_groups = {G} the number of groups, instead of "
+               "h // n_rep, n_rep = {n_rep} the copies of each group"),
+    "h % n_rep": (lambda h, G, n_rep: h % n_rep,
+                  "output head h takes input head h % n_rep (n_rep = {n_rep}) instead of h // n_rep: the copies of one "
+                  "group are counted, not the groups"),
+}
+
+
+def _head_map_outcome(x: torch.Tensor, n_rep: int, rule: Callable) -> torch.Tensor | None:
+    """``x`` (b, G, T, D) indexed along the heads by ``rule(h, G, n_rep)`` for h = 0..G * n_rep - 1; ``None``
+    where an index reaches past the last head (an IndexError)."""
+    G = x.shape[1]
+    index = rule(torch.arange(G * n_rep), G, n_rep)
+    return None if int(index.max()) >= G or int(index.min()) < 0 else x[:, index]
+
+
+def _repeat_family_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
+    """The member of :data:`_HEAD_MAPS` that gives what the student's code gave on every case (the same tensor, or
+    an IndexError where the member's index reaches past the last head), where exactly one does and it differs from
+    the right map on some case; ``None`` otherwise."""
+    x, n_rep = case.args
+    found = []
+    for name, (rule, words) in _HEAD_MAPS.items():
+        differs, agrees = False, True
+        for other, got in calls:
+            ox, orep = other.args
+            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0):
+                agrees = False
+                break
+            model = _head_map_outcome(ox, orep, rule)
+            right = ox.repeat_interleave(orep, dim=1)
+            if model is None:
+                agrees = isinstance(got, BaseException) and "out of bounds" in str(got)
+                differs = True
+            else:
+                agrees = isinstance(got, torch.Tensor) and got.shape == model.shape \
+                    and torch.allclose(got.to(model.dtype), model, atol=1e-6)
+                differs = differs or not torch.equal(model, right)
+            if not agrees:
+                break
+        if agrees and differs:
+            found.append((rule, words))
+    if len(found) != 1:
+        return None
+    rule, words = found[0]
+    G = x.shape[1]
+    index = [int(i) for i in rule(torch.arange(G * n_rep), G, n_rep)]
+    if max(index) >= G:
+        here = f"here its index reaches head {max(index)}, past the last of the G = {G} key/value heads"
+    else:
+        h = next(h for h, i in enumerate(index) if i != h // n_rep)
+        here = f"here output head {h} gets group {index[h]}, not {h} // {n_rep} = {h // n_rep}"
+    return (f"{words.format(G=G, n_rep=n_rep)}: that is what your code gives on every case ({here}). Output head h "
+            f"is a copy of group h // n_rep: index with torch.arange(G * n_rep) // n_rep, or use "
+            f"x.repeat_interleave(n_rep, dim=1).")
+
+
 def _repeat_cases() -> list[Case]:
     return [
         Case("(2, 2, 5, 3), n_rep=3", (rand(2, 2, 5, 3, seed=811), 3)),
@@ -1340,7 +1428,10 @@ REPEAT_LADDER = ladder.Ladder("repeat_kv", _repeat_rungs,
 
 def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     ladder.record(REPEAT_LADDER)
-    spec.compare_outcomes("repeat_kv", plan, outcomes, diagnose=_repeat_diagnosis,
+    calls = [(s.case, outcomes[s.key]) for s in plan if s.run == spec.CALL]
+    spec.compare_outcomes("repeat_kv", plan, outcomes,
+                          diagnose=lambda case, got, want: _repeat_family_hint(case, calls)
+                          or _repeat_diagnosis(case, got, want),
                           smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
             f"({'; '.join(s.case.name for s in plan)})")

@@ -280,6 +280,18 @@ class _ValuesAfterKeys(_Cache):
         return self.cache_k, self.cache_v
 
 
+class _NewBeforeCache(_Cache):
+    """The new keys and values put in front of the cached ones: the cache out of position order."""
+
+    def keys_for_scores(self, keys_new, values_new):
+        if self.cache_k is None:
+            self.cache_k, self.cache_v = keys_new, values_new
+        else:
+            self.cache_k = torch.cat([keys_new, self.cache_k], dim=2)
+            self.cache_v = torch.cat([values_new, self.cache_v], dim=2)
+        return self.cache_k, self.cache_v
+
+
 class _TopLeft(_Cache):
     def rows(self, start, end, num_keys):
         return self.mask[:end - start, :num_keys]
@@ -396,6 +408,10 @@ KV_MISTAKES = [
     Mistake("the new values are concatenated to the cached KEYS: cache_v = torch.cat([self.cache_v, values], dim=2), "
             "not [self.cache_k, values]. The prompt is right; from the second call on, the earlier tokens' values are "
             "their keys.", _ValuesAfterKeys),
+    Mistake("the new keys and values are put in FRONT of the cached ones, torch.cat([keys, self.cache_k], dim=2): the "
+            "cache is then out of position order, and the causal mask, which reads column j as position j, hides the "
+            "wrong keys (one new token at a time still sees them all). Append them after the cache: "
+            "torch.cat([self.cache_k, keys], dim=2), and the same for the values.", _NewBeforeCache),
     Mistake("with use_cache=True no mask is applied: for one new token that hides nothing, but a prompt's queries "
             "then see the future. Mask the new queries with decode_causal_mask(T, start + T).", _NoMaskWithCache),
     Mistake("the new queries attend only to the new tokens' keys and values: they must attend to the whole cache "
