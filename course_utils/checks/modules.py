@@ -122,7 +122,9 @@ def shape_problem(got: list[tuple[int, ...]], want: list[tuple[int, ...]], build
     matrices = [s for s in got if len(s) != 1] == [s for s in want if len(s) != 1]
     if matrices and len(got) != len(want):
         owners = _bias_owners(got, want)  # which matrices' biases are missing (or too many), read from the shapes
-        last = sum(len(s) != 1 for s in want) - 1  # out_proj, the last matrix
+        matrices = sum(len(s) != 1 for s in want)
+        last = matrices - 1 if matrices % 3 == 1 else None  # out_proj, after each head's query, key and value (none
+        # in MultiHeadAttentionWrapper, whose 3 * num_heads matrices are the heads' own)
         if len(got) < len(want) and owners == {last}:
             return (f"out_proj's bias is missing (the last shape, {want[-1]}): only the query, key and value "
                     f"projections follow qkv_bias; out_proj keeps nn.Linear's default bias, nn.Linear(d_out, d_out) "
