@@ -48,6 +48,7 @@ def graded_class(tmp_path_factory):
 #: keeps both cores busy counts as long as its CPU says, not as its wall time on a busy machine.
 LONGEST_FIRST = [
     "tests/grader_answers/test_judge.py",  # with test_hidden_tests.py, test_parity.py, test_specs.py... (conftest.py)
+    "tests/grader_answers/test_hidden_tests.py",  # before test_parity.py, which judges the runs of its test cells
     "tests/grader_messy/test_cheats.py",  # with test_autograde.py: the one graded class (conftest.py), 240
     "tests/grader_answers/test_autograde.py",
     "tests/release/test_editions.py",  # 75

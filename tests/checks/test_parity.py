@@ -4,8 +4,9 @@ Every answer in tests/fixtures/answers, wrong and right, goes through the visibl
 expected values computed live from the reference (instructor edition) and read from a fresh
 recording (student edition). Verdict and message must be identical: the recording holds every
 value the checks need, including the outputs of the known mistakes that name a student's error.
-The student's code runs in the live check; the recorded check judges those same outcomes (as the
-grader judges what a kernel handed out), once its plan is shown to be the same (``harness.executions``).
+The student's code runs once: in the answer's test cells (``harness.test_verdicts``, where
+test_hidden_tests.py ran before in this process) or else in the live check; each check judges those
+outcomes of the same plan (as the grader judges what a kernel handed out: ``harness.executions``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def test_recorded_checks_say_what_live_checks_say(fresh_recording, notebook, exe
     fresh_recording(notebook)
     harness._executed(notebook)  # the solution notebook's own checks run once, before and outside the log
     runs: list = []
-    with expected.using(expected.LIVE), harness.executions(runs, replay=False):
+    earlier = harness.runs_of(notebook, exercise, str(source))  # its test cells' runs, where they ran in this process
+    with expected.using(expected.LIVE), harness.executions(runs, replay=False, earlier=earlier):
         live = harness.check_verdict(notebook, exercise, source)
     with expected.using(expected.RECORDED), harness.executions(runs, replay=True):
         recorded = harness.check_verdict(notebook, exercise, source)

@@ -116,7 +116,7 @@ def check_verdict(notebook: str, exercise: str, answer_source: str) -> tuple[boo
 
 
 @contextlib.contextmanager
-def executions(log: list, replay: bool):
+def executions(log: list, replay: bool, earlier: list | None = None):
     """Inside the block, every run of a spec's plan (``spec.execute``: the one place a check runs the student's code)
     is written to ``log`` or, with ``replay``, taken back from it (the first run of the same exercise on the same
     plan) instead of run again.
@@ -127,8 +127,11 @@ def executions(log: list, replay: bool):
     run's outcomes, as the grader judges what a kernel handed out. A run that asked ``expected`` for anything
     (a runner that reads a recorded value, or the reference) is run again: its outcomes may depend on the
     edition. So is a plan the live check did not run on the same inputs (:func:`_same_plan`): a check's own
-    caches may differ between the editions (a helper's verdict, say). Runs inside an ``expected.expect`` (the reference's, for a value the
-    recorded check reads from the recording instead) are neither logged nor replayed."""
+    caches may differ between the editions (a helper's verdict, say). Runs inside an ``expected.expect`` (the
+    reference's, for a value the recorded check reads from the recording instead) are neither logged nor replayed.
+
+    ``earlier``: runs of the same answer logged before (:func:`runs_of`: its test cells', in :func:`test_verdicts`);
+    without ``replay``, a run of the same exercise on the same plan is taken from there instead of run again."""
     from course_utils.checks import expected, spec
 
     original, original_mode = spec.execute, expected.mode
@@ -150,6 +153,11 @@ def executions(log: list, replay: bool):
     def recording(exercise, plan, student, runners, tracebacks=None):
         if computing():  # the reference's run, for an expected value: the recorded check reads that value
             return original(exercise, plan, student, runners, tracebacks)
+        for index, (was, steps, outcomes, _) in enumerate(earlier or ()):
+            if was == exercise and outcomes is not None and _same_plan(steps, plan):
+                del earlier[index]
+                log.append((exercise, list(plan), outcomes, {}))
+                return dict(outcomes)
         before = asked[0]
         outcomes = original(exercise, plan, student, runners, tracebacks)
         log.append((exercise, list(plan), None if asked[0] != before else outcomes, dict(tracebacks or {})))
@@ -222,8 +230,8 @@ def test_verdicts(notebook: str, exercise: str, answer_source: str) -> tuple[tup
     base, cells = _executed(notebook)
     namespace = dict(base)
     run_source(answer_source, namespace, f"{notebook}:{exercise}:answer")
-    found, made = [], []
-    with _noting_outcomes(made):
+    found, made, runs = [], [], []
+    with _noting_outcomes(made), executions(runs, replay=False):
         for gid in test_ids_for(exercise, cells, notebook):
             try:
                 run_source(cells[gid], namespace, f"{notebook}:{gid}")
@@ -231,9 +239,21 @@ def test_verdicts(notebook: str, exercise: str, answer_source: str) -> tuple[tup
             except Exception as exc:  # noqa: BLE001 - the verdict
                 exc.__traceback__ = None  # the frames (and their tensors) are not kept
                 found.append((gid, exc))
+    _RUNS[(notebook, exercise, answer_source)] = tuple((was, steps, outcomes, {}) for was, steps, outcomes, _ in runs)
     _PLANS_READ[(notebook, exercise, answer_source)] = tuple(
         (outcomes.exercise, outcomes.hidden, frozenset(outcomes), frozenset(outcomes.read)) for outcomes in made)
     return tuple(found)
+
+
+#: ``(notebook, exercise, answer) -> the runs of plans`` (:func:`executions`' log, without tracebacks) of the test
+#: cells of :func:`test_verdicts`.
+_RUNS: dict[tuple[str, str, str], tuple] = {}
+
+
+def runs_of(notebook: str, exercise: str, answer_source: str) -> list:
+    """The plans the test cells of :func:`test_verdicts` ran on ``answer_source`` and what each gave (empty where
+    they have not run in this process): for :func:`executions`' ``earlier``."""
+    return list(_RUNS.get((notebook, exercise, answer_source), ()))
 
 
 #: ``(notebook, exercise, answer) -> ((exercise, hidden, the plan's keys, the keys its judge read), ...)``, one
