@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 from typing import Callable, Sequence
 
@@ -106,7 +107,8 @@ def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
 
 def _frequency_hint(got: torch.Tensor, want: torch.Tensor) -> str | None:
     """Where every column pair of ``got`` ``(P, d)`` is the sine and cosine of one angle (the layout right) but the
-    angles are not ours: the first pair whose frequency (its angle at position 1) differs, read off both."""
+    angles are not ours: the frequencies (each pair's angle at position 1) read off both, named where they are those
+    of a family member (:func:`_frequency_family`), else the first pair whose frequency differs."""
     P, d = want.shape
     if P < 2 or d < 2 or not torch.allclose(got[:, 0::2] ** 2 + got[:, 1::2] ** 2, torch.ones_like(got[:, 0::2]), atol=1e-3):
         return None
@@ -115,10 +117,33 @@ def _frequency_hint(got: torch.Tensor, want: torch.Tensor) -> str | None:
     if not off:
         return None
     i = off[0]
-    return (f"each column pair holds the sine and cosine of one angle, but the angles are off: pair {i} (columns "
+    said = (f"each column pair holds the sine and cosine of one angle, but the angles are off: pair {i} (columns "
             f"{2 * i}, {2 * i + 1}) turns by {float(turned[i]):.3g} per position, where 1 / 10000 ** ({2 * i} / {d}) = "
-            f"{float(meant[i]):.3g}. The frequency of pair i is 1 / 10000 ** (2i / d_model): mind the parentheses "
-            f"around the exponent.")
+            f"{float(meant[i]):.3g}")
+    named = _frequency_family(turned, d)
+    if named:
+        return f"{said}. {named}"
+    return (f"{said}. The frequency of pair i is 1 / 10000 ** (2i / d_model), for i = 0, 1, ..., d_model / 2 - 1 "
+            f"(pair 0 turns by 1 per position).")
+
+
+def _frequency_family(turned: torch.Tensor, d: int) -> str | None:
+    """The member of a family of frequency formulas (the exponent 2i / d_model with one thing changed) whose pair
+    frequencies ``(d/2,)`` are ``turned``, in words; ``None`` where none is. Computed from ``d`` alone."""
+    i = torch.arange(d // 2, dtype=torch.float64)
+    family = (
+        (10000.0 ** (-(2 * i + 2) / d),
+         "Every pair turns at the next pair's frequency, 1 / 10000 ** ((2i + 2) / d_model): the pairs are counted "
+         "from i = 1 (2i runs 2, 4, ..., d_model) instead of from 0. 2i runs 0, 2, ..., d_model - 2: "
+         "torch.arange(0, d_model, 2), so that pair 0 turns by 1 radian per position."),
+        (10000.0 ** (-2 * i) / d,
+         "Pair i turns by 1 / 10000 ** 2i / d_model, that is (1 / 10000 ** 2i) / d_model: the frequency of pair i "
+         "is 1 / 10000 ** (2i / d_model): mind the parentheses around the exponent."),
+    )
+    for frequencies, words in family:
+        if frequencies.max() < math.pi and torch.allclose(turned.double(), frequencies, rtol=1e-3, atol=1e-6):
+            return words
+    return None
 
 
 #: The key of ``sinusoidal_positions``' call with an odd ``d_model``, which must raise.
@@ -522,8 +547,37 @@ def _block_diagnose(causal: Callable) -> Callable:
                         "not in the output (the feed-forward branch may have read it). The second residual adds to "
                         "x AFTER the attention: x = x + drop_resid(att(norm1(x))), then return x + "
                         "drop_resid(ff(norm2(x))) with that x, not with the block's input.")
+            if case.mode == "eval":
+                floored = _ff_branch_floor(case, got, want)
+                if floored:
+                    return floored
         return causal(case, got, want)
     return diagnose
+
+
+#: GELU's smallest value, GELU(-0.7518) = -0.16997: a branch that ends in a GELU never goes below it.
+_GELU_FLOOR = -0.16997
+
+
+def _ff_branch_floor(case: Case, got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Where the feed-forward branch of ``got`` (its output minus x + att(norm1(x)), the recorded attention branch)
+    never goes below GELU's minimum while ours does: the branch ends in an activation (issue 36). ``None`` where
+    this edition holds no attention branch for the case, or the symptom is not there."""
+    try:
+        branch = _attention_branch(case)
+    except _expected.MissingExpectation:
+        return None
+    if not (isinstance(branch, torch.Tensor) and branch.shape == want.shape):
+        return None
+    h = case.args[0] + branch  # (b, T, d): the residual stream after the attention
+    mine, ours = (got - h).double(), (want - h).double()
+    if not bool(torch.isfinite(mine).all()) or float(ours.min()) > 2 * _GELU_FLOOR or float(mine.min()) < _GELU_FLOOR - 1e-4:
+        return None
+    floor = "0" if float(mine.min()) > -1e-4 else f"{_GELU_FLOOR:.3g}, GELU's minimum"
+    return (f"your feed-forward branch (your output minus x + att(norm1(x))) never goes below {floor}, "
+            f"where ours goes down to {float(ours.min()):.3g}: your feed-forward network ends in an activation. The "
+            f"GELU goes only between its two Linears, nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), "
+            f"nn.Linear(4 * d_model, d_model)); the output Linear's values go to the residual as they are.")
 
 
 def _lacks_attention(case: Case, got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -1497,6 +1551,28 @@ def _generate_trace_of(outcome: object, spec: dict) -> dict:
                      for out, error, made in found]}
 
 
+def _raising_mistake(exercise: str, case: Case, got: dict, passed: Sequence[tuple[Case, dict]]) -> str | None:
+    """The hint of the one known mistake whose trace is ``got``'s in every call (the tokens, the error's type and
+    message, the model's calls), for a ``generate`` that raised, among those whose traces on the cases the student
+    passed (``passed``: each case with our trace there) are ours: an error's message alone (torch.multinomial's,
+    say) has several causes, so a mistake is named only where no other one gives the same traces (issue 36)."""
+    def said(error: list | None) -> tuple | None:
+        return None if error is None else (error[0], str(error[1])[:_probe.MAX_MESSAGE])
+
+    def calls(made: list) -> list:
+        return [[int(n), bool(c), int(before)] for n, c, before in made]
+
+    def same(a: dict, b: dict) -> bool:
+        return _same_generation(a, b) and all(said(x["error"]) == said(y["error"]) and calls(x["calls"]) == calls(y["calls"])
+                                              for x, y in zip(a["runs"], b["runs"]))
+
+    found = [hint for hint, output in mistake_outputs(exercise, case) if same(output, got)]
+    for earlier, want in passed:  # a mistake whose trace differs from ours where the student's agreed is not theirs
+        outputs = {hint: output for hint, output in mistake_outputs(exercise, earlier)}
+        found = [hint for hint in found if hint not in outputs or same(outputs[hint], want)]
+    return found[0] if len(found) == 1 else None
+
+
 def _same_generation(a: dict, b: dict) -> bool:
     """Two traces return the same tokens (or raise the same kind of error) in every call."""
     for x, y in zip(a["runs"], b["runs"]):
@@ -1570,9 +1646,12 @@ def _temperature_order_hint(spec: dict, error: list, plan: Sequence[_spec.Step],
 
 
 @symptoms.bonus
-def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None:
+def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
+                     named: Callable[[], str | None] = lambda: None) -> str | None:
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
-    message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls)."""
+    message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls).
+    Where the message has several causes, ``named()`` first: the one known mistake whose traces are the student's
+    (:func:`_raising_mistake`), if there is one."""
     kind, message = error
     if kind == "TypeError" and spec.get("top_k") is None and "NoneType" in message \
             and re.search(r"'[<>]=?' not supported", message):
@@ -1590,7 +1669,7 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list) -> str | None
             return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
                     "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
         if spec.get("top_k"):
-            return ("torch.multinomial was given a row it cannot sample from: either it got the logits, not "
+            return named() or ("torch.multinomial was given a row it cannot sample from: either it got the logits, not "
                     "probabilities (sample from torch.softmax(logits / temperature, dim=-1)), or the top-k mask set "
                     f"every logit of a row to -inf (top_k = {spec['top_k']}: the k-th largest logit itself stays, so "
                     "mask logits < kth, not <= kth), or torch.topk ran over another dimension than the vocabulary "
@@ -1817,9 +1896,17 @@ def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str 
     if kind != "ValueError":
         return (f"generate raised {kind}: {message}. Raise a ValueError that says what is wrong", None)
     if got["calls"]:
+        T0, n = spec["runs"][k]
+        b, limit = spec["b"], spec["context_length"]
+        length = ""
+        if T0 + n - 1 > limit:  # the length is what must be refused here: the numbers to compare
+            length = (f": the model reads T0 + max_new_tokens - 1 = {T0} + {n} - 1 = {T0 + n - 1} tokens, more than "
+                      f"context_length = {limit}, where T0 = prompt_ids.shape[1] = {T0}, the prompt's length")
+            if b != T0:
+                length += f" (prompt_ids.shape[0] = {b} is the batch size)"
         return (f"the ValueError ({message!r}) came after the model had been called ({_calls_text(got['calls'])}), "
                 f"from the model itself: check the arguments and the length at the start of generate, before "
-                f"calling the model", None)
+                f"calling the model{length}", None)
     missing = [w for w in says if w not in message]
     if missing:
         return (f"the ValueError's message {message!r} does not name {' and '.join(repr(w) for w in missing)}: "
@@ -2101,6 +2188,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
         compared = "greedy decoding"
         rungs = GREEDY_LADDER
     smallest = lambda: ladder.diagnose(rungs, outcomes)  # noqa: E731
+    passed: list[tuple[Case, dict]] = []  # the cases before this one, each with our trace: the student's agreed
     for step in plan:
         spec = step.case.kwargs
         case = Case(spec["name"], (spec,))
@@ -2123,7 +2211,8 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 continue
             if g["error"] is not None:
                 hint = (_temperature_order_hint(spec, g["error"], plan, outcomes)
-                        or _loop_error_hint(spec, k, g["error"], g["calls"])
+                        or _loop_error_hint(spec, k, g["error"], g["calls"],
+                                            named=lambda: _raising_mistake(exercise, case, got, passed))
                         or symptoms.error_hint(RuntimeError(str(g["error"][1])))
                         or _calls_hint(spec, w["calls"], g["calls"], raised=True) or smallest())
                 try:
@@ -2157,6 +2246,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 fail(exercise, f"{where}: {call}{text}.", case)
             except CheckFailed as error:
                 raise _hinted(error, hint) from None
+        passed.append((case, want))
     _judge_leaves(exercise, leaves, outcomes)
     return (f"{len(plan)} cases agree with the reference: {compared} "
             f"with and without the cache, the model read once per new token, reset_cache between calls, "

@@ -293,13 +293,13 @@ def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
 
 def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
                     scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
-                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o"
-                    ) -> tuple[torch.Tensor, ...] | None:
+                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o",
+                    ds_form: str = "p(dp-delta)") -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
     to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
     the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
-    or dq / dk built from ``"p"`` instead of dS.
+    dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
     The loops are the right ones (a key block starts at the first query block that sees it). ``None`` where a slice
     does not fit."""
     do = case.args[3] if len(case.args) == 4 else case.args[5]
@@ -329,7 +329,8 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
             p = torch.exp(s + lse_sign * lse[:, qs:qe, None])  # (L, Bq, Bk)
             dv[:, ks:ke] += p.transpose(-2, -1) @ do_blk
             x = {"v": v, "o": o, "k": k, "q": q}[dp_with][:, ks:ke]  # (L, Bk, D)
-            ds = p * (do_blk @ x.transpose(-2, -1) - delta[:, qs:qe, None])  # (L, Bq, Bk)
+            dp = do_blk @ x.transpose(-2, -1)  # (L, Bq, Bk)
+            ds = dp * (p - delta[:, qs:qe, None]) if ds_form == "dp(p-delta)" else p * (dp - delta[:, qs:qe, None])
             dq[:, qs:qe] += (p if dq_with == "p" else ds) @ k[:, ks:ke] * scale
             dk[:, ks:ke] += (p if dk_with == "p" else ds).transpose(-2, -1) @ q_blk * scale
     return dq, dk, dv
@@ -372,6 +373,9 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
                       f"rowsum(dO * O), one number per query row", {"delta_with": x}))
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    found.append(("dS is dP * (P - delta): P and dP are in each other's places. The softmax's backward is dS = P * "
+                  "(dP - delta): the weights P times (dP minus the row's delta), which also makes dS 0 wherever P is 0 "
+                  "(the masked keys)", {"ds_form": "dp(p-delta)"}))
     return found
 
 
@@ -1430,6 +1434,20 @@ def _judge_half(exercise: str, case: Case, got: Any, names: tuple[str, ...]) -> 
     _compare(exercise, case, got, want, names, atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
 
 
+def _same_dtype(exercise: str, case: Case, got: Any) -> None:
+    """Fail unless a run's output ``o`` has its inputs' dtype (the cases are float64): a forward that casts its inputs
+    (``.float()``) returns float32 and loses float64's precision (issue 36)."""
+    q = case.args[0]
+    if not (isinstance(got, (tuple, list)) and got and isinstance(got[0], torch.Tensor)
+            and got[0].is_floating_point() and got[0].dtype != q.dtype):
+        return
+    have, want = (str(d).removeprefix("torch.") for d in (got[0].dtype, q.dtype))
+    fail(exercise, f"for {want} inputs the output o has dtype {have}: FlashAttention returns o in its inputs' dtype, as "
+                   f"notebook 07's flash_attention_forward does. Pass q, k and v to the forward as they are (no "
+                   f".float() or .to(...) on them): casting {want} inputs to {have} loses their precision (gradcheck "
+                   f"runs in float64), and bfloat16 inputs would give a float32 output.", case)
+
+
 def _gradcheck_run(cls: Any, case: Case) -> list | None:
     """The runner of the step ``gradcheck``: ``torch.autograd.gradcheck`` of ``cls`` on ``case``: ``None`` when
     it passes, ``["disagrees", first line of its error]`` when it does not; raises what else it raised."""
@@ -1546,6 +1564,7 @@ def _function_judge(plan: list[Step], outcomes: Outcomes) -> str:
                           or ((symptoms.error_hint(got, _sizes_of(case))
                                or ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
                               if failed.student_error is not None else None)) from None
+        _same_dtype(exercise, case, got)
         _compare(exercise, case, got, want, names, atol=1e-8, rtol=1e-6,
                  smallest=lambda: ladder.diagnose(FUNCTION_LADDER, outcomes, defer=1))
     facts = _kept_of(exercise, outcomes, next(s for s in plan if s.key == KEPT))

@@ -468,6 +468,15 @@ def _nll_on_logits(model, batch, optimizer):
     return loss.item()
 
 
+def _log_softmax_over_positions(model, batch, optimizer):
+    inputs, targets, mask = batch
+    loss = F.nll_loss(F.log_softmax(model(inputs)[mask], dim=0), targets[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def _eval_mode(model, batch, optimizer):
     model.eval()
     return reference.train_step(model, batch, optimizer)
@@ -536,6 +545,10 @@ STEP_MISTAKES = [
             _traced(_softmax_first)),
     Mistake("F.nll_loss is given the raw logits: it expects LOG-probabilities. Use F.cross_entropy on the logits "
             "(or F.nll_loss(F.log_softmax(logits, dim=-1), targets)).", _traced(_nll_on_logits)),
+    Mistake("the log-softmax is taken over dim=0, the answer positions, of the (n, V) logits: each prediction's "
+            "log-probabilities must be normalised over the vocabulary, F.log_softmax(logits[answer_mask], dim=-1) "
+            "before F.nll_loss (or F.cross_entropy on the logits, which does both).",
+            _traced(_log_softmax_over_positions)),
     Mistake("the model is switched to eval() inside train_step: dropout must stay on while training (training.train "
             "sets model.train(); answer_accuracy switches to eval() itself).", _traced(_eval_mode)),
     Mistake("the loss is taken at the last position only: every answer position predicts a token, so take "
@@ -594,6 +607,12 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
                 elif flaw == "top_k keeps k - 1":
                     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits <= kth, float("-inf"))
+                elif flaw == "top_k threshold from probabilities":
+                    kth = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                elif flaw == "top_k threshold from indices":
+                    kth = torch.topk(logits, k, dim=-1).indices[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
                 elif flaw == "sample among the top k":
                     values, indices = torch.topk(logits, k, dim=-1)
                     choice = torch.multinomial(torch.softmax(values, dim=-1), num_samples=1)
@@ -612,10 +631,18 @@ def _generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, us
     return tokens[:, T0:] if flaw == "prompt dropped" else tokens
 
 
-def _generation(flaw: str):
+def _generation(flaw: str, applies=lambda spec: True):
     def trace(spec):
+        if not applies(spec):
+            return None
         return generate_trace(lambda *args, **kwargs: _generate(*args, **kwargs, flaw=flaw), spec)
     return trace
+
+
+def _top_k_below_vocabulary(spec) -> bool:
+    """A top-k that drops tokens: where top_k keeps every token, a threshold taken from other values (probabilities,
+    indices) is still some number, and its few sampled tokens can agree with other mistakes by chance."""
+    return spec.get("top_k") is not None and spec["top_k"] < spec["vocab_size"] and spec.get("temperature", 0) > 0
 
 
 GENERATE_MISTAKES = [
@@ -632,6 +659,13 @@ GENERATE_MISTAKES = [
     Mistake("top_k keeps k + 1 candidates: the sampling kept one token too many. The threshold is the k-th largest "
             "logit, torch.topk(logits, k).values[:, -1:] (or the sorted logits' column k - 1, not column k), and every "
             "logit below it becomes -inf, so exactly k tokens stay.", _generation("top_k keeps k + 1")),
+    Mistake("the top-k threshold is the k-th largest PROBABILITY (a topk of the softmax), but it is compared with the "
+            "logits: a number between 0 and 1 against logits keeps every token whose logit is above it, not the top k. "
+            "Take the k-th largest of the logits themselves, torch.topk(logits, k, dim=-1).values[:, -1:], and mask "
+            "logits < kth.", _generation("top_k threshold from probabilities", _top_k_below_vocabulary)),
+    Mistake("the top-k threshold is taken from torch.topk(...).indices, a token id, instead of .values, the k-th "
+            "largest logit: the logits are compared with a position in the vocabulary. Use torch.topk(logits, k, "
+            "dim=-1).values[:, -1:] and mask logits < kth.", _generation("top_k threshold from indices", _top_k_below_vocabulary)),
     Mistake("at temperature 0 the logits are divided by the temperature before the greedy branch: dividing by 0 "
             "makes them +-inf (NaN where a logit is 0), so argmax picks a wrong token. Test temperature == 0 first and "
             "take logits.argmax(dim=-1, keepdim=True) of the raw logits; divide by the temperature only when sampling.",
