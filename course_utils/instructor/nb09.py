@@ -514,11 +514,20 @@ def _mean_per_sequence(model, batch, optimizer):
     return loss.item()
 
 
-def _traced(step):
+def _traced(step, applies=lambda spec: True):
     def trace(spec):
+        if not applies(spec):
+            return None
         result = step_trace(step, spec)
         return None if any(loss is None for loss in result["loss"]) else result
     return trace
+
+
+def _with_sgd(spec) -> bool:
+    """Where a mistake's steps are recorded with SGD only: its gradients are so small in places that AdamW, which
+    divides each by its own size, turns rounding into steps of the learning rate (another CPU then records other
+    parameters, 0.07 apart)."""
+    return spec["optimizer"] == "SGD"
 
 
 STEP_MISTAKES = [
@@ -548,7 +557,7 @@ STEP_MISTAKES = [
     Mistake("the log-softmax is taken over dim=0, the answer positions, of the (n, V) logits: each prediction's "
             "log-probabilities must be normalised over the vocabulary, F.log_softmax(logits[answer_mask], dim=-1) "
             "before F.nll_loss (or F.cross_entropy on the logits, which does both).",
-            _traced(_log_softmax_over_positions)),
+            _traced(_log_softmax_over_positions, _with_sgd)),
     Mistake("the model is switched to eval() inside train_step: dropout must stay on while training (training.train "
             "sets model.train(); answer_accuracy switches to eval() itself).", _traced(_eval_mode)),
     Mistake("the loss is taken at the last position only: every answer position predicts a token, so take "
