@@ -54,8 +54,10 @@ def test_edition_holds_the_student_side_only(edition):
 
 
 #: What a Colab session downloads and installs for the course: the code and the recorded expectations
-#: of ten notebooks (about 0.2 MB of recordings each). Raised from 2 MB when notebook 10 arrived.
-PACKAGE_BUDGET = 3 * 1024 * 1024
+#: of eleven notebooks (about 0.2 MB of recordings each, 0.9 MB for notebook 10). Raised from 2 MB when
+#: notebook 10 arrived, and from 3 MB when notebook 11 and issue 36's named mistakes (the checks' hints,
+#: the known mistakes' recorded outputs) took it to 3.15 MB (2026-11-28).
+PACKAGE_BUDGET = int(3.5 * 1024 * 1024)
 
 
 def test_package_stays_small(edition):
