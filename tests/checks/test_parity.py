@@ -55,7 +55,7 @@ def test_recorded_checks_say_what_live_checks_say(fresh_recording, notebook, exe
     fresh_recording(notebook)
     harness._executed(notebook)  # the solution notebook's own checks run once, before and outside the log
     runs: list = []
-    earlier = harness.runs_of(notebook, exercise, str(source))  # its test cells' runs, where they ran in this process
+    earlier = harness.runs_of(notebook, exercise, str(source))  # its test cells' runs, where they ran here
     with expected.using(expected.LIVE), harness.executions(runs, replay=False, earlier=earlier):
         live = harness.check_verdict(notebook, exercise, source)
     with expected.using(expected.RECORDED), harness.executions(runs, replay=True):

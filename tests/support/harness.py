@@ -122,13 +122,13 @@ def executions(log: list, replay: bool, earlier: list | None = None):
     plan) instead of run again.
 
     For ``tests/checks/test_parity.py``, which runs the same answer's self-check twice, live then recorded, to show
-    that the recorded verdict and message are the live ones. Running the student's code is the same in both
-    (a plan is plain data), so the recorded run judges the live
-    run's outcomes, as the grader judges what a kernel handed out. A run that asked ``expected`` for anything
-    (a runner that reads a recorded value, or the reference) is run again: its outcomes may depend on the
-    edition. So is a plan the live check did not run on the same inputs (:func:`_same_plan`): a check's own
-    caches may differ between the editions (a helper's verdict, say). Runs inside an ``expected.expect`` (the
-    reference's, for a value the recorded check reads from the recording instead) are neither logged nor replayed.
+    that the recorded verdict and message are the live ones. Running the student's code is the same in both (a plan
+    is plain data), so the recorded run judges the live run's outcomes, as the grader judges what a kernel handed
+    out. A run that asked ``expected`` for anything (a runner that reads a recorded value, or the reference) is run
+    again: its outcomes may depend on the edition. So is a plan the live check did not run on the same inputs
+    (:func:`_same_plan`): a check's own caches may differ between the editions (a helper's verdict, say). Runs
+    inside an ``expected.expect`` (the reference's, for a value the recorded check reads from the recording
+    instead) are neither logged nor replayed.
 
     ``earlier``: runs of the same answer logged before (:func:`runs_of`: its test cells', in :func:`test_verdicts`);
     without ``replay``, a run of the same exercise on the same plan is taken from there instead of run again."""
@@ -153,24 +153,22 @@ def executions(log: list, replay: bool, earlier: list | None = None):
     def recording(exercise, plan, student, runners, tracebacks=None):
         if computing():  # the reference's run, for an expected value: the recorded check reads that value
             return original(exercise, plan, student, runners, tracebacks)
-        for index, (was, steps, outcomes, _) in enumerate(earlier or ()):
-            if was == exercise and outcomes is not None and _same_plan(steps, plan):
-                del earlier[index]
-                log.append((exercise, list(plan), outcomes, {}))
-                return dict(outcomes)
+        taken = _take(earlier or [], exercise, plan)
+        if taken is not None:
+            log.append((exercise, list(plan), taken[0], {}))
+            return dict(taken[0])
         before = asked[0]
         outcomes = original(exercise, plan, student, runners, tracebacks)
         log.append((exercise, list(plan), None if asked[0] != before else outcomes, dict(tracebacks or {})))
         return outcomes
 
     def replaying(exercise, plan, student, runners, tracebacks=None):
-        for index, (was, steps, outcomes, where) in enumerate(log):
-            if was == exercise and outcomes is not None and _same_plan(steps, plan):
-                del log[index]
-                if tracebacks is not None:
-                    tracebacks.update(where)
-                return dict(outcomes)
-        return original(exercise, plan, student, runners, tracebacks)  # not run live so: run it now
+        taken = _take(log, exercise, plan)
+        if taken is None:  # not run live so: run it now
+            return original(exercise, plan, student, runners, tracebacks)
+        if tracebacks is not None:
+            tracebacks.update(taken[1])
+        return dict(taken[0])
 
     spec.execute = replaying if replay else recording
     expected.mode = counting_mode
@@ -178,6 +176,16 @@ def executions(log: list, replay: bool, earlier: list | None = None):
         yield log
     finally:
         spec.execute, expected.mode = original, original_mode
+
+
+def _take(entries: list, exercise: str, plan) -> tuple[dict, dict] | None:
+    """``(outcomes, tracebacks)`` of the first run in ``entries`` (:func:`executions`' log) of ``exercise`` on the
+    same ``plan`` that may be judged again (it asked ``expected`` for nothing), removed from ``entries``; ``None``."""
+    for index, (was, steps, outcomes, where) in enumerate(entries):
+        if was == exercise and outcomes is not None and _same_plan(steps, plan):
+            del entries[index]
+            return outcomes, where
+    return None
 
 
 def _same_plan(a, b) -> bool:
