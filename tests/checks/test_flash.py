@@ -189,6 +189,45 @@ def test_the_interpreter_s_overflow_checks_are_off_and_were_dropped_anyway(monke
     assert torch.equal(results[0], wrapped) and torch.equal(results[1], wrapped)
 
 
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="the interpreter runs without a GPU only")
+def test_the_interpreter_finds_the_builtins_once_and_replaces_what_its_own_walk_would(monkeypatch):
+    """flash._find_builtins_once: the interpreter's patching of triton.language, before a launch and at a helper's
+    call inside one, replaces the same attributes in the same order as Triton's own walk, restores them all,
+    and the course's kernel computes the same output either way."""
+    from triton.runtime import interpreter
+
+    from course_utils import reference
+
+    flash.import_triton()
+    ours = interpreter._patch_builtin
+    assert getattr(ours, "course_utils_fix", False), "use_interpreter_without_gpu did not install the fix"
+    fn = flash._jitted(reference.flash_attention_triton).fn
+
+    def replaced(patch_builtin) -> tuple[list, list, dict]:
+        monkeypatch.setattr(interpreter, "_patch_builtin", patch_builtin)
+        before = {id(o): dict(vars(o)) for o in (interpreter.tl, interpreter.tl.core, interpreter.tl.math, interpreter.tl.tensor)}
+        outer = interpreter._patch_lang(fn)
+        names = [(id(obj), name) for obj, name, _ in outer._changes]
+        inner = interpreter._patch_lang(fn)  # a helper's call inside the launch
+        nested = [(id(obj), name) for obj, name, _ in inner._changes if not name.startswith("__")]
+        inner.restore()
+        outer.restore()
+        after = {id(o): dict(vars(o)) for o in (interpreter.tl, interpreter.tl.core, interpreter.tl.math, interpreter.tl.tensor)}
+        return names, nested, {k: before[k] == after[k] for k in before}
+
+    replaced(ours.course_utils_original)  # the first restore leaves tl.tensor's inherited attributes its own
+    mine, walk = replaced(ours), replaced(ours.course_utils_original)
+    assert mine[0] == walk[0] and len(mine[0]) > 100
+    assert mine[1] == walk[1]
+    assert all(mine[2].values()) and all(walk[2].values())
+    q = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(0))  # (B, H, T, D)
+    outputs = []
+    for patch_builtin in (ours, ours.course_utils_original):
+        monkeypatch.setattr(interpreter, "_patch_builtin", patch_builtin)
+        outputs.append(flash.launch(reference.flash_attention_triton, q, q, q))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+
+
 def test_without_triton_the_check_is_skipped_with_a_reason_and_grading_fails(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
