@@ -589,7 +589,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _unmasked_past_t_hint(case, out, lse, want) or \
+            symptom = _unmasked_past_t_hint(case, out, lse, want, *tolerance) or \
                 _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
@@ -690,7 +690,8 @@ def _is(model: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> boo
 
 
 @symptoms.bonus
-def _unmasked_past_t_hint(case: Case, out: Any, lse: Any, want: Any) -> str | None:
+def _unmasked_past_t_hint(case: Case, out: Any, lse: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4
+                          ) -> str | None:
     """A kernel's ``out`` (``(..., T, D)``) NaN on exactly the rows of the last (batch, head) whose masked stage
     reads a key block that runs past T, every other row right, and ``lse`` (``(..., T)``) right everywhere: a value
     tile loaded past T without a mask. :func:`course_utils.flash.launch` puts NaN rows after the last head (the
@@ -712,10 +713,10 @@ def _unmasked_past_t_hint(case: Case, out: Any, lse: Any, want: Any) -> str | No
     nan = torch.isnan(g).any(-1)  # (L, T)
     expected_nan = torch.zeros_like(nan)
     expected_nan[-1] = past
-    if not bool(past.any()) or not torch.equal(nan, expected_nan) or tensor_difference(want[1], lse) is not None:
+    if not bool(past.any()) or not torch.equal(nan, expected_nan) or tensor_difference(want[1], lse, atol, rtol):
         return None
     w = want[0].detach().double().cpu().reshape(g.shape)
-    if bool((symptoms.off_rows(w, g) & ~nan).any()):
+    if bool((symptoms.off_rows(w, g, atol, rtol) & ~nan).any()):
         return None
     said = symptoms.spans([int(r) for r in past.nonzero()[:, 0]])
     last = int(reach[past][-1])
