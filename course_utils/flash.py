@@ -266,8 +266,9 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     T, D = check_launch(q, block_m, block_n)
     run = _jitted(kernel)
     batch = q.shape[:-2]
-    # Each in a buffer with zero rows after the last (batch, head): a kernel that reads past T without a mask reads
-    # those zeros (or the next head's rows), the same on every run, never whatever the memory past the end held.
+    # Each in a buffer with NaN rows after the last (batch, head): a kernel that reads past T without a mask reads
+    # that NaN (or the next head's rows), the same on every run, never whatever the memory past the end held; and
+    # NaN, unlike zeros, shows such a read even where the scores of those keys are masked (0 * NaN is NaN in p @ v).
     pad = (-(-T // block_m) + 1) * max(block_m, block_n)
     q3, k3, v3 = (_padded(t.reshape(-1, T, D), pad) for t in (q, k, v))  # (BH, T, D)
     # NaN until the kernel writes them: an entry a kernel never writes shows as NaN, never as whatever the
@@ -282,9 +283,9 @@ def launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 
 def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """``t`` ``(BH, T, D)``, contiguous, as the front of a buffer that holds ``pad`` zero rows after it."""
+    """``t`` ``(BH, T, D)``, contiguous, as the front of a buffer that holds ``pad`` NaN rows after it."""
     BH, T, D = t.shape
-    buffer = torch.zeros(BH * T + pad, D, dtype=t.dtype, device=t.device)
+    buffer = torch.full((BH * T + pad, D), float("nan"), dtype=t.dtype, device=t.device)
     buffer[:BH * T] = t.reshape(BH * T, D)
     return buffer[:BH * T].view(BH, T, D)
 

@@ -168,27 +168,41 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
 
 def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
     """The family of one carry-over step changed (issue 36): exp(x - m) / l streamed in float64 over the blocks of
-    ``x`` (``(..., n)``, blocks of ``block`` columns), with l's update changed, by name: the new block's sum taken
+    ``x`` (``(..., n)``, blocks of ``block`` columns), with one step changed, by name: the new block's sum taken
     over the whole row x (``whole_row``), the factor exp(m - m_new) applied to the new block's sum instead of to l
-    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``)."""
+    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``), the running maximum started at 0
+    instead of -inf (``m_from_zero``), the -inf scores of each block replaced by 0 (``inf_zeroed``; ``_all``: in x
+    itself, the final exp(x - m) too), the block's terms exp(block - its own maximum) instead of exp(block - m_new)
+    (``block_max``; ``_unguarded``: without the shift by 0 of an all -inf block)."""
     xd, n = x.detach().double(), x.shape[-1]
     found = {}
-    for name in ("whole_row", "alpha_on_block", "overwritten"):
-        m = torch.full(xd.shape[:-1] + (1,), _INF, dtype=torch.float64)
+    for name in ("whole_row", "alpha_on_block", "overwritten", "m_from_zero", "inf_zeroed", "inf_zeroed_all",
+                 "block_max", "block_max_unguarded"):
+        row = torch.where(torch.isinf(xd), 0.0, xd) if name == "inf_zeroed_all" else xd
+        m = torch.full(xd.shape[:-1] + (1,), 0.0 if name == "m_from_zero" else _INF, dtype=torch.float64)
         l = torch.zeros_like(m)
         for start in range(0, n, block):
-            part = xd[..., start:start + block]
+            part = row[..., start:start + block]
+            if name == "inf_zeroed":
+                part = torch.where(torch.isinf(part), 0.0, part)
             m_new = torch.maximum(m, part.amax(-1, keepdim=True))
             shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp(m - shift)
             if name == "whole_row":
-                l = l * alpha + torch.exp(xd - shift).sum(-1, keepdim=True)
+                l = l * alpha + torch.exp(row - shift).sum(-1, keepdim=True)
             elif name == "alpha_on_block":
                 l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
-            else:
+            elif name == "overwritten":
                 l = torch.exp(part - shift).sum(-1, keepdim=True)
+            elif name.startswith("block_max"):
+                own = part.amax(-1, keepdim=True)
+                if name == "block_max":
+                    own = torch.where(torch.isinf(own), torch.zeros_like(own), own)
+                l = l * alpha + torch.exp(part - own).sum(-1, keepdim=True)
+            else:
+                l = l * alpha + torch.exp(part - shift).sum(-1, keepdim=True)
             m = m_new
-        found[name] = torch.exp(xd - m) / l
+        found[name] = torch.exp(row - m) / l
     return found
 
 
@@ -201,7 +215,21 @@ _CARRY_WORDS = {
                        "exp(m - m_new) * exp(block - m_new).sum(...) leaves the old sum unrescaled, and on the first "
                        "block (m = -inf) the factor is 0, so the first block is lost. Rescale the running sum, then "
                        "add the block: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, keepdim=True)."),
+    "m_from_zero": ("the running maximum m starts at 0 instead of -inf, so it never drops below 0: a row whose scores "
+                    "are all far below 0 (here around -1000) is shifted by 0, every exp(x - 0) underflows to 0, and "
+                    "exp(x - m) / l is 0/0 = NaN. Start m at -inf, torch.full(x.shape[:-1] + (1,), float(\"-inf\")), "
+                    "so that the first block's maximum replaces it."),
+    "inf_zeroed": ("the -inf scores (masked entries) are replaced by 0: each then adds exp(0 - m) to l (and can raise "
+                   "the maximum to 0), so the rows that hold -inf are divided by too large a sum. A masked score must "
+                   "stay -inf: exp(-inf - shift) = 0 is its right contribution. The trap is only in the shift: "
+                   "subtract 0 instead of m_new while m_new is -inf (torch.where on m_new, not on the scores)."),
+    "block_max": ("the new block's terms are taken against the block's own maximum, exp(block - block.amax(...)), "
+                  "instead of against the new running maximum: whenever the running maximum is larger than the "
+                  "block's, they come out too large, and l with them. Take them against the same shift that l is "
+                  "rescaled to: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, keepdim=True)."),
 }
+#: Members of :func:`_carry_models` said with another member's words (the same mistake, with or without a guard).
+_CARRY_ALIASES = {"inf_zeroed_all": "inf_zeroed", "block_max_unguarded": "block_max"}
 
 
 def _same_model(model: torch.Tensor, got: object) -> bool:
@@ -224,7 +252,7 @@ def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]
     here = _carry_models(x, block)
     found = [name for name, model in here.items() if _same_model(model, got)]
     for other, outcome in calls:
-        if len(found) < 2:
+        if len({_CARRY_ALIASES.get(name, name) for name in found}) < 2:
             break
         ox, oblock = other.args[0], other.args[1]
         if other is case or not isinstance(ox, torch.Tensor) or not isinstance(oblock, int) or oblock <= 0 \
@@ -232,9 +260,10 @@ def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]
             continue
         models = _carry_models(ox, oblock)
         found = [name for name in found if _same_model(models[name], outcome)]
-    if len(found) != 1 or found[0] not in _CARRY_WORDS:
+    said = {_CARRY_ALIASES.get(name, name) for name in found}
+    if len(said) != 1 or next(iter(said)) not in _CARRY_WORDS:
         return None
-    return _CARRY_WORDS[found[0]].format(blocks=-(-x.shape[-1] // block))
+    return _CARRY_WORDS[next(iter(said))].format(blocks=-(-x.shape[-1] // block))
 
 
 @symptoms.bonus
@@ -389,6 +418,8 @@ def _online_cases() -> list[Case]:
         Case("(2, 5) whose first block is all -inf, block_size=2",
              (torch.tensor([[_INF, _INF, 1.0, 2.0, 3.0], [0.5, _INF, 2.0, _INF, -1.0]]), 2)),
         Case("batch (2, 3, 7), block_size=3", (rand(2, 3, 7, seed=71, low=-4, high=4), 3)),
+        Case("very negative scores (2, 4): a row all around -1000, block_size=2",
+             (torch.tensor([[-1000.0, -1002.0, -999.0, -1001.0], [-998.0, 1000.0, -1001.0, 999.0]]), 2)),
     ]
 
 
@@ -558,11 +589,13 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                     return hint
             out, lse = got
             q, k, v = case.args[:3]
-            symptom = _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
+            symptom = _unmasked_past_t_hint(case, out, lse, want, *tolerance) or \
+                _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
+                _carry_hint(case, out, lse, want[0], *tolerance) or \
                 _rows_symptom(case, out, want[0]) or _base_hint(case, out, want[0], *tolerance) or \
-                _carry_hint(case, out, lse, want[0], *tolerance) or _block_cut_hint(case, out, want[0], *tolerance) or \
+                _block_cut_hint(case, out, want[0], *tolerance) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
             if symptom:
                 return symptom
@@ -654,6 +687,47 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
 def _is(model: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> bool:
     """Whether ``got`` is ``model`` within the tolerance, every entry (NaN is not)."""
     return got.shape == model.shape and not bool(symptoms.off_rows(model, got, atol, rtol).any())
+
+
+@symptoms.bonus
+def _unmasked_past_t_hint(case: Case, out: Any, lse: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4
+                          ) -> str | None:
+    """A kernel's ``out`` (``(..., T, D)``) NaN on exactly the rows of the last (batch, head) whose masked stage
+    reads a key block that runs past T, every other row right, and ``lse`` (``(..., T)``) right everywhere: a value
+    tile loaded past T without a mask. :func:`course_utils.flash.launch` puts NaN rows after the last head (the
+    other heads read the next head's rows there), and a masked score gives p = 0, but 0 * NaN is NaN in p @ v;
+    lse, which reads no value, stays right. ``None`` otherwise."""
+    kw = case.kwargs
+    q = case.args[0]
+    if not ("block_m" in kw and isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)
+            and out.shape == want[0].shape and lse.shape == want[1].shape):
+        return None
+    T, bm, bn, causal = q.shape[-2], kw["block_m"], kw["block_n"], bool(kw["causal"])
+    rows = torch.arange(T)
+    starts = rows // bm * bm
+    lo = starts // bn * bn if causal else torch.full((T,), T // bn * bn)
+    hi = torch.clamp(starts + bm, max=T) if causal else torch.full((T,), T)
+    reach = (hi + bn - 1) // bn * bn  # (T,) the end of the masked stage's last key block
+    past = (lo < hi) & (reach > T)  # (T,) rows whose masked stage reads a block that runs past T
+    g = out.detach().double().cpu().reshape(-1, T, out.shape[-1])  # (L, T, D)
+    nan = torch.isnan(g).any(-1)  # (L, T)
+    expected_nan = torch.zeros_like(nan)
+    expected_nan[-1] = past
+    if not bool(past.any()) or not torch.equal(nan, expected_nan) or tensor_difference(want[1], lse, atol, rtol):
+        return None
+    w = want[0].detach().double().cpu().reshape(g.shape)
+    if bool((symptoms.off_rows(w, g, atol, rtol) & ~nan).any()):
+        return None
+    said = symptoms.spans([int(r) for r in past.nonzero()[:, 0]])
+    last = int(reach[past][-1])
+    heads = g.shape[0]
+    which = "the last (batch, head)" if heads > 1 else "the (batch, head)"
+    return (f"out is NaN on rows {said} of {which}, and right everywhere else, lse too: exactly the query blocks whose "
+            f"masked stage reads the last, partial key block, whose keys {T}..{last - 1} lie past the end of the "
+            f"sequence. A value tile there is loaded without a mask: its rows past T are whatever the memory holds "
+            f"(NaN here, where the check's launch fills the memory past the last head with NaN; elsewhere anything, or "
+            f"a fault), and although those keys' scores are -inf, so p = 0, 0 * NaN "
+            f"is NaN in tl.dot(p, v). Mask V's load in that stage as K's: mask=cols[:, None] < T, other=0.0.")
 
 
 @symptoms.bonus
@@ -892,6 +966,23 @@ def _stage_bounds_hint(case: Case, g: torch.Tensor, off: torch.Tensor, attend: C
                 f"({int(lo[r]) // bn} times for row {r}) and the other keys of that stage (keys {bn}..{int(lo[r]) - 1}) "
                 f"never: every iteration loads the first key block again. The key positions there must move with the "
                 f"loop, cols = start_n + offs_n, as in the masked stage.")
+    his = torch.clamp(starts + bm, max=T)  # (T,) hi, the end of each row's diagonal stage
+    reach = (his + bn - 1) // bn * bn  # (T,) the end of the last key block an unmasked stage up to hi reads
+    past_t = reach > T  # rows whose unmasked stage would read past the last key
+    to_hi = (keys < reach[:, None]).double() + (causal & (keys >= lo[:, None])).double()
+    if gives(attend(to_hi), past_t):
+        wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
+        seen = [r for r in wrong if not bool(past_t[r])]
+        beyond = [r for r in wrong if bool(past_t[r])]
+        r = seen[0]
+        text = (f"query rows {symptoms.spans(seen)} weigh keys 0..{int(reach[r]) - 1} without a mask, their future "
+                f"ones too (row {r}), and their keys from lo = {int(lo[r])} on a second time with the mask")
+        if beyond:
+            text += (f"; rows {symptoms.spans(beyond)} read keys up to {int(reach[beyond[0]]) - 1}, past T = {T}, "
+                     f"without a mask")
+        return (f"{text}: the unmasked stage runs up to hi instead of lo, so the diagonal key blocks are read twice, "
+                f"first without any mask. The unmasked stage must stop at lo = (start_m * BLOCK_M) // BLOCK_N * "
+                f"BLOCK_N; only the masked stage runs from lo to hi: range(lo, hi, BLOCK_N).")
     ends = starts // bm * bn  # (T,) start_m * BLOCK_N of each row's query block
     free = ends > T  # rows whose unmasked stage reads past the last key
     unmasked = (keys < ends[:, None]) | causal
@@ -1031,13 +1122,20 @@ _CARRY_VARIANTS = (
     ("l_kept", "l not rescaled: l = alpha * l + p.sum(-1), not l + p.sum(-1)"),
     ("acc_kept", "acc not rescaled: acc = alpha * acc + p @ v_blk, not acc + p @ v_blk"),
     ("none", "nothing rescaled (alpha left out of both l and acc)"),
+    ("alpha_columns", "acc rescaled by alpha lined up with its LAST axis, the features: alpha, one factor per query "
+                      "row, broadcasts against acc's last dimension, so column d of acc is multiplied by query d's "
+                      "factor (this runs only because the query block and the head have the same size). Give alpha "
+                      "the query axis: acc * alpha{col}"),
 )
 
 
 def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int, causal: bool,
-           variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+           variant: str, padded: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The tiled forward in float64 (``(..., T, D)`` inputs; ``(out, lse)``, ``(..., T, Dv)`` and ``(..., T)``) with
-    one factor of the carry-over from key block to key block changed (:data:`_CARRY_VARIANTS`)."""
+    one factor of the carry-over from key block to key block changed (:data:`_CARRY_VARIANTS`). ``padded``: every
+    query block holds ``block_q`` rows, the last one zero rows past T, as a kernel's tile does (they show only where
+    a row's factor reaches another row: ``alpha_columns``). ``None`` where the variant cannot run (a factor per
+    row that does not broadcast against the features)."""
     q, k, v = (a.detach().double().cpu() for a in (q, k, v))
     T = q.shape[-2]
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
@@ -1045,10 +1143,16 @@ def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
     for qs in range(0, T, block_q):
         qe = min(qs + block_q, T)
         qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+        rows = qe - qs
+        if padded and variant == "alpha_columns" and rows < block_q:
+            qb = torch.cat([qb, qb.new_zeros(qb.shape[:-2] + (block_q - rows, qb.shape[-1]))], -2)
+            qe = qs + block_q  # the tile's rows past T: zero queries, which see every key before T
+        if variant == "alpha_columns" and qb.shape[-2] != v.shape[-1]:
+            return None
         m = torch.full(qb.shape[:-1], _INF, dtype=torch.float64)
         l = torch.zeros_like(m)
         acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
-        for ks in range(0, qe if causal else T, block_k):
+        for ks in range(0, min(qe, T) if causal else T, block_k):
             ke = min(ks + block_k, T)
             s = qb @ k[..., ks:ke, :].transpose(-2, -1)
             if causal:
@@ -1058,10 +1162,11 @@ def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
                      "none": lambda: torch.ones_like(m)}.get(variant, lambda: torch.exp(m - m_new))()
             p = torch.exp(s - m_new[..., None])
             l = (l if variant == "l_kept" else alpha * l) + p.sum(-1)
-            acc = (acc if variant == "acc_kept" else alpha[..., None] * acc) + p @ v[..., ks:ke, :]
+            factor = alpha[..., None, :] if variant == "alpha_columns" else alpha[..., None]
+            acc = (acc if variant == "acc_kept" else factor * acc) + p @ v[..., ks:ke, :]
             m = m_new
-        out[..., qs:qe, :] = acc / l[..., None]
-        lse[..., qs:qe] = m + torch.log(l)
+        out[..., qs:qs + rows, :] = (acc / l[..., None])[..., :rows, :]
+        lse[..., qs:qs + rows] = (m + torch.log(l))[..., :rows]
     return out, lse
 
 
@@ -1078,7 +1183,11 @@ def _carry_hint(case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float 
     causal = bool(case.kwargs.get("causal", True))
     kernel = "block_m" in case.kwargs
     for variant, words in _CARRY_VARIANTS:
-        model_out, model_lse = _tiled(q, k, v, block_q, block_k, causal, variant)
+        model = _tiled(q, k, v, block_q, block_k, causal, variant, padded=kernel)
+        if model is None:
+            continue
+        model_out, model_lse = model
+        words = words.format(col="[:, None]" if kernel else "[..., None]")
         if _is(model_out, want.detach().double().cpu(), atol, rtol) or not _is(model_out, out.detach().double().cpu(),
                                                                                 atol, rtol):
             continue
@@ -1250,17 +1359,18 @@ def short_block_hint(exercise: str, plan: list[Step], outcomes: Outcomes, step: 
 
 
 def _compare_pair(exercise: str, case: Case, got: Any, want: Any, atol: float, rtol: float,
-                  smallest: Callable[[int], str | None] = lambda defer: None) -> None:
-    """``got`` against the expected ``(out, lse)``; a failure is hinted by a known mistake or a symptom
-    (:func:`_pair_hint`), else by ``smallest(defer)`` (the ladder's smallest failing configuration,
-    :func:`ladder.diagnose`)."""
+                  smallest: Callable[[int], str | None] = lambda defer: None,
+                  first: Callable[[], str | None] = lambda: None) -> None:
+    """``got`` against the expected ``(out, lse)``; a failure is hinted by ``first()`` (what the caller read from
+    other runs), a known mistake or a symptom (:func:`_pair_hint`), else by ``smallest(defer)`` (the ladder's
+    smallest failing configuration, :func:`ladder.diagnose`)."""
     problem = _pair_difference(want, got, atol, rtol)
     if problem:
         try:
             fail(exercise, f"{_sentence(problem)} Input shapes: "
                            f"{', '.join(str(tuple(a.shape)) for a in case.args if isinstance(a, torch.Tensor))}.", case)
         except CheckFailed as error:
-            raise _hinted(error, _pair_hint(exercise, case, got, want, lambda: smallest(1), (atol, rtol))
+            raise _hinted(error, first() or _pair_hint(exercise, case, got, want, lambda: smallest(1), (atol, rtol))
                           or smallest(0)) \
                 from None
 
@@ -1403,6 +1513,58 @@ def _flash_plan(hidden: bool) -> list[Step]:
         + ladder.steps(FORWARD_LADDER, hidden)
 
 
+@symptoms.bonus
+def _query_blocks_done(case: Case, got: Any, want: Any, computed: Any) -> int | None:
+    """``j`` where the tiled forward computed the scores of its first ``j`` query blocks only (``computed``: the
+    score entries the watcher counted on ``case``, :func:`_structure_run`; fewer than all blocks, at least one)
+    and ``got``, ``(out, lse)``, is right on exactly their rows, in every (batch, head): the loop over query blocks
+    ended early, a ``return`` inside it the first. ``None`` otherwise. The rows after them are not read (with the
+    output from ``new_empty`` they hold whatever the memory held)."""
+    q, k, v, block_q, block_k = case.args[:5]
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
+            and type(computed) is int and computed > 0 and got[0].shape == want[0].shape
+            and got[1].shape == want[1].shape):
+        return None
+    causal = bool(case.kwargs.get("causal", True))
+    T, Dv = q.shape[-2], v.shape[-1]
+    heads = math.prod(q.shape[:-2])
+    done = 0
+    for j, q_start in enumerate(range(0, T, block_q)):
+        q_end = min(q_start + block_q, T)
+        if q_end >= T:
+            return None
+        # the score entries of this query block's tiles, as the watcher counts them (not a tile Dv keys wide)
+        done += heads * sum((q_end - q_start) * (min(k_start + block_k, T) - k_start)
+                            for k_start in range(0, q_end if causal else T, block_k)
+                            if min(k_start + block_k, T) - k_start != Dv)
+        if done == computed:
+            break
+        if done > computed:
+            return None
+    out, lse = (t.detach().double().cpu() for t in got)
+    w_out, w_lse = (t.detach().double().cpu() for t in want)
+    right = ~symptoms.off_rows(w_out, out) & ~symptoms.off_rows(w_lse[..., None], lse[..., None])  # (..., T)
+    rows = right.reshape(-1, T).all(0)  # (T,)
+    if j + 2 == -(-T // block_q) and T % block_q:
+        return None  # only the last, shorter block left out: :func:`_rows_symptom` says so, its end
+    return j + 1 if bool(rows[:q_end].all()) and not bool(rows[q_end:].all()) else None
+
+
+def _query_blocks_text(case: Case, blocks: int) -> str:
+    """The message of :func:`_query_blocks_done`."""
+    q, block_q = case.args[0], case.args[3]
+    T = q.shape[-2]
+    end = min(blocks * block_q, T)
+    if blocks == 1:
+        return (f"only the first query block (rows 0..{end - 1}, block_q = {block_q}) was computed, and it is right; "
+                f"the rows from {end} on were never written (they hold whatever out's memory held): the function "
+                f"returns after the first query block. Is `return out, lse` indented inside the loop over query "
+                f"blocks? It belongs after that loop, at the function's level, once every block is written.")
+    return (f"only the first {blocks} query blocks (rows 0..{end - 1}) were computed, and they are right; the rows "
+            f"from {end} on were never written: the loop over query blocks ends early. It must run over every block, "
+            f"for q_start in range(0, T, block_q), T = q.shape[-2], and `return out, lse` come after it.")
+
+
 def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_forward"
     ref = _expected.reference
@@ -1429,7 +1591,11 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
                     or smallest()) \
                 if failed.student_error is not None else None
             raise _hinted(failed, hint) from None
-        _compare_pair(exercise, case, found, want, 1e-5, 1e-4, smallest)
+        watched = outcomes[WATCHED + step.key] if WATCHED + step.key in outcomes else None
+        early = _query_blocks_done(case, found, want, watched[1] if isinstance(watched, (list, tuple))
+                                   and len(watched) == 2 else None)
+        _compare_pair(exercise, case, found, want, 1e-5, 1e-4, smallest,
+                      first=lambda: _query_blocks_text(case, early) if early else None)
     return (f"{len(calls)} cases agree with attention (out and lse), no (T, T) tensor is made, and causal tiles "
             f"wholly in the future are skipped ({'; '.join(s.case.name for s in calls)})")
 
@@ -1454,9 +1620,29 @@ def _triton_cases() -> list[Case]:
     ]
 
 
-def _kernel_error_hint(error: BaseException) -> str | None:
-    """A kernel's error, in words: ``tl.dot`` of tiles whose inner sizes differ (k not transposed)."""
+_INCOMPATIBLE = re.compile(r"incompatible dimensions at index (\d+): (\d+) and (\d+)")
+
+
+def _kernel_error_hint(error: BaseException, case: Case | None = None) -> str | None:
+    """A kernel's error, in words: ``tl.dot`` of tiles whose inner sizes differ (k not transposed); a vector of one
+    number per query row lined up with the features of a tile (sizes HEAD_DIM and BLOCK_M on the tile's last axis,
+    with ``case``); two tiles of BLOCK_M and BLOCK_N meeting."""
     text = f"{type(error).__name__}: {error}"
+    found = _INCOMPATIBLE.search(text)
+    if found and case is not None and "block_m" in case.kwargs:
+        sizes = {int(found.group(2)), int(found.group(3))}
+        head, block_m = case.args[0].shape[-1], case.kwargs["block_m"]
+        if found.group(1) == "1" and sizes == {head, block_m} and head == case.kwargs["block_n"]:
+            return (f"a vector of BLOCK_M = {block_m} numbers, one per query row (m_new, alpha or l_i: (BLOCK_M,)), "
+                    f"met the last axis of a tile of {head} columns, the scores' keys (BLOCK_N) or acc's features "
+                    f"(HEAD_DIM): broadcasting lines a vector up with a tile's LAST axis. Give the row's number the "
+                    f"query axis wherever it meets a tile: s - m_new[:, None], acc * alpha[:, None], acc / l_i[:, None].")
+        if found.group(1) == "1" and sizes == {head, block_m}:
+            return (f"a vector of BLOCK_M = {block_m} numbers, one per query row (alpha, l_i or m_i: (BLOCK_M,)), met "
+                    f"the HEAD_DIM = {head} features of a (BLOCK_M, HEAD_DIM) tile along its last axis: broadcasting "
+                    f"lines a vector up with a tile's LAST axis. Give the row's factor the query axis: acc = acc * "
+                    f"alpha[:, None] + ... (and acc / l_i[:, None]). Where BLOCK_M equals HEAD_DIM this runs and "
+                    f"scales each column by another query's factor instead.")
     if "reduction dimensions" in text or ("dot" in text.lower() and "shape" in text.lower()):
         return ("tl.dot needs the inner sizes to agree: the scores are tl.dot(q, tl.trans(k)), (BLOCK_M, HEAD_DIM) "
                 "by (HEAD_DIM, BLOCK_N); tl.dot(q, k) without the transpose only runs when the tiles are square, "
@@ -1529,7 +1715,7 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
         want = _triton_expected(exercise, case)
         if _expected.is_recording():
             mistake_outputs(exercise, case)
-        got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: _kernel_error_hint(error) or
+        got, on_gpu = launch_outcome(exercise, outcomes, step, lambda error: _kernel_error_hint(error, case) or
                                      symptoms.error_hint(error, sizes_of(case)) or smallest())
         devices.add(on_gpu)
         atol = rtol = 5e-3 if on_gpu else 1e-5
