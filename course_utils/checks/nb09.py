@@ -1927,19 +1927,33 @@ def _tie_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None
             f"torch.topk(logits, k, dim=-1).values[:, -1:], then logits.masked_fill(logits < kth, float('-inf')).")
 
 
-def _greedy_batch_of_one(rungs: ladder.Ladder, outcomes: _spec.Outcomes) -> bool | None:
-    """Whether the ladder's greedy rungs of a batch of one sequence (without the cache, one then several new tokens)
-    are right: the values a batch of one gives, to tell a token reduced over the batch from one unsqueezed on the
-    batch axis (issue 36). ``None`` where the rungs did not run (the hidden plan) or lack their expected values."""
-    try:
-        if not ladder.ran(rungs, outcomes, 2):
-            return None
-        ones = [i for i, rung in enumerate(rungs.rungs[:2]) if rung.case.kwargs["b"] == 1]
-        for i in ones:
-            ladder.expected_output(rungs, rungs.rungs[i])
-    except (_expected.MissingExpectation, KeyError):
-        return None
-    return bool(ones) and all(ladder.right(rungs, outcomes, i) is not None for i in ones)
+@symptoms.bonus
+def _greedy_batch_of_one(rungs: ladder.Ladder, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> bool | None:
+    """Whether greedy decoding of a batch of ONE sequence is right, read from the ladder's smallest rungs (without the
+    cache, one then several new tokens) and from the plan's greedy cases of one sequence (the hidden plan has one):
+    the values a batch of one gives, to tell a new token reduced over the batch from one unsqueezed on the batch axis
+    (issue 36). ``None`` where no such case ran with its expected value, or they disagree."""
+    found = []
+    if ladder.ran(rungs, outcomes, 2):
+        for i, rung in enumerate(rungs.rungs[:2]):
+            if rung.case.kwargs["b"] != 1:
+                continue
+            try:
+                ladder.expected_output(rungs, rung)
+            except _expected.MissingExpectation:
+                continue
+            found.append(ladder.right(rungs, outcomes, i) is not None)
+    for step in plan:
+        spec = step.case.kwargs
+        if step.run != "generate" or spec.get("b") != 1 or spec.get("temperature") != 0 or "says" in spec:
+            continue
+        try:
+            want = expect("generate", Case(spec["name"], (spec,)).key(),
+                          lambda: generate_trace(_expected.reference("generate"), spec))
+        except _expected.MissingExpectation:
+            continue
+        found.append(_same_generation(want, _generate_trace_of(outcomes[step.key], spec)))
+    return found[0] if found and len(set(found)) == 1 else None
 
 
 @symptoms.bonus
@@ -2452,7 +2466,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 hint = (_temperature_order_hint(spec, g["error"], plan, outcomes)
                         or _loop_error_hint(spec, k, g["error"], g["calls"],
                                             named=lambda: _raising_mistake(exercise, case, got, passed),
-                                            batch_of_one=lambda: _greedy_batch_of_one(rungs, outcomes),
+                                            batch_of_one=lambda: _greedy_batch_of_one(rungs, plan, outcomes),
                                             prompt_read_as_float=lambda: _prompt_read_as_float(rungs, outcomes))
                         or symptoms.error_hint(RuntimeError(str(g["error"][1])))
                         or _calls_hint(spec, w["calls"], g["calls"], raised=True) or smallest())
