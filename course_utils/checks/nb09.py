@@ -102,7 +102,68 @@ def _sinusoid_diagnose(case: Case, got: object, want: object) -> str | None:
     if torch.allclose(got[0], torch.zeros(d)):
         return ("row 0 is all zeros: cos(0) = 1, so position 0 is [0, 1, 0, 1, ...]. Are the odd columns filled with "
                 "cos?")
-    return _frequency_hint(got.double(), want.double())
+    return _frequency_hint(got.double(), want.double()) or _layout_hint(got.double(), want.double())
+
+
+def _overlapping_pairs(want: torch.Tensor, backwards: bool) -> torch.Tensor:
+    """``(P, d)``: a loop over the pairs that writes pair ``i`` into columns ``i`` and ``i + 1`` (not ``2i`` and
+    ``2i + 1``) into zeros, pair 0 first (``backwards``: the last pair first), so each pair overwrites a column of the
+    pair written before it. Built from the right sines and cosines, ``want``'s columns. (Within a pair the order of
+    the two writes changes nothing.)"""
+    found = torch.zeros_like(want)
+    pairs = range(want.shape[1] // 2)
+    for i in (reversed(pairs) if backwards else pairs):
+        found[:, i], found[:, i + 1] = want[:, 2 * i], want[:, 2 * i + 1]
+    return found
+
+
+_OVERLAP_FIX = ("Write pair i into its own two columns, pe[:, 2 * i] (sin) and pe[:, 2 * i + 1] (cos), or all at once, "
+                "pe[:, 0::2] = sin and pe[:, 1::2] = cos.")
+
+#: The column layouts of a loop over the pairs that writes them into the wrong columns (issue 36), each with its
+#: words: ``(build from the right encodings, words)``; named where it alone gives the student's table.
+_LAYOUT_FAMILY = (
+    (functools.partial(_overlapping_pairs, backwards=False),
+     "pair i is written into columns i and i + 1 instead of 2i and 2i + 1, so the pairs overlap: each pair's sine "
+     "overwrites the cosine of the pair before. Columns 0..d_model/2 - 1 end up holding the sines of pairs 0..d_model/2 "
+     "- 1, column d_model/2 the last pair's cosine, and the columns after it stay zero. " + _OVERLAP_FIX),
+    (functools.partial(_overlapping_pairs, backwards=True),
+     "pair i is written into columns i and i + 1 instead of 2i and 2i + 1, so the pairs overlap: looping from the last "
+     "pair down, each pair's cosine overwrites the sine of the pair after it. Column 0 ends up holding the sine of pair "
+     "0, columns 1..d_model/2 the cosines of pairs 0..d_model/2 - 1, and the columns after them stay zero. "
+     + _OVERLAP_FIX),
+)
+
+
+def _layout_hint(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Where ``got`` ``(P, d)`` holds our columns (sines and cosines of the right angles) or zeros, in other places
+    (issue 36): the member of :data:`_LAYOUT_FAMILY` that alone gives it, else which columns are zero or hold
+    another column's values. ``None`` where some column is none of ours, or matches several."""
+    P, d = want.shape
+    named = [words for build, words in _LAYOUT_FAMILY
+             if torch.allclose(build(want), got, atol=1e-4, rtol=1e-4)]
+    if len(named) == 1:
+        return named[0]
+    columns = [torch.zeros(P, dtype=want.dtype)] + [want[:, j] for j in range(d)]  # 0: zeros; 1 + j: column j
+    held = []
+    for j in range(d):
+        matches = [m for m, c in enumerate(columns) if torch.allclose(got[:, j], c, atol=1e-4, rtol=1e-4)]
+        if len(matches) != 1:
+            return None
+        held.append(matches[0] - 1)  # -1: zeros
+    wrong = [j for j in range(d) if held[j] != j]
+    if not wrong:
+        return None
+    if all(held[j] == -1 for j in wrong):
+        return (f"column{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))} "
+                f"{'are' if len(wrong) > 1 else 'is'} all zero: nothing was written there, where the other columns "
+                f"are right. Every pair i = 0..d_model/2 - 1 fills two columns, 2i with the sine and 2i + 1 with the "
+                f"cosine: does the loop cover every pair, and write each into its own two columns?")
+    j = next(j for j in wrong if held[j] != -1)
+    m = held[j]
+    kind = "sine" if m % 2 == 0 else "cosine"
+    return (f"column {j} holds the {kind} of pair {m // 2}, which belongs in column {m}: pair i's sine goes in column "
+            f"2i and its cosine in column 2i + 1 (pe[:, 0::2] = sin, pe[:, 1::2] = cos).")
 
 
 def _frequency_hint(got: torch.Tensor, want: torch.Tensor) -> str | None:
@@ -524,6 +585,29 @@ def _block_shapes(got: list, want: list, build: tuple) -> str | None:
     return None
 
 
+def _attention_arguments(exercise: str, view: "_spec.ModuleView", build: tuple) -> None:
+    """Fail with the cause where the block's construction raised because the attention got its number of heads and
+    its dropout rate in each other's places (issue 36): the error names ``num_heads`` with the block's dropout rate,
+    or the dropout probability with the block's number of heads."""
+    error = view.built.get("error") if isinstance(view.built, dict) else None
+    if not (isinstance(error, (list, tuple)) and len(error) == 2) or is_stub_data(*error):
+        return
+    kind, message = error
+    num_heads, dropout = build[1], build[3]
+    heads = re.search(r"num_heads\b.*?\bgot (-?\d+(?:\.\d+)?)", str(message))
+    rate = re.search(r"dropout probability has to be between 0 and 1, but got (-?\d+(?:\.\d+)?)", str(message))
+    if heads and "." in heads.group(1) and float(heads.group(1)) == dropout:
+        said = f"the attention got the dropout rate, {dropout}, as its number of heads"
+    elif rate and float(rate.group(1)) == num_heads:
+        said = f"the attention got the number of heads, {num_heads}, as its dropout probability"
+    else:
+        return
+    fail(exercise, f"constructing TransformerBlock{build} raised {kind}: {message}. Hint: {said}: num_heads and "
+                   f"dropout are swapped in the call of MultiHeadAttentionKVCache, whose arguments come in the order "
+                   f"(d_in, d_out, context_length, dropout, num_heads), dropout BEFORE num_heads: "
+                   f"self.att = MultiHeadAttentionKVCache(d_model, d_model, context_length, dropout, num_heads).")
+
+
 _BLOCK_TRAIN_HINT = ("eval() mode agrees but train() mode does not: dropout goes on the attention weights (inside "
                      "MultiHeadAttention) and on the output of each branch, attention and feed-forward, before it is "
                      "added back to x; nowhere else, each once.")
@@ -536,6 +620,11 @@ def _block_diagnose(causal: Callable) -> Callable:
         if isinstance(got, TypeError) and "use_cache" in str(got):
             return ("self.att does not take use_cache: it must be notebook 08's MultiHeadAttentionKVCache (section 0), "
                     "or an attention with the same forward(x, use_cache=False) and reset_cache().")
+        filled = _cache_filled_without_use_cache(case, got)
+        if filled:
+            return (f"{filled}: the block calls its attention with use_cache=True whatever the caller asked, so every "
+                    f"plain forward appends its keys and values to the cache (and attends to earlier inputs' keys). "
+                    f"Hand on the block's own argument: self.att(self.norm1(x), use_cache=use_cache).")
         if case.mode == "train" and isinstance(got, torch.Tensor):
             return _BLOCK_TRAIN_HINT
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape:
@@ -557,6 +646,24 @@ def _block_diagnose(causal: Callable) -> Callable:
 
 #: GELU's smallest value, GELU(-0.7518) = -0.16997: a branch that ends in a GELU never goes below it.
 _GELU_FLOOR = -0.16997
+
+
+#: The KV cache's refusal of more tokens than it has room for (notebook 08's MultiHeadAttentionKVCache): the tokens
+#: it holds, and those the input adds.
+_CACHE_FULL = re.compile(r"cache holds (\d+) tokens and the input adds (\d+)")
+
+
+def _cache_filled_without_use_cache(case: Case, got: object) -> str | None:
+    """Where a forward pass made WITHOUT ``use_cache=True`` raised the KV cache's "the cache holds N tokens" error
+    (issue 36): the cache was filled by earlier plain passes, so ``use_cache=True`` reached the attention where the
+    caller did not ask for it. The fact in words, else ``None``."""
+    if not isinstance(got, ValueError) or case.kwargs.get("use_cache"):
+        return None
+    full = _CACHE_FULL.search(str(got))
+    if not full:
+        return None
+    return (f"a forward pass without use_cache found the attention's KV cache already holding {full.group(1)} tokens, "
+            f"from the earlier passes, which none asked to cache")
 
 
 def _ff_branch_floor(case: Case, got: torch.Tensor, want: torch.Tensor) -> str | None:
@@ -641,6 +748,7 @@ def _judge_block(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
     x, moved = _block_inputs()
     views = probed.views(exercise, plan, outcomes)
     for build, _ in configs:
+        _attention_arguments(exercise, views[build], build)
         _sharing_check(exercise, views[build], build)
         _shape_check(exercise, views[build], build, _block_shapes)
     diagnose = _block_diagnose(probed.not_causal(exercise, views))
@@ -824,6 +932,11 @@ def _gpt_error(case: Case, error: BaseException) -> str | None:
 
 def _gpt_diagnose(exercise: str, views: dict) -> Callable:
     def diagnose(case: Case, got: object, want: object) -> str | None:
+        filled = _cache_filled_without_use_cache(case, got)
+        if filled:
+            return (f"{filled}: use_cache=True reached the attention although the model was called without it. Hand "
+                    f"the caller's use_cache on at every level: block(x, use_cache=use_cache) in TinyGPT.forward, and "
+                    f"self.att(..., use_cache=use_cache) in the block.")
         if isinstance(got, BaseException):
             return _gpt_error(case, got)
         if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
@@ -918,7 +1031,33 @@ def _cached_views(exercise: str, views: dict, plan: Sequence[_spec.Step], outcom
             raise trace
         if not trace_has_form(trace, len(piece_sizes(case.args[0].shape[1]))):
             _spec.refuse(exercise, "cached path (the trace of its pieces, the whole input and the hints' passes)")
-        check_cached_path(exercise, trace, case.args[0], want, f"built with {build}")
+        try:
+            check_cached_path(exercise, trace, case.args[0], want, f"built with {build}")
+        except CheckFailed as error:
+            raise _hinted(error, _reset_error_hint(exercise, trace)) from None
+
+
+def _reset_error_hint(exercise: str, trace: list) -> str | None:
+    """Where the model's ``reset_cache()`` raised an ``AttributeError`` for a ``reset_cache`` that a part of it lacks
+    (issue 36): the cache lives in each block's attention, not in the block nor in the blocks' container."""
+    if exercise != "TinyGPT":
+        return None
+    for outcome in (trace[0], trace[3], (trace[4] or [None])[0]):
+        if not (isinstance(outcome, list) and len(outcome) == 4 and outcome[:2] == ["reset", "error"]
+                and outcome[2] == "AttributeError"):
+            continue
+        lacking = re.search(r"'(\w+)' object has no attribute 'reset_cache'", str(outcome[3]))
+        if not lacking:
+            return None
+        name = lacking.group(1)
+        if name in ("Sequential", "ModuleList"):
+            return (f"reset_cache() calls self.blocks.reset_cache(), but an nn.{name} has no reset_cache: loop over "
+                    f"the blocks and empty each one's cache, which lives in its attention: for block in self.blocks: "
+                    f"block.att.reset_cache().")
+        return (f"reset_cache() calls reset_cache on a {name}, which has none: a block's KV cache lives in its "
+                f"attention, notebook 08's MultiHeadAttentionKVCache. Empty it there: for block in self.blocks: "
+                f"block.att.reset_cache() (and set self.num_cached = 0).")
+    return None
 
 
 def _gpt_configs(hidden: bool) -> list[tuple[tuple, list[Case]]]:
@@ -1475,7 +1614,12 @@ def stand_in_model(spec: dict) -> CachedStandInLM:
     """The stand-in model of a ``generate`` case (``spec``: ``vocab_size``, ``d``, ``context_length``, ``seed``),
     its weights drawn after ``manual_seed(spec["seed"])``: the same model wherever it is built."""
     manual_seed(spec["seed"])
-    return CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    model = CachedStandInLM(spec["vocab_size"], spec["d"], spec["context_length"])
+    if spec.get("logits"):  # the same logits at every position, exactly tied where the spec's values are equal
+        with torch.no_grad():
+            model.head.weight.zero_()
+            model.head.bias.copy_(torch.tensor(spec["logits"]) / 3.0)
+    return model
 
 
 def generate_trace(generate: Callable, spec: dict) -> dict:
@@ -1647,11 +1791,16 @@ def _temperature_order_hint(spec: dict, error: list, plan: Sequence[_spec.Step],
 
 @symptoms.bonus
 def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
-                     named: Callable[[], str | None] = lambda: None) -> str | None:
+                     named: Callable[[], str | None] = lambda: None,
+                     batch_of_one: Callable[[], bool | None] = lambda: None,
+                     prompt_read_as_float: Callable[[], bool] = lambda: False) -> str | None:
     """The cause of an error ``generate`` raised in a case where it must not raise (``error``: ``[type name,
     message]``), read from the message and the case (issue 36: the cause, not the count of the model's calls).
     Where the message has several causes, ``named()`` first: the one known mistake whose traces are the student's
-    (:func:`_raising_mistake`), if there is one."""
+    (:func:`_raising_mistake`), if there is one. ``batch_of_one()``: whether greedy decoding of a single sequence is
+    right (the ladder's smallest rungs, :func:`_greedy_batch_of_one`; ``None`` where they did not run);
+    ``prompt_read_as_float()``: whether the ladder's smallest rung raised for float ids at its first call, the
+    prompt's (:func:`_prompt_read_as_float`)."""
     kind, message = error
     if kind == "TypeError" and spec.get("top_k") is None and "NoneType" in message \
             and re.search(r"'[<>]=?' not supported", message):
@@ -1665,6 +1814,11 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
                 f"largest logit of each row lost its dimension. Keep it (b, 1), torch.topk(logits, k, "
                 f"dim=-1).values[:, -1:] (not values[:, -1]), so that each row is compared with its own k-th largest.")
     if "probability tensor contains" in message:
+        if spec["temperature"] == 0 and spec.get("top_k"):
+            return (f"at temperature 0 with top_k = {spec['top_k']} your code sampled, dividing the logits by 0 (inf "
+                    f"and NaN, which torch.multinomial refuses): temperature 0 means greedy decoding WHATEVER top_k is. "
+                    f"Test temperature == 0 alone, before any top-k or sampling, and take logits.argmax(dim=-1, "
+                    f"keepdim=True); top_k only matters when sampling.")
         if spec["temperature"] == 0:
             return ("dividing the logits by temperature 0 gives inf and NaN, which torch.multinomial refuses: "
                     "temperature 0 means greedy decoding, logits.argmax(dim=-1, keepdim=True), without sampling.")
@@ -1679,6 +1833,16 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
     if spec.get("top_k") and spec["top_k"] > spec["vocab_size"] and "out of range" in message:
         return (f"top_k = {spec['top_k']} is larger than the vocabulary ({spec['vocab_size']} tokens): then every token "
                 f"is kept, torch.topk(logits, min(top_k, logits.shape[-1])).")
+    first_read = len(calls) == 1 and calls[0][0] == spec["runs"][k][0] and calls[0][2] == 0
+    if "'indices'" in message and "Float" in message and (first_read or prompt_read_as_float()):
+        return (("the model's very first call, reading the prompt, already got float token ids, before any new token "
+                 "was made" if first_read else
+                 "in the smallest case (greedy, one new token, without the cache) the model's first call, reading the "
+                 "prompt, already got float token ids, before any new token was made") +
+                ": the tensor that holds the tokens is float. A buffer made with torch.zeros(b, T0 + max_new_tokens) "
+                "(or torch.empty) is float32 unless told otherwise: create it with dtype=torch.long (or "
+                "prompt_ids.new_zeros(...)), so that the prompt copied into it and the tokens fed to the model stay "
+                "integer ids, and so does the output.")
     if "'indices'" in message and "Float" in message:
         return ("the new token is a float: the model looks up integer token ids. logits.max(dim=-1).values is the largest "
                 "logit itself; the token is its index, logits.argmax(dim=-1, keepdim=True) (or max(...).indices).")
@@ -1696,8 +1860,18 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
         return ("torch.cat joins along dim=0, the batch: the new token (b, 1) goes after the tokens (b, T) along the "
                 "sequence, torch.cat([tokens, new_token], dim=1).")
     if cat and cat.group(1) == "1" and cat.group(3) == "1" and int(cat.group(2)) > 1:
-        return (f"the new token has 1 row where the batch has {cat.group(2)}: it was reduced over dim=0, the batch, "
-                f"instead of dim=-1, the vocabulary: logits.argmax(dim=-1, keepdim=True) gives (b, 1).")
+        rows = f"the new token has 1 row where the batch has {cat.group(2)}"
+        fix = "logits.argmax(dim=-1, keepdim=True) gives (b, 1) (or logits.argmax(dim=-1).unsqueeze(-1))"
+        one = batch_of_one()
+        if one is True:
+            return (f"{rows}, yet with a batch of one sequence your greedy tokens are right (the smallest cases): "
+                    f"the argmax was taken over the vocabulary, but its (b,) result was given its new axis in front, "
+                    f"(1, b) (unsqueeze(0)), instead of after, (b, 1). {fix}.")
+        if one is False:
+            return (f"{rows}, and already with a batch of one sequence the greedy tokens are wrong: it was reduced "
+                    f"over dim=0, the batch, instead of dim=-1, the vocabulary: {fix}.")
+        return (f"{rows}: it is (1, ...) where it must be (b, 1): either the argmax ran over dim=0, the batch, or its "
+                f"(b,) result was unsqueezed on axis 0, (1, b). {fix}.")
     fed = re.search(r"takes token ids \(b, T\), got \((\d+),\)", message)
     if fed:
         return (f"the model was given a one-dimensional ({fed.group(1)},) tensor, one token per row without the "
@@ -1726,6 +1900,75 @@ def _loop_error_hint(spec: dict, k: int, error: list, calls: list,
                 f"and context_length = {spec['context_length']} of them fit: raise only when T0 + max_new_tokens - 1 "
                 f"> context_length.")
     return None
+
+
+@symptoms.bonus
+def _tie_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
+    """On a case whose stand-in model gives the same logits at every step (``spec["logits"]``), two of them tied
+    for the k-th largest (issue 36): where the student's new tokens are all among those the top-k keeps and hold
+    some, but not all, of the tied tokens, where ours hold them all, exactly k tokens were kept, a tied one dropped
+    (the text keeps every logit equal to the k-th largest)."""
+    logits, top_k, T0 = spec.get("logits"), spec.get("top_k"), spec["runs"][k][0]
+    if not (logits and top_k and isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == torch.int64):
+        return None
+    kth = sorted(logits, reverse=True)[min(top_k, len(logits)) - 1]
+    kept = {t for t, v in enumerate(logits) if v >= kth}
+    tied = {t for t, v in enumerate(logits) if v == kth}
+    drawn, ours = set(got[:, T0:].flatten().tolist()), set(want[:, T0:].flatten().tolist())
+    if len(kept) <= top_k or not (drawn <= kept and tied <= ours and drawn & tied and not tied <= drawn):
+        return None
+    never = sorted(tied - drawn)
+    names = " and ".join(str(t) for t in sorted(tied))
+    return (f"the model's logits are {[float(v) for v in logits]} at every step, so tokens {names} tie for the "
+            f"{_ordinal(top_k)} largest, and top_k = {top_k}: the exercise keeps every logit equal to the k-th largest, "
+            f"so {len(kept)} tokens stay, yet in {got[:, T0:].numel()} draws you never drew token "
+            f"{' or '.join(map(str, never))}: exactly k tokens were kept, one of the tied dropped (as a scatter of "
+            f"torch.topk's k indices, or a sort cut after k, does). Keep every logit >= the k-th largest: kth = "
+            f"torch.topk(logits, k, dim=-1).values[:, -1:], then logits.masked_fill(logits < kth, float('-inf')).")
+
+
+@symptoms.bonus
+def _greedy_batch_of_one(rungs: ladder.Ladder, plan: Sequence[_spec.Step], outcomes: _spec.Outcomes) -> bool | None:
+    """Whether greedy decoding of a batch of ONE sequence is right, read from the ladder's smallest rungs (without the
+    cache, one then several new tokens) and from the plan's greedy cases of one sequence (the hidden plan has one):
+    the values a batch of one gives, to tell a new token reduced over the batch from one unsqueezed on the batch axis
+    (issue 36). ``None`` where no such case ran with its expected value, or they disagree."""
+    found = []
+    if ladder.ran(rungs, outcomes, 2):
+        for i, rung in enumerate(rungs.rungs[:2]):
+            if rung.case.kwargs["b"] != 1:
+                continue
+            try:
+                ladder.expected_output(rungs, rung)
+            except _expected.MissingExpectation:
+                continue
+            found.append(ladder.right(rungs, outcomes, i) is not None)
+    for step in plan:
+        spec = step.case.kwargs
+        if step.run != "generate" or spec.get("b") != 1 or spec.get("temperature") != 0 or "says" in spec:
+            continue
+        try:
+            want = expect("generate", Case(spec["name"], (spec,)).key(),
+                          lambda: generate_trace(_expected.reference("generate"), spec))
+        except _expected.MissingExpectation:
+            continue
+        found.append(_same_generation(want, _generate_trace_of(outcomes[step.key], spec)))
+    return found[0] if found and len(set(found)) == 1 else None
+
+
+@symptoms.bonus
+def _prompt_read_as_float(rungs: ladder.Ladder, outcomes: _spec.Outcomes) -> bool:
+    """Whether the ladder's smallest rung (greedy, one new token, without the cache: the model reads only the
+    prompt) raised for float token ids (issue 36): the tokens were float before any new token was made, so the
+    float comes from the tensor that holds them, not from the new token."""
+    if not ladder.ran(rungs, outcomes, 1):
+        return False
+    found = outcomes[ladder.RUNG_PREFIX + rungs.rungs[0].case.key()]
+    if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], list) and len(found[0]) == 3):
+        return False
+    error, calls = found[0][1], found[0][2]
+    return isinstance(error, list) and len(error) == 2 and "'indices'" in str(error[1]) and "Float" in str(error[1]) \
+        and isinstance(calls, torch.Tensor) and calls.dim() == 2 and calls.shape[0] == 1
 
 
 def _top_k_positions_hint(spec: dict, k: int, want: torch.Tensor, got: object) -> str | None:
@@ -1944,7 +2187,17 @@ def _generate_specs() -> list[dict]:
         {**base, "name": "top_k=0", "context_length": 8, "b": 1, "runs": [(2, 3)], "temperature": 1.0, "top_k": 0,
          "use_cache": True, "seed": 9058, "says": ["top_k"], "explain": "say which argument is wrong"},
     ]
-    return specs + errors
+    # issue 36: what the text states beyond the cases above, each a small case of its own. At temperature 0 the
+    # decoding is greedy whatever top_k is; and a logit equal to the k-th largest is kept too, so a tie can keep more
+    # than k tokens: a model whose logits are the same at every step, tokens 1 and 3 tied for the 2nd largest
+    tied = [
+        {**base, "name": "greedy with top_k=2 (temperature 0 is greedy whatever top_k is)", "context_length": 12,
+         "b": 2, "runs": [(3, 4)], "temperature": 0.0, "top_k": 2, "use_cache": True, "seed": 9060},
+        {**base, "name": "top_k=2 where two logits tie for the 2nd largest", "vocab_size": 4, "context_length": 12,
+         "b": 4, "runs": [(2, 6)], "temperature": 1.0, "top_k": 2, "use_cache": True, "seed": 9061,
+         "logits": [0.0, 1.0, 2.0, 1.0]},
+    ]
+    return specs + errors + tied
 
 
 def _generate_rungs() -> tuple[ladder.Rung, ...]:
@@ -2212,7 +2465,9 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
             if g["error"] is not None:
                 hint = (_temperature_order_hint(spec, g["error"], plan, outcomes)
                         or _loop_error_hint(spec, k, g["error"], g["calls"],
-                                            named=lambda: _raising_mistake(exercise, case, got, passed))
+                                            named=lambda: _raising_mistake(exercise, case, got, passed),
+                                            batch_of_one=lambda: _greedy_batch_of_one(rungs, plan, outcomes),
+                                            prompt_read_as_float=lambda: _prompt_read_as_float(rungs, outcomes))
                         or symptoms.error_hint(RuntimeError(str(g["error"][1])))
                         or _calls_hint(spec, w["calls"], g["calls"], raised=True) or smallest())
                 try:
@@ -2237,7 +2492,7 @@ def _judge_generate(plan: list[_spec.Step], outcomes: _spec.Outcomes) -> str:
                 hint = (moved or None) if hint is None else hint
                 hint = hint or smallest()
             if hint is None:
-                hint = (_top_k_positions_hint(spec, k, w["out"], g["out"])
+                hint = (_tie_hint(spec, k, w["out"], g["out"]) or _top_k_positions_hint(spec, k, w["out"], g["out"])
                         or _top_k_rank_hint(spec, k, w["out"], g["out"]) or _token_rank_hint(spec, k, w["out"], g["out"])
                         or smallest())
             text = problem or (f"the tokens are right, but the model's calls were: {_calls_text(g['calls'])}; "
