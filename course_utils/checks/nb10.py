@@ -10,7 +10,8 @@
   ``torch.autograd.gradcheck`` in float64, SDPA's gradients in float32 at ``T = 256``, and one case
   in bfloat16 (output and gradients against float64 attention on the same inputs, within 1e-2).
 - ``flash_attention_backward_triton``: the Triton kernel for ``dK`` and ``dV``, launched with
-  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU.
+  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU; in float32,
+  and once in float16 (``tl.dot`` refuses a float32 P or dS next to a half-precision operand).
 
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
@@ -1148,7 +1149,8 @@ BACKWARD_LADDER = ladder.Ladder(
 
 def _backward_plan(hidden: bool) -> list[Step]:
     """Each case called (and watched, for the hidden and the non-causal ones: the causal structure is watched
-    on T = 40); then the T = 40 case watched; then the bfloat16 case called."""
+    on T = 40); then the T = 40 case watched; then the bfloat16 cases called (the second sums 48 key blocks' shares
+    into each row of dq)."""
     steps = []
     for case in with_hidden("flash_attention_backward", _flash_cases)(hidden):
         steps.append(Step(case.key(), case))
@@ -1887,6 +1889,7 @@ check_flash_attention_backward_triton = declare(
     :func:`course_utils.backward.launch_backward`, against autograd's gradients.
 
     On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
-    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
+    float32 products use TF32 tensor cores (tolerance 5e-3); one launch in float16, within 1e-2 of float64
+    attention, needs p and dS cast before ``tl.dot``. Where Triton is not installed the
     self-check is skipped with the reason; the grader always has Triton.
     """)
