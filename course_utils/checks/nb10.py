@@ -214,7 +214,8 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
             raise _hinted(error, hint or _overflow_hint(case, got, names, atol, rtol)
-                          or _masked_fill_hint(case, got, names, atol, rtol) or _moved_rows_hint(want, got, names, atol, rtol)
+                          or _masked_fill_hint(case, got, names, atol, rtol)
+                          or _moved_rows_hint(want, got, names, atol, rtol)
                           or _backward_family_hint(case, want, got, names, atol, rtol)
                           or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names, atol, rtol)
                           or _swapped_hint(want, got, names, atol, rtol)
@@ -377,9 +378,10 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
     if kind == "tiled":
-        found.append(("the loop over query blocks steps by block_k while each tile spans block_q queries: with block_k > "
-                      "block_q some query rows are never visited, with block_k < block_q tiles overlap and rows are "
-                      "counted twice. Step the query loop by block_q, range(first, T, block_q)", {"q_step": "block_k"}))
+        found.append(("the loop over query blocks steps by block_k while each tile spans block_q queries: with "
+                      "block_k > block_q some query rows are never visited, with block_k < block_q tiles overlap and "
+                      "rows are counted twice. Step the query loop by block_q, range(first, T, block_q)",
+                      {"q_step": "block_k"}))
     found.append(("dS is dP * (P - delta): P and dP are in each other's places. The softmax's backward is dS = P * "
                   "(dP - delta): the weights P times (dP minus the row's delta), which also makes dS 0 wherever P is 0 "
                   "(the masked keys)", {"ds_form": "dp(p-delta)"}))
@@ -653,7 +655,7 @@ def _masked_fill_hint(case: Case, got: Any, names: tuple[str, ...], atol: float,
         return torch.cat([x, x.new_zeros(L, size - T, *x.shape[2:])], 1)
 
     q, k, v, do, lse, delta = map(padded, (q, k, v, do, lse, delta))
-    dk, dv = torch.zeros(L, n_blocks * bn, D, dtype=torch.float64), torch.zeros(L, n_blocks * bn, D, dtype=torch.float64)
+    dk, dv = (torch.zeros(L, n_blocks * bn, D, dtype=torch.float64) for _ in range(2))  # (L, keys padded, D)
     with torch.no_grad():
         for b in range(n_blocks):
             cols = torch.arange(b * bn, (b + 1) * bn)
@@ -696,8 +698,9 @@ def _overflow_hint(case: Case, got: Any, names: tuple[str, ...], atol: float, rt
     if not _same_nonfinite(model, got, atol, rtol):
         return None
     top = float(s.masked_fill(~torch.isfinite(s), 0).max())
+    kind, limit = str(q.dtype).removeprefix("torch."), math.log(torch.finfo(q.dtype).max)
     return (f"dq, dk and dv are NaN where a softmax written exp(S) / rowsum(exp(S)) makes them: the scores reach "
-            f"{top:.4g} here and exp overflows to inf ({str(q.dtype).removeprefix('torch.')} overflows past exp({math.log(torch.finfo(q.dtype).max):.1f})), "
+            f"{top:.4g} here and exp overflows to inf ({kind} overflows past exp({limit:.1f})), "
             f"so P = inf / inf = NaN. Subtract each row's maximum before exp, exp(S - S.amax(-1, keepdim=True)), "
             f"or use torch.softmax(S, dim=-1), which does.")
 
@@ -1561,10 +1564,11 @@ def _half_tiles(exercise: str, case: Case, got: Any) -> None:
             alike = False
         if alike:
             blocks = math.ceil(case.args[0].shape[-2] / case.args[7])
-            fail(exercise, f"in bfloat16, dq is off by more than two steps of bfloat16 ({name} at {list(at)} is {g:.4g} "
-                           f"where float32 sums give {m:.4g}) while dk and dv are right: dq is what a backward gives "
-                           f"whose dq buffer is in bfloat16 (torch.zeros_like(q) keeps q's dtype), so each of the "
-                           f"{blocks} key blocks' shares is rounded to 8 bits as it is added. Make dq with dtype=acc, "
+            fail(exercise, f"in bfloat16, dq is off by more than two steps of bfloat16 ({name} at {list(at)} is "
+                           f"{g:.4g} where float32 sums give {m:.4g}) while dk and dv are right: dq is what a backward "
+                           f"gives whose dq buffer is in bfloat16 (torch.zeros_like(q) keeps q's dtype), so each of "
+                           f"the {blocks} key blocks' shares is rounded to 8 bits as it is added. Make dq with "
+                           f"dtype=acc, "
                            f"as dk and dv, and cast it back only when you return it, dq.to(q.dtype).", case)
     names = " and ".join(off)
     same = [n for n in GRADS if n not in off]
