@@ -10,7 +10,8 @@
   ``torch.autograd.gradcheck`` in float64, SDPA's gradients in float32 at ``T = 256``, and one case
   in bfloat16 (output and gradients against float64 attention on the same inputs, within 1e-2).
 - ``flash_attention_backward_triton``: the Triton kernel for ``dK`` and ``dV``, launched with
-  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU.
+  :func:`course_utils.backward.launch_backward`: in Triton's interpreter on a CPU, compiled on a GPU; in float32,
+  and once in float16 (``tl.dot`` refuses a float32 P or dS next to a half-precision operand).
 
 Every expected value comes from :func:`expect` (autograd on PyTorch's attention, recorded for the
 student edition), and known mistakes are named by their outputs, as in every notebook.
@@ -212,7 +213,9 @@ def _compare(exercise: str, case: Case, got: Any, want: Any, names: tuple[str, .
             fail(exercise, f"{problem.rstrip('.')}. Input shapes: {shapes}.", case)
         except CheckFailed as error:
             hint = _hint(exercise, case, got, names) if name_mistakes else None
-            raise _hinted(error, hint or _moved_rows_hint(want, got, names, atol, rtol)
+            raise _hinted(error, hint or _overflow_hint(case, got, names, atol, rtol)
+                          or _masked_fill_hint(case, got, names, atol, rtol)
+                          or _moved_rows_hint(want, got, names, atol, rtol)
                           or _backward_family_hint(case, want, got, names, atol, rtol)
                           or (rows_hint() if rows_hint else None) or _seen_hint(case, want, got, names, atol, rtol)
                           or _swapped_hint(want, got, names, atol, rtol)
@@ -294,13 +297,14 @@ def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
 def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
                     scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
                     dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o",
-                    ds_form: str = "p(dp-delta)") -> tuple[torch.Tensor, ...] | None:
+                    ds_form: str = "p(dp-delta)", q_step: str = "block_q") -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
     to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
     the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
     dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
-    The loops are the right ones (a key block starts at the first query block that sees it). ``None`` where a slice
+    The loops are the right ones (a key block starts at the first query block that sees it), except that the query
+    loop may step by ``q_step="block_k"`` while each tile still spans ``block_q`` queries. ``None`` where a slice
     does not fit."""
     do = case.args[3] if len(case.args) == 4 else case.args[5]
     q, k, v, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (*case.args[:3], do))  # (L, T, D)
@@ -316,7 +320,7 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for ks in range(0, T, block_k):
         ke = min(ks + block_k, T)
-        for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
+        for qs in range((ks // block_q) * block_q if causal else 0, T, block_k if q_step == "block_k" else block_q):
             qe = min(qs + block_q, T)
             qr, dr = (slice(ks, ke) if at == "key" else slice(qs, qe) for at in (q_at, do_at))
             if (qr.stop - qr.start) != qe - qs or (dr.stop - dr.start) != qe - qs:
@@ -373,6 +377,11 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
                       f"rowsum(dO * O), one number per query row", {"delta_with": x}))
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    if kind == "tiled":
+        found.append(("the loop over query blocks steps by block_k while each tile spans block_q queries: with "
+                      "block_k > block_q some query rows are never visited, with block_k < block_q tiles overlap and "
+                      "rows are counted twice. Step the query loop by block_q, range(first, T, block_q)",
+                      {"q_step": "block_k"}))
     found.append(("dS is dP * (P - delta): P and dP are in each other's places. The softmax's backward is dS = P * "
                   "(dP - delta): the weights P times (dP minus the row's delta), which also makes dS 0 wherever P is 0 "
                   "(the masked keys)", {"ds_form": "dp(p-delta)"}))
@@ -519,12 +528,13 @@ def _local_mask_hint(case: Case, want: Any, got: Any, atol: float = 1e-5, rtol: 
     return None
 
 
-def _kernel_model(case: Case, q_read: torch.Tensor, do_read: torch.Tensor, lse_at: Callable, delta_at: Callable
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def _kernel_model(case: Case, q_read: torch.Tensor, do_read: torch.Tensor, lse_at: Callable, delta_at: Callable,
+                  visits: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dk, dv)`` (``(L, T, D)``, float64) of a kernel launched on ``case`` whose program for key block ``b`` reads, for
     query row ``r``, the rows ``q_read[:, r]`` and ``do_read[:, r]`` (``(L, T, D)``) and the statistics at rows
     ``lse_at(r, b)`` and ``delta_at(r, b)`` (``(T,)`` index tensors; a row past ``T`` reads 0, as the masked loads do).
-    The mask and the loops are the right ones."""
+    The mask is the right one; so are the loops, unless ``visits(b)`` (``(T,)`` bool) says which query rows key block
+    ``b``'s program reaches."""
     q, k, v, o, _, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in case.args[:6])  # (L, T, D)
     L, T, D = q.shape
     lse = case.args[4].detach().double().cpu().reshape(L, T)
@@ -540,6 +550,8 @@ def _kernel_model(case: Case, q_read: torch.Tensor, do_read: torch.Tensor, lse_a
         keys = torch.arange(b * bn, min((b + 1) * bn, T))
         s = q_read @ k[:, keys].transpose(-2, -1) / math.sqrt(D)  # (L, T, Bn)
         keep = (keys[None, :] <= rows[:, None]) if causal else torch.ones(T, len(keys), dtype=torch.bool)
+        if visits is not None:
+            keep = keep & visits(b)[:, None]
         p = torch.exp(s - read(lse, lse_at(rows, b))[..., None]) * keep  # (L, T, Bn)
         dv[:, keys] = p.transpose(-2, -1) @ do_read
         ds = p * (do_read @ v[:, keys].transpose(-2, -1) - read(delta, delta_at(rows, b))[..., None])
@@ -583,15 +595,114 @@ def _kernel_reads_hint(case: Case, want: Any, got: Any, names: tuple[str, ...], 
                 f"offs_d[None, :], as k and v are loaded", q_read, do_read, right, right)
                for which, q_read, do_read in (("q and dO", unstrided(q), unstrided(do)), ("q", unstrided(q), do),
                                               ("dO", q, unstrided(do)))]
+    bm_, causal = bm, bool(case.kwargs["causal"])
+
+    def scaled_again(b: int) -> torch.Tensor:  # (T,): rows = start_m * BLOCK_M + offs_m, start_m already a position
+        seen = torch.zeros(T, dtype=torch.bool)
+        for start_m in range((b * bn // bm_) * bm_ if causal else 0, T, bm_):
+            seen[start_m * bm_:min(start_m * bm_ + bm_, T)] = True
+        return seen
+
+    models = [(*m, None) for m in models]
+    models.append(("query rows are rows = start_m * BLOCK_M + offs_m while start_m is already a position (the loop "
+                   "steps by BLOCK_M from lo): every query block after the first lands past T, masked out, so most "
+                   "queries never reach dk and dv. Write rows = start_m + offs_m", q, do, right, right, scaled_again))
     agree = [tensor_difference(w, g, atol, rtol) is None for w, g in zip(want, got)]
-    for words, q_read, do_read, lse_at, delta_at in models:
-        dk, dv = _kernel_model(case, q_read, do_read, lse_at, delta_at)
+    for words, q_read, do_read, lse_at, delta_at, visits in models:
+        dk, dv = _kernel_model(case, q_read, do_read, lse_at, delta_at, visits)
         if all(not bool(symptoms.off_rows(m, g.detach().double().cpu().reshape(m.shape), atol, rtol).any())
                for m, g in zip((dk, dv), got)):
             said = {(False, True): "dv agrees, dk does not", (True, False): "dk agrees, dv does not"}.get(
                 tuple(agree), "both are wrong")
             return f"dk and dv are what a kernel gives whose {words} ({said})."
     return None
+
+
+def _same_nonfinite(model: tuple, got: Any, atol: float, rtol: float) -> bool:
+    """Whether ``got`` (tensors, some entries NaN or infinite) is NaN or infinite exactly where ``model`` (float64) is,
+    and agrees with it elsewhere."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(model)
+            and all(isinstance(g, torch.Tensor) and g.numel() == m.numel() for g, m in zip(got, model))):
+        return False
+    mine = [g.detach().double().cpu().reshape(m.shape) for g, m in zip(got, model)]
+    if all(bool(torch.isfinite(g).all()) for g in mine):
+        return False
+    for g, m in zip(mine, model):
+        bad = ~torch.isfinite(m)
+        top = float(m[~bad].abs().max()) if bool((~bad).any()) else 0.0
+        if not torch.equal(~torch.isfinite(g), bad) \
+                or not torch.allclose(g[~bad], m[~bad], atol=atol + 0.1 * rtol * top, rtol=rtol):
+            return False
+    return True
+
+
+@symptoms.bonus
+def _masked_fill_hint(case: Case, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """A kernel's ``(dk, dv)`` with NaN or infinite entries exactly where a kernel gives them that sets the masked
+    weights of P (future keys, rows or keys past T) to -inf, as masked scores are, instead of 0 (issue 36).
+    Output-only: the kernel's tiles, padding included, are modelled here in float64."""
+    if names != ("dk", "dv") or "block_m" not in case.kwargs:
+        return None
+    q, k, v, o, lse, do = (a.detach().double().cpu() for a in case.args[:6])
+    q, k, v, o, do = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, o, do))  # (L, T, D)
+    L, T, D = q.shape
+    lse, delta = lse.reshape(L, T), (do * o).sum(-1)  # (L, T)
+    bm, bn, causal = case.kwargs["block_m"], case.kwargs["block_n"], bool(case.kwargs["causal"])
+    n_blocks = math.ceil(T / bn)
+    size = max(n_blocks * bn, math.ceil(T / bm) * bm + bm)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # rows past T read as 0, as the masked loads give them
+        return torch.cat([x, x.new_zeros(L, size - T, *x.shape[2:])], 1)
+
+    q, k, v, do, lse, delta = map(padded, (q, k, v, do, lse, delta))
+    dk, dv = (torch.zeros(L, n_blocks * bn, D, dtype=torch.float64) for _ in range(2))  # (L, keys padded, D)
+    with torch.no_grad():
+        for b in range(n_blocks):
+            cols = torch.arange(b * bn, (b + 1) * bn)
+            for start in range((b * bn // bm) * bm if causal else 0, T, bm):
+                rows = torch.arange(start, start + bm)
+                s = q[:, rows] @ k[:, cols].transpose(-2, -1) / math.sqrt(D)  # (L, BM, BN)
+                keep = (rows[:, None] < T) & (cols[None, :] < T)
+                if causal:
+                    keep = keep & (cols[None, :] <= rows[:, None])
+                p = torch.where(keep, torch.exp(s - lse[:, rows, None]), float("-inf"))
+                dv[:, cols] += p.transpose(-2, -1) @ do[:, rows]
+                ds = p * (do[:, rows] @ v[:, cols].transpose(-2, -1) - delta[:, rows, None])
+                dk[:, cols] += ds.transpose(-2, -1) @ q[:, rows] / math.sqrt(D)
+    if not _same_nonfinite((dk[:, :T], dv[:, :T]), got, atol, rtol):
+        return None
+    return ("dk and dv are NaN or infinite exactly where a kernel gives them that sets the masked weights to -inf: P "
+            "is already exp(S - lse), so a hidden key's weight must be 0, and -inf times dO (or times 0 for a padding "
+            "row) makes -inf and NaN in every key block that has a masked entry. Write p = tl.where(keep, tl.exp(s - "
+            "lse[:, None]), 0.0).")
+
+
+@symptoms.bonus
+def _overflow_hint(case: Case, got: Any, names: tuple[str, ...], atol: float, rtol: float) -> str | None:
+    """The reference's ``(dq, dk, dv)`` NaN exactly where a softmax written exp(S) / rowsum(exp(S)), without the row
+    maximum subtracted, gives NaN: exp overflows to inf on the large scores, inf / inf (issue 36)."""
+    layout = _backward_layout(case)
+    if layout is None or layout[0] != "reference" or tuple(names) != GRADS:
+        return None
+    q, k, v, do = case.args[:4]
+    T, D = q.shape[-2:]
+    s = q @ k.transpose(-2, -1) / math.sqrt(D)  # (..., T, T) in the case's dtype
+    if layout[3]:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    e = torch.exp(s)
+    p = e / e.sum(-1, keepdim=True)
+    o = p @ v
+    ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+    model = tuple(t.double().reshape(-1, T, D) for t in (ds @ k / math.sqrt(D), ds.transpose(-2, -1) @ q / math.sqrt(D),
+                                                         p.transpose(-2, -1) @ do))
+    if not _same_nonfinite(model, got, atol, rtol):
+        return None
+    top = float(s.masked_fill(~torch.isfinite(s), 0).max())
+    kind, limit = str(q.dtype).removeprefix("torch."), math.log(torch.finfo(q.dtype).max)
+    return (f"dq, dk and dv are NaN where a softmax written exp(S) / rowsum(exp(S)) makes them: the scores reach "
+            f"{top:.4g} here and exp overflows to inf ({kind} overflows past exp({limit:.1f})), "
+            f"so P = inf / inf = NaN. Subtract each row's maximum before exp, exp(S - S.amax(-1, keepdim=True)), "
+            f"or use torch.softmax(S, dim=-1), which does.")
 
 
 def _joined(*hints: str | None) -> str | None:
@@ -748,6 +859,8 @@ def _reference_cases() -> list[Case]:
         Case("batch (2, 2, 7, 4), causal", _inputs(2, 2, 7, 4, seed=1005), {"causal": True}),
         Case("(2, 6, 4), causal=False", _inputs(2, 6, 4, seed=1009), {"causal": False}),
         Case("large scores (1, 8, 4) up to +-6, causal", _inputs(1, 8, 4, seed=1013, scale=6.0), {"causal": True}),
+        # scores up to 764: exp overflows float64 past 709, so a softmax without the row maximum subtracted gives NaN
+        Case("huge scores (1, 6, 4) up to +-40, causal", _inputs(1, 6, 4, seed=1019, scale=40.0), {"causal": True}),
     ]
 
 
@@ -1039,7 +1152,8 @@ BACKWARD_LADDER = ladder.Ladder(
 
 def _backward_plan(hidden: bool) -> list[Step]:
     """Each case called (and watched, for the hidden and the non-causal ones: the causal structure is watched
-    on T = 40); then the T = 40 case watched; then the bfloat16 case called."""
+    on T = 40); then the T = 40 case watched; then the bfloat16 cases called (the second sums 48 key blocks' shares
+    into each row of dq)."""
     steps = []
     for case in with_hidden("flash_attention_backward", _flash_cases)(hidden):
         steps.append(Step(case.key(), case))
@@ -1050,8 +1164,8 @@ def _backward_plan(hidden: bool) -> list[Step]:
     steps.append(Step(P_PROBE + _p_probe_backward().key(), _p_probe_backward()))
     name, shape, seed, block_q, block_k = _STRUCTURE
     structure = _backward_case(name, shape, seed, block_q, block_k, True)
-    half = _half_backward_case()
-    return steps + [Step(WATCHED + structure.key(), structure, "structure"), Step(HALF + half.key(), half)] \
+    halves = [Step(HALF + half.key(), half) for half in (_half_backward_case(), _half_long_case())]
+    return steps + [Step(WATCHED + structure.key(), structure, "structure"), *halves] \
         + ladder.steps(BACKWARD_LADDER, hidden)
 
 
@@ -1365,6 +1479,38 @@ def _half_backward_case() -> Case:
                 (q, k, v, o.to(torch.bfloat16), lse, do, 16, 24), {"causal": True})
 
 
+def _half_long_case() -> Case:
+    """``flash_attention_backward``'s second bfloat16 case: 48 key blocks of 2 keys, not causal, so each row of dq sums
+    48 shares: in a float32 buffer they add up within a step of bfloat16, in a bfloat16 buffer each addition rounds
+    to 8 bits and the sum drifts by several steps (:func:`_half_tiles`)."""
+    q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(1, 1, 96, 16, seed=1111, dtype=torch.float32))
+    o, lse = forward_statistics(*(t.float() for t in (q, k, v)), False)  # (1, 1, 96, 16), (1, 1, 96)
+    return Case("bfloat16 (1, 1, 96, 16), lse in float32, block_q=32, block_k=2, causal=False: 48 key blocks",
+                (q, k, v, o.to(torch.bfloat16), lse, do, 32, 2), {"causal": False})
+
+
+def _dq_in_half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                do: torch.Tensor, block_q: int, block_k: int, causal: bool = True) -> torch.Tensor:
+    """dq ``(..., T, D)`` of a tiled backward whose tiles are float32 but whose dq buffer has the inputs' dtype
+    (``torch.zeros_like(q)``): every key block's share is added into it and rounded to that dtype."""
+    T, D = q.shape[-2:]
+    scale = 1 / math.sqrt(D)
+    delta = (do.float() * o.float()).sum(-1)  # (..., T)
+    dq = torch.zeros_like(q)
+    for ks in range(0, T, block_k):
+        ke = min(ks + block_k, T)
+        k_blk, v_blk = k[..., ks:ke, :].float(), v[..., ks:ke, :].float()
+        for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
+            qe = min(qs + block_q, T)
+            s = q[..., qs:qe, :].float() @ k_blk.transpose(-2, -1) * scale  # (..., Bq, Bk)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], float("-inf"))
+            p = torch.exp(s - lse[..., qs:qe, None])
+            ds = p * (do[..., qs:qe, :].float() @ v_blk.transpose(-2, -1) - delta[..., qs:qe, None])
+            dq[..., qs:qe, :] += ds @ k_blk * scale
+    return dq
+
+
 def _half_diagnose(error: BaseException) -> str | None:
     """The hint for a bfloat16 run that raised: the dtype mismatch of a backward without float32 tiles."""
     text = str(error)
@@ -1408,6 +1554,22 @@ def _half_tiles(exercise: str, case: Case, got: Any) -> None:
     if not off:
         return
     name, (at, g, m) = next(iter(off.items()))
+    if list(off) == ["dq"]:
+        try:
+            model = _dq_in_half(*case.args, **case.kwargs).float()
+            mine = got[0].detach().float().cpu()
+            step = torch.ldexp(torch.ones_like(model), torch.frexp(model.abs())[1] - 8)
+            alike = bool(((mine - model).abs() <= 2 * step + 1e-3 * float(model.abs().max())).all())
+        except Exception:  # noqa: BLE001 - a hint is a bonus
+            alike = False
+        if alike:
+            blocks = math.ceil(case.args[0].shape[-2] / case.args[7])
+            fail(exercise, f"in bfloat16, dq is off by more than two steps of bfloat16 ({name} at {list(at)} is "
+                           f"{g:.4g} where float32 sums give {m:.4g}) while dk and dv are right: dq is what a backward "
+                           f"gives whose dq buffer is in bfloat16 (torch.zeros_like(q) keeps q's dtype), so each of "
+                           f"the {blocks} key blocks' shares is rounded to 8 bits as it is added. Make dq with "
+                           f"dtype=acc, "
+                           f"as dk and dv, and cast it back only when you return it, dq.to(q.dtype).", case)
     names = " and ".join(off)
     same = [n for n in GRADS if n not in off]
     only = f" ({' and '.join(same)} {'are' if len(same) > 1 else 'is'}): something only {names} use" if same \
@@ -1620,6 +1782,28 @@ def _triton_cases() -> list[Case]:
     ]
 
 
+def _triton_half_case() -> Case:
+    """The kernel's half-precision launch: ``q``, ``k``, ``v``, ``o`` and ``do`` ``(1, 1, 32, 16)`` in float16, ``lse``
+    in float32, as notebook 07's forward returns them. ``tl.dot`` takes two operands of one dtype, in Triton's
+    interpreter as on a GPU: P and dS, float32 (lse and delta are), must be cast to the inputs' dtype first. float16,
+    not bfloat16: the interpreter multiplies bfloat16 tiles as their raw 16-bit patterns, float16 ones as numbers."""
+    q, k, v, do = (t.half() for t in _inputs(1, 1, 32, 16, seed=1113, dtype=torch.float32))
+    o, lse = forward_statistics(*(t.float() for t in (q, k, v)), True)  # (1, 1, 32, 16), (1, 1, 32)
+    return Case("float16 (1, 1, 32, 16), lse in float32, causal, BLOCK_M=BLOCK_N=16: against float64 attention",
+                (q, k, v, o.half(), lse, do), {"causal": True, "block_m": 16, "block_n": 16})
+
+
+def _kernel_half_hint(error: BaseException) -> str | None:
+    """The hint for the kernel's float16 launch that raised: a ``tl.dot`` of a float32 and a float16 operand."""
+    text = str(error)
+    if "same dtype" in text or ("dot" in text and "dtype" in text):
+        return ("the float32 launches run, the float16 one does not: tl.dot takes two operands of one dtype, and p = "
+                "exp(s - lse) and ds are float32 (lse and delta are float32) while dO and q are in half precision. "
+                "Cast them before each product, tl.dot(tl.trans(p).to(do.dtype), do) and tl.dot(tl.trans(ds).to("
+                "q.dtype), q); the accumulators dk and dv stay float32.")
+    return None
+
+
 def _kernel_rungs() -> tuple[ladder.Rung, ...]:
     """The Triton backward's ladder (:mod:`course_utils.checks.ladder`): one tile, then one feature at a time; each
     launch tiny (16 is tl.dot's smallest tile), as the interpreter runs them on a CPU. A program is a key block."""
@@ -1666,6 +1850,12 @@ def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
     for step in plan:
         case = step.case
         q, k, v, o, lse, do = case.args
+        if step.key.startswith(HALF):
+            want = attention_with_grads(*(t.double() for t in (q, k, v, do)), case.kwargs["causal"])[2:]  # run here
+            got, on_gpu = launch_outcome(exercise, outcomes, step, _kernel_half_hint)
+            devices.add(on_gpu)
+            _compare(exercise, case, got, want, ("dk", "dv"), atol=HALF_ATOL, rtol=HALF_RTOL, name_mistakes=False)
+            continue
         want = expect(exercise, case.key(), lambda: attention_with_grads(q, k, v, do, case.kwargs["causal"])[2:])
         _record_mistakes(exercise, case)
         got, on_gpu = launch_outcome(exercise, outcomes, step,
@@ -1675,7 +1865,8 @@ def _kernel_judge(plan: list[Step], outcomes: Outcomes) -> str:
         atol, rtol = (5e-3, 5e-3) if on_gpu else (1e-5, 1e-4)
         _compare(exercise, case, got, want, ("dk", "dv"), atol=atol, rtol=rtol,
                  smallest=lambda: ladder.diagnose(KERNEL_LADDER, outcomes, defer=1))
-    return (f"{len(plan)} launches agree with autograd (dk and dv), {launched_on(devices)} "
+    return (f"{len(plan)} launches agree with autograd (dk and dv), the float16 one within {HALF_ATOL:g} of float64 "
+            f"attention, {launched_on(devices)} "
             f"({'; '.join(s.case.name for s in plan)})")
 
 
@@ -1695,12 +1886,14 @@ check_flash_attention_backward_triton = declare(
     KernelSpec("flash_attention_backward_triton",
                lambda hidden: [Step(c.key(), c, "launch")
                                for c in with_hidden("flash_attention_backward_triton", _triton_cases)(hidden)]
+               + [Step(HALF + _triton_half_case().key(), _triton_half_case(), "launch")]
                + ladder.steps(KERNEL_LADDER, hidden),
                _kernel_judge, {"launch": _triton_run}),
     """Check the Triton kernel ``flash_attention_backward_triton`` (``dk`` and ``dv``), launched with
     :func:`course_utils.backward.launch_backward`, against autograd's gradients.
 
     On a CPU it runs in Triton's interpreter (float32, tolerance 1e-5); on a GPU it is compiled and
-    float32 products use TF32 tensor cores (tolerance 5e-3). Where Triton is not installed the
+    float32 products use TF32 tensor cores (tolerance 5e-3); one launch in float16, within 1e-2 of float64
+    attention, needs p and dS cast before ``tl.dot``. Where Triton is not installed the
     self-check is skipped with the reason; the grader always has Triton.
     """)

@@ -127,7 +127,8 @@ print("rowsum(dO ∘ O):", [round(x, 4) for x in (do * o).sum(-1).tolist()])
 # - then `dv`, `dp`, `delta` (keep its last dimension: `(..., T, 1)`), `ds`, `dq`, `dk`, in that order.
 #
 # This is the formula that the tiled version will be tested against. The check compares it with
-# autograd's gradients in float64.
+# autograd's gradients in float64, also on scores large enough (over 709) that `exp` overflows unless
+# each row's maximum is subtracted first, as `torch.softmax` does.
 #
 # **Rules** (the check and the grader apply them): no autograd, since it is what you are rebuilding:
 # `backward`, `torch.autograd.grad`, `vjp`, `jacobian` and `enable_grad` are not allowed here, and
