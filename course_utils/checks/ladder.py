@@ -15,6 +15,7 @@ after an exercise's specific hints, so a known mistake keeps its own words.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -169,6 +170,20 @@ def _compared(ladder: Ladder, outcomes: Any, rung: Rung) -> tuple[Any, Any, list
     return got, want, _wrong_parts(ladder, want, got)
 
 
+_NOT_ON_PURPOSE = re.compile(r"values to unpack|invalid literal|could not convert|not in list|math domain", re.I)
+
+
+def _refused(got: Any) -> bool:
+    """Whether ``got`` is a ValueError that reads as raised on purpose (a check of the input), not one that Python
+    raised by accident (unpacking, conversions)."""
+    return isinstance(got, ValueError) and not _NOT_ON_PURPOSE.search(str(got))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"'{text[0][:120]}'" if text else "no message"
+
+
 @symptoms.bonus
 def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
     """The first rung whose outcome is wrong (raised, or differs), as a fact, with its question; ``None`` when
@@ -210,6 +225,13 @@ def diagnose(ladder: Ladder, outcomes: Any, defer: int = 0) -> str | None:
             other = " and ".join(f"{k}={later.case.kwargs[k]}" for k in flags)
             return (f"{said}, yet the same configuration with {other} is right: does your code act as if {other} "
                     f"where {asked} is asked (the flag read wrongly, or not at all)?")
+        if _refused(got):
+            said = ("already the smallest configuration" if not right else
+                    f"right on the {len(right)} smaller configuration{'s' if len(right) > 1 else ''} (up to "
+                    f"{right[-1].case.name}), but {rung.case.name}")
+            return (f"{said} raises your own ValueError ({_first_line(got)}), yet that input is valid: it has an "
+                    f"expected result, not an error. The condition of your raise refuses too much: check its bound "
+                    f"(off by one: >= where > is meant, or <= where <) so that it rejects only what the text forbids.")
         if len(right) < defer:
             return None
         if not right:

@@ -132,6 +132,23 @@ def _first_wrong_entry(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]
 # ------------------------------------------------------------------------------------------
 # decode_causal_mask
 # ------------------------------------------------------------------------------------------
+def _rows_slice(got: torch.Tensor, Tq: int, Tk: int) -> str | None:
+    """The family "rows start..num_keys of the full (num_keys, num_keys) causal mask" with a start other than
+    num_keys - num_queries: named where one start alone reproduces ``got``."""
+    if got.dim() != 2 or got.shape[1] != Tk:
+        return None
+    full = torch.triu(torch.ones(Tk, Tk, dtype=torch.bool), diagonal=1)
+    starts = [s for s in range(1, Tk + 1) if s != Tk - Tq and full[s:].shape == got.shape
+              and torch.equal(full[s:], got.detach().cpu().bool())]
+    if len(starts) != 1:
+        return None
+    s = starts[0]
+    source = " (= num_queries)" if s == Tq else ""
+    return (f"your mask is the rows {s}..{Tk - 1} of the full ({Tk}, {Tk}) causal mask ({Tk - s} rows): sliced from "
+            f"row {s}{source}. The queries are the LAST num_queries rows: slice from num_keys - num_queries = "
+            f"{Tk - Tq} (mask[num_keys - num_queries:], or mask[-num_queries:]), which gives {Tq} rows.")
+
+
 def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
     """Say which entry is wrong and what it means for the query at that row."""
     Tq, Tk = case.args
@@ -140,6 +157,9 @@ def _decode_mask_diagnosis(case: Case, got: object, want: object) -> str | None:
                 f"causal_mask({Tk}). Raise only when num_queries > num_keys (> rather than >=).")
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         return None
+    sliced = _rows_slice(got, Tq, Tk)
+    if sliced is not None:
+        return sliced
     if tuple(got.shape) != tuple(want.shape):
         if tuple(got.shape) == (Tk, Tk):
             return (f"your mask is ({Tk}, {Tk}): one row per KEY. It needs one row per QUERY, shape (num_queries, "
@@ -326,6 +346,11 @@ def _rope_diagnosis(case: Case, got: object, want: object) -> str | None:
         return (f"the angle table has {D // 4} columns where each half of x has {D // 2}: it was built for head_dim "
                 f"{D // 2}. Build it for the whole head, rope_angles(head_dim={D}, ...): (max_positions, head_dim // "
                 f"2), one angle per pair.")
+    if sizes and D % 2 == 0 and {sizes[0], sizes[1]} == {D, D // 2} and sizes[2] in (x.dim() - 1, -1):
+        return (f"a tensor with all D = {D} features meets one with D // 2 = {D // 2} on the last dimension: a "
+                f"half of x still has {D} features. Split x on its LAST dimension, the features: x1, x2 = "
+                f"x[..., :D // 2], x[..., D // 2:] (not chunk(2, dim=-2), the tokens), each (..., T, {D // 2}) "
+                f"like cos and sin (T, D // 2) (those stay one angle per pair, not repeated to D).")
     if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.dim() == want.dim() >= 2 \
             and got.shape[-1] * 2 == want.shape[-1] and got.shape[-2] == 2 * want.shape[-2] \
             and got.shape[:-2] == want.shape[:-2]:
@@ -456,9 +481,37 @@ HALF = "bfloat16: "
 
 
 def _rope_half_case() -> Case:
-    """A tiny bfloat16 ``x``: the angle table is float32, and the output must keep ``x``'s dtype."""
-    return _rope_case("bfloat16 (1, 2, 3, 4) at positions 0..2", rand(1, 2, 3, 4, seed=834).to(torch.bfloat16),
-                      range(3))
+    """A tiny bfloat16 ``x``: the angle table is float32, and the output must keep ``x``'s dtype. Far positions
+    (1000..1002): an angle rounded to bfloat16 there (8 significant bits: 1001 becomes 1000) is off by radians."""
+    return _rope_case("bfloat16 (1, 2, 3, 4) at positions 1000..1002", rand(1, 2, 3, 4, seed=834).to(torch.bfloat16),
+                      range(1000, 1003))
+
+
+#: How far a bfloat16 apply_rope may be from the exact rotation, per entry, relative to |x_i| + |x_(i+D/2)|:
+#: cos and sin rounded to bfloat16, two products and a sum rounded, at most 3 * 2**-9 (about 0.006); four times
+#: bfloat16's 2**-8 leaves room for any order of those steps (or float32 products cast once at the end).
+_HALF_TOLERANCE = 2.0 ** -6
+
+
+def _judge_rope_half_values(exercise: str, case: Case, got: torch.Tensor) -> None:
+    """The bfloat16 output against the exact rotation (float64, from the float32 angle table's formula)."""
+    x, positions = case.args
+    D = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angle = positions.double()[:, None] * theta  # (T, D/2)
+    x64 = x.double()
+    x1, x2 = x64[..., :D // 2], x64[..., D // 2:]
+    want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], dim=-1)
+    scale = (x1.abs() + x2.abs()).repeat(*([1] * (x.dim() - 1)), 2) + 1e-6
+    off = ((got.detach().double() - want).abs() / scale)
+    if not bool(torch.isfinite(off).all()) or float(off.max()) <= _HALF_TOLERANCE:
+        return
+    worst = float(off.max())
+    fail(exercise, f"the bfloat16 output is off by up to {worst:.3g} x (|x_i| + |x_(i+D/2)|), far more than bfloat16 "
+                   f"rounding allows ({_HALF_TOLERANCE:.3g}): the angles (or the positions) were rounded to bfloat16 "
+                   f"before cos and sin. A bfloat16 angle keeps 8 significant bits (at position 1001 the angle 1001 "
+                   f"becomes 1000). Take cos and sin of the float32 angle table, then cast them: "
+                   f"angles.cos().to(x.dtype), angles.sin().to(x.dtype).", case)
 
 
 def _judge_rope_half(exercise: str, case: Case, got: object) -> None:
@@ -475,6 +528,7 @@ def _judge_rope_half(exercise: str, case: Case, got: object) -> None:
         fail(exercise, f"returns {str(got.dtype).removeprefix('torch.')} for bfloat16 inputs: the angle table is "
                        f"float32, so cast cos and sin to x's dtype before the products (cos.to(x.dtype), "
                        f"sin.to(x.dtype)): the output keeps x's dtype.", case)
+    _judge_rope_half_values(exercise, case, got)
 
 
 def _rope_rungs() -> tuple[ladder.Rung, ...]:
@@ -734,6 +788,35 @@ def _kv_cases() -> list[DecodeCase]:
         DecodeCase("rope=True: prompt of 3, then chunks of 1 and 2 tokens", (rand(2, 6, 6, seed=808),),
                    build=(6, 8, 12, 0.0, 2, False, True), chunks=[3, 1, 2]),
     ]
+
+
+def _finite(exercise: str, view: spec.ModuleView, x: torch.Tensor, where: str) -> None:
+    """:func:`probed.finite`, where an error the student's code raised gets :func:`symptoms.error_hint`'s
+    translation (a view on a transposed tensor, a missing cast) when it has one."""
+    try:
+        probed.finite(exercise, view, x, where)
+    except CheckFailed as error:
+        student = getattr(error, "student_error", None)
+        hint = symptoms.error_hint(student) if isinstance(student, BaseException) and " Hint: " not in str(error) \
+            else None
+        if not hint:
+            raise
+        raise _hinted(error, hint) from None
+
+
+def _dropout_on_weights(exercise: str, view: spec.ModuleView, x: torch.Tensor, where: str) -> None:
+    """In ``train()`` (the pass of :func:`probed.dropout_modes` under seed 1) dropout zeroes attention WEIGHTS:
+    each output is out_proj (with its bias) of a mix of values, so an entry exactly 0 is all but impossible. A
+    share of exact zeros near the dropout rate is dropout applied to the output itself."""
+    out = probed.output(exercise, view, "train", 1, x, f"{where}, train()")
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.numel() < 16:
+        return
+    zeros = int((out == 0).sum())
+    if zeros >= max(4, out.numel() // 10):
+        fail(exercise, f"{where}, train(): {zeros} of {out.numel()} output entries are exactly 0: dropout is applied "
+                       f"to the module's OUTPUT (after out_proj), zeroing output features. Apply it to the attention "
+                       f"weights, right after the softmax and before they multiply the values: weights = "
+                       f"self.dropout(torch.softmax(scores / head_dim ** 0.5, dim=-1)), as MultiHeadAttention does.")
 
 
 def _kv_setup(exercise: str, hidden: bool) -> tuple[list[DecodeCase], tuple, tuple]:
@@ -1243,7 +1326,7 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
                                                            for b, _ in (full, full_rope)}))
         probed.built(exercise, view, build)
         for case in checked:
-            probed.finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
+            _finite(exercise, view, case.args[0], f"built with {build}, {case.name}")
         for case in checked:
             mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
             want = reference_output(exercise, mcase)
@@ -1265,6 +1348,7 @@ def _judge_kv(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     dropout = views["dropout"]
     probed.built(exercise, dropout, cases[2].build)
     probed.dropout_modes(exercise, dropout, inputs["dropout"], f"built with {cases[2].build}")
+    _dropout_on_weights(exercise, dropout, inputs["dropout"], f"built with {cases[2].build}")
     probed.moves_with_module(exercise, main, full[0], inputs["moves"], f"built with {full[0]}")
     return (f"{len(cases)} sequences read with the cache ({'; '.join(c.name for c in cases)}) give the "
             f"outputs of one forward over the whole sequence, again after reset_cache(); the cache is in "
@@ -1355,6 +1439,47 @@ def _head_map_outcome(x: torch.Tensor, n_rep: int, rule: Callable) -> torch.Tens
     return None if int(index.max()) >= G or int(index.min()) < 0 else x[:, index]
 
 
+#: A family of copy counts (:func:`_repeat_count_hint`): each head repeated copies(G, n_rep) times, where the right
+#: count is n_rep; each member names what it reads n_rep as.
+_COPY_COUNTS = {
+    "n_rep // G": (lambda G, n_rep: n_rep // G,
+                   "you divide n_rep by the number of key/value heads G (copies = n_rep // G = {copies}), as if "
+                   "n_rep were the total number of query heads. n_rep is already the number of copies of EACH "
+                   "key/value head (num_heads // num_kv_groups, computed by the caller)"),
+}
+
+
+def _repeat_count_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
+    """The member of :data:`_COPY_COUNTS` whose ``x.repeat_interleave(count, dim=1)`` gives what the student's
+    code gave on every case, where exactly one does and it differs from n_rep on some case; ``None`` otherwise."""
+    found = []
+    for rule, words in _COPY_COUNTS.values():
+        differs, agrees = False, True
+        for other, got in calls:
+            ox, orep = other.args
+            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0
+                    and isinstance(got, torch.Tensor)):
+                agrees = False
+                break
+            copies = rule(ox.shape[1], orep)
+            model = ox.repeat_interleave(copies, dim=1) if copies > 0 else ox[:, :0]
+            differs = differs or copies != orep
+            if not (got.shape == model.shape and torch.allclose(got.to(model.dtype), model, atol=1e-6)):
+                agrees = False
+                break
+        if agrees and differs:
+            found.append((rule, words))
+    if len(found) != 1:
+        return None
+    rule, words = found[0]
+    x, n_rep = case.args
+    G = x.shape[1]
+    copies = rule(G, n_rep)
+    return (f"{words.format(copies=copies)}: that is what your code gives on every case (here G = {G}, n_rep = "
+            f"{n_rep}: {G * copies} heads instead of G * n_rep = {G * n_rep}). Repeat each head n_rep times as "
+            f"given: x.repeat_interleave(n_rep, dim=1).")
+
+
 def _repeat_family_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
     """The member of :data:`_HEAD_MAPS` that gives what the student's code gave on every case (the same tensor, or
     an IndexError where the member's index reaches past the last head), where exactly one does and it differs from
@@ -1431,6 +1556,7 @@ def _judge_repeat(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     calls = [(s.case, outcomes[s.key]) for s in plan if s.run == spec.CALL]
     spec.compare_outcomes("repeat_kv", plan, outcomes,
                           diagnose=lambda case, got, want: _repeat_family_hint(case, calls)
+                          or _repeat_count_hint(case, calls)
                           or _repeat_diagnosis(case, got, want),
                           smallest=lambda: ladder.diagnose(REPEAT_LADDER, outcomes))
     return (f"{len(plan)} cases agree: each key/value head repeated n_rep times in a row "
@@ -1692,7 +1818,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
                 hinted.student_error = getattr(error, "student_error", None)
                 raise hinted from None
         for case in cases:  # finite, then the values
-            probed.finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
+            _finite(exercise, view(build), case.args[0], f"built with {build}, {case.name}")
         for case in cases:
             mcase = Case(case.name, case.args, case.kwargs, build=build, mode="eval")
             want = reference_output(exercise, mcase)
@@ -1716,6 +1842,7 @@ def _judge_gqa(plan: list[spec.Step], outcomes: spec.Outcomes) -> str:
     b, t, d, seed = _GQA_INPUTS["dropout"]
     probed.built(exercise, view(dropout_build), dropout_build)
     probed.dropout_modes(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
+    _dropout_on_weights(exercise, view(dropout_build), rand(b, t, d, seed=seed), f"built with {dropout_build}")
     b, t, d, seed = _GQA_INPUTS["moves"]
     probed.moves_with_module(exercise, view(first), first, rand(b, t, d, seed=seed), f"built with {first}")
     return (f"outputs agree for {len(configs)} constructions (grouped, multi-head and multi-query), no "

@@ -398,6 +398,11 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
     tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
     named by what they stand for in the exercise (``sizes``: ``{"block_q": 2, "block_k": 4, "T": 6, ...}``)."""
     text = str(error)
+    if "view size is not compatible with input tensor's size and stride" in text:
+        return ("a .view(...) on a tensor that is not contiguous in memory: a transpose (or permute) just before it "
+                "only swaps the strides, and view cannot regroup those entries. Typically the heads merged back, "
+                "context.transpose(1, 2).view(b, T, d_out): use .reshape(b, T, d_out) there, or "
+                ".contiguous().view(b, T, d_out).")
     if "upper bound and lower bound inconsistent with step sign" in text:
         return ("torch.arange(start, end) was given an end before its start: the end must count from the start. "
                 "Positions start..start + T - 1 are torch.arange(start, start + T), not torch.arange(start, T).")

@@ -263,8 +263,25 @@ class _Cache(reference.MultiHeadAttentionKVCache):
         keys, values = self.keys_for_scores(k_new, v_new) if use_cache else (k_new, v_new)
         scores = q @ keys.transpose(2, 3)  # (b, heads, T, num_keys)
         scores = scores.masked_fill(self.rows(start, start + T, keys.shape[2]), float("-inf"))
-        weights = self.dropout(torch.softmax(self.scaled(scores), dim=-1))
+        weights = self.dropout(self.softmax(self.scaled(scores)))
         return self.out_proj(reference.merge_heads(weights @ values))
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(scores, dim=-1)
+
+
+class _MaskInverted(_Cache):
+    """The mask inverted (decode_causal_mask, True = hidden, given to SDPA's attn_mask, True = may attend): each
+    query sees only its future keys; a query with none (the last) gets SDPA's zero row."""
+
+    def own_code_without_cache(self):
+        return True
+
+    def rows(self, start, end, num_keys):
+        return ~super().rows(start, end, num_keys)
+
+    def softmax(self, scores):
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0)
 
 
 class _ValuesAfterKeys(_Cache):
@@ -416,6 +433,10 @@ KV_MISTAKES = [
             "then see the future. Mask the new queries with decode_causal_mask(T, start + T).", _NoMaskWithCache),
     Mistake("the new queries attend only to the new tokens' keys and values: they must attend to the whole cache "
             "(the earlier tokens' keys and values and their own).", _CacheIgnored),
+    Mistake("the mask is inverted: each query attends only to the keys in its FUTURE (and the last query to none). "
+            "decode_causal_mask is True where a key is HIDDEN, but F.scaled_dot_product_attention's boolean attn_mask "
+            "is True where a query MAY attend: pass attn_mask=~mask (or masked_fill the scores with -inf where the "
+            "mask is True).", _MaskInverted),
     Mistake("a new token does not see its own key: the last column of its mask row must be False (it sees keys "
             "0..start).", _DiagonalHidden),
     Mistake("the causal mask is applied only on the first call (the prompt): a later chunk of several new tokens "
