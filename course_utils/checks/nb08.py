@@ -32,7 +32,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -1449,29 +1449,47 @@ _COPY_COUNTS = {
 }
 
 
-def _repeat_count_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
-    """The member of :data:`_COPY_COUNTS` whose ``x.repeat_interleave(count, dim=1)`` gives what the student's
-    code gave on every case, where exactly one does and it differs from n_rep on some case; ``None`` otherwise."""
+def _sole_head_rule(members: Iterable[tuple[Callable, str]], calls: Sequence[tuple[Case, object]],
+                    outcome: Callable[[torch.Tensor, int, Callable], torch.Tensor | None]) -> tuple[Callable, str] | None:
+    """The one ``(rule, words)`` of ``members`` whose ``outcome(x, n_rep, rule)`` (the tensor that rule gives, or
+    ``None`` where its index reaches past the last head: an IndexError) is what the student's code gave on every call
+    of ``calls``, and differs from the right repeat on some; ``None`` where no member or several do."""
     found = []
-    for rule, words in _COPY_COUNTS.values():
+    for rule, words in members:
         differs, agrees = False, True
         for other, got in calls:
             ox, orep = other.args
-            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0
-                    and isinstance(got, torch.Tensor)):
+            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0):
                 agrees = False
                 break
-            copies = rule(ox.shape[1], orep)
-            model = ox.repeat_interleave(copies, dim=1) if copies > 0 else ox[:, :0]
-            differs = differs or copies != orep
-            if not (got.shape == model.shape and torch.allclose(got.to(model.dtype), model, atol=1e-6)):
-                agrees = False
+            model = outcome(ox, orep, rule)
+            if model is None:
+                agrees = isinstance(got, BaseException) and "out of bounds" in str(got)
+                differs = True
+            else:
+                agrees = isinstance(got, torch.Tensor) and got.shape == model.shape \
+                    and torch.allclose(got.to(model.dtype), model, atol=1e-6)
+                differs = differs or not torch.equal(model, ox.repeat_interleave(orep, dim=1))
+            if not agrees:
                 break
         if agrees and differs:
             found.append((rule, words))
-    if len(found) != 1:
+    return found[0] if len(found) == 1 else None
+
+
+def _count_outcome(x: torch.Tensor, n_rep: int, rule: Callable) -> torch.Tensor:
+    """What ``x.repeat_interleave(count, dim=1)`` gives for the copy count ``rule(G, n_rep)`` of :data:`_COPY_COUNTS`."""
+    copies = rule(x.shape[1], n_rep)
+    return x.repeat_interleave(copies, dim=1) if copies > 0 else x[:, :0]
+
+
+def _repeat_count_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str | None:
+    """The member of :data:`_COPY_COUNTS` whose ``x.repeat_interleave(count, dim=1)`` gives what the student's
+    code gave on every case, where exactly one does and it differs from n_rep on some case; ``None`` otherwise."""
+    member = _sole_head_rule(_COPY_COUNTS.values(), calls, _count_outcome)
+    if member is None:
         return None
-    rule, words = found[0]
+    rule, words = member
     x, n_rep = case.args
     G = x.shape[1]
     copies = rule(G, n_rep)
@@ -1484,31 +1502,11 @@ def _repeat_family_hint(case: Case, calls: Sequence[tuple[Case, object]]) -> str
     """The member of :data:`_HEAD_MAPS` that gives what the student's code gave on every case (the same tensor, or
     an IndexError where the member's index reaches past the last head), where exactly one does and it differs from
     the right map on some case; ``None`` otherwise."""
-    x, n_rep = case.args
-    found = []
-    for name, (rule, words) in _HEAD_MAPS.items():
-        differs, agrees = False, True
-        for other, got in calls:
-            ox, orep = other.args
-            if not (isinstance(ox, torch.Tensor) and ox.dim() == 4 and isinstance(orep, int) and orep > 0):
-                agrees = False
-                break
-            model = _head_map_outcome(ox, orep, rule)
-            right = ox.repeat_interleave(orep, dim=1)
-            if model is None:
-                agrees = isinstance(got, BaseException) and "out of bounds" in str(got)
-                differs = True
-            else:
-                agrees = isinstance(got, torch.Tensor) and got.shape == model.shape \
-                    and torch.allclose(got.to(model.dtype), model, atol=1e-6)
-                differs = differs or not torch.equal(model, right)
-            if not agrees:
-                break
-        if agrees and differs:
-            found.append((rule, words))
-    if len(found) != 1:
+    member = _sole_head_rule(_HEAD_MAPS.values(), calls, _head_map_outcome)
+    if member is None:
         return None
-    rule, words = found[0]
+    rule, words = member
+    x, n_rep = case.args
     G = x.shape[1]
     index = [int(i) for i in rule(torch.arange(G * n_rep), G, n_rep)]
     if max(index) >= G:
