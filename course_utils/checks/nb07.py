@@ -590,6 +590,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
             out, lse = got
             q, k, v = case.args[:3]
             symptom = _unmasked_past_t_hint(case, out, lse, want, *tolerance) or \
+                _noncausal_partial_block_hint(case, out, want, *tolerance) or \
                 _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
@@ -728,6 +729,39 @@ def _unmasked_past_t_hint(case: Case, out: Any, lse: Any, want: Any, atol: float
             f"(NaN here, where the check's launch fills the memory past the last head with NaN; elsewhere anything, or "
             f"a fault), and although those keys' scores are -inf, so p = 0, 0 * NaN "
             f"is NaN in tl.dot(p, v). Mask V's load in that stage as K's: mask=cols[:, None] < T, other=0.0.")
+
+
+@symptoms.bonus
+def _noncausal_partial_block_hint(case: Case, out: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4
+                                  ) -> str | None:
+    """A non-causal kernel's ``out`` (``(..., T, D)``, several (batch, head)s) whose unmasked stage also reads the
+    last, partial key block: every row of the last (batch, head) NaN (its keys past T are the NaN rows
+    :func:`course_utils.flash.launch` puts after the last head), and every other (batch, head)'s rows attention over
+    its own T keys plus the next head's first keys, the rows past T that an unmasked load reads there. ``None``
+    otherwise."""
+    kw = case.kwargs
+    q, k, v = case.args[:3]
+    if not ("block_m" in kw and not kw.get("causal", True) and isinstance(out, torch.Tensor)
+            and out.shape == want[0].shape):
+        return None
+    T, D, bn = q.shape[-2], q.shape[-1], kw["block_n"]
+    extra = -T % bn  # keys past T in the last, partial key block
+    q3, k3, v3 = (a.detach().double().cpu().reshape(-1, T, a.shape[-1]) for a in (q, k, v))  # (L, T, D) each
+    g = out.detach().double().cpu().reshape(q3.shape[0], T, -1)  # (L, T, Dv)
+    if extra == 0 or g.shape[0] < 2 or not bool(torch.isnan(g[-1]).any(-1).all()) or bool(torch.isnan(g[:-1]).any()):
+        return None
+    keys = torch.cat([k3[:-1], k3[1:, :extra]], dim=1)  # (L - 1, T + extra, D): the next head's first keys after T
+    values = torch.cat([v3[:-1], v3[1:, :extra]], dim=1)  # (L - 1, T + extra, Dv)
+    model = torch.softmax(q3[:-1] @ keys.transpose(-2, -1) / math.sqrt(D), dim=-1) @ values  # (L - 1, T, Dv)
+    if not _is(model, g[:-1], atol, rtol):
+        return None
+    full = T // bn * bn
+    return (f"with causal=False, out is NaN on every row of the last (batch, head), and every other (batch, head) also "
+            f"weighs {extra} keys past T = {T} (the next head's first rows): the unmasked stage reads every key block up "
+            f"to T, the last, partial one (keys {full}..{T + extra - 1}) too, whose loads and scores have no mask. "
+            f"Without causal the unmasked stage must stop at lo = T // BLOCK_N * BLOCK_N = {full}, the end of the last "
+            f"full block, and the masked stage read the partial block, range(lo, T, BLOCK_N), with mask=cols[:, None] < T "
+            f"on the loads and keep = cols < T on the scores.")
 
 
 @symptoms.bonus
