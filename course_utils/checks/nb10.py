@@ -297,14 +297,16 @@ def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
 def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
                     scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
                     dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o",
-                    ds_form: str = "p(dp-delta)", q_step: str = "block_q") -> tuple[torch.Tensor, ...] | None:
+                    ds_form: str = "p(dp-delta)", q_step: str = "block_q", first_head: tuple[str, ...] = ()
+                    ) -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
     to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
     the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
     dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
     The loops are the right ones (a key block starts at the first query block that sees it), except that the query
-    loop may step by ``q_step="block_k"`` while each tile still spans ``block_q`` queries. ``None`` where a slice
+    loop may step by ``q_step="block_k"`` while each tile still spans ``block_q`` queries. ``first_head``: the row
+    statistics (``"lse"``, ``"delta"``) every (batch, head) reads at the first one's rows. ``None`` where a slice
     does not fit."""
     do = case.args[3] if len(case.args) == 4 else case.args[5]
     q, k, v, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (*case.args[:3], do))  # (L, T, D)
@@ -316,6 +318,10 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
     lse = s_all.logsumexp(-1)  # (L, T)
     o = torch.softmax(s_all, -1) @ v  # (L, T, D)
     delta = (do * {"o": o, "q": q, "k": k, "v": v}[delta_with]).sum(-1)  # (L, T)
+    if "lse" in first_head:
+        lse = lse[:1].expand_as(lse)  # (L, T): the first (batch, head)'s row for every one
+    if "delta" in first_head:
+        delta = delta[:1].expand_as(delta)  # (L, T)
     keep = keep or (lambda r, c, lr, lc: c <= r)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for ks in range(0, T, block_k):
@@ -377,6 +383,13 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
                       f"rowsum(dO * O), one number per query row", {"delta_with": x}))
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    if kernel:
+        for first in (("lse", "delta"), ("lse",), ("delta",)):
+            loads = " and ".join(f"{n.upper()} + bh * T + rows" for n in first)
+            found.append((f"{' and '.join(n.upper() for n in first)} {'are' if len(first) > 1 else 'is'} loaded at the "
+                          f"first (batch, head)'s rows in every program: the pointer lacks this program's offset. lse "
+                          f"and delta are (B*H, T), one row per (batch, head): load {loads}, as Q, K and V are offset by "
+                          f"bh * stride_b", {"first_head": first}))
     if kind == "tiled":
         found.append(("the loop over query blocks steps by block_k while each tile spans block_q queries: with "
                       "block_k > block_q some query rows are never visited, with block_k < block_q tiles overlap and "

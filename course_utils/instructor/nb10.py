@@ -211,6 +211,11 @@ NO_LSE = ("P is rebuilt without the lse: exp(S) is not normalised. The forward s
           "for exactly this: P = exp(S - lse[..., None]) is the softmax, in one step.")
 MASK_FORGOTTEN = ("the causal mask is forgotten in the backward: the tiles that cross the diagonal must be masked as in "
                   "the forward (S = -inf where key position > query position), or P has weights on future keys.")
+#: The tiled loop's words for the same outputs: there a test picks the tiles to mask, and it can miss them.
+TILES_UNMASKED = ("the tiles that cross the diagonal are left unmasked in the backward, so P has weights on future keys: "
+                  "the causal mask is forgotten, or the test that picks the tiles to mask misses them. Mask every tile "
+                  "whose last key is after its block's first query, k_end - 1 > q_start, as in the forward (S = -inf "
+                  "where key position > query position).")
 DQ_LAST_BLOCK = ("dQ holds only the last key block's share: a query receives a share of dQ from every key block, so "
                  "add to it (dq[..., q_start:q_end, :] += dS @ K_blk * scale), do not overwrite it.")
 DK_WRONG_AXIS = ("dK is dS @ Q, accumulated over the wrong axis: dK_j sums over the queries i (the rows of dS), "
@@ -241,7 +246,7 @@ FLASH_MISTAKES = [
             "tiles overlap (their rows counted twice) or leave rows out. q_end = min(q_start + block_q, T).",
             _when_it_shows(lambda q, k, v, o, lse, do, bq, bk, *a, **kw: _tiled(q, k, v, o, lse, do, bq, bk, *a, **kw,
                                                                                q_tile=bk))),
-    Mistake(MASK_FORGOTTEN, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, mask=False))),
+    Mistake(TILES_UNMASKED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, mask=False))),
     Mistake(DK_WRONG_AXIS, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_transposed=False))),
     Mistake(DV_NOT_TRANSPOSED, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dv_transposed=False))),
     Mistake(DQ_LAST_BLOCK, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dq_accumulate=False))),
@@ -304,11 +309,11 @@ FUNCTION_MISTAKES = [
 
 def _for_kernel(mistake: Mistake) -> Mistake:
     """A mistake of the tiled loop, as the Triton check calls it: ``(q, k, v, o, lse, do, causal=, block_m=,
-    block_n=)`` -> ``(dk, dv)``."""
+    block_n=)`` -> ``(dk, dv)``; the kernel masks every tile, so a mask missing is only forgotten there."""
     def wrong(q, k, v, o, lse, do, causal=True, block_m=16, block_n=16):
         got = mistake.wrong(q, k, v, o, lse, do, block_m, block_n, causal)
         return None if got is None else got[1:]
-    return Mistake(mistake.hint, wrong)
+    return Mistake(MASK_FORGOTTEN if mistake.hint == TILES_UNMASKED else mistake.hint, wrong)
 
 
 MISTAKES = {
