@@ -1017,6 +1017,16 @@ def _stage_bounds_hint(case: Case, g: torch.Tensor, off: torch.Tensor, attend: C
         return (f"{text}: the unmasked stage runs up to hi instead of lo, so the diagonal key blocks are read twice, "
                 f"first without any mask. The unmasked stage must stop at lo = (start_m * BLOCK_M) // BLOCK_N * "
                 f"BLOCK_N; only the masked stage runs from lo to hi: range(lo, hi, BLOCK_N).")
+    masked = (keys >= lo[:, None]) & (keys < torch.clamp(reach, max=T)[:, None])  # (T, T): the masked stage's keys
+    local = (keys < lo[:, None]) | (masked & (keys % bn <= rows[:, None]))  # key offset in its tile vs query position
+    if gives(attend(local.double()), none_free):
+        wrong = sorted({int(r) for r in off.nonzero()[:, 1]})
+        r = wrong[0]
+        seen = [int(c) for c in range(T) if bool(local[r, c])]
+        return (f"query rows {symptoms.spans(wrong)} see the keys of their masked key blocks whose offset inside the "
+                f"tile, 0..BLOCK_N - 1, is at most the query's position (row {r} sees keys {symptoms.spans(seen)}): the "
+                f"causal test compares the tile's own offsets offs_n with the queries' positions offs_m. Compare the "
+                f"keys' positions in the sequence, cols = start_n + offs_n: keep cols[None, :] <= offs_m[:, None].")
     ends = starts // bm * bn  # (T,) start_m * BLOCK_N of each row's query block
     free = ends > T  # rows whose unmasked stage reads past the last key
     unmasked = (keys < ends[:, None]) | causal

@@ -297,8 +297,8 @@ def _backward_layout(case: Case) -> tuple[str, int, int, bool] | None:
 def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
                     scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
                     dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o",
-                    ds_form: str = "p(dp-delta)", q_step: str = "block_q", first_head: tuple[str, ...] = ()
-                    ) -> tuple[torch.Tensor, ...] | None:
+                    ds_form: str = "p(dp-delta)", q_step: str = "block_q", first_head: tuple[str, ...] = (),
+                    on_keys: tuple[str, ...] = ()) -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
     to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
@@ -306,8 +306,9 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
     dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
     The loops are the right ones (a key block starts at the first query block that sees it), except that the query
     loop may step by ``q_step="block_k"`` while each tile still spans ``block_q`` queries. ``first_head``: the row
-    statistics (``"lse"``, ``"delta"``) every (batch, head) reads at the first one's rows. ``None`` where a slice
-    does not fit."""
+    statistics (``"lse"``, ``"delta"``) every (batch, head) reads at the first one's rows; ``on_keys``: those a tile
+    lines up with its keys (``[None, :]``) instead of its queries; ``delta_with="lse"``: delta read from lse. ``None``
+    where a slice does not fit."""
     do = case.args[3] if len(case.args) == 4 else case.args[5]
     q, k, v, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (*case.args[:3], do))  # (L, T, D)
     T, D = q.shape[-2:]
@@ -317,7 +318,7 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
         s_all = s_all.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     lse = s_all.logsumexp(-1)  # (L, T)
     o = torch.softmax(s_all, -1) @ v  # (L, T, D)
-    delta = (do * {"o": o, "q": q, "k": k, "v": v}[delta_with]).sum(-1)  # (L, T)
+    delta = lse if delta_with == "lse" else (do * {"o": o, "q": q, "k": k, "v": v}[delta_with]).sum(-1)  # (L, T)
     if "lse" in first_head:
         lse = lse[:1].expand_as(lse)  # (L, T): the first (batch, head)'s row for every one
     if "delta" in first_head:
@@ -336,11 +337,15 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
             if causal and (scope == "every" or ke - 1 > qs):
                 rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
                 s = s.masked_fill(~keep(rows, cols, rows - qs, cols - ks), float("-inf"))
-            p = torch.exp(s + lse_sign * lse[:, qs:qe, None])  # (L, Bq, Bk)
+            if on_keys and qe - qs != ke - ks:
+                return None  # a (Bq,) row along Bk keys: a shape error, not a model
+            row_lse, row_delta = ((x[:, None, qs:qe] if n in on_keys else x[:, qs:qe, None])
+                                  for n, x in (("lse", lse), ("delta", delta)))  # (L, Bq, 1) or (L, 1, Bq)
+            p = torch.exp(s + lse_sign * row_lse)  # (L, Bq, Bk)
             dv[:, ks:ke] += p.transpose(-2, -1) @ do_blk
             x = {"v": v, "o": o, "k": k, "q": q}[dp_with][:, ks:ke]  # (L, Bk, D)
             dp = do_blk @ x.transpose(-2, -1)  # (L, Bq, Bk)
-            ds = dp * (p - delta[:, qs:qe, None]) if ds_form == "dp(p-delta)" else p * (dp - delta[:, qs:qe, None])
+            ds = dp * (p - row_delta) if ds_form == "dp(p-delta)" else p * (dp - row_delta)
             dq[:, qs:qe] += (p if dq_with == "p" else ds) @ k[:, ks:ke] * scale
             dk[:, ks:ke] += (p if dk_with == "p" else ds).transpose(-2, -1) @ q_blk * scale
     return dq, dk, dv
@@ -383,7 +388,19 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
                       f"rowsum(dO * O), one number per query row", {"delta_with": x}))
     for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
         found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    if kind != "reference":
+        for axis in (("lse", "delta"), ("lse",), ("delta",)):
+            names = " and ".join(axis)
+            found.append((f"{names} {'are' if len(axis) > 1 else 'is'} lined up with the tile's keys, "
+                          f"{axis[0]}[None, :], instead of its queries: one number per query row belongs along the "
+                          f"rows, {axis[0]}[:, None] (each column then used another query's value; with BLOCK_M != "
+                          f"BLOCK_N it is a shape error)" if kernel else
+                          f"{names} {'are' if len(axis) > 1 else 'is'} lined up with the tile's keys, "
+                          f"{axis[0]}[..., None, q_start:q_end], instead of its queries: one number per query row "
+                          f"belongs along the rows, {axis[0]}[..., q_start:q_end, None]", {"on_keys": axis}))
     if kernel:
+        found.append(("DELTA is loaded from the LSE pointer: delta takes the values of lse. Load it from DELTA, "
+                      "tl.load(DELTA + bh * T + rows, ...)", {"delta_with": "lse"}))
         for first in (("lse", "delta"), ("lse",), ("delta",)):
             loads = " and ".join(f"{n.upper()} + bh * T + rows" for n in first)
             found.append((f"{' and '.join(n.upper() for n in first)} {'are' if len(first) > 1 else 'is'} loaded at the "
@@ -766,6 +783,12 @@ def _sizes_of(case: Case) -> dict[str, int]:
         return {}
 
 
+def _operand_shapes(case: Case) -> list[tuple[int, ...]]:
+    """The shapes the backward multiplies on ``case``: its ``(..., T, D)`` tensors and the ``(..., T, T)`` weights."""
+    tensors = [tuple(a.shape) for a in case.args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    return tensors + [t[:-1] + t[-2:-1] for t in tensors[:1]]
+
+
 def _record_mistakes(exercise: str, case: Case) -> None:
     if _expected.is_recording():
         mistake_outputs(exercise, case)
@@ -926,7 +949,8 @@ def _reference_judge(plan: list[Step], outcomes: Outcomes) -> str:
         if isinstance(got, BaseException):  # a raw shape error gets its words (core.shape_error_hint), as elsewhere
             failed = raised(exercise, got, step.case)
             raise _hinted(failed, None if failed.student_error is None else
-                          (shape_error_hint(got) or symptoms.error_hint(got, _sizes_of(step.case))
+                          (symptoms.dot_T_hint(got, _operand_shapes(step.case)) or shape_error_hint(got)
+                           or symptoms.error_hint(got, _sizes_of(step.case))
                            or ladder.diagnose(REFERENCE_LADDER, outcomes))) from None
         _compare(exercise, step.case, got, want, atol=1e-8, rtol=1e-6, smallest=smallest,
                  p_hint=(lambda: _p_hint(probe.case, outcomes[probe.key])) if probe else None)
@@ -989,9 +1013,35 @@ def _tiles_text(computed: int, T: int, block_q: int, block_k: int, heads: int) -
                 f"lie below it ({needed:,}). For a key block starting at k_start, the query blocks that end at or "
                 f"before k_start see none of its keys: start the query loop at the block holding k_start, "
                 f"(k_start // block_q) * block_q (or, with query blocks outside, stop the key loop at q_end).")
+    start = _loop_start_member(computed, T, block_q, block_k, heads)
+    if start:
+        return (f"your code computed {computed:,} entries of S and dP, but the causal tiles need only {needed:,}: "
+                f"exactly as many as a query loop computes that starts, for the key block at k_start, at {start}. The first "
+                f"query block that sees a key block is the one that holds k_start, (k_start // block_q) * block_q: "
+                f"the query blocks before it end before k_start and see none of its keys.")
     return (f"your code computed {computed:,} entries of S and dP, but the causal tiles need only {needed:,}: some "
             f"tiles wholly in the future are still computed (an off-by-one in a loop's start or end?), or some tiles "
             f"twice. Compute each needed tile once, and add its share into the rows of dq right there.")
+
+
+#: Wrong starts of the query loop of a key block (issue 36), each ``k_start, block_q, block_k`` -> the first query.
+_LOOP_STARTS = {
+    "(k_start // block_k) * block_q, the key block's index times block_q": lambda ks, bq, bk: ks // bk * bq,
+    "the query block before the one that holds k_start, (k_start // block_q - 1) * block_q":
+        lambda ks, bq, bk: max(0, (ks // bq - 1) * bq),
+    "k_start // block_q, a block index used as a position": lambda ks, bq, bk: ks // bq,
+}
+
+
+def _loop_start_member(computed: int, T: int, block_q: int, block_k: int, heads: int) -> str | None:
+    """The one wrong start of :data:`_LOOP_STARTS` whose key-block-outside loops compute exactly ``computed`` entries
+    of S and dP (two ``(Bq, Bk)`` products a tile), or ``None``: its words."""
+    def entries(first: Callable[[int, int, int], int]) -> int:
+        return sum(2 * heads * (min(qs + block_q, T) - qs) * (min(ks + block_k, T) - ks)
+                   for ks in range(0, T, block_k) for qs in range(first(ks, block_q, block_k), T, block_q))
+    right = entries(lambda ks, bq, bk: ks // bq * bq)
+    found = [words for words, first in _LOOP_STARTS.items() if entries(first) == computed != right]
+    return found[0] if len(found) == 1 else None
 
 
 def _structure_run(student: Callable, case: Case) -> list:

@@ -393,6 +393,35 @@ _INDEX = re.compile(r"(?:'indices' to have one of the following scalar types: Lo
 
 
 @bonus
+@bonus
+def dot_T_hint(error: BaseException, shapes: list[tuple[int, ...]]) -> str | None:
+    """An error that ``.T`` on a tensor of more than two dimensions explains: ``x @ y.T`` or ``x.T @ y`` of two zero
+    tensors of ``shapes`` (the operands an exercise multiplies: ``(..., T, D)`` inputs, ``(..., T, T)`` weights)
+    raises the very same message. ``.T`` reverses every dimension, not the last two. ``None`` otherwise."""
+    import warnings
+
+    text = str(error)
+    big = [s for s in dict.fromkeys(tuple(s) for s in shapes) if len(s) > 2]
+    for a in big:
+        for b in big:
+            for turned, product in ((b, lambda x, y: x @ y.T), (a, lambda x, y: x.T @ y)):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # .T's own deprecation warning on more than two dimensions
+                        product(torch.zeros(a), torch.zeros(b))
+                except Exception as found:  # noqa: BLE001 - the message is what is compared
+                    if str(found) == text:
+                        return (f"x.T on a tensor of more than two dimensions reverses ALL its dimensions (a "
+                                f"{_shape(turned)} tensor becomes {_shape(tuple(reversed(turned)))}), not the last "
+                                f"two: .T suits a 2-D matrix only. Transpose the last two dimensions of a batch "
+                                f"(..., T, D) with .transpose(-2, -1) (or .mT).")
+    return None
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
 def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str | None:
     """A raised error translated: two tensors of different float dtypes meeting (a missing cast), a float
     tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
