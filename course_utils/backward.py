@@ -147,9 +147,13 @@ def launch_backward(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ValueError(f"lse must have shape (..., T) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
     T, D = flash.check_launch(q, block_m, block_n)
     run = flash._jitted(kernel)
-    q3, k3, v3, do3 = (t.reshape(-1, T, D).contiguous() for t in (q, k, v, do))  # (BH, T, D)
-    delta = (do.float() * o.float()).sum(dim=-1).reshape(-1, T).contiguous()  # (BH, T)
-    lse2 = lse.float().reshape(-1, T).contiguous()  # (BH, T)
+    # Each in a buffer with NaN after its last row, as flash.launch's: a kernel that reads past the end reads that
+    # NaN, the same on every run, never whatever the memory held. The row statistics' NaN reaches as far as q's
+    # heads do: a row of lse or delta offset by the stride of q's heads (bh * stride_b, not bh * T) reads NaN too.
+    pad = (-(-T // block_m) + 1) * max(block_m, block_n)
+    q3, k3, v3, do3 = (flash._padded(t.reshape(-1, T, D), pad) for t in (q, k, v, do))  # (BH, T, D)
+    delta, lse2 = (flash._padded(t.reshape(-1, T, 1), q3.numel() + pad).view(-1, T)  # (BH, T) each
+                   for t in ((do.float() * o.float()).sum(dim=-1), lse.float()))
     dk, dv = (torch.full_like(t, float("nan")) for t in (k3, v3))  # (BH, T, D), NaN until written (flash.launch)
     grid = (-(-T // block_n), q3.shape[0])
     run[grid](q3, k3, v3, do3, lse2, delta, dk, dv, q3.stride(0), q3.stride(1), T, 1.0 / D ** 0.5,

@@ -595,6 +595,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
                 _carry_hint(case, out, lse, want[0], *tolerance) or \
+                _state_kept_hint(case, out, want[0], *tolerance) or \
                 _rows_symptom(case, out, want[0]) or _base_hint(case, out, want[0], *tolerance) or \
                 _block_cut_hint(case, out, want[0], *tolerance) or \
                 symptoms.keys_seen(q, k, v, want[0], out, bool(case.kwargs.get("causal", True)))
@@ -1242,6 +1243,37 @@ def _carry_hint(case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float 
                 f"slip shows only where the running maximum {names[0]} changes from one key block to the next"
                 f"{' (in either stage)' if kernel else ''}.")
     return None
+
+
+@symptoms.bonus
+def _state_kept_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """The tiled forward's ``out`` (``(..., T, D)``) whose running statistics m, l and acc are made once, before the
+    loop over query blocks (issue 36, batch N): row j of each query block then goes on from row j of the block
+    before, so it is softmax attention over the keys that every row of that chain sees (each with its own mask).
+    Blocks of block_q that divide T only (a shorter last block would not broadcast). ``None`` otherwise."""
+    q, k, v = case.args[:3]
+    if "block_m" in case.kwargs or not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2):
+        return None
+    block_q, _ = _blocks_of(case)
+    Q, K, V = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (q, k, v))  # (L, T, D) each
+    L, T, D = Q.shape
+    if T % block_q or T == block_q or not bool(torch.isfinite(out).all()):
+        return None
+    s = Q @ K.transpose(-2, -1) / math.sqrt(D)  # (L, T, T)
+    if case.kwargs.get("causal", True):
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), _INF)
+    e = torch.exp(s - s.amax((-2, -1), keepdim=True))  # (L, T, T): one shift for the whole chain
+    blocks = T // block_q
+    num = torch.cumsum((e @ V).reshape(L, blocks, block_q, -1), 1)  # (L, nb, Bq, Dv): row j of blocks 0..b
+    den = torch.cumsum(e.sum(-1).reshape(L, blocks, block_q, 1), 1)  # (L, nb, Bq, 1)
+    model = (num / den).reshape(L, T, -1)  # (L, T, Dv)
+    g, w = out.detach().double().cpu().reshape(model.shape), want.detach().double().cpu().reshape(model.shape)
+    if _is(model, w, atol, rtol) or not _is(model, g, atol, rtol):
+        return None
+    return (f"out is right for the first query block (rows 0..{block_q - 1}) and wrong for the later ones exactly as a "
+            f"loop gives whose m, l and acc are made once, before the loop over query blocks: each query block goes "
+            f"on from the previous block's maximum, sum and accumulator, so its rows also weigh the keys of the rows "
+            f"before it. Start them afresh at the top of each query block: m = -inf, l = 0, acc = 0.")
 
 
 @symptoms.bonus

@@ -2130,14 +2130,27 @@ def _prompt_problem(spec: dict, k: int, want: torch.Tensor, got: object) -> str 
             f"Append each new token after the tokens so far, torch.cat([tokens, new], dim=1).")
 
 
+#: What an argument case of ``generate`` must refuse, by the case's name (issue 36, batch N: ``if top_k and ...``).
+_REFUSE = {
+    "max_new_tokens=-1": "max_new_tokens=-1 asks for a negative number of tokens: check the arguments first, before "
+                         "the model is called, and raise a ValueError that names max_new_tokens when it is below 0",
+    "temperature=-0.5": "a negative temperature has no meaning: check the arguments first, before the model is called, "
+                        "and raise a ValueError that names temperature when it is below 0 (0 itself is greedy decoding)",
+    "top_k=0": "top_k=0 keeps no token at all: check the arguments first, before the model is called, and raise a "
+               "ValueError that names top_k when top_k is not None and below 1. Is it tested at all, and not as "
+               "`if top_k and top_k < 1`? 0 is falsy, so that test lets it through",
+}
+
+
 def _error_problem(spec: dict, k: int, want: dict, got: dict) -> tuple[str, str | None] | None:
     """What is wrong with call ``k`` of a case where ``generate`` must raise a ``ValueError``."""
     says = spec.get("says", [])
+    refuse = _REFUSE.get(spec["name"], "")
     if got["error"] is None:
-        return ("generate returned a result instead of raising a ValueError", None)
+        return (f"generate returned a result instead of raising a ValueError{': ' + refuse if refuse else ''}", None)
     kind, message = got["error"]
     if kind != "ValueError":
-        return (f"generate raised {kind}: {message}. Raise a ValueError that says what is wrong", None)
+        return (f"generate raised {kind}: {message}. {refuse or 'Raise a ValueError that says what is wrong'}", None)
     if got["calls"]:
         T0, n = spec["runs"][k]
         b, limit = spec["b"], spec["context_length"]

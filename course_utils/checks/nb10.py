@@ -148,6 +148,8 @@ def _agreement_hint(want: Any, got: Any, names: tuple[str, ...], atol: float, rt
             and all(isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and g.shape == w.shape
                     for w, g in zip(want, got))):
         return None
+    if any(bool(torch.isnan(g.detach()).any()) for g in got):
+        return None  # NaN says where (symptoms.where_wrong), not which formula: agreement is about values
     agree = {n: tensor_difference(w, g, atol, rtol) is None for n, w, g in zip(names, want, got)}
     if not agree.get("o", True):
         return None

@@ -99,6 +99,13 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
     if len(slices) >= 2:
         bad = slices.flatten(1).any(1)
         nan = torch.isnan(g.detach().double()).flatten(0, -3).flatten(1).all(1) if g.dim() > 2 else None
+        if nan is not None and not bool(bad[0]) and bool(nan[1:].all()):
+            dims = ", ".join(tokens.lead[-(off.dim() - 2):])
+            return (f"{name} is right for the first ({dims}) slice and NaN for every other: those slices were "
+                    f"computed from NaN, read past the end of an input (a kernel's launch here puts NaN after each "
+                    f"buffer's last row), so their pointers are offset by the ({dims}) index with a stride too large. "
+                    f"Each input's own stride: a row statistic such as lse or delta, (B*H, T), starts the row of "
+                    f"(batch, head) bh at bh * T, not at bh * stride_b, the stride of q, k and v.")
         if nan is not None and not bool(nan[0]) and bool(nan[1:].all()):
             dims = ", ".join(tokens.lead[-(off.dim() - 2):])
             return (f"{name} is NaN (never written) for every ({dims}) slice but the first: every program or "
