@@ -400,7 +400,6 @@ _INDEX = re.compile(r"(?:'indices' to have one of the following scalar types: Lo
 
 
 @bonus
-@bonus
 def dot_T_hint(error: BaseException, shapes: list[tuple[int, ...]]) -> str | None:
     """An error that ``.T`` on a tensor of more than two dimensions explains: ``x @ y.T`` or ``x.T @ y`` of two zero
     tensors of ``shapes`` (the operands an exercise multiplies: ``(..., T, D)`` inputs, ``(..., T, T)`` weights)
@@ -429,6 +428,7 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
+@bonus
 def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str | None:
     """A raised error translated: two tensors of different float dtypes meeting (a missing cast), a float
     tensor used as indices (values where token ids or positions were meant), or two sizes that do not fit,
