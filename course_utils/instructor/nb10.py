@@ -76,9 +76,11 @@ HIDDEN = {
 # Known mistakes: attention_backward_reference (functions of q, k, v, do, causal)
 # --------------------------------------------------------------------------------------------
 def _full(q, k, v, do, causal=True, *, subtract_delta=True, dq_scale=1, dk_scale=1, transpose_p=True,
-          mask=True, delta="do o", keepdim=True, scale_d=False, diagonal=False, parentheses=True):
+          mask=True, delta="do o", keepdim=True, scale_d=False, diagonal=False, parentheses=True,
+          dq_transposed=False, dk_transposed=True):
     """The untiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in
-    place of 1/sqrt(D) everywhere; ``diagonal``: the mask hides the diagonal too."""
+    place of 1/sqrt(D) everywhere; ``diagonal``: the mask hides the diagonal too; ``dq_transposed`` /
+    ``dk_transposed``: dS^T K for dQ, dS Q for dK (both square, so they run)."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / D if scale_d else 1 / math.sqrt(D)
     s = q @ k.transpose(-2, -1) * scale
@@ -95,7 +97,8 @@ def _full(q, k, v, do, causal=True, *, subtract_delta=True, dq_scale=1, dk_scale
         ds = p * dp
     else:
         ds = p * (dp - rows) if parentheses else p * dp - rows
-    return ds @ k * scale ** dq_scale, ds.transpose(-2, -1) @ q * scale ** dk_scale, dv
+    return ((ds.transpose(-2, -1) if dq_transposed else ds) @ k * scale ** dq_scale,
+            (ds.transpose(-2, -1) if dk_transposed else ds) @ q * scale ** dk_scale, dv)
 
 
 NO_DELTA = ("dS = P * dP without subtracting delta: the softmax's backward is dS = P * (dP - delta), with "
@@ -120,6 +123,10 @@ DIAGONAL_MASKED = ("the mask also hides the diagonal (>= instead of >, or triu(0
                    "own key, so mask only where the key position > the query position.")
 NO_PARENTHESES = ("dS = P * dP - delta subtracts delta after the product: * binds before -, so write the parentheses, "
                   "dS = P * (dP - delta).")
+DK_UNTRANSPOSED = ("dK = dS Q instead of dS^T Q: key j collects from every query i that attended to it, a sum over the "
+                   "rows of dS, so transpose dS: dK = dS^T Q / sqrt(D) (dS is square, so the untransposed product runs).")
+DQ_TRANSPOSED = ("dQ = dS^T K instead of dS K: query i collects from every key j it attended to, a sum over its own row "
+                 "of dS, so dQ = dS K / sqrt(D) (dS is square, so the transposed product runs).")
 CAUSAL_IGNORED = "the causal argument is ignored: with causal=False every query sees every key."
 REFERENCE_MISTAKES = [
     Mistake(NO_DELTA, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, subtract_delta=False)),
@@ -142,6 +149,8 @@ REFERENCE_MISTAKES = [
     Mistake(NO_PARENTHESES, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, parentheses=False)),
     Mistake(DS_UNSCALED, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dq_scale=0, dk_scale=0)),
     Mistake(DQ_SCALE_TWICE, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dq_scale=2)),
+    Mistake(DK_UNTRANSPOSED, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dk_transposed=False)),
+    Mistake(DQ_TRANSPOSED, lambda q, k, v, do, causal=True: _full(q, k, v, do, causal, dq_transposed=True)),
 ]
 
 
@@ -151,9 +160,11 @@ REFERENCE_MISTAKES = [
 def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta=True, dk_scale=1, use_lse=True,
            mask=True, dk_transposed=True, dv_transposed=True, dq_accumulate=True, delta="do o", dq_scale=1,
            keepdim=True, scale_d=False, exp2=False, diagonal=False, parentheses=True, dq_transposed=False,
-           dk_accumulate=True, reset_per_block=True, q_tile=None):
+           dk_accumulate=True, reset_per_block=True, q_tile=None, q_first="k_start"):
     """The tiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in place of
-    1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too."""
+    1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too; ``q_first``: the causal
+    query loop of a key block starts at the query block that holds ``"k_start"``, ``"k_end"`` or ``"k_last"``
+    (k_end - 1)."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / D if scale_d else 1 / math.sqrt(D)
     full_delta = ((do * v) if delta == "do v" else (do * o)).sum(dim=-1)
@@ -164,7 +175,8 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
         kb, vb = k[..., ks:ke, :], v[..., ks:ke, :]
         if reset_per_block:
             dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-        for qs in range((ks // block_q) * block_q if causal else 0, T, block_q):
+        first = {"k_start": ks, "k_end": ke, "k_last": ke - 1}[q_first] // block_q * block_q
+        for qs in range(first if causal else 0, T, block_q):
             qe = min(qs + (q_tile or block_q), T)  # q_tile: the query tile's size, if not block_q
             qb, dob = q[..., qs:qe, :], do[..., qs:qe, :]
             s = qb @ kb.transpose(-2, -1) * scale
@@ -237,6 +249,10 @@ DK_LAST_BLOCK = ("dK holds only the last query block's share: a key receives a s
 DK_DV_NOT_RESET = ("dK and dV carry over from one key block to the next: their sums (dk_blk, dv_blk) are made once, "
                    "before the loop over key blocks, so each block also gets the earlier blocks' shares. Start them "
                    "at zero for every key block, dk_blk = torch.zeros_like(k_blk) inside the loop.")
+LATE_START = ("the query loop of a key block starts at the query block that holds {at} instead of the one that holds "
+              "k_start: the tiles where the key block's first keys meet their own queries are skipped (their dq, dk and "
+              "dv shares are never added). The first query block that sees a key is the one that holds k_start, "
+              "(k_start // block_q) * block_q.")
 FLASH_MISTAKES = [
     Mistake(NO_DELTA, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, subtract_delta=False))),
     Mistake(DK_SCALE_MISSING, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_scale=0))),
@@ -264,6 +280,10 @@ FLASH_MISTAKES = [
     Mistake(DK_LAST_BLOCK, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, dk_accumulate=False))),
     Mistake(CAUSAL_IGNORED, _when_it_shows(_causal_ignored)),
     Mistake(DK_DV_NOT_RESET, _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, reset_per_block=False))),
+    Mistake(LATE_START.format(at="k_end, (k_end // block_q) * block_q,"),
+            _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, q_first="k_end"))),
+    Mistake(LATE_START.format(at="the key block's last key, ((k_end - 1) // block_q) * block_q,"),
+            _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, q_first="k_last"))),
 ]
 
 
