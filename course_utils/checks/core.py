@@ -289,6 +289,18 @@ def mistake_outputs(exercise: str, case: Case) -> list:
     return expect(exercise, f"mistakes: {case.key()}", lambda: _expected.instructor().outputs(exercise, case))
 
 
+def family_outputs(exercise: str, case: Case, name: str) -> list:
+    """``[[words, output], ...]``: what each member of ``exercise``'s family of mistakes ``name`` gives on ``case``
+    (issue 36), the members that differ there from the right answer.
+
+    A family's model is the right computation with one thing changed, so it is the answer with one edit: it is code
+    in ``course_utils.instructor`` (``FAMILIES``), and the student edition holds only its recorded outputs on the
+    visible cases, as for :func:`mistake_outputs`.
+    """
+    return expect(exercise, f"family {name}: {case.key()}",
+                  lambda: _expected.instructor().family(exercise, name, case))
+
+
 def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose | None" = None) -> str | None:
     """One sentence naming the likely mistake behind ``got`` (an output or an exception), or ``None``.
 

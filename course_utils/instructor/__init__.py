@@ -4,12 +4,15 @@ One module per notebook (``nb01.py`` ...), each defining
 
     HIDDEN   = {exercise: function () -> the hidden cases, in the shape that exercise's check takes}
     MISTAKES = {exercise: [Mistake(hint, wrong), ...]}
+    FAMILIES = {exercise: {family: function (case) -> [[words, output], ...]}}  (where a check models one)
 
 A mistake is a plausible wrong answer written as code: for a function exercise, ``wrong`` takes a
 case's arguments and returns what the mistaken function would (``None`` where the mistake cannot
 show on that input); for a module exercise, ``wrong`` is a mistaken class with the reference's
 constructor. The checks compare a failing student output with these outputs, and name the mistake
-whose output it matches. The student edition ships only the outputs on the visible cases, recorded
+whose output it matches. A family is many such mistakes written as one model, the right computation
+with one thing changed (a comparison turned, a slice shifted, an operand swapped), each member named
+by the words the check completes; its model is the answer with one edit, so it lives here too. The student edition ships only the outputs on the visible cases, recorded
 by ``make build``; this package, like ``course_utils.reference``, stays with the instructor.
 """
 
@@ -76,3 +79,12 @@ def outputs(exercise: str, case: Case) -> list[list]:
         if value is not None:
             found.append([mistake.hint, value.detach() if hasattr(value, "detach") else value])
     return found
+
+
+def family(exercise: str, name: str, case: Case) -> list[list]:
+    """``[[words, output], ...]`` of the members of ``exercise``'s family of mistakes ``name`` whose output on
+    ``case`` differs from the right one (an empty list where the exercise models no such family)."""
+    for module in _modules():
+        if name in getattr(module, "FAMILIES", {}).get(exercise, {}):
+            return module.FAMILIES[exercise][name](case)
+    return []

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
 from course_utils.checks.core import Case
-from course_utils.checks.nb10 import _backward_case, _inputs, forward_statistics, kernel_case
+from course_utils.checks.nb10 import _backward_case, _backward_layout, _inputs, forward_statistics, kernel_case
 from course_utils.instructor import Mistake
 
 _INF = float("-inf")
@@ -208,14 +209,16 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
 
 
 def _when_it_shows(changed):
-    """``changed`` where it differs from the right answer on this input, else ``None`` (no hint)."""
+    """``changed`` where it differs from the right answer on this input, else ``None`` (no hint); each gradient that
+    is the right one is ``None`` (the check reads the expected one there: the recording stays small)."""
     def wrong(*args, **kwargs):
         got = changed(*args, **kwargs)
         if got is None:
             return None
         right = _tiled(*args, **kwargs)
-        same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4, equal_nan=True) for a, b in zip(got, right))
-        return None if same else got
+        got = tuple(None if torch.allclose(a, b, atol=1e-5, rtol=1e-4, equal_nan=True) else a
+                    for a, b in zip(got, right))
+        return None if all(a is None for a in got) else got
     return wrong
 
 
@@ -332,7 +335,7 @@ def _for_kernel(mistake: Mistake) -> Mistake:
     block_n=)`` -> ``(dk, dv)``; the kernel masks every tile, so a mask missing is only forgotten there."""
     def wrong(q, k, v, o, lse, do, causal=True, block_m=16, block_n=16):
         got = mistake.wrong(q, k, v, o, lse, do, block_m, block_n, causal)
-        return None if got is None else got[1:]
+        return None if got is None or got[1] is None and got[2] is None else got[1:]
     return Mistake(MASK_FORGOTTEN if mistake.hint == TILES_UNMASKED else mistake.hint, wrong)
 
 
@@ -343,4 +346,242 @@ MISTAKES = {
     "flash_attention_backward_triton": [_for_kernel(m) for m in FLASH_MISTAKES  # dq is not the kernel's
                                         if m.hint not in (DQ_LAST_BLOCK, DQ_SCALE_MISSING, DQ_SCALE_TWICE, DQ_WRONG_AXIS,
                                                           DS_UNSCALED)],
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The backward's family of mistakes (issue 36): the tiled backward in float64 with one thing changed. Its model is
+# the answer with one edit, so it lives here; the student edition holds its outputs on the visible cases.
+# --------------------------------------------------------------------------------------------
+def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: Callable = None,
+                    scope: str = "every", lse_sign: float = -1.0, q_at: str = "query", do_at: str = "query",
+                    dp_with: str = "v", dq_with: str = "ds", dk_with: str = "ds", delta_with: str = "o",
+                    ds_form: str = "p(dp-delta)", q_step: str = "block_q", first_head: tuple[str, ...] = (),
+                    on_keys: tuple[str, ...] = ()) -> tuple[torch.Tensor, ...] | None:
+    """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
+    changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
+    to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
+    the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
+    dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
+    The loops are the right ones (a key block starts at the first query block that sees it), except that the query
+    loop may step by ``q_step="block_k"`` while each tile still spans ``block_q`` queries. ``first_head``: the row
+    statistics (``"lse"``, ``"delta"``) every (batch, head) reads at the first one's rows; ``on_keys``: those a tile
+    lines up with its keys (``[None, :]``) instead of its queries; ``delta_with="lse"``: delta read from lse. ``None``
+    where a slice does not fit."""
+    do = case.args[3] if len(case.args) == 4 else case.args[5]
+    q, k, v, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in (*case.args[:3], do))  # (L, T, D)
+    T, D = q.shape[-2:]
+    scale = 1 / math.sqrt(D)
+    s_all = q @ k.transpose(-2, -1) * scale  # (L, T, T)
+    if causal:
+        s_all = s_all.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    lse = s_all.logsumexp(-1)  # (L, T)
+    o = torch.softmax(s_all, -1) @ v  # (L, T, D)
+    delta = lse if delta_with == "lse" else (do * {"o": o, "q": q, "k": k, "v": v}[delta_with]).sum(-1)  # (L, T)
+    if "lse" in first_head:
+        lse = lse[:1].expand_as(lse)  # (L, T): the first (batch, head)'s row for every one
+    if "delta" in first_head:
+        delta = delta[:1].expand_as(delta)  # (L, T)
+    keep = keep or (lambda r, c, lr, lc: c <= r)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for ks in range(0, T, block_k):
+        ke = min(ks + block_k, T)
+        for qs in range((ks // block_q) * block_q if causal else 0, T, block_k if q_step == "block_k" else block_q):
+            qe = min(qs + block_q, T)
+            qr, dr = (slice(ks, ke) if at == "key" else slice(qs, qe) for at in (q_at, do_at))
+            if (qr.stop - qr.start) != qe - qs or (dr.stop - dr.start) != qe - qs:
+                return None
+            q_blk, do_blk = q[:, qr], do[:, dr]  # (L, Bq, D)
+            s = q_blk @ k[:, ks:ke].transpose(-2, -1) * scale  # (L, Bq, Bk)
+            if causal and (scope == "every" or ke - 1 > qs):
+                rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+                s = s.masked_fill(~keep(rows, cols, rows - qs, cols - ks), float("-inf"))
+            if on_keys and qe - qs != ke - ks:
+                return None  # a (Bq,) row along Bk keys: a shape error, not a model
+            row_lse, row_delta = ((x[:, None, qs:qe] if n in on_keys else x[:, qs:qe, None])
+                                  for n, x in (("lse", lse), ("delta", delta)))  # (L, Bq, 1) or (L, 1, Bq)
+            p = torch.exp(s + lse_sign * row_lse)  # (L, Bq, Bk)
+            dv[:, ks:ke] += p.transpose(-2, -1) @ do_blk
+            x = {"v": v, "o": o, "k": k, "q": q}[dp_with][:, ks:ke]  # (L, Bk, D)
+            dp = do_blk @ x.transpose(-2, -1)  # (L, Bq, Bk)
+            ds = dp * (p - row_delta) if ds_form == "dp(p-delta)" else p * (dp - row_delta)
+            dq[:, qs:qe] += (p if dq_with == "p" else ds) @ k[:, ks:ke] * scale
+            dk[:, ks:ke] += (p if dk_with == "p" else ds).transpose(-2, -1) @ q_blk * scale
+    return dq, dk, dv
+
+
+def _backward_variants(kind: str) -> list[tuple[str, dict]]:
+    """The one-thing-changed backwards of :func:`_backward_model` (a family of mistakes: one comparison turned,
+    one slice shifted, one operand swapped, one sign flipped), each with the words that name it for ``kind``."""
+    kernel = kind == "kernel"
+    loop = "each query block's" if kind == "tiled" else "the"
+    found = [("P is recomputed as exp(S + lse): the saved log-sum-exp is added where it must be subtracted, P = "
+              "exp(S - lse)", {"lse_sign": 1.0})] if kind != "reference" else []
+    for op, keep in ((">=", lambda r, c, lr, lc: c >= r), (">", lambda r, c, lr, lc: c > r),
+                     ("<", lambda r, c, lr, lc: c < r)):
+        test = (f"offs_n[None, :] {op} rows[:, None]" if kernel else f"key {op} query")
+        what = {">=": "keeps each query's own key and the keys after it and hides the earlier ones: the comparison is "
+                      "turned round", ">": "keeps only the keys after each query: the comparison is turned round",
+                "<": "hides each query's own key (the diagonal) as well"}[op]
+        right = "offs_n[None, :] <= rows[:, None]" if kernel else "key <= query (masked where cols > rows)"
+        found += [(f"the causal test keeps {test}: it {what}. Keep {right}", {"keep": keep, "scope": scope})
+                  for scope in ("every", "diagonal")]
+    if kind == "tiled":
+        for where, keep in (("query and key", lambda r, c, lr, lc: lc <= lr),
+                            ("query", lambda r, c, lr, lc: c <= lr), ("key", lambda r, c, lr, lc: lc <= r)):
+            found += [(f"the causal mask of a tile compares the {where} positions inside the tile (counted from 0 at the "
+                       f"tile's first row or column) instead of the positions in the sequence: rows = arange(q_start, "
+                       f"q_end)[:, None], cols = arange(k_start, k_end)[None, :]", {"keep": keep, "scope": scope})
+                      for scope in ("every", "diagonal")]
+    if kind != "reference":
+        for name, arg in (("dO", "do_at"), ("q", "q_at")):
+            found.append(((f"{name} is loaded at the key positions offs_n instead of the query rows rows = start_m + "
+                           f"offs_m" if kernel else
+                           f"the {name} tile is sliced with the key block's range, {name.lower()}[..., k_start:k_end, "
+                           f":], instead of {loop} range, {name.lower()}[..., q_start:q_end, :]"), {arg: "key"}))
+    for x in ("o", "k", "q"):
+        found.append((f"dP = dO {x.upper()}^T takes {x.upper() if x != 'o' else 'the output O'} where it takes the "
+                      f"values: dP = dO V^T", {"dp_with": x}))
+    for x in ("q", "k", "v"):
+        found.append((f"delta = rowsum(dO * {x.upper()}) takes {x.upper()} where it takes the output: delta = "
+                      f"rowsum(dO * O), one number per query row", {"delta_with": x}))
+    for g, formula in (("dk", "dk = dS^T Q / sqrt(D)"), ("dq", "dq = dS K / sqrt(D)")):
+        found.append((f"{g} is built from P instead of dS (as dv is from P): {formula}", {f"{g}_with": "p"}))
+    if kind != "reference":
+        for axis in (("lse", "delta"), ("lse",), ("delta",)):
+            names = " and ".join(axis)
+            found.append((f"{names} {'are' if len(axis) > 1 else 'is'} lined up with the tile's keys, "
+                          f"{axis[0]}[None, :], instead of its queries: one number per query row belongs along the "
+                          f"rows, {axis[0]}[:, None] (each column then used another query's value; with BLOCK_M != "
+                          f"BLOCK_N it is a shape error)" if kernel else
+                          f"{names} {'are' if len(axis) > 1 else 'is'} lined up with the tile's keys, "
+                          f"{axis[0]}[..., None, q_start:q_end], instead of its queries: one number per query row "
+                          f"belongs along the rows, {axis[0]}[..., q_start:q_end, None]", {"on_keys": axis}))
+    if kernel:
+        found.append(("DELTA is loaded from the LSE pointer: delta takes the values of lse. Load it from DELTA, "
+                      "tl.load(DELTA + bh * T + rows, ...)", {"delta_with": "lse"}))
+        for first in (("lse", "delta"), ("lse",), ("delta",)):
+            loads = " and ".join(f"{n.upper()} + bh * T + rows" for n in first)
+            found.append((f"{' and '.join(n.upper() for n in first)} {'are' if len(first) > 1 else 'is'} loaded at the "
+                          f"first (batch, head)'s rows in every program: the pointer lacks this program's offset. lse "
+                          f"and delta are (B*H, T), one row per (batch, head): load {loads}, as Q, K and V are offset by "
+                          f"bh * stride_b", {"first_head": first}))
+    if kind == "tiled":
+        found.append(("the loop over query blocks steps by block_k while each tile spans block_q queries: with "
+                      "block_k > block_q some query rows are never visited, with block_k < block_q tiles overlap and "
+                      "rows are counted twice. Step the query loop by block_q, range(first, T, block_q)",
+                      {"q_step": "block_k"}))
+    found.append(("dS is dP * (P - delta): P and dP are in each other's places. The softmax's backward is dS = P * "
+                  "(dP - delta): the weights P times (dP minus the row's delta), which also makes dS 0 wherever P is 0 "
+                  "(the masked keys)", {"ds_form": "dp(p-delta)"}))
+    return found
+
+
+def _backward_family(case: Case) -> list[list]:
+    """``[[words, (dq, dk, dv)], ...]`` of the members of :func:`_backward_variants` whose gradients on ``case``
+    differ from the right ones (``FAMILIES``: the checks complete the words). Each gradient ``(L, T, D)`` in float32
+    (a hint's tolerance is far coarser), or ``None`` where it is the right one (the check reads the expected one
+    there), and so for a kernel's dq, which the kernel does not compute: the recording stays small."""
+    layout = _backward_layout(case)
+    if layout is None:
+        return []
+    kind, block_q, block_k, causal = layout
+    right = _backward_model(case, block_q, block_k, causal)
+    found = []
+    for words, change in _backward_variants(kind):
+        if not causal and "keep" in change:
+            continue
+        model = _backward_model(case, block_q, block_k, causal, **change)
+        if model is None:
+            continue
+        changed = tuple(None if (kind == "kernel" and n == 0) or torch.allclose(m, r, atol=1e-12, rtol=1e-9)
+                        else m.float() for n, (m, r) in enumerate(zip(model, right)))
+        if any(m is not None for m in changed):
+            found.append([words, changed])
+    return found
+
+
+def _kernel_model(case: Case, q_read: torch.Tensor, do_read: torch.Tensor, lse_at: Callable, delta_at: Callable,
+                  visits: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dk, dv)`` (``(L, T, D)``, float64) of a kernel launched on ``case`` whose program for key block ``b`` reads, for
+    query row ``r``, the rows ``q_read[:, r]`` and ``do_read[:, r]`` (``(L, T, D)``) and the statistics at rows
+    ``lse_at(r, b)`` and ``delta_at(r, b)`` (``(T,)`` index tensors; a row past ``T`` reads 0, as the masked loads do).
+    The mask is the right one; so are the loops, unless ``visits(b)`` (``(T,)`` bool) says which query rows key block
+    ``b``'s program reaches."""
+    q, k, v, o, _, do = (a.detach().double().cpu().reshape(-1, *a.shape[-2:]) for a in case.args[:6])  # (L, T, D)
+    L, T, D = q.shape
+    lse = case.args[4].detach().double().cpu().reshape(L, T)
+    delta = (do * o).sum(-1)  # (L, T)
+    bn, causal = case.kwargs["block_n"], bool(case.kwargs["causal"])
+    rows = torch.arange(T)
+    dk, dv = torch.zeros(L, T, D, dtype=torch.float64), torch.zeros(L, T, D, dtype=torch.float64)
+
+    def read(stat: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # (L, T) at rows ``at``, 0 past T
+        return torch.where(at < T, stat[:, at.clamp(max=T - 1)], torch.zeros(()))
+
+    for b in range(math.ceil(T / bn)):
+        keys = torch.arange(b * bn, min((b + 1) * bn, T))
+        s = q_read @ k[:, keys].transpose(-2, -1) / math.sqrt(D)  # (L, T, Bn)
+        keep = (keys[None, :] <= rows[:, None]) if causal else torch.ones(T, len(keys), dtype=torch.bool)
+        if visits is not None:
+            keep = keep & visits(b)[:, None]
+        p = torch.exp(s - read(lse, lse_at(rows, b))[..., None]) * keep  # (L, T, Bn)
+        dv[:, keys] = p.transpose(-2, -1) @ do_read
+        ds = p * (do_read @ v[:, keys].transpose(-2, -1) - read(delta, delta_at(rows, b))[..., None])
+        dk[:, keys] = ds.transpose(-2, -1) @ q_read / math.sqrt(D)
+    return dk, dv
+
+def _reads_family(case: Case) -> list[list]:
+    """``[[words, (dk, dv)], ...]`` (``(L, T, D)`` each, float32) of a kernel that reads some rows at the wrong place
+    (:func:`_kernel_model`), the members whose gradients on ``case`` differ from the right ones (``FAMILIES``)."""
+    q, do = (case.args[i].detach().double().cpu() for i in (0, 5))
+    q, do = q.reshape(-1, *q.shape[-2:]), do.reshape(-1, *do.shape[-2:])  # (L, T, D)
+    T, D = q.shape[-2:]
+    bm, bn = case.kwargs["block_m"], case.kwargs["block_n"]
+
+    def unstrided(x: torch.Tensor) -> torch.Tensor:  # (L, T, D): row r read as the D numbers from element r on
+        return x.flatten(1).unfold(1, D, 1)[:, :T]
+
+    right = lambda r, b: r  # noqa: E731
+    at_keys = lambda r, b: b * bn + r % bm  # noqa: E731 - each query row i of a tile reads key start_n * BLOCK_N + i
+    at_offsets = lambda r, b: r % bm  # noqa: E731
+    models = [(f"{stat} is loaded at the key positions offs_n (query row i of each tile reads the {stat} of key "
+               f"start_n * BLOCK_N + i) instead of at the query rows: load it at rows = start_m + offs_m, masked "
+               f"with rows < T",
+               q, do, *((at_keys, right) if stat == "lse" else (right, at_keys))) for stat in ("delta", "lse")]
+    models += [(f"{stat} is loaded at the tile's offsets offs_m (0..BLOCK_M - 1, the first query block's rows) in "
+                f"every iteration instead of at the query rows: load it at rows = start_m + offs_m",
+                q, do, *((at_offsets, right) if stat == "lse" else (right, at_offsets))) for stat in ("delta", "lse")]
+    models += [(f"{which} {'are' if which == 'q and dO' else 'is'} loaded at rows[:, None] + offs_d[None, :], "
+                f"without the row stride: row r is read as the {D} numbers from element r on (overlapping slices of "
+                f"the first rows), not from element r * stride_t. Load {'them' if which == 'q and dO' else 'it'} at "
+                f"rows[:, None] * stride_t + "
+                f"offs_d[None, :], as k and v are loaded", q_read, do_read, right, right)
+               for which, q_read, do_read in (("q and dO", unstrided(q), unstrided(do)), ("q", unstrided(q), do),
+                                              ("dO", q, unstrided(do)))]
+    bm_, causal = bm, bool(case.kwargs["causal"])
+
+    def scaled_again(b: int) -> torch.Tensor:  # (T,): rows = start_m * BLOCK_M + offs_m, start_m already a position
+        seen = torch.zeros(T, dtype=torch.bool)
+        for start_m in range((b * bn // bm_) * bm_ if causal else 0, T, bm_):
+            seen[start_m * bm_:min(start_m * bm_ + bm_, T)] = True
+        return seen
+
+    models = [(*m, None) for m in models]
+    models.append(("query rows are rows = start_m * BLOCK_M + offs_m while start_m is already a position (the loop "
+                   "steps by BLOCK_M from lo): every query block after the first lands past T, masked out, so most "
+                   "queries never reach dk and dv. Write rows = start_m + offs_m", q, do, right, right, scaled_again))
+    right_grads = _kernel_model(case, q, do, right, right)
+    found = []
+    for words, q_read, do_read, lse_at, delta_at, visits in models:
+        model = _kernel_model(case, q_read, do_read, lse_at, delta_at, visits)
+        if not all(torch.allclose(m, r, atol=1e-12, rtol=1e-9) for m, r in zip(model, right_grads)):
+            found.append([words, tuple(m.float() for m in model)])
+    return found
+
+
+FAMILIES = {
+    "attention_backward_reference": {"backward": _backward_family},
+    "flash_attention_backward": {"backward": _backward_family},
+    "flash_attention_backward_triton": {"backward": _backward_family, "reads": _reads_family},
 }

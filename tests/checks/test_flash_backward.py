@@ -17,6 +17,7 @@ from torch.testing import assert_close
 from course_utils import backward, checks, flash, tasks
 from course_utils import reference as R
 from course_utils.checks import nb10
+from course_utils.instructor import nb10 as family  # the backward family: instructor only
 from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb07 import computed_tiles
 from course_utils.checks.tensors import watch
@@ -443,15 +444,17 @@ def test_the_backward_family_names_each_variant_and_not_the_right_gradients(kind
             "kernel": nb10.Case("kernel", (q, k, v, o, lse, do), {"causal": True, "block_m": 4, "block_n": 4})}[kind]
     names = ("dk", "dv") if kind == "kernel" else nb10.GRADS
     pick = (lambda grads: grads[1:]) if kind == "kernel" else (lambda grads: grads)
+    exercise = {"reference": "attention_backward_reference", "tiled": "flash_attention_backward",
+                "kernel": "flash_attention_backward_triton"}[kind]
     want = pick(nb10.attention_with_grads(q, k, v, do, True)[1:])
-    assert nb10._backward_family_hint(case, want, want, names, 1e-8, 1e-6) is None
-    variants = nb10._backward_variants(kind)
+    assert nb10._backward_family_hint(exercise, case, want, want, names, 1e-8, 1e-6) is None
+    variants = family._backward_variants(kind)
     assert len(variants) >= 6
     named = 0
     for words, change in variants:
-        model = nb10._backward_model(case, *nb10._backward_layout(case)[1:], **change)
+        model = family._backward_model(case, *nb10._backward_layout(case)[1:], **change)
         got = tuple(g.reshape(w.shape) for g, w in zip(pick(model), want))
-        hint = nb10._backward_family_hint(case, want, got, names, 1e-8, 1e-6)
+        hint = nb10._backward_family_hint(exercise, case, want, got, names, 1e-8, 1e-6)
         if all(torch.allclose(g, w) for g, w in zip(got, want)):  # a change this case cannot show (dq in a kernel)
             assert hint is None
             continue
