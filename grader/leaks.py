@@ -7,6 +7,9 @@ Three kinds of secret, looked for in every file of the edition (the built wheel 
   normalised away;
 - **reference code**: the body of every function and method of ``course_utils.reference``,
   normalised the same way (bodies of two lines or more);
+- **instructor code**: the body of every function of ``course_utils.instructor`` (the known mistakes and the
+  families of mistakes: a family's model is the right computation with one thing changed, the answer with one
+  edit), the same way, in the package and every file that is not a notebook;
 - **hidden cases**: the name of every hidden case and every ``seed=N`` that a hidden case uses.
 
 In the package and every file that is not a notebook, any hit is a leak. A notebook may show the
@@ -134,8 +137,12 @@ def collect_secrets() -> Secrets:
         # Reference code that answers no exercise (a variant a notebook shows) may be shown in
         # notebooks, but never ships in the package.
         notebook = owner.get(attr, PACKAGE_ONLY)
-        secrets.reference.setdefault(notebook, {}).update(_function_bodies(getattr(reference, attr)))
+        secrets.reference.setdefault(notebook, {}).update(
+            {f"course_utils.reference {name}": body for name, body in _function_bodies(getattr(reference, attr)).items()})
     for module in instructor._modules():
+        bodies = _function_bodies(module)
+        secrets.reference.setdefault(PACKAGE_ONLY, {}).update(
+            {f"{module.__name__}.{name.rsplit('.', 1)[1]}": body for name, body in bodies.items()})
         for exercise, make in getattr(module, "HIDDEN", {}).items():
             secrets.hidden_names |= {case.name for case in _cases_in(make())}
         secrets.hidden_seeds |= {int(s) for s in re.findall(r"\bseed=(\d+)", inspect.getsource(module))}
@@ -199,7 +206,7 @@ def scan_text(label: str, text: str, secrets: Secrets, answers_from: list[str]) 
             leaks.append(Leak(label, f"six lines of the solution of {notebook}, from: {window[0]!r}"))
         for qualname, body in sorted(secrets.reference.get(notebook, {}).items()):
             if _contains(lines, body):
-                leaks.append(Leak(label, f"the body of course_utils.reference {qualname} ({notebook})"))
+                leaks.append(Leak(label, f"the body of {qualname} ({notebook})"))
     return leaks
 
 

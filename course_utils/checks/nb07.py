@@ -35,6 +35,7 @@ from course_utils.checks.core import (
     _sentence,
     expect,
     fail,
+    family_outputs,
     mistake_outputs,
     rand,
     shape_error_hint,
@@ -51,6 +52,7 @@ __all__ = ["check_online_softmax", "check_flash_attention_forward", "check_flash
            "full_matrix_problem", "skipped_blocks_problem", "short_block_hint"]
 
 _INF = float("-inf")
+ONLINE = "online_softmax"
 
 
 # ------------------------------------------------------------------------------------------
@@ -166,46 +168,6 @@ def _online_diagnose(case: Case, got: object, want: object) -> str | None:
     return hint
 
 
-def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
-    """The family of one carry-over step changed (issue 36): exp(x - m) / l streamed in float64 over the blocks of
-    ``x`` (``(..., n)``, blocks of ``block`` columns), with one step changed, by name: the new block's sum taken
-    over the whole row x (``whole_row``), the factor exp(m - m_new) applied to the new block's sum instead of to l
-    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``), the running maximum started at 0
-    instead of -inf (``m_from_zero``), the -inf scores of each block replaced by 0 (``inf_zeroed``; ``_all``: in x
-    itself, the final exp(x - m) too), the block's terms exp(block - its own maximum) instead of exp(block - m_new)
-    (``block_max``; ``_unguarded``: without the shift by 0 of an all -inf block)."""
-    xd, n = x.detach().double(), x.shape[-1]
-    found = {}
-    for name in ("whole_row", "alpha_on_block", "overwritten", "m_from_zero", "inf_zeroed", "inf_zeroed_all",
-                 "block_max", "block_max_unguarded"):
-        row = torch.where(torch.isinf(xd), 0.0, xd) if name == "inf_zeroed_all" else xd
-        m = torch.full(xd.shape[:-1] + (1,), 0.0 if name == "m_from_zero" else _INF, dtype=torch.float64)
-        l = torch.zeros_like(m)
-        for start in range(0, n, block):
-            part = row[..., start:start + block]
-            if name == "inf_zeroed":
-                part = torch.where(torch.isinf(part), 0.0, part)
-            m_new = torch.maximum(m, part.amax(-1, keepdim=True))
-            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            alpha = torch.exp(m - shift)
-            if name == "whole_row":
-                l = l * alpha + torch.exp(row - shift).sum(-1, keepdim=True)
-            elif name == "alpha_on_block":
-                l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
-            elif name == "overwritten":
-                l = torch.exp(part - shift).sum(-1, keepdim=True)
-            elif name.startswith("block_max"):
-                own = part.amax(-1, keepdim=True)
-                if name == "block_max":
-                    own = torch.where(torch.isinf(own), torch.zeros_like(own), own)
-                l = l * alpha + torch.exp(part - own).sum(-1, keepdim=True)
-            else:
-                l = l * alpha + torch.exp(part - shift).sum(-1, keepdim=True)
-            m = m_new
-        found[name] = torch.exp(row - m) / l
-    return found
-
-
 _CARRY_WORDS = {
     "whole_row": ("l adds the sum of exp over the WHOLE row at every block (exp(x - m_new).sum(...), x instead of the "
                   "block), so l counts every column once per block ({blocks} blocks here: each row sums to 1/{blocks}). "
@@ -233,24 +195,25 @@ _CARRY_ALIASES = {"inf_zeroed_all": "inf_zeroed", "block_max_unguarded": "block_
 
 
 def _same_model(model: torch.Tensor, got: object) -> bool:
-    """Whether ``got`` is ``model`` (float64): the same shape, NaN and inf in the same places, the rest within 1e-5."""
+    """Whether ``got`` is ``model``: the same shape, NaN and inf in the same places, the rest within 1e-5."""
     if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.shape == model.shape):
         return False
-    g = got.detach().double()
+    model, g = model.double(), got.detach().double()
     nan = torch.isnan(model)
     return torch.equal(nan, torch.isnan(g)) and _same_softmax(torch.where(nan, 0.0, model), torch.where(nan, 0.0, g))
 
 
 def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]) -> str | None:
-    """The member of :func:`_carry_models` that gives what the student's code gave on this case and on every other
-    case it returned a tensor of the right shape for, where exactly one member does (``overwritten``, the words of
-    :func:`_online_diagnose`, is only there to leave a case it explains too undecided); ``None`` otherwise."""
+    """The member of the family ``"online"`` (one carry-over step of the streamed softmax changed, modelled in
+    ``course_utils.instructor.nb07``; its outputs on the visible cases recorded, :func:`family_outputs`) that gives
+    what the student's code gave on this case and on every other case it returned a tensor of the right shape for,
+    where exactly one member does (``overwritten``, the words of :func:`_online_diagnose`, is only there to leave a
+    case it explains too undecided); ``None`` otherwise."""
     x, block = case.args[0], case.args[1]
     if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and isinstance(block, int) and block > 0
             and isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point()):
         return None
-    here = _carry_models(x, block)
-    found = [name for name, model in here.items() if _same_model(model, got)]
+    found = [name for name, model in family_outputs(ONLINE, case, "online") if _same_model(model, got)]
     for other, outcome in calls:
         if len({_CARRY_ALIASES.get(name, name) for name in found}) < 2:
             break
@@ -258,8 +221,8 @@ def _carry_family_hint(case: Case, got: object, calls: list[tuple[Case, object]]
         if other is case or not isinstance(ox, torch.Tensor) or not isinstance(oblock, int) or oblock <= 0 \
                 or not isinstance(outcome, torch.Tensor) or outcome.shape != ox.shape:
             continue
-        models = _carry_models(ox, oblock)
-        found = [name for name in found if _same_model(models[name], outcome)]
+        models = dict(family_outputs(ONLINE, other, "online"))
+        found = [name for name in found if name in models and _same_model(models[name], outcome)]
     said = {_CARRY_ALIASES.get(name, name) for name in found}
     if len(said) != 1 or next(iter(said)) not in _CARRY_WORDS:
         return None
@@ -464,9 +427,10 @@ def _online_plan(hidden: bool) -> list[Step]:
 
 
 def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
-    exercise = "online_softmax"
+    exercise = ONLINE
     calls = [s for s in plan if s.run == CALL]
     ladder.record(ONLINE_LADDER)
+    _record_family(exercise, "online", [s.case for s in calls])
     returned = [(s.case, outcomes[s.key]) for s in calls]
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
@@ -594,7 +558,7 @@ def _pair_hint(exercise: str, case: Case, got: Any, want: Any, smallest: Callabl
                 _scale_hint(case, out, want[0], *tolerance) or _values_hint(case, out, want[0], *tolerance) \
                 or _keys_weighed(case, out, lse, *tolerance) or \
                 _stages_hint(case, out, want[0], *tolerance) or _future_zero_hint(case, out, want[0]) or \
-                _carry_hint(case, out, lse, want[0], *tolerance) or \
+                _carry_hint(exercise, case, out, lse, want[0], *tolerance) or \
                 _state_kept_hint(case, out, want[0], *tolerance) or \
                 _rows_symptom(case, out, want[0]) or _base_hint(case, out, want[0], *tolerance) or \
                 _block_cut_hint(case, out, want[0], *tolerance) or \
@@ -1174,64 +1138,23 @@ _CARRY_VARIANTS = (
 )
 
 
-def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int, causal: bool,
-           variant: str, padded: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The tiled forward in float64 (``(..., T, D)`` inputs; ``(out, lse)``, ``(..., T, Dv)`` and ``(..., T)``) with
-    one factor of the carry-over from key block to key block changed (:data:`_CARRY_VARIANTS`). ``padded``: every
-    query block holds ``block_q`` rows, the last one zero rows past T, as a kernel's tile does (they show only where
-    a row's factor reaches another row: ``alpha_columns``). ``None`` where the variant cannot run (a factor per
-    row that does not broadcast against the features)."""
-    q, k, v = (a.detach().double().cpu() for a in (q, k, v))
-    T = q.shape[-2]
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float64)
-    for qs in range(0, T, block_q):
-        qe = min(qs + block_q, T)
-        qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
-        rows = qe - qs
-        if padded and variant == "alpha_columns" and rows < block_q:
-            qb = torch.cat([qb, qb.new_zeros(qb.shape[:-2] + (block_q - rows, qb.shape[-1]))], -2)
-            qe = qs + block_q  # the tile's rows past T: zero queries, which see every key before T
-        if variant == "alpha_columns" and qb.shape[-2] != v.shape[-1]:
-            return None
-        m = torch.full(qb.shape[:-1], _INF, dtype=torch.float64)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
-        for ks in range(0, min(qe, T) if causal else T, block_k):
-            ke = min(ks + block_k, T)
-            s = qb @ k[..., ks:ke, :].transpose(-2, -1)
-            if causal:
-                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
-            m_new = torch.maximum(m, s.amax(-1))
-            alpha = {"tile_max": lambda: torch.exp(m - s.amax(-1)), "inverted": lambda: torch.exp(m_new - m),
-                     "none": lambda: torch.ones_like(m)}.get(variant, lambda: torch.exp(m - m_new))()
-            p = torch.exp(s - m_new[..., None])
-            l = (l if variant == "l_kept" else alpha * l) + p.sum(-1)
-            factor = alpha[..., None, :] if variant == "alpha_columns" else alpha[..., None]
-            acc = (acc if variant == "acc_kept" else factor * acc) + p @ v[..., ks:ke, :]
-            m = m_new
-        out[..., qs:qs + rows, :] = (acc / l[..., None])[..., :rows, :]
-        lse[..., qs:qs + rows] = (m + torch.log(l))[..., :rows]
-    return out, lse
-
-
 @symptoms.bonus
-def _carry_hint(case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4
-                ) -> str | None:
+def _carry_hint(exercise: str, case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float = 1e-5,
+                rtol: float = 1e-4) -> str | None:
     """``out`` (``(..., T, D)``, and ``lse`` ``(..., T)``) equal to the tiled forward's with ONE factor of the
     carry-over between key blocks changed (:data:`_CARRY_VARIANTS`), where that changes the output: the change,
-    named. Both checks' cases (a kernel's blocks are BLOCK_M and BLOCK_N). ``None`` otherwise."""
-    q, k, v = case.args[:3]
+    named. Both checks' cases (a kernel's blocks are BLOCK_M and BLOCK_N). The models are the family ``"carry"`` of
+    ``course_utils.instructor.nb07``, their outputs on the visible cases and rungs recorded (:func:`family_outputs`).
+    ``None`` otherwise."""
+    q = case.args[0]
     if not (isinstance(out, torch.Tensor) and out.shape == want.shape and q.dim() >= 2 and q.shape[-2] <= 64):
         return None
-    block_q, block_k = _blocks_of(case)
-    causal = bool(case.kwargs.get("causal", True))
     kernel = "block_m" in case.kwargs
+    models = dict(family_outputs(exercise, case, "carry"))
     for variant, words in _CARRY_VARIANTS:
-        model = _tiled(q, k, v, block_q, block_k, causal, variant, padded=kernel)
-        if model is None:
+        if variant not in models:
             continue
-        model_out, model_lse = model
+        model_out, model_lse = (m.double() for m in models[variant])
         words = words.format(col="[:, None]" if kernel else "[..., None]")
         if _is(model_out, want.detach().double().cpu(), atol, rtol) or not _is(model_out, out.detach().double().cpu(),
                                                                                 atol, rtol):
@@ -1243,6 +1166,13 @@ def _carry_hint(case: Case, out: Any, lse: Any, want: torch.Tensor, atol: float 
                 f"slip shows only where the running maximum {names[0]} changes from one key block to the next"
                 f"{' (in either stage)' if kernel else ''}.")
     return None
+
+
+def _record_family(exercise: str, name: str, cases: list[Case]) -> None:
+    """Record the family ``name``'s outputs on each of ``cases`` (``make build``): a passing reference never asks."""
+    if _expected.is_recording():
+        for case in cases:
+            family_outputs(exercise, case, name)
 
 
 @symptoms.bonus
@@ -1392,7 +1322,7 @@ def rung_symptom(steps: ladder.Ladder, outcomes: Outcomes) -> str | None:
         return None
     rung, got, want = found
     out, lse = got
-    hint = _block_cut_hint(rung.case, out, want[0]) or _carry_hint(rung.case, out, lse, want[0])
+    hint = _block_cut_hint(rung.case, out, want[0]) or _carry_hint(steps.exercise, rung.case, out, lse, want[0])
     return f"on the smallest configuration that goes wrong, {rung.case.name}, {hint[0].lower()}{hint[1:]}" \
         if hint else None
 
@@ -1646,6 +1576,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ref = _expected.reference
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
     ladder.record(FORWARD_LADDER)
+    _record_family(exercise, "carry", [s.case for s in calls] + [r.case for r in FORWARD_LADDER.rungs])
     smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
         case = step.case
@@ -1784,6 +1715,7 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_triton"
     kernel_rules(exercise, outcomes)
     ladder.record(KERNEL_LADDER)
+    _record_family(exercise, "carry", [s.case for s in plan])  # its rungs are read by the ladder alone
     smallest = lambda defer=0: ladder.diagnose(KERNEL_LADDER, outcomes, defer)  # noqa: E731
     devices = set()
     for step in plan:

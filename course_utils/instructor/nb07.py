@@ -7,6 +7,7 @@ import math
 import torch
 
 from course_utils.checks.core import Case, rand
+from course_utils.checks.nb07 import _CARRY_VARIANTS, _blocks_of
 from course_utils.instructor import Mistake
 
 _INF = float("-inf")
@@ -374,4 +375,124 @@ MISTAKES = {
     "flash_attention_forward": FLASH_MISTAKES,
     # the kernel names a reversed mask in its own terms (KERNEL_MISTAKES: keep cols >= rows)
     "flash_attention_triton": [_for_kernel(m) for m in FLASH_MISTAKES + KERNEL_MISTAKES if m.hint != MASK_REVERSED],
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Families of mistakes (issue 36): the streamed softmax and the tiled forward in float64 with one step of the
+# carry-over changed. Their models are the answers with one edit, so they live here; the student edition holds
+# their outputs on the visible cases and the ladders' rungs.
+# --------------------------------------------------------------------------------------------
+def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
+    """The family of one carry-over step changed (issue 36): exp(x - m) / l streamed in float64 over the blocks of
+    ``x`` (``(..., n)``, blocks of ``block`` columns), with one step changed, by name: the new block's sum taken
+    over the whole row x (``whole_row``), the factor exp(m - m_new) applied to the new block's sum instead of to l
+    (``alpha_on_block``), l overwritten by each block's sum (``overwritten``), the running maximum started at 0
+    instead of -inf (``m_from_zero``), the -inf scores of each block replaced by 0 (``inf_zeroed``; ``_all``: in x
+    itself, the final exp(x - m) too), the block's terms exp(block - its own maximum) instead of exp(block - m_new)
+    (``block_max``; ``_unguarded``: without the shift by 0 of an all -inf block)."""
+    xd, n = x.detach().double(), x.shape[-1]
+    found = {}
+    for name in ("whole_row", "alpha_on_block", "overwritten", "m_from_zero", "inf_zeroed", "inf_zeroed_all",
+                 "block_max", "block_max_unguarded"):
+        row = torch.where(torch.isinf(xd), 0.0, xd) if name == "inf_zeroed_all" else xd
+        m = torch.full(xd.shape[:-1] + (1,), 0.0 if name == "m_from_zero" else _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        for start in range(0, n, block):
+            part = row[..., start:start + block]
+            if name == "inf_zeroed":
+                part = torch.where(torch.isinf(part), 0.0, part)
+            m_new = torch.maximum(m, part.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - shift)
+            if name == "whole_row":
+                l = l * alpha + torch.exp(row - shift).sum(-1, keepdim=True)
+            elif name == "alpha_on_block":
+                l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
+            elif name == "overwritten":
+                l = torch.exp(part - shift).sum(-1, keepdim=True)
+            elif name.startswith("block_max"):
+                own = part.amax(-1, keepdim=True)
+                if name == "block_max":
+                    own = torch.where(torch.isinf(own), torch.zeros_like(own), own)
+                l = l * alpha + torch.exp(part - own).sum(-1, keepdim=True)
+            else:
+                l = l * alpha + torch.exp(part - shift).sum(-1, keepdim=True)
+            m = m_new
+        found[name] = torch.exp(row - m) / l
+    return found
+
+
+def _online_family(case: Case) -> list[list]:
+    """``[[name, softmax], ...]``: :func:`_carry_models` on ``case``'s ``(x, block_size)``, in float32 (a hint's
+    tolerance is far coarser); none where the block size is not a positive int."""
+    x, block = case.args[0], case.args[1]
+    if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and type(block) is int and block > 0):
+        return []
+    return [[name, model.float()] for name, model in _carry_models(x, block).items()]
+
+
+def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int, causal: bool,
+           variant: str, padded: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The tiled forward in float64 (``(..., T, D)`` inputs; ``(out, lse)``, ``(..., T, Dv)`` and ``(..., T)``) with
+    one factor of the carry-over from key block to key block changed (:data:`_CARRY_VARIANTS`). ``padded``: every
+    query block holds ``block_q`` rows, the last one zero rows past T, as a kernel's tile does (they show only where
+    a row's factor reaches another row: ``alpha_columns``). ``None`` where the variant cannot run (a factor per
+    row that does not broadcast against the features)."""
+    q, k, v = (a.detach().double().cpu() for a in (q, k, v))
+    T = q.shape[-2]
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float64)
+    for qs in range(0, T, block_q):
+        qe = min(qs + block_q, T)
+        qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+        rows = qe - qs
+        if padded and variant == "alpha_columns" and rows < block_q:
+            qb = torch.cat([qb, qb.new_zeros(qb.shape[:-2] + (block_q - rows, qb.shape[-1]))], -2)
+            qe = qs + block_q  # the tile's rows past T: zero queries, which see every key before T
+        if variant == "alpha_columns" and qb.shape[-2] != v.shape[-1]:
+            return None
+        m = torch.full(qb.shape[:-1], _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+        for ks in range(0, min(qe, T) if causal else T, block_k):
+            ke = min(ks + block_k, T)
+            s = qb @ k[..., ks:ke, :].transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = {"tile_max": lambda: torch.exp(m - s.amax(-1)), "inverted": lambda: torch.exp(m_new - m),
+                     "none": lambda: torch.ones_like(m)}.get(variant, lambda: torch.exp(m - m_new))()
+            p = torch.exp(s - m_new[..., None])
+            l = (l if variant == "l_kept" else alpha * l) + p.sum(-1)
+            factor = alpha[..., None, :] if variant == "alpha_columns" else alpha[..., None]
+            acc = (acc if variant == "acc_kept" else factor * acc) + p @ v[..., ks:ke, :]
+            m = m_new
+        out[..., qs:qs + rows, :] = (acc / l[..., None])[..., :rows, :]
+        lse[..., qs:qs + rows] = (m + torch.log(l))[..., :rows]
+    return out, lse
+
+
+def _carry_family(case: Case) -> list[list]:
+    """``[[variant, (out, lse)], ...]`` (float32) of :func:`_tiled` on ``case`` for each of the checks'
+    ``_CARRY_VARIANTS`` that runs there and changes out (a kernel's case: the blocks BLOCK_M and BLOCK_N, tiles
+    padded to them)."""
+    q, k, v = case.args[:3]
+    if not (isinstance(q, torch.Tensor) and q.dim() >= 2 and q.shape[-2] <= 64):
+        return []
+    block_q, block_k = _blocks_of(case)
+    causal, padded = bool(case.kwargs.get("causal", True)), "block_m" in case.kwargs
+    right = _tiled(q, k, v, block_q, block_k, causal, "", padded=padded)[0]
+    found = []
+    for variant, _ in _CARRY_VARIANTS:
+        model = _tiled(q, k, v, block_q, block_k, causal, variant, padded=padded)
+        if model is not None and not torch.allclose(model[0], right, atol=1e-12, rtol=1e-9, equal_nan=True):
+            found.append([variant, tuple(m.float() for m in model)])
+    return found
+
+
+FAMILIES = {
+    "online_softmax": {"online": _online_family},
+    "flash_attention_forward": {"carry": _carry_family},
+    "flash_attention_triton": {"carry": _carry_family},
 }
