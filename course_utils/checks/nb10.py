@@ -395,7 +395,8 @@ def _last_share_hint(case: Case, want: Any, got: Any) -> str | None:
         return None
     return (f"dv of each wrong key block holds the share of the last query block alone (queries {last}..{T - 1}): "
             f"the shares of the earlier query blocks are lost. In the loop over query blocks, add each block's share "
-            f"to the accumulator (dv_blk = dv_blk + P^T dO), instead of setting it.")
+            f"to the accumulator (dv_blk = dv_blk + P^T dO), instead of setting it; and make the accumulators zero "
+            f"once per key block, before the loop over query blocks, not inside it.")
 
 
 @symptoms.bonus

@@ -360,7 +360,7 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
                     on_keys: tuple[str, ...] = ()) -> tuple[torch.Tensor, ...] | None:
     """``(dq, dk, dv)`` (``(L, T, D)``, float64) of the tiled backward on ``case``'s ``q, k, v, do`` with one thing
     changed: the causal test ``keep(rows, cols, local_rows, local_cols)`` (``(Bq, Bk)`` bool; applied to every tile or
-    to the ``"diagonal"`` ones), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
+    to the ``"diagonal"`` ones, or only to those with ``"same_start"``, q_start == k_start), the sign of ``lse`` in ``P = exp(S + lse_sign * lse)``, the q or dO tile sliced with
     the ``"key"`` block's range, dP = dO X^T with X in ``v, o, k, q``, delta = rowsum(dO * X) with X in ``o, q, k, v``,
     dq / dk built from ``"p"`` instead of dS, or dS with P and dP in each other's places (``ds_form="dp(p-delta)"``).
     The loops are the right ones (a key block starts at the first query block that sees it), except that the query
@@ -393,7 +393,7 @@ def _backward_model(case: Case, block_q: int, block_k: int, causal: bool, keep: 
                 return None
             q_blk, do_blk = q[:, qr], do[:, dr]  # (L, Bq, D)
             s = q_blk @ k[:, ks:ke].transpose(-2, -1) * scale  # (L, Bq, Bk)
-            if causal and (scope == "every" or ke - 1 > qs):
+            if causal and (scope == "every" or scope == "diagonal" and ke - 1 > qs or scope == "same_start" and qs == ks):
                 rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
                 s = s.masked_fill(~keep(rows, cols, rows - qs, cols - ks), float("-inf"))
             if on_keys and qe - qs != ke - ks:
@@ -433,6 +433,10 @@ def _backward_variants(kind: str) -> list[tuple[str, dict]]:
                        f"tile's first row or column) instead of the positions in the sequence: rows = arange(q_start, "
                        f"q_end)[:, None], cols = arange(k_start, k_end)[None, :]", {"keep": keep, "scope": scope})
                       for scope in ("every", "diagonal")]
+    if kind == "tiled":
+        found.append(("only the tile whose q_start == k_start is masked: that test finds the tiles that cross the "
+                      "diagonal only when block_q == block_k. With other sizes other tiles cross it too: mask every "
+                      "tile whose last key is after its first query, k_end - 1 > q_start", {"scope": "same_start"}))
     if kind != "reference":
         for name, arg in (("dO", "do_at"), ("q", "q_at")):
             found.append(((f"{name} is loaded at the key positions offs_n instead of the query rows rows = start_m + "
