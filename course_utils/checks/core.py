@@ -291,7 +291,7 @@ def mistake_outputs(exercise: str, case: Case) -> list:
 
 def family_outputs(exercise: str, case: Case, name: str) -> list:
     """``[[words, output], ...]``: what each member of ``exercise``'s family of mistakes ``name`` gives on ``case``
-    (issue 36), the members that differ there from the right answer.
+    (issue 36; a family may leave out the members that give the right answer there).
 
     A family's model is the right computation with one thing changed, so it is the answer with one edit: it is code
     in ``course_utils.instructor`` (``FAMILIES``), and the student edition holds only its recorded outputs on the

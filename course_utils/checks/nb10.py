@@ -848,6 +848,7 @@ _LOOP_STARTS = {
     "the query block before the one that holds k_start, (k_start // block_q - 1) * block_q":
         lambda ks, bq, bk: max(0, (ks // bq - 1) * bq),
     "k_start // block_q, a block index used as a position": lambda ks, bq, bk: ks // bq,
+    "(k_start // block_q) * block_k, a query block's index times block_k": lambda ks, bq, bk: ks // bq * bk,
 }
 
 

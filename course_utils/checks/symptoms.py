@@ -108,9 +108,16 @@ def where_wrong(tokens: Tokens, want: Any, got: Any, name: str = "out", vector: 
                     f"(batch, head) bh at bh * T, not at bh * stride_b, the stride of q, k and v.")
         if nan is not None and not bool(nan[0]) and bool(nan[1:].all()):
             dims = ", ".join(tokens.lead[-(off.dim() - 2):])
-            return (f"{name} is NaN (never written) for every ({dims}) slice but the first: every program or "
-                    f"iteration writes to the first slice. Offset the stores (and the loads) by the ({dims}) "
-                    f"index, with that dimension's stride.")
+            gs, ws = g.detach().double().flatten(0, -3), w.detach().double().flatten(0, -3)  # (L, T, D)
+            if any(bool(torch.allclose(gs[0], ws[j], atol=atol, rtol=rtol)) for j in range(1, len(ws))):
+                return (f"{name} is NaN (never written) for every ({dims}) slice but the first, which holds another "
+                        f"slice's values: every program or iteration writes to the first slice. Offset the stores "
+                        f"(and the loads) by the ({dims}) index, with that dimension's stride.")
+            return (f"{name} is NaN for every ({dims}) slice but the first, and the first is wrong too: rows read "
+                    f"past the end of an input (a kernel's launch here puts NaN after each buffer's last row) reach "
+                    f"the other slices. Does a load's mask let rows past T through (a (BLOCK_M, HEAD_DIM) tile needs "
+                    f"the 2-D mask rows[:, None] < T, not rows < T, which lines up with the columns), or do the "
+                    f"stores all go to the first slice (a store not offset by the ({dims}) index)?")
         if not bool(bad[0]) and bool(bad[1:].all()):
             dims = ", ".join(tokens.lead[-(off.dim() - 2):]) if off.dim() > 2 else "batch"
             return (f"{name} is right for the first ({dims}) slice only and wrong for every other: an offset or a "
@@ -428,6 +435,10 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
+#: PyTorch's words for a dimension past a tensor's last: ``[-n, n - 1]``, and the one asked for.
+_DIM_RANGE = re.compile(r"Dimension out of range \(expected to be in range of \[-(\d+), (\d+)\], but got (-?\d+)\)")
+
+
 @bonus
 def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str | None:
     """A raised error translated: two tensors of different float dtypes meeting (a missing cast), a float
@@ -442,6 +453,13 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
     if "upper bound and lower bound inconsistent with step sign" in text:
         return ("torch.arange(start, end) was given an end before its start: the end must count from the start. "
                 "Positions start..start + T - 1 are torch.arange(start, start + T), not torch.arange(start, T).")
+    dim = _DIM_RANGE.search(text)
+    if dim:
+        n, got = int(dim.group(1)), int(dim.group(3))
+        return (f"dimension {got} of a tensor that has {n}: a dimension numbered from the front, which moves when the "
+                f"input has fewer (or more) leading dimensions. The same code must take (T, D) inputs and batched "
+                f"(..., T, D) ones: count from the end, -1 the last (the features) and -2 the one before (the tokens), "
+                f"as in .transpose(-2, -1) and softmax(dim=-1).")
     cat = re.search(r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) but got size "
                     r"(\d+) for tensor number (\d+)", text)
     if cat:

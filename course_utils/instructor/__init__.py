@@ -12,8 +12,9 @@ show on that input); for a module exercise, ``wrong`` is a mistaken class with t
 constructor. The checks compare a failing student output with these outputs, and name the mistake
 whose output it matches. A family is many such mistakes written as one model, the right computation
 with one thing changed (a comparison turned, a slice shifted, an operand swapped), each member named
-by the words the check completes; its model is the answer with one edit, so it lives here too. The student edition ships only the outputs on the visible cases, recorded
-by ``make build``; this package, like ``course_utils.reference``, stays with the instructor.
+by the words the check completes; its model is the answer with one edit, so it lives here too. The
+student edition ships only the outputs on the visible cases, recorded by ``make build``; this
+package, like ``course_utils.reference``, stays with the instructor.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def outputs(exercise: str, case: Case) -> list[list]:
 
 
 def family(exercise: str, name: str, case: Case) -> list[list]:
-    """``[[words, output], ...]`` of the members of ``exercise``'s family of mistakes ``name`` whose output on
-    ``case`` differs from the right one (an empty list where the exercise models no such family)."""
+    """``[[words, output], ...]`` of the members of ``exercise``'s family of mistakes ``name`` on ``case`` (a model
+    may leave out those that give the right output there; an empty list where the exercise models no such family)."""
     for module in _modules():
         if name in getattr(module, "FAMILIES", {}).get(exercise, {}):
             return module.FAMILIES[exercise][name](case)

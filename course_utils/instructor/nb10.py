@@ -165,7 +165,7 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
     """The tiled backward with one thing changed (all defaults: the right answer). ``scale_d``: 1/D in place of
     1/sqrt(D); ``exp2``: P = 2 ** (S - lse); ``diagonal``: the mask hides the diagonal too; ``q_first``: the causal
     query loop of a key block starts at the query block that holds ``"k_start"``, ``"k_end"`` or ``"k_last"``
-    (k_end - 1)."""
+    (k_end - 1), or at ``"times_block_k"``, (k_start // block_q) * block_k."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1 / D if scale_d else 1 / math.sqrt(D)
     full_delta = ((do * v) if delta == "do v" else (do * o)).sum(dim=-1)
@@ -176,7 +176,8 @@ def _tiled(q, k, v, o, lse, do, block_q, block_k, causal=True, *, subtract_delta
         kb, vb = k[..., ks:ke, :], v[..., ks:ke, :]
         if reset_per_block:
             dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-        first = {"k_start": ks, "k_end": ke, "k_last": ke - 1}[q_first] // block_q * block_q
+        first = {"k_start": ks // block_q * block_q, "k_end": ke // block_q * block_q,
+                 "k_last": (ke - 1) // block_q * block_q, "times_block_k": ks // block_q * block_k}[q_first]
         for qs in range(first if causal else 0, T, block_q):
             qe = min(qs + (q_tile or block_q), T)  # q_tile: the query tile's size, if not block_q
             qb, dob = q[..., qs:qe, :], do[..., qs:qe, :]
@@ -287,6 +288,10 @@ FLASH_MISTAKES = [
             _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, q_first="k_end"))),
     Mistake(LATE_START.format(at="the key block's last key, ((k_end - 1) // block_q) * block_q,"),
             _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, q_first="k_last"))),
+    Mistake("the query loop of a key block starts at (k_start // block_q) * block_k, a query block's index times "
+            "block_k: with block_k > block_q it starts past the key block's first queries, whose tiles are skipped "
+            "(their dq, dk and dv shares are never added). Start at (k_start // block_q) * block_q, the query block "
+            "that holds k_start.", _when_it_shows(lambda *a, **kw: _tiled(*a, **kw, q_first="times_block_k"))),
 ]
 
 
