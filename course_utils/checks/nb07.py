@@ -189,6 +189,10 @@ _CARRY_WORDS = {
                   "instead of against the new running maximum: whenever the running maximum is larger than the "
                   "block's, they come out too large, and l with them. Take them against the same shift that l is "
                   "rescaled to: l = l * exp(m - m_new) + exp(block - m_new).sum(dim=-1, keepdim=True)."),
+    "sum_no_keepdim": ("each block's sum is taken without keepdim, exp(block - m_new).sum(dim=-1): a (rows,) vector, "
+                       "which broadcasts against l's (rows, 1) into a (rows, rows) table, so each row's l mixes in "
+                       "the other rows' sums. Keep the dimension: l = l * exp(m - m_new) + exp(block - m_new).sum("
+                       "dim=-1, keepdim=True)."),
 }
 #: Members of :func:`_carry_models` said with another member's words (the same mistake, with or without a guard).
 _CARRY_ALIASES = {"inf_zeroed_all": "inf_zeroed", "block_max_unguarded": "block_max"}

@@ -394,33 +394,46 @@ def _carry_models(x: torch.Tensor, block: int) -> dict[str, torch.Tensor]:
     xd, n = x.detach().double(), x.shape[-1]
     found = {}
     for name in ("whole_row", "alpha_on_block", "overwritten", "m_from_zero", "inf_zeroed", "inf_zeroed_all",
-                 "block_max", "block_max_unguarded"):
-        row = torch.where(torch.isinf(xd), 0.0, xd) if name == "inf_zeroed_all" else xd
-        m = torch.full(xd.shape[:-1] + (1,), 0.0 if name == "m_from_zero" else _INF, dtype=torch.float64)
-        l = torch.zeros_like(m)
-        for start in range(0, n, block):
-            part = row[..., start:start + block]
-            if name == "inf_zeroed":
-                part = torch.where(torch.isinf(part), 0.0, part)
-            m_new = torch.maximum(m, part.amax(-1, keepdim=True))
-            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            alpha = torch.exp(m - shift)
-            if name == "whole_row":
-                l = l * alpha + torch.exp(row - shift).sum(-1, keepdim=True)
-            elif name == "alpha_on_block":
-                l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
-            elif name == "overwritten":
-                l = torch.exp(part - shift).sum(-1, keepdim=True)
-            elif name.startswith("block_max"):
-                own = part.amax(-1, keepdim=True)
-                if name == "block_max":
-                    own = torch.where(torch.isinf(own), torch.zeros_like(own), own)
-                l = l * alpha + torch.exp(part - own).sum(-1, keepdim=True)
-            else:
-                l = l * alpha + torch.exp(part - shift).sum(-1, keepdim=True)
-            m = m_new
-        found[name] = torch.exp(row - m) / l
+                 "block_max", "block_max_unguarded", "sum_no_keepdim"):
+        try:
+            found[name] = _carried(xd, block, name)
+        except RuntimeError:  # a shape that does not broadcast: the member raises there, as such code would
+            continue
     return found
+
+
+def _carried(xd: torch.Tensor, block: int, name: str) -> torch.Tensor:
+    """One member of :func:`_carry_models`: exp(x - m) / l streamed over ``xd``'s blocks with the step ``name``
+    changed (``sum_no_keepdim``: each block's sum without keepdim, a ``(rows,)`` that broadcasts against l's
+    ``(rows, 1)`` into a ``(rows, rows)`` table)."""
+    n = xd.shape[-1]
+    row = torch.where(torch.isinf(xd), 0.0, xd) if name == "inf_zeroed_all" else xd
+    m = torch.full(xd.shape[:-1] + (1,), 0.0 if name == "m_from_zero" else _INF, dtype=torch.float64)
+    l = torch.zeros_like(m)
+    for start in range(0, n, block):
+        part = row[..., start:start + block]
+        if name == "inf_zeroed":
+            part = torch.where(torch.isinf(part), 0.0, part)
+        m_new = torch.maximum(m, part.amax(-1, keepdim=True))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - shift)
+        if name == "sum_no_keepdim":
+            l = l * alpha + torch.exp(part - shift).sum(-1)
+        elif name == "whole_row":
+            l = l * alpha + torch.exp(row - shift).sum(-1, keepdim=True)
+        elif name == "alpha_on_block":
+            l = l + alpha * torch.exp(part - shift).sum(-1, keepdim=True)
+        elif name == "overwritten":
+            l = torch.exp(part - shift).sum(-1, keepdim=True)
+        elif name.startswith("block_max"):
+            own = part.amax(-1, keepdim=True)
+            if name == "block_max":
+                own = torch.where(torch.isinf(own), torch.zeros_like(own), own)
+            l = l * alpha + torch.exp(part - own).sum(-1, keepdim=True)
+        else:
+            l = l * alpha + torch.exp(part - shift).sum(-1, keepdim=True)
+        m = m_new
+    return torch.exp(row - m) / l
 
 
 def _online_family(case: Case) -> list[list]:
