@@ -301,6 +301,15 @@ def family_outputs(exercise: str, case: Case, name: str) -> list:
                   lambda: _expected.instructor().family(exercise, name, case))
 
 
+def record_families(exercise: str, names: tuple[str, ...], cases: list[Case]) -> None:
+    """While recording (``make build``), the outputs of ``exercise``'s families ``names`` on each of ``cases``: a check
+    asks for them only where an answer fails, which the reference it records never does."""
+    if _expected.is_recording():
+        for case in cases:
+            for name in names:
+                family_outputs(exercise, case, name)
+
+
 def explain(exercise: str, case: Case, got: Any, want: Any, diagnose: "Diagnose | None" = None) -> str | None:
     """One sentence naming the likely mistake behind ``got`` (an output or an exception), or ``None``.
 

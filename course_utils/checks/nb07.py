@@ -38,6 +38,7 @@ from course_utils.checks.core import (
     family_outputs,
     mistake_outputs,
     rand,
+    record_families,
     shape_error_hint,
     tensor_difference,
     transformation_hint,
@@ -434,7 +435,7 @@ def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = ONLINE
     calls = [s for s in plan if s.run == CALL]
     ladder.record(ONLINE_LADDER)
-    _record_family(exercise, "online", [s.case for s in calls])
+    record_families(exercise, ("online",), [s.case for s in calls])
     returned = [(s.case, outcomes[s.key]) for s in calls]
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
@@ -1172,13 +1173,6 @@ def _carry_hint(exercise: str, case: Case, out: Any, lse: Any, want: torch.Tenso
     return None
 
 
-def _record_family(exercise: str, name: str, cases: list[Case]) -> None:
-    """Record the family ``name``'s outputs on each of ``cases`` (``make build``): a passing reference never asks."""
-    if _expected.is_recording():
-        for case in cases:
-            family_outputs(exercise, case, name)
-
-
 @symptoms.bonus
 def _state_kept_hint(case: Case, out: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
     """The tiled forward's ``out`` (``(..., T, D)``) whose running statistics m, l and acc are made once, before the
@@ -1580,7 +1574,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ref = _expected.reference
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
     ladder.record(FORWARD_LADDER)
-    _record_family(exercise, "carry", [s.case for s in calls] + [r.case for r in FORWARD_LADDER.rungs])
+    record_families(exercise, ("carry",), [s.case for s in calls] + [r.case for r in FORWARD_LADDER.rungs])
     smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
         case = step.case
@@ -1719,7 +1713,7 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_triton"
     kernel_rules(exercise, outcomes)
     ladder.record(KERNEL_LADDER)
-    _record_family(exercise, "carry", [s.case for s in plan])  # its rungs are read by the ladder alone
+    record_families(exercise, ("carry",), [s.case for s in plan])  # its rungs are read by the ladder alone
     smallest = lambda defer=0: ladder.diagnose(KERNEL_LADDER, outcomes, defer)  # noqa: E731
     devices = set()
     for step in plan:

@@ -46,6 +46,7 @@ from course_utils.checks.core import (
     fail,
     family_outputs,
     mistake_outputs,
+    record_families,
     shape_error_hint,
     rand,
     tensor_difference,
@@ -607,9 +608,8 @@ def _record_mistakes(exercise: str, case: Case) -> None:
     asks for them."""
     if _expected.is_recording():
         mistake_outputs(exercise, case)
-        family_outputs(exercise, case, "backward")
-        if exercise == "flash_attention_backward_triton":
-            family_outputs(exercise, case, "reads")
+    record_families(exercise, ("backward", "reads") if exercise == "flash_attention_backward_triton" else ("backward",),
+                    [case])
 
 
 # ------------------------------------------------------------------------------------------

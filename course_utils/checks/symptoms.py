@@ -456,6 +456,10 @@ def error_hint(error: BaseException, sizes: dict[str, int] | None = None) -> str
     dim = _DIM_RANGE.search(text)
     if dim:
         n, got = int(dim.group(1)), int(dim.group(3))
+        if got < 0:  # counted from the end, and still past the first: the input has fewer dimensions than the code thinks
+            return (f"dimension {got} of a tensor that has only {n}: the code counts on more dimensions than this input "
+                    f"has (a (T, D) input where (batch, T, D) was assumed?). Use only the last two, -1 (the features) "
+                    f"and -2 (the tokens), so that the same code takes (T, D) inputs and batched (..., T, D) ones.")
         return (f"dimension {got} of a tensor that has {n}: a dimension numbered from the front, which moves when the "
                 f"input has fewer (or more) leading dimensions. The same code must take (T, D) inputs and batched "
                 f"(..., T, D) ones: count from the end, -1 the last (the features) and -2 the one before (the tokens), "

@@ -148,3 +148,17 @@ def test_remembered_expectations_are_computed_once_per_key_and_only_live():
     with expected.recording() as recorded, expected.remembering(store):
         assert expected.expect("demo", "case a", lambda: compute(5)).item() == 5  # a recording computes anew
     assert runs == [1, 3, 4, 5] and recorded["demo|case a"].item() == 5
+
+
+@pytest.mark.parametrize("code, words", [
+    ("torch.zeros(3, 4).transpose(1, 2)", "a dimension numbered from the front"),
+    ("torch.zeros(3, 4).transpose(-3, -1)", "the code counts on more dimensions than this input has"),
+])
+def test_a_dimension_out_of_range_is_translated_by_where_it_was_counted_from(code, words):
+    """PyTorch's 'Dimension out of range' (issue 36, batch T): a dimension counted from the front on an input with
+    fewer leading dimensions, or one counted from the end past the first, each said as what it is."""
+    from course_utils.checks import symptoms
+
+    with pytest.raises(IndexError) as raised:
+        eval(code)
+    assert words in symptoms.error_hint(raised.value)
