@@ -301,10 +301,12 @@ def family_outputs(exercise: str, case: Case, name: str) -> list:
                   lambda: _expected.instructor().family(exercise, name, case))
 
 
-def record_families(exercise: str, names: tuple[str, ...], cases: list[Case]) -> None:
-    """While recording (``make build``), the outputs of ``exercise``'s families ``names`` on each of ``cases``: a check
-    asks for them only where an answer fails, which the reference it records never does."""
+def record_families(exercise: str, cases: list[Case]) -> None:
+    """While recording (``make build``), the outputs of every family of ``exercise`` (its ``FAMILIES`` in
+    ``course_utils.instructor``) on each of ``cases``: a check asks for them only where an answer fails, which the
+    reference it records never does."""
     if _expected.is_recording():
+        names = _expected.instructor().families(exercise)
         for case in cases:
             for name in names:
                 family_outputs(exercise, case, name)

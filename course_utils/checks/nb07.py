@@ -435,7 +435,7 @@ def _online_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = ONLINE
     calls = [s for s in plan if s.run == CALL]
     ladder.record(ONLINE_LADDER)
-    record_families(exercise, ("online",), [s.case for s in calls])
+    record_families(exercise, [s.case for s in calls])
     returned = [(s.case, outcomes[s.key]) for s in calls]
     for step in calls:
         judge_case(exercise, outcomes[step.key], outcomes.changed(step.key), expected_output(exercise, step.case),
@@ -1574,7 +1574,7 @@ def _flash_judge(plan: list[Step], outcomes: Outcomes) -> str:
     ref = _expected.reference
     calls = [s for s in plan if s.run == CALL and not s.key.startswith(HALF)]
     ladder.record(FORWARD_LADDER)
-    record_families(exercise, ("carry",), [s.case for s in calls] + [r.case for r in FORWARD_LADDER.rungs])
+    record_families(exercise, [s.case for s in calls] + [r.case for r in FORWARD_LADDER.rungs])
     smallest = lambda defer=0: ladder.diagnose(FORWARD_LADDER, outcomes, defer)  # noqa: E731
     for step in plan:
         case = step.case
@@ -1713,7 +1713,7 @@ def _triton_judge(plan: list[Step], outcomes: Outcomes) -> str:
     exercise = "flash_attention_triton"
     kernel_rules(exercise, outcomes)
     ladder.record(KERNEL_LADDER)
-    record_families(exercise, ("carry",), [s.case for s in plan])  # its rungs are read by the ladder alone
+    record_families(exercise, [s.case for s in plan])  # its rungs are read by the ladder alone
     smallest = lambda defer=0: ladder.diagnose(KERNEL_LADDER, outcomes, defer)  # noqa: E731
     devices = set()
     for step in plan:

@@ -604,12 +604,11 @@ def _operand_shapes(case: Case) -> list[tuple[int, ...]]:
 
 
 def _record_mistakes(exercise: str, case: Case) -> None:
-    """Record the known mistakes' and the family's outputs on ``case`` (``make build``): a passing reference never
+    """Record the known mistakes' and the families' outputs on ``case`` (``make build``): a passing reference never
     asks for them."""
     if _expected.is_recording():
         mistake_outputs(exercise, case)
-    record_families(exercise, ("backward", "reads") if exercise == "flash_attention_backward_triton" else ("backward",),
-                    [case])
+    record_families(exercise, [case])
 
 
 # ------------------------------------------------------------------------------------------

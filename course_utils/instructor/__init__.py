@@ -82,6 +82,11 @@ def outputs(exercise: str, case: Case) -> list[list]:
     return found
 
 
+def families(exercise: str) -> list[str]:
+    """The names of ``exercise``'s families of mistakes (``FAMILIES[exercise]`` of its notebook's module)."""
+    return [name for module in _modules() for name in getattr(module, "FAMILIES", {}).get(exercise, {})]
+
+
 def family(exercise: str, name: str, case: Case) -> list[list]:
     """``[[words, output], ...]`` of the members of ``exercise``'s family of mistakes ``name`` on ``case`` (a model
     may leave out those that give the right output there; an empty list where the exercise models no such family)."""
