@@ -21,7 +21,7 @@ from grader import course
 from grader.autograde import autograde
 from grader.feedback import feedback
 from tests.fixtures import submissions as cases
-from tests.support import harness
+from tests.support import harness, studentenv
 
 pytestmark = pytest.mark.skipif("01_dot_products" not in course.available_notebooks(),
                                 reason="notebook 01 is not built")
@@ -90,11 +90,9 @@ def test_originals_are_untouched(graded):
 
 
 def _printed(path: Path) -> str:
-    """What each cell of a graded notebook printed, a cell's stream outputs joined: on a busy machine the kernel
-    may send one ``print`` as two outputs (its first words, then the rest)."""
-    nb = nbformat.read(path, as_version=4)
-    return "\n".join("".join(o.get("text", "") for o in c.get("outputs", []) if o.output_type == "stream")
-                     for c in nb.cells if c.cell_type == "code")
+    """What the cells of a graded notebook printed, each cell's outputs joined (``studentenv.output_text``): on a
+    busy machine the kernel may send one ``print`` as two outputs (its first words, then the rest)."""
+    return "\n".join(studentenv.output_text(c) for c in nbformat.read(path, as_version=4).cells)
 
 
 def test_sandbox_hid_everything_and_deleted_nothing(graded):
@@ -139,7 +137,7 @@ def test_a_fork_bomb_stopped_at_the_process_cap(graded):
     if not capped:
         pytest.skip(f"no process cap on this machine: {why}")
     (path,) = (graded["out"] / "nbgrader" / "autograded" / "fork_bomb").rglob("*.ipynb")
-    text = "".join(o.get("text", "") for c in nbformat.read(path, as_version=4).cells for o in c.get("outputs", []))
+    text = _printed(path)
     got = re.search(r"FORK-BOMB-GOT (\d+)", text)
     assert got and int(got.group(1)) < cgroups.PIDS_MAX, text[-500:]
 
