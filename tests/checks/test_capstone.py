@@ -302,12 +302,12 @@ def test_graded_by_nbgrader_a_wrong_embedding_costs_only_its_own_points(tmp_path
 
     from grader.autograde import autograde
     from tests.fixtures.answers import nb09
-    from tests.grader_answers.test_autograde import _student_version_with
+    from tests.support.graded_class import solved
     from tests.support import harness
 
     folder = tmp_path / "submissions" / "student"
     folder.mkdir(parents=True)
-    nb = _student_version_with(NOTEBOOK, {"LearnedPositionalEmbedding": nb09.WRONG["LearnedPositionalEmbedding"][
+    nb = solved(NOTEBOOK, {"LearnedPositionalEmbedding": nb09.WRONG["LearnedPositionalEmbedding"][
         "positions reversed"]})
     nbformat.write(nb, folder / f"{NOTEBOOK}.ipynb")
     assert autograde(tmp_path / "submissions", tmp_path / "out", workers=1) == 0

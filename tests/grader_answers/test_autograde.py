@@ -16,27 +16,13 @@ import pytest
 
 from grader import course
 from tests.support import harness
-from tests.support.graded_class import submissions
+from tests.support.graded_class import solved, submissions
 from tests.fixtures.answers import load
 
 #: ``COURSE_E2E_NOTEBOOKS="07 08"`` grades only those notebooks (while writing one); default: all.
 NOTEBOOKS = [n for n in course.available_notebooks()
              if not os.environ.get("COURSE_E2E_NOTEBOOKS")
              or n[:2] in os.environ["COURSE_E2E_NOTEBOOKS"].split()]
-
-
-def _student_version_with(name: str, answers: dict[str, str]) -> nbformat.NotebookNode:
-    """The released student notebook with answer cells filled in: ``answers[grade_id]`` if given,
-    else the solution's code (without the solution markers, as a student would have it)."""
-    student = nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4)
-    solution = nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4)
-    solved = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
-    for cell in student.cells:
-        gid = harness.grade_id(cell)
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and gid:
-            source = answers.get(gid, solved[gid])
-            cell.source = "\n".join(line for line in source.splitlines() if "### " not in line)
-    return student
 
 
 #: Each graded submission runs its whole notebook in a sandboxed kernel (3 to 11 s each), and one
@@ -73,9 +59,9 @@ def _submissions(taken: set) -> dict:
                                      {"full": True})
         found[("blank", name)] = (nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4), {"zero": True})
         for k, answers in enumerate(_variants("WRONG", name)):
-            found[(f"wrong_{k}", name)] = (_student_version_with(name, answers), {"wrong": set(answers)})
+            found[(f"wrong_{k}", name)] = (solved(name, answers), {"wrong": set(answers)})
         for k, answers in enumerate(_variants("RIGHT", name)):
-            found[(f"right_{k}", name)] = (_student_version_with(name, answers), {"full": True})
+            found[(f"right_{k}", name)] = (solved(name, answers), {"full": True})
     return found
 
 

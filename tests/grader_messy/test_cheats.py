@@ -31,7 +31,7 @@ from grader import cells as nbcells
 from grader import course, intake
 from tests.fixtures import cheats
 from tests.support import harness
-from tests.support.graded_class import submissions
+from tests.support.graded_class import solved, submissions
 
 NOTEBOOKS = sorted({c.notebook for c in cheats.CHEATS.values()})
 pytestmark = pytest.mark.skipif(any(n not in course.available_notebooks() for n in NOTEBOOKS),
@@ -50,18 +50,6 @@ def _student(name: str) -> str:
 def _partners(name: str) -> set[str]:
     """The exercises of every cheat graded in the submission of cheat ``name`` (its own included)."""
     return {c.exercise for n, c in cheats.CHEATS.items() if _student(n) == _student(name)}
-
-
-def _solved(notebook: str, answers: dict[str, str]) -> nbformat.NotebookNode:
-    """The released notebook with the solution's answers, ``answers`` replacing some."""
-    student = nbformat.read(course.notebooks_dir() / f"{notebook}.ipynb", as_version=4)
-    solution = harness.solution_notebook(notebook)
-    solved = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
-    for cell in student.cells:
-        gid = harness.grade_id(cell)
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and gid:
-            cell.source = "\n".join(line for line in answers.get(gid, solved[gid]).splitlines() if "### " not in line)
-    return student
 
 
 def _calls(notebook: str, exercise: str | None, callee: str) -> bool:
@@ -128,12 +116,12 @@ def _submissions(taken: set) -> dict:
     answers: dict[tuple[str, str], dict[str, str]] = {}
     for name, cheat in cheats.CHEATS.items():  # a cheat that shares a submission puts its answer cell beside the other's
         answers.setdefault((_student(name), cheat.notebook), {})[cheat.exercise] = cheat.source
-    found = {key: (_solved(key[1], cells), next(c for n, c in cheats.CHEATS.items()
+    found = {key: (solved(key[1], cells), next(c for n, c in cheats.CHEATS.items()
                                                   if (_student(n), c.notebook) == key))
              for key, cells in answers.items()}
     for notebook in NOTEBOOKS:
         shared = ("solution", notebook) in taken
-        found[("solution" if shared else f"honest_{notebook[:2]}", notebook)] = (None if shared else _solved(notebook, {}), None)
+        found[("solution" if shared else f"honest_{notebook[:2]}", notebook)] = (None if shared else solved(notebook, {}), None)
     return found
 
 

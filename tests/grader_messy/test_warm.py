@@ -24,6 +24,7 @@ import pytest
 from grader import kernels, sandbox, warm
 from grader.config import SETTINGS
 from tests.support import studentenv
+from tests.support.graded_class import solved
 
 
 def _need_warm() -> None:
@@ -400,9 +401,7 @@ ATTACK = textwrap.dedent(f"""
 
 
 def _submission(name: str, extra_first: str = "", answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
-    from tests.grader_answers.test_autograde import _student_version_with
-
-    nb = _student_version_with(name, answers or {})
+    nb = solved(name, answers)
     if extra_first:
         nb.cells.insert(1, nbformat.v4.new_code_cell(extra_first))
     return nb

@@ -20,7 +20,22 @@ from typing import Any, Callable
 
 import nbformat
 
+from grader import course
 from tests.support import harness
+
+def solved(notebook: str, answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """The released student notebook with its answer cells filled in, as a student would hand it in:
+    ``answers[grade_id]`` where given, else the solution's code (without the solution markers)."""
+    student = nbformat.read(course.notebooks_dir() / f"{notebook}.ipynb", as_version=4)
+    solution = harness.solution_notebook(notebook)
+    answers = answers or {}
+    theirs = {harness.grade_id(c): c.source for c in solution.cells if harness.grade_id(c)}
+    for cell in student.cells:
+        gid = harness.grade_id(cell)
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and gid:
+            cell.source = "\n".join(line for line in answers.get(gid, theirs[gid]).splitlines() if "### " not in line)
+    return student
+
 
 #: The limits of the class's run: a cheat that spins ends at the cell's limit, well before the test's own.
 LIMITS = dict(cell_timeout=30, notebook_timeout=300, progress=False)
