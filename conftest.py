@@ -48,9 +48,11 @@ SHARED_WORKER = {
     "tests/checks/test_specs.py": "known-answers",
     "tests/grader_answers/test_handed_out.py": "known-answers",
     "tests/checks/test_serving.py": "known-answers",
-    # The suite's one graded class (tests/support/graded_class.py), graded once for both.
+    # The suite's one graded class (tests/support/graded_class.py), graded once for the files that submit to it.
     "tests/grader_answers/test_autograde.py": "graded-class",
     "tests/grader_messy/test_cheats.py": "graded-class",
+    "tests/checks/test_capstone.py": "graded-class",
+    "tests/grader_messy/test_warm.py": "graded-class",
 }
 
 

@@ -49,15 +49,15 @@ def graded_class(tmp_path_factory):
 LONGEST_FIRST = [
     "tests/grader_answers/test_judge.py",  # with test_hidden_tests.py, test_parity.py, test_specs.py... (conftest.py)
     "tests/grader_answers/test_hidden_tests.py",  # before test_parity.py, which judges the runs of its test cells
-    "tests/grader_messy/test_cheats.py",  # with test_autograde.py: the one graded class (conftest.py), 240
+    "tests/grader_messy/test_cheats.py",  # the one graded class (conftest.py), 240, with the three files below
     "tests/grader_answers/test_autograde.py",
+    "tests/grader_messy/test_warm.py",  # 60
+    "tests/checks/test_capstone.py",  # 15
     "tests/release/test_editions.py",  # 75
-    "tests/grader_messy/test_warm.py",  # 75
     "tests/release/test_browser.py",  # 60
     "tests/grader_messy/test_grader_e2e.py",  # 45
     "tests/release/test_colab.py",  # make test-colab only
     "tests/grader_answers/test_first_try.py",  # 30
-    "tests/checks/test_capstone.py",  # 25
     "solutions/09_capstone_tiny_transformer.ipynb",  # 25 (nbval)
     "tests/grader_messy/test_grader_shards.py",  # 25
     "tests/grader_messy/test_gradescope.py",  # 18

@@ -16,6 +16,7 @@ import torch
 
 from course_utils import reference, tasks, training
 from grader import course
+from tests.support.graded_class import solved, submissions
 
 NOTEBOOK = "09_capstone_tiny_transformer"
 
@@ -294,25 +295,28 @@ def test_train_step_that_returns_the_loss_tensor_fails_and_says_why():
         checks.check_train_step(returns_tensor)
 
 
-def test_graded_by_nbgrader_a_wrong_embedding_costs_only_its_own_points(tmp_path):
-    """The same through the real pipeline (a sandboxed IPython kernel, nbgrader's scores): a notebook
-    whose only mistake is in LearnedPositionalEmbedding keeps every point of TinyGPT, TransformerBlock
-    and train_step."""
-    import csv
+#: The submission graded in the suite's one class (``tests/support/graded_class.py``): notebook 09 solved but for
+#: LearnedPositionalEmbedding.
+WRONG_EMBEDDING = ("capstone_wrong_embedding", NOTEBOOK)
 
-    from grader.autograde import autograde
+
+@submissions("test_capstone")
+def _submissions(taken: set) -> dict:
+    """Notebook 09 whose only mistake is in LearnedPositionalEmbedding (its positions reversed)."""
     from tests.fixtures.answers import nb09
-    from tests.support.graded_class import solved
+
+    wrong = nb09.WRONG["LearnedPositionalEmbedding"]["positions reversed"]
+    return {WRONG_EMBEDDING: (solved(NOTEBOOK, {"LearnedPositionalEmbedding": wrong}), None)}
+
+
+def test_graded_by_nbgrader_a_wrong_embedding_costs_only_its_own_points(graded_class):
+    """The same through the real pipeline (a sandboxed IPython kernel, nbgrader's scores), in the suite's one
+    graded class: a notebook whose only mistake is in LearnedPositionalEmbedding keeps every point of TinyGPT,
+    TransformerBlock and train_step."""
     from tests.support import harness
 
-    folder = tmp_path / "submissions" / "student"
-    folder.mkdir(parents=True)
-    nb = solved(NOTEBOOK, {"LearnedPositionalEmbedding": nb09.WRONG["LearnedPositionalEmbedding"][
-        "positions reversed"]})
-    nbformat.write(nb, folder / f"{NOTEBOOK}.ipynb")
-    assert autograde(tmp_path / "submissions", tmp_path / "out", workers=1) == 0
-    with open(tmp_path / "out" / "cells.csv", newline="") as f:
-        cells = {r["grade_id"]: (float(r["score"]), float(r["max_score"])) for r in csv.DictReader(f)}
+    assert graded_class.code == 0
+    cells = {gid: (float(r["score"]), float(r["max_score"])) for gid, r in graded_class.cells[WRONG_EMBEDDING].items()}
     for exercise in course.EXERCISES[NOTEBOOK]:
         ids = harness.test_ids_for(exercise, cells, NOTEBOOK)
         score, max_score = sum(cells[i][0] for i in ids), sum(cells[i][1] for i in ids)

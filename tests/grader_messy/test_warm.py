@@ -24,7 +24,7 @@ import pytest
 from grader import kernels, sandbox, warm
 from grader.config import SETTINGS
 from tests.support import studentenv
-from tests.support.graded_class import solved
+from tests.support.graded_class import solved, submissions
 
 
 def _need_warm() -> None:
@@ -442,22 +442,24 @@ def _cells(out: Path) -> list[dict]:
 
 
 #: ``COURSE_WARM_NOTEBOOKS="all"`` (or "05 08") compares every notebook's known answers; default 01 (its 10
-#: submissions graded twice: about 1 min on 2 busy cores; 01 and 02 took 3 min).
+#: submissions: graded warm in the suite's class, then cold here in about 40 s on 2 busy cores).
 WARM_NOTEBOOKS = os.environ.get("COURSE_WARM_NOTEBOOKS", "01")
 
 
-def test_verdicts_are_the_same_warm_and_cold(tmp_path):
-    """Every known answer (tests/fixtures/answers: each wrong and right variant, the solution, the blank
-    notebook) of the chosen notebooks, graded with warm kernels and with --cold-kernels: cells.csv alike,
-    row for row."""
+@submissions("test_warm")
+def _known_answers(taken: set) -> dict:
+    """Every known answer of the chosen notebooks (tests/fixtures/answers: each k-th wrong and right answer of
+    every exercise, the solution) and the blank notebook, graded warm in the suite's one class
+    (``tests/support/graded_class.py``), beside the cheats and on the same workers. Where another file
+    submits the same student's notebook (the solution, the blank notebook, the first wrong answers), its
+    submission is the one read."""
     from grader import course
-    from grader.autograde import autograde
     from tests.fixtures.answers import load
 
-    _need_warm()
-    subs = tmp_path / "subs"
-    names = [n for n in course.available_notebooks() if WARM_NOTEBOOKS == "all" or n[:2] in WARM_NOTEBOOKS.split()]
-    for name in names:
+    found = {}
+    for name in course.available_notebooks():
+        if WARM_NOTEBOOKS != "all" and name[:2] not in WARM_NOTEBOOKS.split():
+            continue
         module = load(name)
         variants = [("solution", {})]
         for kind in ("WRONG", "RIGHT"):
@@ -466,14 +468,30 @@ def test_verdicts_are_the_same_warm_and_cold(tmp_path):
             variants += [(f"{kind.lower()}_{k}", {ex: v[k] for ex, v in per_exercise.items() if k < len(v)})
                          for k in range(depth)]
         for student, answers in variants:
-            (subs / student).mkdir(parents=True, exist_ok=True)
-            nbformat.write(_submission(name, answers=answers), subs / student / f"{name}.ipynb")
-        (subs / "blank").mkdir(exist_ok=True)
-        nbformat.write(nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4),
-                       subs / "blank" / f"{name}.ipynb")
-    assert autograde(subs, tmp_path / "warm", workers=2, progress=False) == 0
+            found[(student, name)] = (None if (student, name) in taken else _submission(name, answers=answers), None)
+        blank = nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4)
+        found[("blank", name)] = (None if ("blank", name) in taken else blank, None)
+    return found
+
+
+def test_verdicts_are_the_same_warm_and_cold(graded_class, tmp_path):
+    """Every known answer of the chosen notebooks, graded with warm kernels (in the suite's class: kernels
+    forked from parents that served the cheats before) and again here, the same files, with --cold-kernels:
+    cells.csv alike, row for row."""
+    from grader.autograde import autograde
+
+    _need_warm()
+    assert graded_class.code == 0
+    chosen = set(graded_class.plans["test_warm"])
+    subs = tmp_path / "subs"
+    for path, content in graded_class.originals.items():
+        if (path.parent.name, path.stem) in chosen:
+            (subs / path.parent.name).mkdir(parents=True, exist_ok=True)
+            (subs / path.parent.name / path.name).write_bytes(content)
     assert autograde(subs, tmp_path / "cold", workers=2, progress=False, cold_kernels=True) == 0
-    warm_rows, cold_rows = _cells(tmp_path / "warm"), _cells(tmp_path / "cold")
+    warm_rows = [r for r in _cells(graded_class.out) if (r["student_id"], r["notebook"]) in chosen]
+    cold_rows = _cells(tmp_path / "cold")
+    assert {(r["student_id"], r["notebook"]) for r in warm_rows} == chosen
     assert len(warm_rows) > 20 and any(r["passed"] == "no" for r in warm_rows)
     assert warm_rows == cold_rows
 

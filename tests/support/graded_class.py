@@ -1,14 +1,15 @@
 """One graded class for the test files that grade submissions through the real, sandboxed ``autograde``.
 
 ``tests/grader_answers/test_autograde.py`` (the solution, the untouched notebook and known-wrong answers of
-every notebook) and ``tests/grader_messy/test_cheats.py`` (every cheat in an otherwise solved notebook) each
-register the submissions they need with :func:`submissions`. The session fixture ``graded_class``
-(``tests/conftest.py``) writes every registered submission into one class and grades it in one ``autograde``
-call, as an instructor grades a whole class: the cheats are graded beside honest and wrong work, so a cheat
-that reached the next notebook on its worker would cost that notebook its points. The two files run in one
-pytest worker (``SHARED_WORKER`` in the root ``conftest.py``), so the class is graded once for both (one
-grading run's start-up, and the solution of each notebook graded once, not twice). Run one file alone and
-only its own submissions are graded.
+every notebook), ``tests/grader_messy/test_cheats.py`` (every cheat in an otherwise solved notebook),
+``tests/checks/test_capstone.py`` (notebook 09 wrong in one helper only) and ``tests/grader_messy/test_warm.py``
+(every known answer of notebook 01, which it grades again with cold kernels) each register the submissions
+they need with :func:`submissions`. The session fixture ``graded_class`` (``tests/conftest.py``) writes every
+registered submission into one class and grades it in one ``autograde`` call, as an instructor grades a whole
+class: the cheats are graded beside honest and wrong work, so a cheat that reached the next notebook on its
+worker would cost that notebook its points. The files run in one pytest worker (``SHARED_WORKER`` in the root
+``conftest.py``), so the class is graded once for all (one grading run's start-up, its warm parents, and a
+notebook two files submit graded once, not twice). Run one file alone and only its own submissions are graded.
 """
 
 from __future__ import annotations
