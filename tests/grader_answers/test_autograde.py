@@ -16,8 +16,7 @@ import pytest
 
 from grader import course
 from tests.support import harness
-from tests.support.graded_class import solved, submissions
-from tests.fixtures.answers import load
+from tests.support.graded_class import answer_sets, solved, submissions
 
 #: ``COURSE_E2E_NOTEBOOKS="07 08"`` grades only those notebooks (while writing one); default: all.
 NOTEBOOKS = [n for n in course.available_notebooks()
@@ -39,17 +38,6 @@ WRONG_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 1)
 RIGHT_DEPTH = 10**6 if _DEPTH == "all" else int(_DEPTH or 0)
 
 
-def _variants(kind: str, name: str) -> list[dict[str, str]]:
-    """Submission k takes the k-th answer of ``kind`` for every exercise that has one (k < the depth)."""
-    module = load(name)
-    if module is None:
-        return []
-    depth = WRONG_DEPTH if kind == "WRONG" else RIGHT_DEPTH
-    per_exercise = {ex: list(answers.values())[:depth] for ex, answers in getattr(module, kind).items()}
-    depth = max((len(v) for v in per_exercise.values()), default=0)
-    return [{ex: v[k] for ex, v in per_exercise.items() if k < len(v)} for k in range(depth)]
-
-
 @submissions("test_autograde")
 def _submissions(taken: set) -> dict:
     """Per notebook: the solution, the untouched notebook, and the known answers (the depths above)."""
@@ -58,9 +46,9 @@ def _submissions(taken: set) -> dict:
         found[("solution", name)] = (nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4),
                                      {"full": True})
         found[("blank", name)] = (nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4), {"zero": True})
-        for k, answers in enumerate(_variants("WRONG", name)):
+        for k, answers in enumerate(answer_sets(name, "WRONG", WRONG_DEPTH)):
             found[(f"wrong_{k}", name)] = (solved(name, answers), {"wrong": set(answers)})
-        for k, answers in enumerate(_variants("RIGHT", name)):
+        for k, answers in enumerate(answer_sets(name, "RIGHT", RIGHT_DEPTH)):
             found[(f"right_{k}", name)] = (solved(name, answers), {"full": True})
     return found
 

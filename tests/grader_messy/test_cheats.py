@@ -23,7 +23,6 @@ import sys
 import types
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from course_utils import rules
@@ -121,7 +120,7 @@ def _submissions(taken: set) -> dict:
              for key, cells in answers.items()}
     for notebook in NOTEBOOKS:
         shared = ("solution", notebook) in taken
-        found[("solution" if shared else f"honest_{notebook[:2]}", notebook)] = (None if shared else solved(notebook, {}), None)
+        found[("solution" if shared else f"honest_{notebook[:2]}", notebook)] = (None if shared else solved(notebook), None)
     return found
 
 

@@ -24,7 +24,7 @@ import pytest
 from grader import kernels, sandbox, warm
 from grader.config import SETTINGS
 from tests.support import studentenv
-from tests.support.graded_class import solved, submissions
+from tests.support.graded_class import answer_sets, solved, submissions
 
 
 def _need_warm() -> None:
@@ -442,7 +442,7 @@ def _cells(out: Path) -> list[dict]:
 
 
 #: ``COURSE_WARM_NOTEBOOKS="all"`` (or "05 08") compares every notebook's known answers; default 01 (its 10
-#: submissions: graded warm in the suite's class, then cold here in about 40 s on 2 busy cores).
+#: submissions: graded warm in the suite's class, then cold here in about 20 s on 2 busy cores).
 WARM_NOTEBOOKS = os.environ.get("COURSE_WARM_NOTEBOOKS", "01")
 
 
@@ -454,19 +454,13 @@ def _known_answers(taken: set) -> dict:
     submits the same student's notebook (the solution, the blank notebook, the first wrong answers), its
     submission is the one read."""
     from grader import course
-    from tests.fixtures.answers import load
 
     found = {}
     for name in course.available_notebooks():
         if WARM_NOTEBOOKS != "all" and name[:2] not in WARM_NOTEBOOKS.split():
             continue
-        module = load(name)
-        variants = [("solution", {})]
-        for kind in ("WRONG", "RIGHT"):
-            per_exercise = {ex: list(answers.values()) for ex, answers in getattr(module, kind).items()} if module else {}
-            depth = max((len(v) for v in per_exercise.values()), default=0)
-            variants += [(f"{kind.lower()}_{k}", {ex: v[k] for ex, v in per_exercise.items() if k < len(v)})
-                         for k in range(depth)]
+        variants = [("solution", {})] + [(f"{kind.lower()}_{k}", answers) for kind in ("WRONG", "RIGHT")
+                                         for k, answers in enumerate(answer_sets(name, kind))]
         for student, answers in variants:
             found[(student, name)] = (None if (student, name) in taken else _submission(name, answers=answers), None)
         blank = nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4)

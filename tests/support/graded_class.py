@@ -22,7 +22,21 @@ from typing import Any, Callable
 import nbformat
 
 from grader import course
+from tests.fixtures.answers import load
 from tests.support import harness
+
+
+def answer_sets(notebook: str, kind: str, depth: int | None = None) -> list[dict[str, str]]:
+    """The known answers of ``kind`` (``"WRONG"`` or ``"RIGHT"``, tests/fixtures/answers) of ``notebook`` as the
+    answer cells of submissions: submission k takes the k-th answer of every exercise that has one (k < ``depth``,
+    default every answer), ``{grade_id: source}``. The same k gives the same submission in every file that asks."""
+    module = load(notebook)
+    if module is None:
+        return []
+    per_exercise = {ex: list(answers.values())[:depth] for ex, answers in getattr(module, kind).items()}
+    count = max((len(v) for v in per_exercise.values()), default=0)
+    return [{ex: v[k] for ex, v in per_exercise.items() if k < len(v)} for k in range(count)]
+
 
 def solved(notebook: str, answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
     """The released student notebook with its answer cells filled in, as a student would hand it in:
