@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_utils.bench.correctness import verify
+from course_utils.device import under_grader
 
 
 #: The ATen operator each fused backend of ``F.scaled_dot_product_attention`` dispatches to. The
@@ -113,7 +114,12 @@ def flex_attention_status(device: torch.device | str, compile: bool | None = Non
     use (PyTorch 2.5's FlexAttention refuses head sizes under 16). ``compile`` defaults to True on CUDA
     (the fused kernel only exists compiled) and False elsewhere (eager FlexAttention runs everywhere but
     materialises the scores, so it shows the API, not the speed).
+
+    While nbgrader grades the notebook (:func:`course_utils.device.under_grader`) it is not tried: no graded
+    cell needs it, and the try costs a second on a CPU and a compilation on a GPU in every graded notebook.
     """
+    if under_grader():
+        return False, "not tried while the notebook is graded (no graded cell needs it)"
     device = torch.device(device)
     compile = device.type == "cuda" if compile is None else compile
     try:

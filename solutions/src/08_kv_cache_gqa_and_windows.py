@@ -964,7 +964,7 @@ if FLEX_OK:
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=~sliding_window_mask(12, 4))
     print("FlexAttention with your mask_mod equals SDPA with your mask:", torch.allclose(flex, sdpa, atol=1e-5))
 else:
-    print("skipped: FlexAttention cannot run here (see the line above); the check compared the two rules directly")
+    print("skipped (the line above says why); the check compared the two rules directly")
 
 # %% [markdown]
 # ### How a window bounds the KV cache
