@@ -223,6 +223,17 @@ def test_flex_attention_status_is_a_decision_with_a_reason():
             assert bench.verify(source(x), flex(x)) is None
 
 
+def test_flex_attention_is_not_tried_while_a_notebook_is_graded(monkeypatch):
+    """Notebooks 06 and 08 ask for the status in every graded kernel, where no graded cell needs it (on a GPU,
+    trying means compiling): under nbgrader it says no, and why, without importing FlexAttention."""
+    import sys
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.flex_attention", None)  # an import would raise
+    assert bench.flex_attention_status("cpu") == (False, "not tried while the notebook is graded (no graded cell "
+                                                         "needs it)")
+
+
 # ---------------------------------------------------------------------------- the command
 def test_benchmark_command_reports_a_wrong_implementation_and_writes_json_and_png(tmp_path, capsys):
     out = tmp_path / "results"
