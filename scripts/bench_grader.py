@@ -45,19 +45,7 @@ sys.path.insert(0, str(ROOT))
 import nbformat  # noqa: E402
 
 from grader import course  # noqa: E402
-
-
-def solved(name: str) -> nbformat.NotebookNode:
-    """The released notebook with the solution's answers (markers removed) filled in."""
-    student = nbformat.read(course.notebooks_dir() / f"{name}.ipynb", as_version=4)
-    solution = nbformat.read(course.solutions_dir() / f"{name}.ipynb", as_version=4)
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solution.cells
-               if c.metadata.get("nbgrader", {}).get("solution")}
-    for cell in student.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in answers:
-            cell.source = "\n".join(l for l in answers[gid].splitlines() if "### " not in l)
-    return student
+from tests.support.graded_class import solved  # noqa: E402
 
 
 def make_class(folder: Path, name: str, students: int) -> Path:
